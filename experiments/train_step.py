@@ -1,0 +1,156 @@
+"""Measured MoE training steps: one sweep point, run under torchrun.
+
+    torchrun --standalone --nproc-per-node=4 -m experiments.train_step \\
+        --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
+
+Each iteration: barrier, forward, backward, gradient synchronisation (the policy), optimizer step.
+Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record
+holds median and p95 over the timed iterations. Rank 0 writes the record atomically once every
+rank has finished, then mirrors it to W&B. A bad config exits with code 2 before any process group
+is created; a failing or hung rank makes every rank exit non-zero within ``parallel.timeout_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from moe_core.config import ConfigError, layout_of, load_config, point_name, to_container
+from moe_core.data import MarkovTokens
+from moe_core.distributed import Env, init_distributed, shutdown
+from moe_core.model import MoETransformer
+from moe_core.parallel import build_groups, shard_experts
+from moe_core.policies import make_policy
+from moe_core.results import make_record, record_path, write_record
+from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.tracking import log_point
+
+PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
+
+
+def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
+    """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
+    ms = {p: phases_ms.get(f"{p}.fwd", 0.0) + phases_ms.get(f"{p}.bwd", 0.0) for p in PHASES}
+    a2a = ms["dispatch_a2a"] + ms["combine_a2a"]
+    moe = ms["gate"] + a2a + ms["expert"]
+    step, exposed = phases_ms["step"], phases_ms["allreduce_exposed"]
+    return {
+        "step_ms": step,
+        **{f"{p}_ms": v for p, v in ms.items()},
+        "a2a_ms": a2a,
+        "a2a_fwd_ms": phases_ms.get("dispatch_a2a.fwd", 0.0) + phases_ms.get("combine_a2a.fwd", 0.0),
+        "a2a_bwd_ms": phases_ms.get("dispatch_a2a.bwd", 0.0) + phases_ms.get("combine_a2a.bwd", 0.0),
+        "moe_layer_ms": moe,
+        "allreduce_exposed_ms": exposed,
+        "dense_ms": step - moe - exposed,  # attention, embeddings, dense FFNs, loss, optimizer
+        "a2a_bytes": counters.get("dispatch_a2a.bytes", 0.0) + counters.get("combine_a2a.bytes", 0.0),
+    }
+
+
+def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics."""
+    layout = layout_of(cfg)
+    groups = build_groups(layout, env.device.type)
+    torch.manual_seed(cfg.train.seed)
+    model = MoETransformer(cfg)
+    shard_experts(model, groups)
+    model.to(env.device)
+    timer = PhaseTimer(env.device)
+    policy = make_policy(cfg.comm.policy, groups, timer, int(cfg.comm.bucket_mb * 2**20))
+    policy.attach(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
+    autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16"
+                else nullcontext())
+
+    local: dict[str, list[float]] = defaultdict(list)
+    losses = []
+    total = cfg.train.warmup_iters + cfg.train.iters
+    for it in tqdm(range(total), desc=f"train_step {cfg.comm.policy}", disable=not progress or env.rank != 0,
+                   file=sys.stderr, mininterval=1.0):
+        x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, env.rank))
+        dist.barrier()
+        timer.reset()
+        start = timer.stamp()
+        with autocast:
+            loss, nll = model(x, y)
+        loss.backward()
+        backward_end = timer.stamp()
+        policy.finish_gradient_sync()
+        sync_end = timer.stamp()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        timer.add("step", start, timer.stamp())
+        timer.add("allreduce_exposed", backward_end, sync_end)
+
+        # Outside the timed window: global mean loss and routing statistics.
+        nll = nll.detach().clone()
+        dist.all_reduce(nll)
+        losses.append(nll.item() / env.world_size)
+        if it >= cfg.train.warmup_iters:
+            for name, value in step_metrics(timer.elapsed_ms(), timer.counters).items():
+                local[name].append(value)
+            gating = [layer.last_gating for layer in model.moe_layers()]
+            local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / len(gating))
+    samples = gather_worst_rank(local)
+    samples["loss"] = losses[cfg.train.warmup_iters:]
+    samples["a2a_share"] = [a / s for a, s in zip(samples["a2a_ms"], samples["step_ms"])]
+    samples["a2a_share_of_moe"] = [a / m if m else 0.0 for a, m in zip(samples["a2a_ms"], samples["moe_layer_ms"])]
+    a2a_bytes = samples.pop("a2a_bytes")
+    tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
+    step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
+    extra = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
+             "tokens_per_s": tokens_per_step / (step_median / 1e3)}
+    return samples, extra
+
+
+def point_params(cfg) -> dict:
+    layout = layout_of(cfg)
+    return {"world_size": layout.world_size, "num_experts": layout.num_experts,
+            "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
+            "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+            "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
+            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument("--out", help="record path (default: results/raw/<paper>/<experiment>/<point>.json)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
+                           expected_world_size=cfg.parallel.world_size)
+    try:
+        samples, extra = train(cfg, env)
+        if env.rank == 0:
+            params = point_params(cfg)
+            point = point_name(params)
+            record = make_record(paper=cfg.paper, experiment=cfg.experiment, point=point, mode="measured",
+                                 backend=env.backend, hardware=cfg.hardware.name, params=params, samples=samples,
+                                 config=to_container(cfg), extra_metrics=extra, device=env.device.type)
+            path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
+            print(f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
+                  f"a2a share {record['metrics']['a2a_share']['median']:.1%}", file=sys.stderr)
+            log_point(record, sweep=cfg.sweep.name, mode=cfg.wandb.mode, project=cfg.wandb.project,
+                      entity=cfg.wandb.entity, results_dir=cfg.results_dir,
+                      step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")})
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

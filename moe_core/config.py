@@ -1,0 +1,321 @@
+"""One structured configuration for every entry point, the workflow and the tests.
+
+Merge order: schema defaults <- YAML files (in the order given) <- command-line ``key=value``
+overrides. The schema (the dataclasses below) is the single source of truth: OmegaConf checks every
+key and type against it, and :func:`validate` adds the checks a type cannot express (ranges, layout
+divisibility). Every failure raises :class:`ConfigError` whose message names the full key, what was
+wrong and what is allowed, before any process is started.
+
+The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml`` into
+``cfg.hardware``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+Policy = Literal["sequential", "overlap"]
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is wrong; the message says which key and how to fix it."""
+
+
+@dataclass
+class HardwareConfig:
+    """What the runs execute on. Measured profiles describe this machine; simulated ones a cluster."""
+
+    name: str = "local-cpu"
+    description: str = ""
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    nodes: int = 1
+    devices_per_node: int = 4
+
+
+@dataclass
+class ModelConfig:
+    """A small decoder-only transformer; every ``moe_every``-th FFN is an MoE layer (GShard: 2)."""
+
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 512  # hidden width of the dense FFNs and of every expert
+    seq_len: int = 64
+    moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3
+
+
+@dataclass
+class MoEConfig:
+    """GShard gating and expert layout (reference/papers.md, GShard Algorithm 1)."""
+
+    num_experts: int = 4
+    experts_per_rank: int = 1
+    top_k: int = 2
+    # Capacity per expert and group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
+    capacity_factor: float = 1.25
+    min_capacity: int = 4
+    # Tokens per local dispatch group (GShard's S); 0 = all tokens of a rank form one group.
+    group_size: int = 0
+    # "random": keep the 2nd expert only if 2*g2 > U(0,1) (GShard); "always": keep it whenever it fits.
+    second_expert_policy: Literal["random", "always"] = "random"
+    dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
+    aux_loss_weight: float = 0.01  # GShard's k in L = l_nll + k * l_aux
+    # "paper": l_aux = (1/E) sum_e (c_e/S) m_e (uniform routing gives 1/E^2 * E = 1/E);
+    # "e2": E^2 times that, as lingvo/DeepSpeed/Tutel compute it (uniform routing gives ~1).
+    aux_loss_scale: Literal["paper", "e2"] = "e2"
+
+
+@dataclass
+class ParallelConfig:
+    """Process layout. ``expert_parallel = num_experts / experts_per_rank``; the rest is data parallel."""
+
+    world_size: int = 4
+    timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
+
+
+@dataclass
+class CommConfig:
+    """Communication policy of a training step (see moe_core.policies)."""
+
+    policy: Policy = "sequential"
+    bucket_mb: float = 4.0  # gradient bucket size of the `overlap` policy (DDP default is 25 MB)
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 8  # sequences per rank and step
+    lr: float = 3e-3
+    warmup_iters: int = 3
+    iters: int = 10  # timed iterations (each a full training step)
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Synthetic data: a random sparse Markov chain over the vocabulary (learnable, see moe_core.data).
+    data_branching: int = 4  # successors per token
+    data_zipf: float = 1.0  # Zipf exponent of token popularity (skews expert load)
+
+
+@dataclass
+class CollectivesConfig:
+    """The nccl-tests-style collective microbenchmark (experiments/collectives.py)."""
+
+    world_size: int = 4
+    min_bytes: int = 1024
+    max_bytes: int = 64 * 2**20
+    step_factor: int = 4
+    warmup_iters: int = 3
+    iters: int = 10
+    # Skew of the uneven all-to-all traffic matrix: Zipf exponent of destination popularity.
+    traffic_zipf: float = 1.2
+    seed: int = 0
+
+
+@dataclass
+class SweepConfig:
+    """Axes of the measured training-step sweep; Snakemake runs one job per point of the product."""
+
+    name: str = "default"
+    world_size: list[int] = field(default_factory=lambda: [2, 4])
+    num_experts: list[int] = field(default_factory=lambda: [4, 8, 16])
+    # Empty: num_experts / world_size per rank (every rank holds experts, Lina's experts = GPUs).
+    experts_per_rank: list[int] = field(default_factory=list)
+    policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
+    seed: list[int] = field(default_factory=lambda: [0])
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
+    project: str = "moe-comm-bench"
+    entity: Optional[str] = None
+
+
+@dataclass
+class Config:
+    paper: str = "gshard"  # results/raw/<paper>/<experiment>/<point>.json
+    experiment: str = "train_step"
+    hardware_profile: str = "local-cpu"
+    results_dir: str = "results"
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None) -> DictConfig:
+    """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``.
+
+    Raises ConfigError naming the full key for unknown keys, bad types or values, impossible layouts
+    and missing files.
+    """
+    user_layers = []
+    for path in files:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+        user_layers.append(OmegaConf.load(path))
+    if data:
+        user_layers.append(OmegaConf.create(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
+    if overrides:
+        user_layers.append(OmegaConf.from_dotlist(list(overrides)))
+    schema = OmegaConf.structured(Config)
+    profile = _merge([schema, *user_layers]).hardware_profile
+    # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins.
+    cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _merge(layers: list) -> DictConfig:
+    try:
+        return OmegaConf.merge(*layers)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        msg = str(err).splitlines()[0]
+        raise ConfigError(f"config key '{key}': {msg}") from None
+
+
+def _load_hardware(profile: str) -> DictConfig:
+    path = CONFIG_DIR / "hardware" / f"{profile}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"config key 'hardware_profile': '{profile}' has no file "
+                          f"configs/hardware/{profile}.yaml; allowed: {known}")
+    return OmegaConf.load(path)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks a type cannot express. Raises ConfigError naming the key."""
+    m, moe, par, tr = cfg.model, cfg.moe, cfg.parallel, cfg.train
+    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "moe_every"):
+        _require(m[key] >= 1, f"model.{key}", f"must be >= 1, got {m[key]}")
+    _require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
+    _require(moe.top_k in (1, 2), "moe.top_k", f"GShard gating supports 1 or 2, got {moe.top_k}")
+    _require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}")
+    _require(moe.capacity_factor > 0, "moe.capacity_factor", f"must be > 0, got {moe.capacity_factor}")
+    _require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
+    tokens = tr.batch_size * m.seq_len
+    _require(moe.group_size == 0 or tokens % moe.group_size == 0, "moe.group_size",
+             f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}")
+    _require(tr.batch_size >= 1 and tr.iters >= 1 and tr.warmup_iters >= 0, "train",
+             "batch_size and iters must be >= 1, warmup_iters >= 0")
+    _require(par.timeout_s > 0, "parallel.timeout_s", f"must be > 0, got {par.timeout_s}")
+    _require(cfg.comm.bucket_mb > 0, "comm.bucket_mb", f"must be > 0, got {cfg.comm.bucket_mb}")
+    layout_error = check_layout(par.world_size, moe.num_experts, moe.experts_per_rank)
+    if layout_error:
+        raise ConfigError(layout_error)
+    c = cfg.collectives
+    _require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", "must satisfy 0 < min_bytes <= max_bytes")
+    _require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")
+    _require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
+    for pol in cfg.sweep.policy:
+        _require(pol in Policy.__args__, "sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
+    for key in ("world_size", "num_experts", "seed"):
+        _require(len(cfg.sweep[key]) > 0, f"sweep.{key}", "must list at least one value")
+
+
+def check_layout(world_size: int, num_experts: int, experts_per_rank: int) -> str | None:
+    """Return why (world_size, num_experts, experts_per_rank) is not a valid layout, or None."""
+    if world_size < 1:
+        return f"config key 'parallel.world_size': must be >= 1, got {world_size}"
+    if experts_per_rank < 1 or num_experts % experts_per_rank:
+        return (f"config key 'moe.experts_per_rank': must divide moe.num_experts={num_experts}, "
+                f"got {experts_per_rank}")
+    ep = num_experts // experts_per_rank
+    if world_size % ep:
+        return (f"config key 'parallel.world_size': the expert-parallel size num_experts/experts_per_rank = "
+                f"{num_experts}/{experts_per_rank} = {ep} must divide world_size={world_size}; "
+                f"use experts_per_rank={max(1, num_experts // world_size)} or a world size that is a multiple of {ep}")
+    return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Data x expert parallel layout: ranks r = dp_index * expert_parallel + ep_index."""
+
+    world_size: int
+    num_experts: int
+    experts_per_rank: int
+
+    @property
+    def expert_parallel(self) -> int:
+        return self.num_experts // self.experts_per_rank
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.expert_parallel
+
+
+def layout_of(cfg: DictConfig) -> Layout:
+    return Layout(cfg.parallel.world_size, cfg.moe.num_experts, cfg.moe.experts_per_rank)
+
+
+def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
+    """Expand the sweep into points (dicts of swept values) and the reasons points were skipped.
+
+    ``experts_per_rank`` left empty means num_experts / world_size (at least 1).
+    """
+    import itertools
+
+    s = cfg.sweep
+    points, skipped = [], []
+    for ws, ne, pol, seed in itertools.product(s.world_size, s.num_experts, s.policy, s.seed):
+        eprs = list(s.experts_per_rank) or [max(1, ne // ws)]
+        for epr in eprs:
+            why = check_layout(ws, ne, epr)
+            point = dict(world_size=ws, num_experts=ne, experts_per_rank=epr, policy=pol, seed=seed)
+            (skipped.append(f"{point}: {why}") if why else points.append(point))
+    return points, skipped
+
+
+def point_overrides(point: dict[str, Any]) -> list[str]:
+    """The ``key=value`` overrides that turn the base config into one sweep point."""
+    keys = {"world_size": "parallel.world_size", "num_experts": "moe.num_experts",
+            "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed"}
+    return [f"{keys[k]}={v}" for k, v in point.items()]
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """File name of a sweep point: ``ws4_e8_epr2_sequential_s0``."""
+    name = (f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
+            f"_{point['policy']}_s{point['seed']}")
+    return name + "_dropless" if point.get("dropless") else name
+
+
+def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
+    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
+
+    GShard's paper sets C = 2N/(G E) = top_k * S / E (capacity_factor 1). lingvo's
+    ``Top2GatingOnLogits`` uses int(S * cf / E) rounded up to a multiple of 4 (a TPU tiling
+    choice); we round up to the next integer so that capacity_factor=1 never drops a token under
+    perfectly balanced routing.
+    """
+    return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

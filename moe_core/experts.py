@@ -1,0 +1,44 @@
+"""FFN experts, FFN_e(x) = wo_e . ReLU(wi_e . x) (GShard), stored as stacked weights for batched GEMMs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+class Experts(nn.Module):
+    """A stack of ``num_experts`` FFN experts (all of them, or a rank's slice after :meth:`keep`)."""
+
+    def __init__(self, num_experts: int, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.randn(num_experts, d_model, d_ff) / math.sqrt(d_model))  # (E, M, H)
+        self.w_out = nn.Parameter(torch.randn(num_experts, d_ff, d_model) / math.sqrt(d_ff))  # (E, H, M)
+
+    @property
+    def num_local(self) -> int:
+        return self.w_in.shape[0]
+
+    def keep(self, first: int, count: int) -> None:
+        """Keep experts [first, first + count): a rank's share under expert parallelism.
+
+        Weights are created for all experts with the same seed on every rank and then sliced, so an
+        expert-parallel model starts identical to the single-process one.
+        """
+        self.w_in = nn.Parameter(self.w_in.detach()[first:first + count].clone())
+        self.w_out = nn.Parameter(self.w_out.detach()[first:first + count].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Equal token counts per expert (capacity mode): (e, n, M) -> (e, n, M), one batched GEMM pair."""
+        return torch.bmm(torch.relu(torch.bmm(x, self.w_in)), self.w_out)
+
+    def forward_ragged(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Tokens sorted by expert with ``counts[e]`` rows each (dropless mode): (n, M) -> (n, M).
+
+        A readable per-expert loop; an expert with zero rows still takes part in autograd (its
+        gradient is zero), so every rank's gradient buckets stay complete.
+        """
+        outs = [torch.relu(chunk @ self.w_in[e]) @ self.w_out[e]
+                for e, chunk in enumerate(torch.split(x, counts, dim=0))]
+        return torch.cat(outs, dim=0)

@@ -1,0 +1,59 @@
+"""Data x expert parallel layout on a ``DeviceMesh``, applied to a model from outside.
+
+Mesh ("dp", "ep") in row-major order: rank r = dp_index * expert_parallel + ep_index. Ranks of one
+"ep" row hold all experts between them (``experts_per_rank`` each) and exchange tokens by
+all-to-all; ranks of one "dp" column hold replicas of the same experts. Every rank trains on its
+own data, so dense parameters are replicated on all ranks.
+
+Gradient synchronisation (see moe_core.policies): dense gradients are summed over all ranks, expert
+gradients over their "dp" column (the all-to-all backward already summed over the "ep" row), and
+both are divided by the world size, which makes the update equal to the single-process update
+on the concatenated batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .config import Layout
+from .layer import MoELayer
+
+
+@dataclass
+class ParallelGroups:
+    layout: Layout
+    mesh: DeviceMesh
+    rank: int
+    ep_rank: int
+    ep_group: object  # all-to-all of tokens
+    expert_grad_group: object  # all-reduce of expert gradients ("dp" column)
+    dense_grad_group: object  # all-reduce of dense gradients (all ranks, its own communicator)
+
+
+def build_groups(layout: Layout, device_type: str) -> ParallelGroups:
+    """Create the mesh and process groups; every rank must call this (collective)."""
+    if dist.get_world_size() != layout.world_size:
+        raise RuntimeError(f"process group has {dist.get_world_size()} ranks, layout expects {layout.world_size}")
+    mesh = init_device_mesh(device_type, (layout.data_parallel, layout.expert_parallel), mesh_dim_names=("dp", "ep"))
+    # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
+    # contend with) the token all-to-alls instead of queueing behind them on one communicator.
+    dense_grad_group = dist.new_group(list(range(layout.world_size)))
+    return ParallelGroups(layout, mesh, dist.get_rank(), mesh.get_local_rank("ep"), mesh.get_group("ep"),
+                          mesh.get_group("dp"), dense_grad_group)
+
+
+def shard_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:
+    """Keep only this rank's experts in every MoE layer and point the layers at their rank."""
+    epr = groups.layout.experts_per_rank
+    for layer in model.modules():
+        if isinstance(layer, MoELayer):
+            layer.experts.keep(groups.ep_rank * epr, epr)
+            layer.rank = groups.rank
+
+
+def is_expert_param(name: str) -> bool:
+    return ".experts." in name
