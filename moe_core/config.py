@@ -317,5 +317,11 @@ def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_facto
     return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
 
 
+def save_config(cfg: DictConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML; entry points load it back with ``--config``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, path, resolve=True)
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,36 @@
+"""MoE communication benchmark suite: measured sweeps -> tables -> figures -> report.
+
+    snakemake --cores 2                                  # embedded default (configs/default.yaml)
+    snakemake --cores 2 --configfile configs/ci.yaml     # smallest smoke run
+    snakemake --cores 2 --config train.iters=20          # any key of moe_core/config.py
+"""
+
+from moe_core.config import ConfigError, load_config
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "configs/default.yaml"
+
+
+try:
+    # The structured schema is the single source of truth: bad keys or values stop here.
+    CFG = load_config(data=config)
+except ConfigError as err:
+    raise ValueError(f"invalid configuration: {err}") from None
+
+RESULTS = CFG.results_dir
+
+
+include: "experiments/rules/train_step.smk"
+include: "experiments/rules/collectives.smk"
+include: "experiments/rules/analysis.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{RESULTS}/tables/comparison.csv",
+        FIGURES,

@@ -1,0 +1,1 @@
+"""Analysis of raw records: tidy tables, comparison with published numbers, and figures."""

@@ -1,0 +1,144 @@
+"""Raw JSON records -> two tidy tables that every later step (comparison, figures) reads.
+
+* records: one row per point × metric. The record's identity (paper, experiment, point, mode, backend,
+  hardware), then every swept parameter as its own column (the union over all records; a parameter a
+  record lacks is NA), then the metric's name, its statistics and ``value``. Single-value metrics
+  (``{"value": x}``) fill ``value`` only; per-iteration metrics fill the statistics and, for
+  convenience, ``value`` = median.
+* samples: one row per point × metric × iteration, with the same identity and parameter columns.
+
+    python -m analysis.collect --out-records results/tables/records.csv \
+        --out-samples results/tables/samples.csv results/raw/*/*/*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from analysis.files import write_csv
+from moe_core.results import SCHEMA_VERSION
+
+ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
+STAT_COLUMNS = ("median", "p95", "mean", "min", "max", "n")
+RESERVED_COLUMNS = {*ID_COLUMNS, *STAT_COLUMNS, "metric", "value", "iteration"}
+
+
+class RecordError(ValueError):
+    """A file given to collect() is not a valid record."""
+
+
+def read_valid_record(path: str | Path) -> dict[str, Any]:
+    """Parse ``path`` and check it has the shape of moe_core.results.make_record's output."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as err:  # missing or unreadable file, invalid JSON
+        raise RecordError(f"{path}: cannot read a JSON record ({err}); pass record files "
+                          "written by moe_core.results.write_record") from err
+    problem = _problem(record)
+    if problem:
+        raise RecordError(f"{path}: not a valid record: {problem}; pass record files written by "
+                          "moe_core.results.write_record (schema in moe_core/results.py)")
+    return record
+
+
+def _problem(record: Any) -> str | None:
+    """What makes ``record`` unusable, or None."""
+    if not isinstance(record, dict):
+        return "the top level is not a JSON object"
+    if record.get("schema_version") != SCHEMA_VERSION:
+        return f"schema_version is {record.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+    missing = [k for k in (*ID_COLUMNS, "params", "metrics") if k not in record]
+    if missing:
+        return f"missing keys {missing}"
+    if not isinstance(record["params"], dict) or not isinstance(record["metrics"], dict):
+        return "'params' and 'metrics' must be objects"
+    clashes = sorted(RESERVED_COLUMNS & record["params"].keys())
+    if clashes:
+        return f"params {clashes} clash with table columns; rename them in the experiment"
+    for name, stats in record["metrics"].items():
+        if not isinstance(stats, dict) or not ("value" in stats or set(STAT_COLUMNS) <= stats.keys()):
+            return f"metric {name!r} has neither 'value' nor all of {list(STAT_COLUMNS)}"
+    samples = record.get("samples", {})
+    if not isinstance(samples, dict) or not all(isinstance(v, list) for v in samples.values()):
+        return "'samples' must map metric names to lists of numbers"
+    return None
+
+
+def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read record files into the (records, samples) tables; any invalid file raises RecordError."""
+    paths = list(paths)
+    if not paths:
+        raise ValueError("no record files given; pass one or more results/raw/<paper>/<experiment>/*.json")
+    records, seen = [], {}
+    for path in paths:
+        record = read_valid_record(path)
+        key = tuple(record[k] for k in ("paper", "experiment", "point", "mode"))
+        if key in seen:
+            raise RecordError(f"{path}: same paper/experiment/point/mode {key} as {seen[key]}; "
+                              "pass each record once")
+        seen[key] = path
+        records.append(record)
+    params = list(dict.fromkeys(name for r in records for name in r["params"]))
+    metric_rows = [row for r in records for row in _metric_rows(r)]
+    sample_rows = [row for r in records for row in _sample_rows(r)]
+    return (pd.DataFrame(metric_rows, columns=[*ID_COLUMNS, *params, "metric", *STAT_COLUMNS, "value"]),
+            pd.DataFrame(sample_rows, columns=[*ID_COLUMNS, *params, "metric", "iteration", "value"]))
+
+
+def _base(record: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: record[k] for k in ID_COLUMNS}, **record["params"]}
+
+
+def _metric_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    base = _base(record)
+    for name, stats in record["metrics"].items():
+        row = {**base, "metric": name, **{k: stats.get(k) for k in STAT_COLUMNS}}
+        row["value"] = stats.get("value", stats.get("median"))
+        yield row
+
+
+def _sample_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    base = _base(record)
+    for name, values in record.get("samples", {}).items():
+        for iteration, value in enumerate(values):
+            yield {**base, "metric": name, "iteration": iteration, "value": value}
+
+
+def param_columns(df: pd.DataFrame) -> list[str]:
+    """The swept-parameter columns of a records or samples table."""
+    return [c for c in df.columns if c not in RESERVED_COLUMNS]
+
+
+def select(df: pd.DataFrame, **equal: Any) -> pd.DataFrame:
+    """Rows whose columns equal the given values; no rows when a column is absent (no such records)."""
+    if not set(equal) <= set(df.columns):
+        return df.iloc[0:0]
+    return df[np.logical_and.reduce([df[col] == value for col, value in equal.items()])]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-records", type=Path, required=True, help="records CSV to write")
+    parser.add_argument("--out-samples", type=Path, required=True, help="samples CSV to write")
+    parser.add_argument("files", nargs="*", type=Path, metavar="FILE.json", help="raw record files")
+    args = parser.parse_args(argv)
+    try:
+        records, samples = collect(args.files)
+    except ValueError as err:
+        sys.exit(f"analysis.collect: error: {err}")
+    write_csv(records, args.out_records)
+    write_csv(samples, args.out_samples)
+    print(f"{len(args.files)} records -> {args.out_records} ({len(records)} rows), "
+          f"{args.out_samples} ({len(samples)} rows)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Figures from the tidy tables, each saved as PNG and PDF (same stem).
+
+Every figure is a function ``f(records, samples, fig)`` that draws into an empty matplotlib Figure and
+raises FigureDataError, before anything is written, when the tables lack its data.
+
+    python -m analysis.figures --records results/tables/records.csv --samples results/tables/samples.csv \
+        --figure step_breakdown --out results/figures/gshard/step_breakdown.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from analysis.collect import param_columns, select
+from analysis.compare import TESTBED, contended_slowdowns
+from analysis.files import atomic_output, read_tables
+from analysis.published import load_registry, published_value
+from analysis.units import format_bytes
+
+matplotlib.use("Agg")  # files only, no display
+
+DPI = 150
+STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "dense_ms",
+                      "allreduce_exposed_ms"]
+LINA_FIG3 = {"median": "lina-fig3-a2a-slowdown-median", "worst": "lina-fig3-a2a-slowdown-worst"}
+
+
+class FigureDataError(ValueError):
+    """The tables lack the data a figure needs."""
+
+
+# ---- selecting data ---------------------------------------------------------------------------
+
+def _one_testbed(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured and simulated numbers, or two machines' numbers, must not be pooled in one figure."""
+    testbeds = df[TESTBED].drop_duplicates()
+    if len(testbeds) > 1:
+        found = "; ".join(" ".join(map(str, tb)) for tb in testbeds.itertuples(index=False))
+        raise FigureDataError(f"the data come from several testbeds ({found}); collect one testbed's "
+                              "records (one mode, backend and hardware) into the tables for this figure")
+    return df
+
+
+def _train_step(records: pd.DataFrame, metrics: list[str], shown: list[str]) -> pd.DataFrame:
+    """gshard/train_step rows of ``metrics``; every swept parameter not ``shown`` (but seed) must be fixed."""
+    df = select(records, paper="gshard", experiment="train_step")
+    missing = sorted(set(metrics) - set(df["metric"]))
+    if missing:
+        raise FigureDataError(f"the records table has no gshard/train_step rows of {missing}; collect "
+                              "results/raw/gshard/train_step/*.json into it first")
+    df = _one_testbed(df[df["metric"].isin(metrics)]).astype({"num_experts": int, "world_size": int})
+    hidden = [c for c in param_columns(df) if c not in shown and c != "seed"]
+    counts = df.groupby([*shown, "metric"])[hidden].nunique(dropna=False)
+    varying = [c for c in hidden if (counts[c] > 1).any()]
+    if varying:
+        raise FigureDataError(f"parameters {varying} vary within one bar or line of this figure; "
+                              "collect only records that share one value of each")
+    return df
+
+
+def _collectives(records: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Collectives measured alone (no concurrent all-reduce)."""
+    df = select(records, paper="common", experiment="collectives", metric=metric)
+    df = df if df.empty else df[df["concurrent"].isna()]
+    if df.empty:
+        raise FigureDataError(f"the records table has no common/collectives rows of {metric} measured alone; "
+                              "collect results/raw/common/collectives/*.json into it first")
+    return _one_testbed(df).astype({"size_bytes": int, "world_size": int})
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Stacked median phase times per step vs experts; one panel per policy × world size."""
+    df = _train_step(records, [*STEP_COMPONENTS_MS, "step_ms"], shown=["policy", "world_size", "num_experts"])
+    policies, sizes = sorted(df["policy"].unique()), sorted(df["world_size"].unique())
+    fig.set_size_inches(1.0 + 3.2 * len(sizes), 0.6 + 2.8 * len(policies))
+    axes = fig.subplots(len(policies), len(sizes), sharey=True, squeeze=False)
+    colors = dict(zip(STEP_COMPONENTS_MS, sns.color_palette("colorblind", len(STEP_COMPONENTS_MS))))
+    for (i, policy), (j, world_size) in itertools.product(enumerate(policies), enumerate(sizes)):
+        ax, panel = axes[i, j], df[(df["policy"] == policy) & (df["world_size"] == world_size)]
+        ax.set_title(f"{policy}, {world_size} ranks")
+        if panel.empty:  # a sweep that skipped this combination
+            ax.set_axis_off()
+            continue
+        ax.set_xlabel("experts (total)")
+        ax.set_ylabel("time per step (ms, median)" if j == 0 else "")
+        # median over seeds of each point's median
+        ms = panel.pivot_table(index="num_experts", columns="metric", values="value", aggfunc="median")
+        p95 = panel[panel["metric"] == "step_ms"].groupby("num_experts")["p95"].median()
+        x, bottom = np.arange(len(ms)), np.zeros(len(ms))
+        for name in STEP_COMPONENTS_MS:
+            ax.bar(x, ms[name], bottom=bottom, color=colors[name], label=name)
+            bottom += ms[name].to_numpy()
+        ax.scatter(x, p95.reindex(ms.index), marker="_", s=300, color="black", zorder=3, label="step_ms p95")
+        ax.set_xticks(x, [str(n) for n in ms.index])
+    fig.suptitle("Training step time by phase (GShard MoE layer)")
+    handles, labels = next(ax.get_legend_handles_labels() for ax in axes.flat if ax.axison)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), title="phase")
+
+
+def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """All-to-all share of step time vs experts, with the all-to-all data per rank dashed (Lina Fig 4)."""
+    df = _train_step(records, ["a2a_share", "a2a_bytes"], shown=["policy", "world_size", "num_experts"])
+    share = df[df["metric"] == "a2a_share"].assign(a2a_share_pct=lambda d: 100 * d["value"])
+    ax = fig.subplots()
+    sns.lineplot(share, x="num_experts", y="a2a_share_pct", hue="policy", style="world_size",
+                 markers=True, dashes=False, estimator="median", errorbar=None, ax=ax)
+    ax.set(xlabel="experts (total)", ylabel="all-to-all share of step time (%, median)",
+           title="All-to-all share of step time vs number of experts")
+    ax.legend(loc="upper left", fontsize="small")
+    data_mb = df[df["metric"] == "a2a_bytes"].groupby(["world_size", "num_experts"])["value"].median() / 1e6
+    twin = ax.twinx()
+    grays = sns.color_palette("Greys", data_mb.index.get_level_values("world_size").nunique() + 1)[1:]
+    for (world_size, line), color in zip(data_mb.groupby(level="world_size"), grays):
+        twin.plot(line.index.get_level_values("num_experts"), line.to_numpy(), ls="--", marker=".",
+                  color=color, label=f"a2a data, {world_size} ranks")
+    twin.set_ylabel("all-to-all data sent per rank per step (MB)")
+    twin.grid(False)
+    twin.legend(loc="lower right", fontsize="small")
+    experts = sorted(share["num_experts"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(experts, [str(n) for n in experts])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Empirical CDF of all-to-all slowdown next to an all-reduce, with Lina's Fig 3 numbers."""
+    s = contended_slowdowns(samples)
+    if s.empty:
+        raise FigureDataError("the samples table has no slowdown samples of all_to_all/all_to_all_v "
+                              ">= 1 MiB with a concurrent all_reduce; run the collectives sweep with "
+                              "concurrent: all_reduce and collect its records")
+    _one_testbed(s)
+    ax = fig.subplots()
+    for collective, group in s.groupby("collective"):
+        sns.ecdfplot(group, x="value", ax=ax, label=f"{collective} (n={len(group)})")
+    registry = load_registry()
+    for (name, entry_id), ls in zip(LINA_FIG3.items(), (":", "--")):
+        value = published_value(registry, entry_id)
+        ax.axvline(value, color="black", ls=ls, label=f"Lina Fig 3 {name} ({value:g}×)")
+    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)",
+           ylabel="fraction of iterations (CDF)", title="All-to-all slowdown under a concurrent all-reduce")
+    ax.legend(loc="lower right", fontsize="small")
+
+
+def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Bus bandwidth vs message size per collective, measured alone (nccl-tests style)."""
+    df = _collectives(records, "busbw_GBps")
+    ax = fig.subplots()
+    sns.lineplot(df, x="size_bytes", y="value", hue="collective", style="world_size", markers=True,
+                 estimator="median", errorbar=None, ax=ax)
+    ax.set(xlabel="message size per rank", ylabel="bus bandwidth (GB/s, median)",
+           title="Bus bandwidth vs message size (collectives alone)")
+    ax.set_xscale("log", base=2)
+    sizes = sorted(df["size_bytes"].unique())
+    ticks = sizes[:: -(-len(sizes) // 8)]  # at most 8 labels
+    ax.set_xticks(ticks, [format_bytes(n) for n in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.legend(fontsize="small")
+
+
+FIGURES = {f.__name__: f for f in (step_breakdown, a2a_share_vs_experts, a2a_slowdown_cdf, busbw_vs_size)}
+
+
+def render(name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path) -> list[Path]:
+    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error."""
+    if name not in FIGURES:
+        raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURES)}")
+    out_png = Path(out_png)
+    if out_png.suffix != ".png":
+        raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
+    sns.set_theme(style="whitegrid", context="paper")
+    fig = plt.figure(figsize=(7, 4.5))
+    try:
+        FIGURES[name](records, samples, fig)
+        fig.tight_layout()
+        outputs = [out_png, out_png.with_suffix(".pdf")]
+        for path in outputs:
+            with atomic_output(path) as tmp:
+                fig.savefig(tmp, format=path.suffix[1:], dpi=DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return outputs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
+    parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
+    parser.add_argument("--figure", required=True, choices=sorted(FIGURES))
+    parser.add_argument("--out", type=Path, required=True, help="PNG to write; the PDF goes beside it")
+    args = parser.parse_args(argv)
+    try:
+        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out)
+    except (OSError, ValueError) as err:
+        sys.exit(f"analysis.figures: error: {err}")
+    print(" ".join(map(str, outputs)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+# Raw records -> tidy tables -> published-vs-reproduced comparison -> figures (with report captions).
+
+# Figure name (analysis/figures.py) -> the paper whose figure it mirrors (results/figures/<paper>/).
+FIGURE_PAPERS = {
+    "step_breakdown": "gshard",
+    "a2a_share_vs_experts": "lina",
+    "a2a_slowdown_cdf": "lina",
+    "busbw_vs_size": "common",
+}
+FIGURES = [f"{RESULTS}/figures/{paper}/{name}.png" for name, paper in FIGURE_PAPERS.items()]
+
+
+rule collect:
+    """Every raw record of this run into tidy CSV tables (one row per point x metric, and samples)."""
+    input:
+        TRAIN_RECORDS,
+        COLLECTIVE_RECORDS,
+    output:
+        records=f"{RESULTS}/tables/records.csv",
+        samples=f"{RESULTS}/tables/samples.csv",
+    log:
+        f"{RESULTS}/logs/collect.log",
+    localrule: True
+    shell:
+        "python -m analysis.collect --out-records {output.records} --out-samples {output.samples} "
+        "{input} > {log} 2>&1"
+
+
+rule compare:
+    """Published numbers (analysis/published.yaml) next to ours, with verdicts."""
+    input:
+        records=rules.collect.output.records,
+        samples=rules.collect.output.samples,
+        registry="analysis/published.yaml",
+    output:
+        report(
+            f"{RESULTS}/tables/comparison.csv",
+            caption="../../analysis/captions/comparison.rst",
+            category="Published vs reproduced",
+        ),
+    log:
+        f"{RESULTS}/logs/compare.log",
+    localrule: True
+    shell:
+        "python -m analysis.compare --records {input.records} --samples {input.samples} "
+        "--out {output} > {log} 2>&1"
+
+
+rule figure:
+    """One paper-figure analogue as PNG (in the report) and PDF."""
+    input:
+        records=rules.collect.output.records,
+        samples=rules.collect.output.samples,
+    output:
+        png=report(
+            f"{RESULTS}/figures/{{paper}}/{{name}}.png",
+            caption="../../analysis/captions/{name}.rst",
+            category="Figures",
+            subcategory="{paper}",
+        ),
+        pdf=f"{RESULTS}/figures/{{paper}}/{{name}}.pdf",
+    log:
+        f"{RESULTS}/logs/figure/{{paper}}_{{name}}.log",
+    wildcard_constraints:
+        paper="|".join(set(FIGURE_PAPERS.values())),
+        name="|".join(FIGURE_PAPERS),
+    localrule: True
+    shell:
+        "python -m analysis.figures --records {input.records} --samples {input.samples} "
+        "--figure {wildcards.name} --out {output.png} > {log} 2>&1"

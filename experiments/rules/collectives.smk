@@ -1,0 +1,29 @@
+# nccl-tests-style collective microbenchmark: one torchrun job writes one record per
+# (collective, concurrent, size) point (experiments/collectives.py).
+
+from experiments.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
+from experiments.collectives import collective_points
+
+COLLECTIVE_RECORDS = expand(
+    f"{RESULTS}/raw/{COLLECTIVES_PAPER}/{COLLECTIVES}/{{point}}.json",
+    point=collective_points(CFG),
+)
+
+
+rule collectives:
+    """All-reduce, all-to-all and all-to-all-v from min_bytes to max_bytes, alone and paired."""
+    input:
+        config=rules.resolved_config.output[0],
+    output:
+        COLLECTIVE_RECORDS,
+    log:
+        f"{RESULTS}/logs/collectives.log",
+    params:
+        world_size=CFG.collectives.world_size,
+    threads: CFG.collectives.world_size
+    resources:
+        runtime=30,
+        mem_mb=1500 * CFG.collectives.world_size,
+    shell:
+        "torchrun --standalone --nproc-per-node={params.world_size} -m experiments.collectives "
+        "--config {input.config} > {log} 2>&1"

@@ -1,0 +1,49 @@
+# Measured training-step sweep: one torchrun job per point of cfg.sweep (experiments/train_step.py).
+
+import sys
+
+from omegaconf import OmegaConf
+
+from moe_core.config import point_name, point_overrides, sweep_points
+
+TRAIN_POINTS, _skipped = sweep_points(CFG)
+for _reason in _skipped:
+    print(f"sweep: skipping impossible layout {_reason}", file=sys.stderr)
+TRAIN_POINTS = {point_name(p): p for p in TRAIN_POINTS}
+TRAIN_RECORDS = expand(
+    f"{RESULTS}/raw/{CFG.paper}/{CFG.experiment}/{{point}}.json", point=TRAIN_POINTS
+)
+
+
+rule resolved_config:
+    """The validated, fully resolved config every job of this run starts from."""
+    output:
+        f"{RESULTS}/config/resolved.yaml",
+    params:
+        # Rerun (and so re-measure) when any config value changes.
+        config=OmegaConf.to_yaml(CFG),
+    localrule: True
+    run:
+        from moe_core.config import save_config
+
+        save_config(CFG, output[0])
+
+
+rule train_step:
+    """One measured sweep point: world_size ranks under torchrun, gloo on CPU / NCCL on GPU."""
+    input:
+        config=rules.resolved_config.output[0],
+    output:
+        f"{RESULTS}/raw/{CFG.paper}/{CFG.experiment}/{{point}}.json",
+    log:
+        f"{RESULTS}/logs/train_step/{{point}}.log",
+    params:
+        world_size=lambda wc: TRAIN_POINTS[wc.point]["world_size"],
+        overrides=lambda wc: " ".join(point_overrides(TRAIN_POINTS[wc.point])),
+    threads: lambda wc: TRAIN_POINTS[wc.point]["world_size"]
+    resources:
+        runtime=30,
+        mem_mb=lambda wc: 1500 * TRAIN_POINTS[wc.point]["world_size"],
+    shell:
+        "torchrun --standalone --nproc-per-node={params.world_size} -m experiments.train_step "
+        "--config {input.config} --out {output} {params.overrides} > {log} 2>&1"

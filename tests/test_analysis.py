@@ -1,0 +1,239 @@
+"""analysis/: tidy tables, the published-numbers registry, verdicts and figures, on synthetic records."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import collect as collect_mod
+from analysis import compare as compare_mod
+from analysis import figures as figures_mod
+from analysis.collect import RecordError, collect
+from analysis.compare import CONSISTENT, DIFFERS, NOT_REPRODUCED, REPRODUCERS, compare
+from analysis.figures import FIGURES, FigureDataError, render
+from analysis.published import RegistryError, load_registry
+from analysis.units import KiB, MiB
+from moe_core.results import make_record, record_path, write_record
+
+SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share
+SHARE_OF_MOE = 0.749  # Lina Fig 2's 74.9 %
+SLOWDOWNS = [1.5, 1.8, 1.9, 2.0, 2.5]  # median 1.9 (Lina 1.83: consistent), max 2.5 (Lina 4.14: differs)
+
+
+def _spread(x: float) -> list[float]:
+    """Three per-iteration samples with median ``x``."""
+    return [0.98 * x, x, 1.02 * x]
+
+
+def _write(root, **fields):
+    record = make_record(config={}, **fields)
+    return write_record(record, record_path(root, fields["paper"], fields["experiment"], fields["point"]))
+
+
+def write_train_step(root, mode="measured", backend="gloo", hardware="local-cpu"):
+    """2 world sizes × 2 experts per rank × 2 policies, one seed."""
+    paths = []
+    for world_size in (2, 4):
+        for experts_per_rank in (1, 2):
+            for policy in ("sequential", "overlap"):
+                num_experts = world_size * experts_per_rank
+                a2a = 0.5 * num_experts
+                phases = {"gate_ms": 0.4, "dispatch_a2a_ms": a2a, "expert_ms": 2.0, "combine_a2a_ms": a2a,
+                          "dense_ms": 3.0, "allreduce_exposed_ms": 0.5 if policy == "overlap" else 1.5}
+                step = sum(phases.values())
+                samples = {name: _spread(v) for name, v in phases.items()}
+                samples |= {"step_ms": _spread(step), "a2a_ms": _spread(2 * a2a), "loss": [3.0, 2.9, 2.8],
+                            "a2a_share": _spread(SHARE), "a2a_share_of_moe": _spread(SHARE_OF_MOE)}
+                params = dict(world_size=world_size, num_experts=num_experts, experts_per_rank=experts_per_rank,
+                              policy=policy, seed=0, expert_parallel=world_size, data_parallel=1, top_k=2,
+                              capacity_factor=1.25, dropless=False, tokens_per_rank=512, dtype="float32")
+                paths.append(_write(root, paper="gshard", experiment="train_step",
+                                    point=f"ws{world_size}_e{num_experts}_{policy}_s0", mode=mode, backend=backend,
+                                    hardware=hardware, params=params, samples=samples,
+                                    extra_metrics={"a2a_bytes": 1e5 * num_experts, "tokens_per_s": 1e4}))
+    return paths
+
+
+def write_collectives(root, mode="measured", backend="gloo", hardware="local-cpu"):
+    """Each collective alone at 4 sizes, and each all-to-all next to an all-reduce."""
+    paths = []
+    for collective, concurrent in [("all_reduce", None), ("all_to_all", None), ("all_to_all_v", None),
+                                   ("all_to_all", "all_reduce"), ("all_to_all_v", "all_reduce")]:
+        for size in (64 * KiB, MiB, 16 * MiB, 64 * MiB):
+            time_ms = 0.05 + size / 1e6
+            samples = {"time_ms": _spread(time_ms), "algbw_GBps": _spread(size / time_ms / 1e6),
+                       "busbw_GBps": _spread(0.75 * size / time_ms / 1e6)}
+            if concurrent:
+                # small messages: a huge slowdown that the >= 1 MiB filter must drop
+                slowdown = [10.0] if size < MiB else SLOWDOWNS
+                samples |= {"alone_ms": [time_ms] * len(slowdown), "concurrent_ms": [time_ms] * len(slowdown),
+                            "slowdown": slowdown}
+            params = dict(collective=collective, world_size=4, size_bytes=size, concurrent=concurrent)
+            point = f"{collective}_{concurrent or 'alone'}_ws4_{size}"
+            paths.append(_write(root, paper="common", experiment="collectives", point=point, mode=mode,
+                                backend=backend, hardware=hardware, params=params, samples=samples))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    return collect(write_train_step(root) + write_collectives(root))
+
+
+# ---- collect ----------------------------------------------------------------------------------
+
+def test_collect_is_tidy(tables):
+    records, samples = tables
+    assert len(records["point"].unique()) == 8 + 20
+    # one row per point × metric; params are columns, NA where a record lacks them
+    assert not records.duplicated(["experiment", "point", "metric"]).any()
+    assert {"world_size", "num_experts", "policy", "collective", "size_bytes", "concurrent"} <= set(records)
+    assert records.loc[records["experiment"] == "collectives", "num_experts"].isna().all()
+    step = records[(records["point"] == "ws4_e8_overlap_s0") & (records["metric"] == "step_ms")].iloc[0]
+    assert step["n"] == 3 and step["value"] == step["median"] == pytest.approx(13.9)
+    data = records[(records["point"] == "ws4_e8_overlap_s0") & (records["metric"] == "a2a_bytes")].iloc[0]
+    assert data["value"] == 8e5 and data[["median", "p95", "n"]].isna().all()
+    # one sample row per iteration
+    slow = samples[(samples["point"] == "all_to_all_all_reduce_ws4_1048576") & (samples["metric"] == "slowdown")]
+    assert list(slow["iteration"]) == [0, 1, 2, 3, 4] and list(slow["value"]) == SLOWDOWNS
+    assert (slow["concurrent"] == "all_reduce").all() and (slow["size_bytes"] == MiB).all()
+
+
+def test_collect_rejects_bad_json(tmp_path):
+    good = write_train_step(tmp_path)[0]
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    with pytest.raises(RecordError, match="broken.json"):
+        collect([good, bad])
+    not_record = tmp_path / "list.json"
+    not_record.write_text(json.dumps([1, 2]))
+    with pytest.raises(RecordError, match="list.json"):
+        collect([not_record])
+    with pytest.raises(ValueError, match="no record files"):
+        collect([])
+
+
+def test_collect_cli_writes_nothing_on_error(tmp_path, capsys):
+    good = write_train_step(tmp_path)[0]
+    bad = tmp_path / "broken.json"
+    bad.write_text("{}")
+    out = tmp_path / "tables"
+    args = ["--out-records", str(out / "records.csv"), "--out-samples", str(out / "samples.csv")]
+    with pytest.raises(SystemExit) as exit_info:
+        collect_mod.main([*args, str(good), str(bad)])
+    assert exit_info.value.code != 0 and "broken.json" in str(exit_info.value.code)
+    assert not out.exists()
+    collect_mod.main([*args, str(good)])
+    assert (out / "records.csv").is_file() and (out / "samples.csv").is_file()
+
+
+# ---- registry and comparison ------------------------------------------------------------------
+
+def test_shipped_registry_is_valid():
+    registry = load_registry()
+    assert registry["lina-fig3-a2a-slowdown-median"]["value"] == 1.83
+    assert registry["lina-table1-a2a-share-of-step-secondary"]["status"] == "DER"
+    named = {e["reproducer"] for e in registry.values()} - {None}
+    assert named <= set(REPRODUCERS)
+
+
+def _registry_file(tmp_path, entries):
+    path = tmp_path / "published.yaml"
+    path.write_text(yaml.safe_dump({"numbers": entries}))
+    return path
+
+
+def _entry(entry_id, value, reproducer):
+    return dict(id=entry_id, paper="lina", figure="Fig 3", metric="m", setting="s", value=value, unit="x",
+                source="url", status="FT", reproducer=reproducer)
+
+
+def test_registry_validation(tmp_path):
+    with pytest.raises(RegistryError, match="duplicate id 'a'"):
+        load_registry(_registry_file(tmp_path, [_entry("a", 1.0, None), _entry("a", 2.0, None)]))
+    no_status = _entry("b", 1.0, None)
+    del no_status["status"]
+    with pytest.raises(RegistryError, match=r"'b'.*missing key 'status'"):
+        load_registry(_registry_file(tmp_path, [no_status]))
+    with pytest.raises(RegistryError, match="'status'"):
+        load_registry(_registry_file(tmp_path, [{**_entry("c", 1.0, None), "status": "maybe"}]))
+
+
+def test_compare_verdicts(tmp_path, tables):
+    registry = load_registry(_registry_file(tmp_path, [
+        _entry("near", 1.83, "lina_fig3_slowdown_median"),  # 1.9 / 1.83 = 1.04
+        _entry("far", 4.14, "lina_fig3_slowdown_worst"),  # 2.5 / 4.14 = 0.60
+        _entry("share", 34.1, "lina_table1_a2a_share"),
+        _entry("none", 1.71, None),
+    ]))
+    table = compare(registry, *tables).set_index("id")
+    assert table.loc["near", "verdict"] == CONSISTENT and table.loc["near", "reproduced"] == 1.9
+    assert "local-cpu gloo, 4 ranks, 1 MiB–64 MiB, 15 samples" == table.loc["near", "reproduced_setting"]
+    assert table.loc["far", "verdict"] == DIFFERS and table.loc["far", "ratio"] == pytest.approx(2.5 / 4.14)
+    assert table.loc["share", "verdict"] == CONSISTENT
+    assert table.loc["share", "reproduced"] == pytest.approx(34.1) and table.loc["share", "mode"] == "measured"
+    assert table.loc["none", "verdict"] == NOT_REPRODUCED
+    assert table.loc[["none"], ["reproduced", "ratio", "mode"]].isna().all(axis=None)
+
+
+def test_compare_keeps_testbeds_apart(tmp_path):
+    measured = write_train_step(tmp_path / "m")
+    simulated = write_train_step(tmp_path / "s", mode="simulated", backend="sim", hardware="a100-ib")
+    registry = load_registry(_registry_file(tmp_path, [_entry("share", 34.1, "lina_table1_a2a_share")]))
+    table = compare(registry, *collect(measured + simulated))
+    assert sorted(table["mode"]) == ["measured", "simulated"]
+    assert (table["verdict"] == CONSISTENT).all()
+
+
+def test_compare_rejects_unknown_reproducer(tmp_path, tables):
+    registry = load_registry(_registry_file(tmp_path, [_entry("x", 1.0, "no_such_function")]))
+    with pytest.raises(ValueError, match="no_such_function"):
+        compare(registry, *tables)
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_figure_renders_png_and_pdf(tmp_path, tables, name):
+    outputs = render(name, *tables, tmp_path / "fig" / f"{name}.png")
+    assert [p.name for p in outputs] == [f"{name}.png", f"{name}.pdf"]
+    assert all(p.stat().st_size > 1000 for p in outputs)
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == sorted(p.name for p in outputs)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_figure_without_data_raises_and_writes_nothing(tmp_path, tables, name):
+    records, samples = tables
+    other = {"train_step": "collectives", "collectives": "train_step"}
+    needed = "train_step" if name in ("step_breakdown", "a2a_share_vs_experts") else "collectives"
+    keep = records["experiment"] == other[needed]
+    with pytest.raises(FigureDataError):
+        render(name, records[keep], samples[samples["experiment"] == other[needed]], tmp_path / f"{name}.png")
+    assert not any(tmp_path.iterdir())
+
+
+def test_figure_refuses_to_pool_testbeds(tmp_path):
+    measured = write_train_step(tmp_path / "m")
+    simulated = write_train_step(tmp_path / "s", mode="simulated", backend="sim", hardware="a100-ib")
+    with pytest.raises(FigureDataError, match="several testbeds"):
+        render("step_breakdown", *collect(measured + simulated), tmp_path / "out" / "step_breakdown.png")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_pipeline_through_csv(tmp_path):
+    """collect -> compare -> figures on the CSV files, as the workflow runs them."""
+    raw = write_collectives(tmp_path / "results")
+    tables = ["--records", str(tmp_path / "records.csv"), "--samples", str(tmp_path / "samples.csv")]
+    collect_mod.main(["--out-records", tables[1], "--out-samples", tables[3], *map(str, raw)])
+    compare_mod.main([*tables, "--out", str(tmp_path / "comparison.csv")])
+    comparison = pd.read_csv(tmp_path / "comparison.csv").set_index("id")
+    assert comparison.loc["lina-fig3-a2a-slowdown-median", "verdict"] == CONSISTENT
+    figures_mod.main([*tables, "--figure", "busbw_vs_size", "--out", str(tmp_path / "fig" / "busbw.png")])
+    assert (tmp_path / "fig" / "busbw.pdf").is_file()
+    with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
+        figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
+    assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()

@@ -1,0 +1,90 @@
+"""GShard gating against hand-computed cases (reference/papers.md, GShard Algorithm 1)."""
+
+import math
+
+import pytest
+import torch
+
+from moe_core.config import capacity
+from moe_core.gating import gshard_gating
+
+# 4 tokens, 3 experts; logits = log(p) so that softmax returns p exactly.
+P = torch.tensor([[0.5, 0.3, 0.2],
+                  [0.1, 0.6, 0.3],
+                  [0.7, 0.2, 0.1],
+                  [0.6, 0.1, 0.3]])
+LOGITS = P.log().unsqueeze(0)  # (G=1, S=4, E=3)
+
+
+def test_top2_slots_capacity_and_weights():
+    r = gshard_gating(LOGITS, top_k=2, capacity=2, noise=None, aux_loss_scale="paper")
+    assert r.expert_index[0].tolist() == [[0, 1], [1, 2], [0, 1], [0, 2]]
+    # top-1 slots first (expert 0 gets tokens 0, 2, 3), then top-2 slots offset by the top-1 counts
+    assert r.slot[0].tolist() == [[0, 1], [0, 0], [1, 2], [2, 1]]
+    assert r.kept[0].tolist() == [[True, True], [True, True], [True, False], [False, True]]
+    expected = torch.tensor([[0.5 / 0.8, 0.3 / 0.8], [0.6 / 0.9, 0.3 / 0.9], [0.7 / 0.9, 0.0], [0.0, 0.3 / 0.9]])
+    torch.testing.assert_close(r.combine_weight[0], expected)
+    assert r.tokens_per_expert.tolist() == [2, 2, 2]
+    assert r.dropped_fraction.item() == pytest.approx(2 / 8)
+
+
+def test_aux_loss_paper_and_e2_scale():
+    # c_e/S = [3/4, 1/4, 0]; m_e = [0.475, 0.3, 0.225]; l_aux = (1/E) sum_e c_e/S * m_e
+    paper = (0.75 * 0.475 + 0.25 * 0.3) / 3
+    r = gshard_gating(LOGITS, top_k=2, capacity=None, aux_loss_scale="paper")
+    assert r.aux_loss.item() == pytest.approx(paper, rel=1e-6)
+    r = gshard_gating(LOGITS, top_k=2, capacity=None, aux_loss_scale="e2")
+    assert r.aux_loss.item() == pytest.approx(paper * 9, rel=1e-6)
+
+
+def test_uniform_routing_aux_loss_is_one_with_e2_scale():
+    E, S = 8, 64
+    logits = torch.full((1, S, E), -10.0)
+    logits[0, torch.arange(S), torch.arange(S) % E] = 10.0  # each expert is top-1 for S/E tokens
+    r = gshard_gating(logits, top_k=1, capacity=None, aux_loss_scale="e2")
+    assert r.aux_loss.item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_top1_keeps_raw_gate_and_drops_overflow():
+    r = gshard_gating(LOGITS, top_k=1, capacity=2)
+    assert r.expert_index[0, :, 0].tolist() == [0, 1, 0, 0]
+    torch.testing.assert_close(r.combine_weight[0, :, 0], torch.tensor([0.5, 0.6, 0.7, 0.0]))
+    assert r.dropped_fraction.item() == pytest.approx(1 / 4)
+
+
+def test_dropless_keeps_everything():
+    r = gshard_gating(LOGITS, top_k=2, capacity=None)
+    assert bool(r.kept.all()) and r.dropped_fraction.item() == 0.0
+
+
+def test_random_routing_keeps_second_expert_with_probability_2g2():
+    S = 20000
+    p = torch.tensor([0.7, 0.15, 0.1, 0.05])  # normalised g2 = 0.15 / 0.85 -> kept with prob 2*g2 = 0.353
+    logits = p.log().expand(1, S, 4).contiguous()
+    noise = torch.rand(1, S, generator=torch.Generator().manual_seed(0))
+    r = gshard_gating(logits, top_k=2, capacity=None, noise=noise)
+    kept_rate = r.kept[0, :, 1].float().mean().item()
+    assert kept_rate == pytest.approx(2 * 0.15 / 0.85, abs=0.01)
+    # rejected second choices take no buffer slot and carry no weight
+    assert (r.combine_weight[0, :, 1][~r.kept[0, :, 1]] == 0).all()
+    r_again = gshard_gating(logits, top_k=2, capacity=None, noise=noise)
+    assert torch.equal(r.kept, r_again.kept)
+
+
+def test_gradients_flow_to_logits_through_combine_weights_and_aux_loss():
+    logits = LOGITS.clone().requires_grad_(True)
+    r = gshard_gating(logits, top_k=2, capacity=2)
+    (r.combine_weight.sum() + r.aux_loss).backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("S,E,k,cf,expected", [(8, 4, 2, 1.0, 4), (8, 4, 2, 1.25, 5), (10, 4, 1, 1.0, 3),
+                                               (4, 16, 2, 1.0, 4)])
+def test_capacity_rounding_rule(S, E, k, cf, expected):
+    assert capacity(S, E, k, cf, min_capacity=4 if S == 4 else 1) == expected == max(
+        4 if S == 4 else 1, math.ceil(cf * k * S / E))
+
+
+def test_bad_top_k_raises():
+    with pytest.raises(ValueError, match="top_k"):
+        gshard_gating(LOGITS, top_k=3, capacity=None)
