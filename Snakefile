@@ -2,7 +2,7 @@
 
     snakemake --cores 2                                  # embedded default (configs/default.yaml)
     snakemake --cores 2 --configfile configs/ci.yaml     # smallest smoke run
-    snakemake --cores 2 --config train.iters=20          # any key of moe_core/config.py
+    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/config.py (YAML)
 """
 
 from moe_core.config import ConfigError, load_config

@@ -24,7 +24,8 @@ from matplotlib.ticker import NullLocator
 
 from analysis.collect import param_columns, select
 from analysis.compare import TESTBED, contended_slowdowns
-from analysis.files import atomic_output, read_tables
+from analysis.files import read_tables
+from moe_core.results import atomic_output
 from analysis.published import load_registry, published_value
 from analysis.units import format_bytes
 

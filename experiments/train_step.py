@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from moe_core.config import ConfigError, layout_of, load_config, point_name, to_container
 from moe_core.data import MarkovTokens
-from moe_core.distributed import Env, init_distributed, shutdown
+from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.policies import make_policy
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
                            expected_world_size=cfg.parallel.world_size)
     try:
-        samples, extra = train(cfg, env)
+        with naming_failed_ranks(env):
+            samples, extra = train(cfg, env)
         if env.rank == 0:
             params = point_params(cfg)
             point = point_name(params)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -17,6 +21,8 @@ class Env:
     local_rank: int
     device: torch.device
     backend: str
+    health_group: object  # gloo group used only to find unresponsive ranks after a failure
+    timeout_s: float
 
 
 def init_distributed(backend: str, device_type: str, timeout_s: float, expected_world_size: int | None = None,
@@ -48,7 +54,39 @@ def init_distributed(backend: str, device_type: str, timeout_s: float, expected_
     else:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
-    return Env(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+    health_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return Env(dist.get_rank(), dist.get_world_size(), local_rank, device, backend, health_group, timeout_s)
+
+
+class RankFailure(RuntimeError):
+    """A collective failed; the message names the ranks that stopped responding."""
+
+
+@contextmanager
+def naming_failed_ranks(env: Env) -> Iterator[None]:
+    """Turn a failed or timed-out collective into an error that names the unresponsive ranks.
+
+    A dead peer shows up on the others as "Connection closed by peer", a hung one as a timeout
+    after ``timeout_s``; neither names the culprit. After such an error every surviving rank enters
+    a ``monitored_barrier`` on a separate gloo group, which on rank 0 reports which ranks did not
+    arrive (e.g. "Rank 1 failed to pass monitoredBarrier in 10000 ms").
+    """
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as err:
+        if env.world_size == 1:
+            raise
+        try:
+            dist.monitored_barrier(env.health_group, timeout=timedelta(seconds=min(env.timeout_s, 30.0)),
+                                   wait_all_ranks=True)
+            diagnosis = "every rank still responds, so the failure is local to this rank"
+        except RuntimeError as probe:
+            diagnosis = str(probe).strip().splitlines()[0]
+        message = f"rank {env.rank} stopped: {str(err).strip().splitlines()[0]} | {diagnosis}"
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        if env.rank != 0:
+            time.sleep(2.0)  # let rank 0, which knows who is missing, report before the launcher stops all
+        raise RankFailure(message) from err
 
 
 def shutdown() -> None:

@@ -24,9 +24,9 @@ import os
 import platform
 import socket
 import subprocess
-import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -71,21 +71,32 @@ def record_path(results_dir: str | Path, paper: str, experiment: str, point: str
     return Path(results_dir) / "raw" / paper / experiment / f"{point}.json"
 
 
-def write_record(record: dict[str, Any], path: str | Path) -> Path:
-    """Write ``record`` as JSON atomically: readers see the old file or the whole new one."""
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    Readers see the old file or the whole new one, never a partial write. The temporary file is
+    created with the process umask (not mkstemp's 0600), so results stay readable on shared clusters.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=False)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_record(record: dict[str, Any], path: str | Path) -> Path:
+    """Write ``record`` as JSON atomically."""
+    with atomic_output(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
 
 
 def read_record(path: str | Path) -> dict[str, Any]:

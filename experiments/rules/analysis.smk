@@ -18,6 +18,8 @@ rule collect:
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",
+    conda:
+        "../../environment.yml"
     log:
         f"{RESULTS}/logs/collect.log",
     localrule: True
@@ -38,6 +40,8 @@ rule compare:
             caption="../../analysis/captions/comparison.rst",
             category="Published vs reproduced",
         ),
+    conda:
+        "../../environment.yml"
     log:
         f"{RESULTS}/logs/compare.log",
     localrule: True
@@ -46,25 +50,30 @@ rule compare:
         "--out {output} > {log} 2>&1"
 
 
-rule figure:
-    """One paper-figure analogue as PNG (in the report) and PDF."""
-    input:
-        records=rules.collect.output.records,
-        samples=rules.collect.output.samples,
-    output:
-        png=report(
-            f"{RESULTS}/figures/{{paper}}/{{name}}.png",
-            caption="../../analysis/captions/{name}.rst",
-            category="Figures",
-            subcategory="{paper}",
-        ),
-        pdf=f"{RESULTS}/figures/{{paper}}/{{name}}.pdf",
-    log:
-        f"{RESULTS}/logs/figure/{{paper}}_{{name}}.log",
-    wildcard_constraints:
-        paper="|".join(set(FIGURE_PAPERS.values())),
-        name="|".join(FIGURE_PAPERS),
-    localrule: True
-    shell:
-        "python -m analysis.figures --records {input.records} --samples {input.samples} "
-        "--figure {wildcards.name} --out {output.png} > {log} 2>&1"
+# One rule per figure (a loop, not copies): report captions cannot take wildcards.
+for _name, _paper in FIGURE_PAPERS.items():
+
+    rule:
+        name:
+            f"figure_{_name}"
+        input:
+            records=rules.collect.output.records,
+            samples=rules.collect.output.samples,
+        output:
+            png=report(
+                f"{RESULTS}/figures/{_paper}/{_name}.png",
+                caption=f"../../analysis/captions/{_name}.rst",
+                category="Figures",
+                subcategory=_paper,
+            ),
+            pdf=f"{RESULTS}/figures/{_paper}/{_name}.pdf",
+        params:
+            name=_name,
+        conda:
+            "../../environment.yml"
+        log:
+            f"{RESULTS}/logs/figure_{_name}.log",
+        localrule: True
+        shell:
+            "python -m analysis.figures --records {input.records} --samples {input.samples} "
+            "--figure {params.name} --out {output.png} > {log} 2>&1"

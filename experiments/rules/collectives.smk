@@ -16,6 +16,8 @@ rule collectives:
         config=rules.resolved_config.output[0],
     output:
         COLLECTIVE_RECORDS,
+    conda:
+        "../../environment.yml"
     log:
         f"{RESULTS}/logs/collectives.log",
     params:

@@ -19,6 +19,8 @@ rule resolved_config:
     """The validated, fully resolved config every job of this run starts from."""
     output:
         f"{RESULTS}/config/resolved.yaml",
+    log:
+        f"{RESULTS}/logs/resolved_config.log",
     params:
         # Rerun (and so re-measure) when any config value changes.
         config=OmegaConf.to_yaml(CFG),
@@ -27,6 +29,7 @@ rule resolved_config:
         from moe_core.config import save_config
 
         save_config(CFG, output[0])
+        shell("echo 'resolved config written to {output}' > {log}")
 
 
 rule train_step:
@@ -35,6 +38,8 @@ rule train_step:
         config=rules.resolved_config.output[0],
     output:
         f"{RESULTS}/raw/{CFG.paper}/{CFG.experiment}/{{point}}.json",
+    conda:
+        "../../environment.yml"
     log:
         f"{RESULTS}/logs/train_step/{{point}}.log",
     params:

@@ -1,0 +1,40 @@
+"""The Snakemake workflow: lint, the planned jobs of the default sweep, and bad configuration."""
+
+import subprocess
+
+import pytest
+
+from moe_core.config import load_config, point_name, sweep_points
+
+
+def snakemake(*args, timeout=300):
+    return subprocess.run(["snakemake", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_lint_is_clean():
+    proc = snakemake("--lint")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
+    proc = snakemake("--cores", "2", "-n", "--quiet", "rules", "--config", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    points, _ = sweep_points(load_config(["configs/default.yaml"]))
+    out = proc.stdout + proc.stderr
+    job_lines = [line.split() for line in out.splitlines()]
+    counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
+    assert int(counts["train_step"]) == len(points) == 12
+    assert int(counts["collectives"]) == 1
+    assert all(int(counts[f"figure_{name}"]) == 1 for name in
+               ("step_breakdown", "a2a_share_vs_experts", "a2a_slowdown_cdf", "busbw_vs_size"))
+    assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
+
+
+@pytest.mark.parametrize("override,needle", [("moe={top_k: 5}", "moe.top_k"),
+                                             ("comm={policy: fifo}", "comm.policy"),
+                                             ("sweep={polcy: [overlap]}", "sweep.polcy")])
+def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle):
+    proc = snakemake("--cores", "2", "--config", f"results_dir={tmp_path}", override)
+    assert proc.returncode != 0
+    assert "invalid configuration" in proc.stderr and needle in proc.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
