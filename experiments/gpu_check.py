@@ -1,0 +1,227 @@
+"""One-shot sanity check of a single-GPU machine before measured runs are trusted on it.
+
+    python -m experiments.gpu_check --out results/gpu_check            # H200, real sizes (~1 min)
+    python -m experiments.gpu_check --out /tmp/x --device cpu --quick   # the same logic, tiny sizes
+
+Checks, all in this one process:
+
+a. Throughput of an MoE layer (GShard capacity mode, top-2, all experts local) against a dense FFN
+   with the same active FLOPs per token (hidden width top_k * d_ff), forward + backward in bf16
+   weights (not autocast: no per-step weight casts, so both sides run the same bf16 GEMMs). The
+   MoE's extra work (gating, dispatch/combine copies) should keep its tokens/s at >= 0.6 x dense.
+   Achieved TFLOP/s are compared with the H200 dense bf16 peak and with a plain bf16 matmul.
+b. CUDA-event timing against wall-clock timing of the same MoE loop (the suite times with events).
+c. NCCL (gloo on CPU) at world size 1: all_reduce, equal and uneven all_to_all_single, barrier.
+d. The environment: versions, git commit, device properties.
+
+Writes ``<out>/gpu_check.json`` atomically and prints a summary. Never needed by CI or the tests
+(tests/test_gpu_check.py runs it on CPU with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from moe_core.config import capacity, load_config
+from moe_core.layer import MoELayer
+from moe_core.model import DenseFFN
+from moe_core.results import environment, write_record
+from moe_core.timing import PhaseTimer
+
+# Dense bf16 tensor-core peak of an H200 SXM, as torchtitan's get_peak_flops (torchtitan/tools/utils.py).
+H200_BF16_PEAK_TFLOPS = 989.0
+TARGET_MOE_OVER_DENSE = 0.6
+MAX_TIMING_DISAGREEMENT = 0.05
+PROFILE = {"cuda": "h200-single", "cpu": "local-cpu"}  # configs/hardware/<profile>.yaml
+# Full sizes keep every GEMM large (expert GEMMs: 4096 x 2048 x 8192 per expert) so an H200 is
+# compute-bound; E*C = top_k * tokens at capacity_factor 1, so padded MoE FLOPs = dense FLOPs.
+SIZES = {
+    "full": dict(batch=8, seq_len=2048, d_model=2048, d_ff=8192, num_experts=8, matmul_n=8192,
+                 warmup_iters=5, timed_iters=20),
+    "quick": dict(batch=2, seq_len=64, d_model=32, d_ff=64, num_experts=8, matmul_n=128,
+                  warmup_iters=1, timed_iters=3),
+}
+TOP_K = 2
+
+
+def time_loop(step, device: torch.device, warmup_iters: int, timed_iters: int) -> tuple[list[float], float]:
+    """Run ``step`` warmup_iters + timed_iters times; return per-iteration ms and the timed loop's wall ms.
+
+    Per-iteration times come from PhaseTimer stamps (CUDA events on GPU, read after the loop, so
+    timing adds no sync inside it); the wall time is perf_counter around the timed loop plus one
+    final synchronize.
+    """
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup_iters):
+        step()
+    timer = PhaseTimer(device)
+    sync()
+    wall_start = time.perf_counter()
+    for i in range(timed_iters):
+        start = timer.stamp()
+        step()
+        timer.add(f"iter{i}", start, timer.stamp())
+    sync()
+    wall_ms = (time.perf_counter() - wall_start) * 1e3
+    per_iter = timer.elapsed_ms()
+    return [per_iter[f"iter{i}"] for i in range(timed_iters)], wall_ms
+
+
+def fwd_bwd_step(module: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    """A training step's FFN work: forward, then backward for input and weight gradients."""
+    def step():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        y, _aux = module(x)  # the aux loss's backward is negligible next to the GEMMs
+        y.backward(dy)
+    return step
+
+
+def tflops(flop: float, ms: float) -> float:
+    return flop / (ms * 1e-3) / 1e12
+
+
+def check_matmul(s: dict, device: torch.device) -> dict:
+    """bf16 n x n x n matmul: the practical GEMM ceiling of this device."""
+    n = s["matmul_n"]
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    ms = statistics.median(time_loop(lambda: a @ b, device, s["warmup_iters"], s["timed_iters"])[0])
+    achieved = tflops(2 * n**3, ms)
+    return {"n": n, "ms_median": ms, "tflops": achieved, "fraction_of_h200_peak": achieved / H200_BF16_PEAK_TFLOPS}
+
+
+def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
+    """MoE layer vs dense FFN of equal active FLOPs per token, forward + backward, bf16 weights."""
+    torch.manual_seed(0)
+    tokens, M, H, E = s["batch"] * s["seq_len"], s["d_model"], s["d_ff"], s["num_experts"]
+    with torch.device(device):  # initialise weights on the device (fast at full size)
+        moe = MoELayer(d_model=M, d_ff=H, num_experts=E, top_k=TOP_K, capacity_factor=1.0, min_capacity=4,
+                       group_size=0, second_expert_policy="always", dropless=False, aux_loss_scale="e2",
+                       layer_id=0, seed=0)
+        dense = DenseFFN(M, TOP_K * H)
+        x = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16).requires_grad_()
+        dy = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16)
+    moe.to(torch.bfloat16)
+    dense.to(torch.bfloat16)
+
+    iters = (s["warmup_iters"], s["timed_iters"])
+    moe_ms, moe_wall_ms = time_loop(fwd_bwd_step(moe, x, dy), device, *iters)
+    dense_ms, _ = time_loop(fwd_bwd_step(dense, x, dy), device, *iters)
+    plan = moe.last_gating  # fixed input and weights: every iteration routes the same way
+    routed_pairs = int(plan.tokens_per_expert.sum())
+    capacity_slots = E * capacity(tokens, E, TOP_K, moe.capacity_factor, moe.min_capacity)  # one group: S = tokens
+
+    # Training FLOPs = 3 x forward matmul FLOPs; an FFN's forward is 2 GEMMs of 2 * rows * M * hidden.
+    def train_flop(rows: int, hidden: int) -> float:
+        return 3 * 2 * rows * 2 * M * hidden
+
+    moe_med, dense_med = statistics.median(moe_ms), statistics.median(dense_ms)
+    moe_tflops = {"routed": tflops(train_flop(routed_pairs, H), moe_med),
+                  "padded": tflops(train_flop(capacity_slots, H), moe_med)}
+    dense_tflops = tflops(train_flop(tokens, TOP_K * H), dense_med)
+    return {
+        "moe": {"ms_median": moe_med, "tokens_per_s": tokens / (moe_med * 1e-3),
+                "routed_pairs": routed_pairs, "capacity_slots": capacity_slots,
+                "dropped_fraction": float(plan.dropped_fraction),
+                "tflops_routed": moe_tflops["routed"], "tflops_padded": moe_tflops["padded"],
+                "fraction_of_h200_peak_routed": moe_tflops["routed"] / H200_BF16_PEAK_TFLOPS,
+                "fraction_of_h200_peak_padded": moe_tflops["padded"] / H200_BF16_PEAK_TFLOPS},
+        "dense": {"ms_median": dense_med, "tokens_per_s": tokens / (dense_med * 1e-3), "tflops": dense_tflops,
+                  "fraction_of_h200_peak": dense_tflops / H200_BF16_PEAK_TFLOPS},
+        "moe_over_dense_tokens_per_s": dense_med / moe_med,
+        "timing": {"cuda_events_ms": sum(moe_ms), "wall_ms": moe_wall_ms,
+                   "wall_over_events": moe_wall_ms / sum(moe_ms)},
+    }
+
+
+def check_collectives(device: torch.device, backend: str) -> tuple[dict, dict]:
+    """World-size-1 process group in this process: every collective must return its input exactly."""
+    kwargs = {"device_id": torch.device("cuda", 0)} if device.type == "cuda" else {}
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    try:
+        x = torch.arange(12, dtype=torch.float32, device=device).view(6, 2)
+        reduced = x.clone()
+        dist.all_reduce(reduced)
+        equal = torch.empty_like(x)
+        dist.all_to_all_single(equal, x)
+        uneven = torch.empty_like(x[:5])
+        dist.all_to_all_single(uneven, x[:5], output_split_sizes=[5], input_split_sizes=[5])
+        dist.barrier()
+        exact = {"all_reduce": torch.equal(reduced, x), "all_to_all_equal": torch.equal(equal, x),
+                 "all_to_all_uneven": torch.equal(uneven, x[:5])}
+    finally:
+        dist.destroy_process_group()
+    version = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+    return {"backend": backend, "world_size": 1, "nccl_version": version}, exact
+
+
+def device_properties(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    p = torch.cuda.get_device_properties(device)
+    return {"name": p.name, "sm_count": p.multi_processor_count, "memory_GiB": p.total_memory / 2**30,
+            "compute_capability": f"{p.major}.{p.minor}"}
+
+
+def print_summary(checks: dict, passed: dict) -> None:
+    m, moe, dense, t = checks["matmul"], checks["moe"], checks["dense"], checks["timing"]
+    ok = {True: "PASS", False: "FAIL"}
+    rows = [
+        (f"bf16 matmul {m['n']}^3", f"{m['tflops']:.1f} TFLOP/s ({m['fraction_of_h200_peak']:.1%} of H200 peak)", ""),
+        ("dense FFN fwd+bwd", f"{dense['tokens_per_s']:,.0f} tok/s, {dense['tflops']:.1f} TFLOP/s", ""),
+        ("MoE fwd+bwd", f"{moe['tokens_per_s']:,.0f} tok/s, {moe['tflops_routed']:.1f} routed / "
+                        f"{moe['tflops_padded']:.1f} padded TFLOP/s, {moe['dropped_fraction']:.1%} dropped", ""),
+        ("MoE / dense tokens/s", f"{checks['moe_over_dense_tokens_per_s']:.3f} (target >= {TARGET_MOE_OVER_DENSE})",
+         ok[passed["moe_over_dense"]]),
+        ("wall / CUDA events", f"{t['wall_ms']:.1f} / {t['cuda_events_ms']:.1f} ms = {t['wall_over_events']:.3f}",
+         ok[passed["timing_agreement"]]),
+        (f"{checks['collectives']['backend']} world size 1", f"version {checks['collectives']['nccl_version']}",
+         ok[passed["collectives_exact"]]),
+    ]
+    for name, value, verdict in rows:
+        print(f"{name:<24} {value:<72} {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for gpu_check.json")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU test of the logic)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is visible; use --device cpu --quick", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"]).hardware
+    sizes = SIZES["quick" if args.quick else "full"]
+
+    checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}
+    checks["collectives"], exact = check_collectives(device, hardware.backend)
+    t = checks["timing"]
+    passed = {"moe_over_dense": checks["moe_over_dense_tokens_per_s"] >= TARGET_MOE_OVER_DENSE,
+              "timing_agreement": abs(t["wall_over_events"] - 1) <= MAX_TIMING_DISAGREEMENT,
+              "collectives_exact": all(exact.values()), **{f"{k}_exact": v for k, v in exact.items()}}
+    record = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hardware.name,
+        "sizes": {**sizes, "top_k": TOP_K, "capacity_factor": 1.0, "dtype": "bfloat16 weights"},
+        "checks": checks,
+        "pass": passed,
+        "environment": {**environment(device.type), "device_properties": device_properties(device)},
+    }
+    path = write_record(record, Path(args.out) / "gpu_check.json")
+    print_summary(checks, passed)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
