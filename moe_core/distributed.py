@@ -45,8 +45,7 @@ def init_distributed(backend: str, device_type: str, timeout_s: float, expected_
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-        # NOTE: torchrun sets OMP_NUM_THREADS=1 only when nproc > 1; keep ranks from oversubscribing.
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_num_threads(cpu_threads_per_rank())
     if "MASTER_ADDR" not in os.environ:  # a plain `python -m ...` run: a world of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
@@ -56,6 +55,18 @@ def init_distributed(backend: str, device_type: str, timeout_s: float, expected_
                                 device_id=device if device.type == "cuda" else None)
     health_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return Env(dist.get_rank(), dist.get_world_size(), local_rank, device, backend, health_group, timeout_s)
+
+
+def cpu_threads_per_rank() -> int:
+    """Intra-op threads of one CPU rank: the host's cores shared by its local ranks.
+
+    NOTE: Snakemake exports OMP_NUM_THREADS=<job threads> and torchrun passes it on, so 4 ranks of a
+    2-core job would each start 2 threads; oversubscribed ranks spin against each other and step
+    times grow several-fold. OMP_NUM_THREADS still caps the share when it is smaller.
+    """
+    cores = len(os.sched_getaffinity(0))
+    share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return min(share, int(os.environ.get("OMP_NUM_THREADS", share)))
 
 
 class RankFailure(RuntimeError):
