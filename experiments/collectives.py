@@ -57,13 +57,16 @@ def bus_bandwidth_factor(collective: str, n: int) -> float:
     """nccl-tests busbw/algbw factor for ``n`` ranks (doc/PERFORMANCE.md).
 
     all-reduce moves 2(n-1)/n of the buffer over each rank's link (reduce-scatter + all-gather);
-    all-to-all sends all but the local 1/n of it. all_to_all_v uses the all-to-all factor, applied
-    to the bottleneck rank's bytes (nccl-tests alltoallv convention).
+    all-to-all sends all but the local 1/n of it. For all_to_all_v the algorithm bytes are already
+    the bottleneck rank's off-rank bytes (:func:`bottleneck_bytes`), so busbw = algbw: the achieved
+    bandwidth of the busiest link (DeepEP's "bottleneck bandwidth").
     """
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_to_all", "all_to_all_v"):
+    if collective == "all_to_all":
         return (n - 1) / n
+    if collective == "all_to_all_v":
+        return 1.0
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -172,12 +175,15 @@ def make_collective(name: str, size_bytes: int, cfg: DictConfig, env: Env, group
 
 
 def bottleneck_bytes(coll: Collective, size_bytes: int) -> int:
-    """Bytes of the busiest rank: the larger of what any rank sends or receives (nccl-tests
-    alltoallv). S for all_reduce and equal all-to-all."""
+    """Algorithm bytes: S for all_reduce and equal all-to-all; for all_to_all_v the busiest rank's
+    off-rank bytes, the larger of what it sends to or receives from other ranks (its own chunk is a
+    local copy and crosses no link)."""
     if not coll.uneven:
         return size_bytes
-    received = [sum(row[j] for row in coll.splits) for j in range(len(coll.splits))]
-    return max(size_bytes, max(received) * ELEMENT_BYTES)
+    n = len(coll.splits)
+    sent = [sum(coll.splits[i][j] for j in range(n) if j != i) for i in range(n)]
+    received = [sum(coll.splits[i][j] for i in range(n) if i != j) for j in range(n)]
+    return max(sent + received) * ELEMENT_BYTES
 
 
 # ----------------------------------------------------------------------------------------------

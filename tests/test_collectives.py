@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-from experiments.collectives import (CASES, bus_bandwidth_factor, check_sizes, collective_points, point_name,
+from experiments.collectives import (CASES, Collective, bottleneck_bytes, bus_bandwidth_factor, check_sizes, collective_points, point_name,
                                      sizes_bytes)
 from moe_core.config import REPO_ROOT, ConfigError, load_config
 from moe_core.results import read_record, record_path
@@ -92,7 +93,7 @@ def test_sizes_must_split_evenly_over_ranks():
 @pytest.mark.parametrize("collective, n, factor", [
     ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
     ("all_to_all", 2, 0.5), ("all_to_all", 4, 0.75), ("all_to_all", 8, 0.875),
-    ("all_to_all_v", 4, 0.75),
+    ("all_to_all_v", 4, 1.0),
 ])
 def test_bus_bandwidth_factor_matches_nccl_tests(collective, n, factor):
     assert bus_bandwidth_factor(collective, n) == pytest.approx(factor)
@@ -150,4 +151,16 @@ def test_torchrun_two_ranks_writes_checked_records(tmp_path):
             assert "slowdown" not in samples
         if params["collective"] == "all_to_all_v":
             assert params["traffic_zipf"] == cfg.collectives.traffic_zipf
-            assert record["metrics"]["algo_bytes"]["value"] >= params["size_bytes"]
+            assert 0 < record["metrics"]["algo_bytes"]["value"] <= params["world_size"] * params["size_bytes"]
+
+
+def test_uneven_all_to_all_bandwidth_reduces_to_the_equal_one_on_uniform_traffic():
+    """On a uniform matrix the bottleneck's off-rank bytes are S(n-1)/n: busbw equals all_to_all's."""
+    n, size = 4, 4096
+    splits = [[size // 4 // n] * n for _ in range(n)]
+    coll = Collective("all_to_all_v", torch.empty(0), torch.empty(0), splits, None, 0)
+    algo = bottleneck_bytes(coll, size)
+    assert algo * bus_bandwidth_factor("all_to_all_v", n) == size * bus_bandwidth_factor("all_to_all", n)
+    skewed = [[0, 10, 10, 10], [30, 0, 0, 0], [0, 0, 0, 30], [0, 0, 30, 0]]  # rank 2 receives 40 elements
+    coll = Collective("all_to_all_v", torch.empty(0), torch.empty(0), skewed, None, 0)
+    assert bottleneck_bytes(coll, 120) == 40 * 4
