@@ -31,8 +31,45 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class GpuClass:
+    """One class of devices in a heterogeneous cluster (e.g. Aurora's 100/80/50/40 Gb/s GPUs)."""
+
+    name: str = "default"
+    count: int = 1  # devices of this class; classes fill the cluster in order
+    peak_tflops: float = 0.0
+    nic_GBps: float = 0.0  # per device and direction
+
+
+@dataclass
+class CollectiveFit:
+    """Calibrated cost terms of one collective (moe_core.sim.calibrate writes these)."""
+
+    alpha_us: float = 0.0  # fixed latency per call
+    alpha_step_us: float = 0.0  # latency per algorithm step (ring step, a2a peer)
+    efficiency: float = 1.0  # achieved fraction of the bottleneck link's bandwidth
+
+
+@dataclass
+class EmulationConfig:
+    """Emulated multi-node testbed on one Linux host (measured runs, moe_core.testbed).
+
+    One network namespace per node, joined through a bridge by veth pairs shaped with ``tc tbf``
+    in both directions; ranks of a node run inside its namespace.
+    """
+
+    enabled: bool = False
+    rate_mbit: float = 1000.0  # each node's link, per direction
+    burst_kb: int = 256
+    latency_ms: float = 50.0  # tbf queue bound (drop threshold), not an added delay
+
+
+@dataclass
 class HardwareConfig:
-    """What the runs execute on. Measured profiles describe this machine; simulated ones a cluster."""
+    """What runs execute on. Measured profiles describe this machine; simulated ones a cluster.
+
+    Bandwidths are bytes/s per direction (GB/s = 1e9 B/s); papers that state bits are converted in
+    the YAML, with a comment. 0 means unknown (a measured-only profile).
+    """
 
     name: str = "local-cpu"
     description: str = ""
@@ -40,6 +77,21 @@ class HardwareConfig:
     backend: Literal["gloo", "nccl"] = "gloo"
     nodes: int = 1
     devices_per_node: int = 4
+    # -- network model (moe_core.sim) --
+    topology: Literal["cluster", "torus2d"] = "cluster"  # cluster with devices_per_node=1: a big switch
+    torus_dims: list[int] = field(default_factory=list)  # [x, y] devices for torus2d
+    intra_node_GBps: float = 0.0  # per device (NVLink/NVSwitch class); torus2d: per link
+    intra_node_latency_us: float = 0.0
+    nic_GBps: float = 0.0  # per NIC
+    nics_per_node: int = 1  # = devices_per_node for one NIC per device
+    inter_node_latency_us: float = 0.0
+    oversubscription: float = 1.0  # node uplink = nics_per_node * nic_GBps / oversubscription
+    # -- compute model --
+    peak_tflops: float = 0.0  # per device, in the dtype the model computes in
+    compute_efficiency: float = 0.5  # fraction of peak the model's GEMMs reach
+    gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
+    collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
 
 
 @dataclass
