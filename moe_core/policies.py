@@ -59,22 +59,38 @@ class GradientBucket:
         self.ready, self.work, self.buffer = 0, None, None
 
 
-def make_buckets(model: torch.nn.Module, groups: ParallelGroups, bucket_bytes: int) -> list[GradientBucket]:
-    """Buckets in reverse parameter order (roughly the order backward produces gradients, as in DDP).
+def assign_buckets(params: list[tuple[int, bool]], bucket_bytes: int) -> list[tuple[bool, list[int]]]:
+    """Group parameters into gradient buckets: the decision both executors share.
 
-    Dense and expert parameters never share a bucket: they are reduced over different groups.
+    ``params`` are (bytes, is_expert) in the order backward produces their gradients (reverse
+    model order, as DDP assumes). Dense and expert parameters never share a bucket, since they are
+    reduced over different groups; a bucket closes once it holds ``bucket_bytes``. Returns
+    (is_expert, indices into ``params``) per bucket, in launch order.
     """
-    open_buckets: dict[bool, list] = {False: [], True: []}  # keyed by "is expert parameter"
-    full: list[tuple[bool, list]] = []
-    for name, p in reversed(list(model.named_parameters())):
-        expert = is_expert_param(name)
-        open_buckets[expert].append(p)
-        if sum(q.numel() * q.element_size() for q in open_buckets[expert]) >= bucket_bytes:
-            full.append((expert, open_buckets[expert]))
-            open_buckets[expert] = []
-    full += [(expert, b) for expert, b in open_buckets.items() if b]
+    open_buckets: dict[bool, list[int]] = {False: [], True: []}
+    size = {False: 0, True: 0}
+    closed: list[tuple[bool, list[int]]] = []
+    for i, (nbytes, expert) in enumerate(params):
+        open_buckets[expert].append(i)
+        size[expert] += nbytes
+        if size[expert] >= bucket_bytes:
+            closed.append((expert, open_buckets[expert]))
+            open_buckets[expert], size[expert] = [], 0
+    return closed + [(expert, b) for expert, b in open_buckets.items() if b]
+
+
+def backward_ordered_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """Named parameters in the order backward produces their gradients (reverse definition order)."""
+    return list(reversed(list(model.named_parameters())))
+
+
+def make_buckets(model: torch.nn.Module, groups: ParallelGroups, bucket_bytes: int) -> list[GradientBucket]:
+    """The model's gradient buckets (see :func:`assign_buckets`) on their process groups."""
+    named = backward_ordered_params(model)
+    plan = assign_buckets([(p.numel() * p.element_size(), is_expert_param(n)) for n, p in named], bucket_bytes)
     group = {True: groups.expert_grad_group, False: groups.dense_grad_group}
-    return [GradientBucket(b, group[expert], groups.layout.world_size) for expert, b in full]
+    return [GradientBucket([named[i][1] for i in idx], group[expert], groups.layout.world_size)
+            for expert, idx in plan]
 
 
 class CommPolicy:

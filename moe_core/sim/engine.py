@@ -1,0 +1,157 @@
+"""Event-driven fluid simulation of a DAG of compute and communication operations.
+
+Operations, not flows: a collective is one fluid entity with a footprint (bytes per link,
+moe_core.sim.topology.Transfer). Concurrent transfers share links by weighted max-min fairness
+(progressive filling): every unfrozen transfer speeds up at the same pace, measured as the fraction
+of its stand-alone speed, until a link saturates; transfers crossing it freeze, the rest go on.
+Strict priority classes fill one after another, lower class numbers first, each on what the classes
+before it left (Lina's all-to-all-first rule). A transfer alone therefore takes exactly its
+bottleneck time, two equal transfers on one link take twice as long, and a high-priority transfer
+keeps the whole link.
+
+Cost: rates are recomputed only when the set of active transfers changes, each time in
+O(active transfers x their links), so a step costs O(operations x links), independent of the
+number of flows (peers.md §3: the gap between ASTRA-sim's FIFO links and SimAI's fitted curves).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .topology import Transfer
+
+EPS = 1e-12
+
+
+@dataclass
+class Op:
+    """One node of the step DAG. Compute: ``duration_s``. Communication: ``latency_s`` then ``transfer``."""
+
+    name: str
+    phase: str  # what the time counts as: gate, dispatch_a2a, expert, combine_a2a, dense, allreduce, ...
+    deps: list[int] = field(default_factory=list)
+    duration_s: float = 0.0
+    transfer: Transfer | None = None
+    latency_s: float = 0.0
+    priority: int = 0  # strict priority class of the transfer, 0 highest
+
+
+@dataclass
+class Timeline:
+    start_s: np.ndarray  # (ops,)
+    end_s: np.ndarray  # (ops,)
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.end_s.max()) if len(self.end_s) else 0.0
+
+
+def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
+    """Run the DAG; every op starts when all its deps have ended. Returns start and end times."""
+    n = len(ops)
+    children: list[list[int]] = [[] for _ in range(n)]
+    waiting = np.zeros(n, dtype=int)
+    for i, op in enumerate(ops):
+        for d in op.deps:
+            if not 0 <= d < i:
+                raise ValueError(f"op {i} ({op.name}) depends on {d}: deps must be earlier ops")
+            children[d].append(i)
+        waiting[i] = len(op.deps)
+    start, end = np.full(n, np.nan), np.full(n, np.nan)
+    footprints = {i: _footprint(op.transfer, capacity) for i, op in enumerate(ops) if op.transfer is not None}
+
+    timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
+    active: dict[int, float] = {}  # transfer op -> remaining fraction
+    rates: dict[int, float] = {}
+    now = 0.0
+
+    def begin(i: int) -> None:
+        start[i] = now
+        op = ops[i]
+        if op.transfer is None:
+            heapq.heappush(timers, (now + op.duration_s, 0, i))
+        else:
+            heapq.heappush(timers, (now + op.latency_s, 1, i))
+
+    for i in range(n):
+        if waiting[i] == 0:
+            begin(i)
+    done = 0
+    while done < n:
+        if not timers and not active:
+            raise RuntimeError("simulation stalled: a dependency cycle or an unreachable op")
+        next_timer = timers[0][0] if timers else np.inf
+        next_finish, finisher = np.inf, -1
+        for i, left in active.items():
+            t = now + left / rates[i] if rates[i] > 0 else np.inf
+            if t < next_finish:
+                next_finish, finisher = t, i
+        t_next = min(next_timer, next_finish)
+        dt = t_next - now
+        for i in active:
+            active[i] -= rates[i] * dt
+        now = t_next
+        finished: list[int] = []
+        while timers and timers[0][0] <= now + EPS:
+            _, kind, i = heapq.heappop(timers)
+            if kind == 0:
+                finished.append(i)
+            elif footprints[i][0].size == 0:  # nothing crosses a finite link
+                finished.append(i)
+            else:
+                active[i] = 1.0
+        finished += [i for i, left in active.items() if left <= 1e-9]
+        changed = False
+        for i in finished:
+            if i in active:
+                del active[i]
+            end[i] = now
+            done += 1
+            changed = True
+            for c in children[i]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    begin(c)
+        if changed or set(active) != set(rates):
+            rates = fair_rates({i: footprints[i] for i in active}, {i: ops[i].priority for i in active},
+                               len(capacity))
+    return Timeline(start, end)
+
+
+def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(links, share of each link's capacity relative to the bottleneck, stand-alone seconds)."""
+    seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
+    finite = seconds > 0
+    links, seconds = transfer.links[finite], seconds[finite]
+    alone_s = float(seconds.max()) if seconds.size else 0.0
+    return links, (seconds / alone_s if alone_s else seconds), alone_s
+
+
+def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], priority: dict[int, int],
+               num_links: int) -> dict[int, float]:
+    """Progress rates (fraction of the transfer per second) by weighted max-min fair sharing.
+
+    ``y`` is each transfer's speed as a fraction of its stand-alone speed; coefficients are the
+    fraction of each link's capacity the transfer uses at full speed (1 on its bottleneck).
+    """
+    residual = np.ones(num_links)
+    y: dict[int, float] = {}
+    for cls in sorted(set(priority.values())):
+        unfrozen = [i for i in footprints if priority[i] == cls]
+        for i in unfrozen:
+            y[i] = 0.0
+        while unfrozen:
+            idx = np.concatenate([footprints[i][0] for i in unfrozen])
+            coef = np.concatenate([footprints[i][1] for i in unfrozen])
+            demand = np.bincount(idx, weights=coef, minlength=num_links)
+            used = demand > 0
+            step = float(np.min(residual[used] / demand[used]))
+            for i in unfrozen:
+                y[i] += step
+            residual[used] -= step * demand[used]
+            saturated = residual <= 1e-9
+            unfrozen = [i for i in unfrozen if not saturated[footprints[i][0]].any()]
+    return {i: y[i] / footprints[i][2] for i in footprints}

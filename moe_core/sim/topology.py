@@ -1,0 +1,281 @@
+"""Network topologies as arrays of directed links, and the per-link bytes of every collective.
+
+A collective becomes a :class:`Transfer`: the bytes it puts on each link it touches, its number of
+sequential algorithm steps (for the latency term) and the link class it crosses. The engine
+(moe_core.sim.engine) shares link capacity among concurrent transfers; a transfer alone takes
+``max over links of bytes / capacity`` plus its latency, which is the worst-rank (bottleneck) rule
+of peers.md §5 for all-to-all(v) and the ring formula ``2(p-1)/p * S / B`` for all-reduce.
+
+Two topologies:
+
+* :class:`Cluster`: nodes of ``g`` devices. Inside a node every device has one egress and one
+  ingress link to a non-blocking switch (NVSwitch class). Between nodes, devices share the node's
+  NICs evenly (one NIC per device when nics_per_node = g); with oversubscription > 1 each node's
+  uplink and downlink to the core are narrower than its NICs together. ``g = 1`` with one NIC per
+  device is Aurora's non-blocking "big switch". Devices may come in heterogeneous classes (per
+  device NIC bandwidth and compute speed).
+* :class:`Torus2D`: GShard's TPU v3 mesh; every device has 4 outgoing links (+x, -x, +y, -y),
+  traffic follows dimension-order routing along the shorter way around each ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import DictConfig
+
+GB = 1e9
+
+
+@dataclass
+class Transfer:
+    """A collective's footprint on the network."""
+
+    links: np.ndarray  # (k,) int: link ids
+    nbytes: np.ndarray  # (k,) float: bytes on each of those links
+    steps: int  # sequential algorithm steps, for the latency term
+    crosses_nodes: bool  # whether any byte leaves a node (selects the latency class)
+
+    @staticmethod
+    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> "Transfer":
+        idx = np.flatnonzero(loads > 0)
+        return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes)
+
+
+class Cluster:
+    """Two-level cluster (or big switch). Link ids are laid out block by block (see __init__)."""
+
+    def __init__(self, hw: DictConfig):
+        self.name = hw.name
+        self.nodes, self.g = hw.nodes, hw.devices_per_node
+        self.n = self.nodes * self.g
+        self.nics_per_node = hw.nics_per_node
+        if self.g > 1 and hw.intra_node_GBps <= 0:
+            raise ValueError(f"hardware '{hw.name}': intra_node_GBps is unknown (0); the simulator needs it "
+                             f"for {self.g} devices per node (calibrate the profile first)")
+        if self.nodes > 1 and hw.nic_GBps <= 0 and not hw.gpu_classes:
+            raise ValueError(f"hardware '{hw.name}': nic_GBps is unknown (0); the simulator needs it "
+                             f"for {self.nodes} nodes (calibrate the profile first)")
+        self.intra_latency_s = hw.intra_node_latency_us * 1e-6
+        self.inter_latency_s = hw.inter_node_latency_us * 1e-6
+        self.device_nic_GBps, self.device_tflops = _device_classes(hw, self.n)
+        nic_count = self.nodes * self.nics_per_node
+        # Link blocks: intra out | intra in | NIC out | NIC in | node up | node down
+        self.intra_out = np.arange(self.n)
+        self.intra_in = self.intra_out + self.n
+        self.nic_out = 2 * self.n + np.arange(nic_count)
+        self.nic_in = self.nic_out + nic_count
+        self.node_up = 2 * self.n + 2 * nic_count + np.arange(self.nodes)
+        self.node_down = self.node_up + self.nodes
+        self.num_links = 2 * self.n + 2 * nic_count + 2 * self.nodes
+        cap = np.empty(self.num_links)
+        cap[self.intra_out] = cap[self.intra_in] = hw.intra_node_GBps * GB
+        if hw.gpu_classes and self.nics_per_node != self.g:
+            raise ValueError(f"hardware '{hw.name}': gpu_classes set per-device NIC speeds, so nics_per_node "
+                             f"must equal devices_per_node ({self.g})")
+        nic_bw = (self.device_nic_GBps if hw.gpu_classes else np.full(nic_count, hw.nic_GBps)) * GB
+        cap[self.nic_out] = cap[self.nic_in] = nic_bw
+        uplink = nic_bw.reshape(self.nodes, self.nics_per_node).sum(axis=1) / hw.oversubscription
+        cap[self.node_up] = cap[self.node_down] = uplink
+        cap[cap <= 0] = np.inf  # links the profile leaves out (e.g. no intra links on a big switch)
+        self.capacity = cap
+        self.node_of = np.arange(self.n) // self.g
+        self.nic_of = self.node_of * self.nics_per_node + (np.arange(self.n) % self.g) * self.nics_per_node // self.g
+        self.oversubscribed = hw.oversubscription > 1
+
+    # -- all-to-all ------------------------------------------------------------------------------
+    def all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
+        """Direct all-to-all(v): ``traffic[i, j]`` bytes from group[i] to group[j] (diagonal ignored)."""
+        traffic = np.asarray(traffic, dtype=float).copy()
+        np.fill_diagonal(traffic, 0.0)
+        node = self.node_of[group]
+        same = node[:, None] == node[None, :]
+        intra, inter = np.where(same, traffic, 0.0), np.where(same, 0.0, traffic)
+        loads = np.zeros(self.num_links)
+        np.add.at(loads, self.intra_out[group], intra.sum(axis=1))
+        np.add.at(loads, self.intra_in[group], intra.sum(axis=0))
+        self._add_inter(loads, group, inter.sum(axis=1), inter.sum(axis=0), inter, node)
+        return Transfer.from_dense(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()))
+
+    def uniform_all_to_all(self, group: np.ndarray, bytes_per_rank: float) -> Transfer:
+        """Equal-split all-to-all of ``bytes_per_rank`` per rank, in O(group) instead of O(group^2)."""
+        p = len(group)
+        per_peer = bytes_per_rank / p
+        node = self.node_of[group]
+        members = np.bincount(node, minlength=self.nodes)[node]  # group members on my node
+        intra = (members - 1) * per_peer
+        inter = (p - members) * per_peer
+        loads = np.zeros(self.num_links)
+        np.add.at(loads, self.intra_out[group], intra)
+        np.add.at(loads, self.intra_in[group], intra)
+        self._add_inter(loads, group, inter, inter, None, node)
+        return Transfer.from_dense(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
+
+    def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
+        """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
+
+        Phase 1: device (n, l) hands device (n, l') everything bound for local rank l' on any node.
+        Phase 2: device (n, l') sends node n''s share for (n2, l') to (n2, l'). Needs a group of
+        whole nodes; returns both phases (phase 2 starts when phase 1 ends).
+        """
+        traffic = np.asarray(traffic, dtype=float)
+        node, local = self.node_of[group], group % self.g
+        if np.bincount(node).max() != self.g or len(group) % self.g:
+            raise ValueError("hierarchical all-to-all needs a group of whole nodes")
+        n_nodes = len(group) // self.g
+        order = np.lexsort((local, node))  # group index by (node, local)
+        t = traffic[np.ix_(order, order)].reshape(n_nodes, self.g, n_nodes, self.g)  # (src node, l, dst node, l')
+        phase1 = t.sum(axis=2)  # (n, l, l'): bytes (n, l) hands (n, l')
+        phase1 = phase1 * (1 - np.eye(self.g))[None]
+        ordered = group[order].reshape(n_nodes, self.g)
+        loads1 = np.zeros(self.num_links)
+        np.add.at(loads1, self.intra_out[ordered], phase1.sum(axis=2))
+        np.add.at(loads1, self.intra_in[ordered], phase1.sum(axis=1))
+        phase2 = t.sum(axis=1)  # (n, n2, l'): bytes (n, l') sends to (n2, l')
+        phase2 = phase2 * (1 - np.eye(n_nodes))[:, :, None]
+        loads2 = np.zeros(self.num_links)
+        send2 = phase2.sum(axis=1).reshape(-1)  # per (n, l') in ordered layout
+        recv2 = phase2.sum(axis=0).reshape(-1)
+        flat = ordered.reshape(-1)
+        self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
+        return (Transfer.from_dense(loads1, steps=self.g - 1, crosses_nodes=False),
+                Transfer.from_dense(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1))
+
+    # -- ring collectives ------------------------------------------------------------------------
+    def ring(self, group: np.ndarray, bytes_per_rank: float, collective: str) -> Transfer:
+        """Ring all-reduce / reduce-scatter / all-gather of ``bytes_per_rank`` over ``group``.
+
+        Each rank forwards v = 2(p-1)/p * S (all-reduce) or (p-1)/p * S bytes to its ring successor.
+        As NCCL does, the ring is split into one channel per NIC, so each node's outgoing inter-node
+        share v leaves evenly through its NICs; inside a node, each device forwards the (m-1)/m of v
+        that stays on the node (m = members on the node; m/m when the group is one node).
+        """
+        p = len(group)
+        factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[collective]
+        v = factor * (p - 1) / p * bytes_per_rank
+        node = self.node_of[group]
+        spans = len(np.unique(node)) > 1
+        members = np.bincount(node, minlength=self.nodes)[node]
+        intra = v * (members - 1 if spans else members) / members
+        loads = np.zeros(self.num_links)
+        np.add.at(loads, self.intra_out[group], intra)
+        np.add.at(loads, self.intra_in[group], intra)
+        if spans:
+            out = v / members  # the node's single outgoing v, spread over its members' NICs
+            self._add_inter(loads, group, out, out, None, node)
+        steps = int(factor * (p - 1))
+        return Transfer.from_dense(loads, steps=steps, crosses_nodes=spans)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _add_inter(self, loads, group, send, recv, pair_bytes, node) -> None:
+        """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed."""
+        np.add.at(loads, self.nic_out[self.nic_of[group]], send)
+        np.add.at(loads, self.nic_in[self.nic_of[group]], recv)
+        if self.oversubscribed:
+            np.add.at(loads, self.node_up[node], send)
+            np.add.at(loads, self.node_down[node], recv)
+
+    def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
+        step = alpha_step_s if alpha_step_s is not None else (
+            self.inter_latency_s if transfer.crosses_nodes else self.intra_latency_s)
+        return alpha_s + transfer.steps * step
+
+
+class Torus2D:
+    """X x Y torus of devices, 4 directed links each, dimension-order routing (x first, then y)."""
+
+    def __init__(self, hw: DictConfig):
+        if len(hw.torus_dims) != 2:
+            raise ValueError(f"hardware '{hw.name}': topology torus2d needs torus_dims [x, y]")
+        self.name = hw.name
+        self.X, self.Y = hw.torus_dims
+        self.n = self.X * self.Y
+        self.num_links = 4 * self.n  # link 4*d + k, k: +x, -x, +y, -y
+        self.capacity = np.full(self.num_links, hw.intra_node_GBps * GB)
+        self.latency_hop_s = hw.intra_node_latency_us * 1e-6
+        self.device_tflops = np.full(self.n, hw.peak_tflops)
+        self.node_of = np.arange(self.n)
+
+    def _coords(self, d):
+        return d % self.X, d // self.X
+
+    def _route(self, src: int, dst: int) -> list[int]:
+        """Links on the dimension-order path from src to dst (shorter way around each ring)."""
+        links = []
+        x, y = self._coords(src)
+        tx, ty = self._coords(dst)
+        for size, pos, target, plus, minus, axis in ((self.X, x, tx, 0, 1, 0), (self.Y, y, ty, 2, 3, 1)):
+            fwd = (target - pos) % size
+            step, k, hops = (1, plus, fwd) if fwd <= size - fwd else (-1, minus, size - fwd)
+            for _ in range(hops):
+                d = (pos + y * self.X) if axis == 0 else (x + pos * self.X)
+                links.append(4 * d + k)
+                pos = (pos + step) % size
+            if axis == 0:
+                x = pos
+        return links
+
+    def all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
+        """All-to-all(v) with every flow routed (O(p^2 * hops): for groups up to a few hundred)."""
+        loads = np.zeros(self.num_links)
+        for i, src in enumerate(group):
+            for j, dst in enumerate(group):
+                if i != j and traffic[i, j] > 0:
+                    np.add.at(loads, self._route(int(src), int(dst)), traffic[i, j])
+        return Transfer.from_dense(loads, steps=len(group) - 1, crosses_nodes=True)
+
+    def uniform_all_to_all(self, group: np.ndarray, bytes_per_rank: float) -> Transfer:
+        """Uniform all-to-all over the whole torus, by symmetry: every link carries the same load.
+
+        Each dimension's byte-hops (pairs x mean ring distance) spread over its links; the per-link
+        load grows as sqrt(D) on a square torus: GShard's O(sqrt(D)) all-to-all cost (Table 4).
+        """
+        if len(group) != self.n:
+            p = len(group)
+            return self.all_to_all(group, np.full((p, p), bytes_per_rank / p))
+        per_peer = bytes_per_rank / self.n
+        loads = np.empty(self.num_links)
+        # Byte-hops along x: n^2 pairs x mean x-distance, shared by the 2n x-links (likewise y).
+        loads[0::4] = loads[1::4] = per_peer * self.n * _mean_ring_distance(self.X) / 2
+        loads[2::4] = loads[3::4] = per_peer * self.n * _mean_ring_distance(self.Y) / 2
+        return Transfer(np.arange(self.num_links), loads, self.n - 1, True)
+
+    def ring(self, group: np.ndarray, bytes_per_rank: float, collective: str) -> Transfer:
+        """2D ring all-reduce: a ring along x, then along y, each over neighbour links only (O(1) in D)."""
+        if len(group) != self.n:
+            raise ValueError("torus2d ring collectives are modelled over the whole torus")
+        factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[collective]
+        vx = factor * (self.X - 1) / self.X * bytes_per_rank
+        vy = factor * (self.Y - 1) / self.Y * bytes_per_rank / self.X  # after the x phase, 1/X remains
+        loads = np.zeros(self.num_links)
+        loads[0::4] = vx / 2  # bidirectional rings: half each way
+        loads[1::4] = vx / 2
+        loads[2::4] = vy / 2
+        loads[3::4] = vy / 2
+        return Transfer.from_dense(loads, steps=int(factor * (self.X + self.Y - 2)), crosses_nodes=True)
+
+    def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
+        return alpha_s + transfer.steps * (alpha_step_s if alpha_step_s is not None else self.latency_hop_s)
+
+
+def _mean_ring_distance(k: int) -> float:
+    """Mean shortest distance between two positions of a ring of k (self pairs included)."""
+    d = np.arange(k)
+    return float(np.minimum(d, k - d).mean())
+
+
+def _device_classes(hw: DictConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-device NIC GB/s and peak TFLOP/s; classes fill devices in order."""
+    if not hw.gpu_classes:
+        return np.full(n, hw.nic_GBps, dtype=float), np.full(n, hw.peak_tflops, dtype=float)
+    counts = [c.count for c in hw.gpu_classes]
+    if sum(counts) != n:
+        raise ValueError(f"hardware '{hw.name}': gpu_classes count {sum(counts)} devices, the cluster has {n}")
+    nic = np.concatenate([np.full(c.count, c.nic_GBps or hw.nic_GBps) for c in hw.gpu_classes])
+    tflops = np.concatenate([np.full(c.count, c.peak_tflops or hw.peak_tflops) for c in hw.gpu_classes])
+    return nic.astype(float), tflops.astype(float)
+
+
+def build_topology(hw: DictConfig) -> Cluster | Torus2D:
+    return Torus2D(hw) if hw.topology == "torus2d" else Cluster(hw)

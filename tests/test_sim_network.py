@@ -1,0 +1,127 @@
+"""Network model and fluid engine against closed forms and invariants."""
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from moe_core.config import HardwareConfig
+from moe_core.sim.engine import Op, simulate
+from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer
+
+pytestmark = []
+
+
+def hw(**kw):
+    base = dict(name="t", nodes=2, devices_per_node=4, intra_node_GBps=100.0, nic_GBps=10.0, nics_per_node=1)
+    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), base, kw)
+
+
+def alone_s(topo, transfer, latency_s=0.0):
+    ops = [Op("x", "comm", transfer=transfer, latency_s=latency_s)]
+    return simulate(ops, topo.capacity).makespan_s
+
+
+def test_ring_all_reduce_matches_closed_form_within_a_node():
+    topo = Cluster(hw(nodes=1, devices_per_node=8, intra_node_latency_us=5.0))
+    S = 64e6
+    t = topo.ring(np.arange(8), S, "all_reduce")
+    expected = 2 * 7 / 8 * S / (100 * GB) + 2 * 7 * 5e-6
+    assert alone_s(topo, t, topo.latency_s(t)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_ring_all_reduce_across_nodes_is_bound_by_the_nic():
+    topo = Cluster(hw(nodes=4, devices_per_node=4, nic_GBps=12.5))
+    S, p = 100e6, 16
+    t = topo.ring(np.arange(p), S, "all_reduce")
+    # each node's NIC carries 2(p-1)/p * S once: B = the NIC
+    assert alone_s(topo, t) == pytest.approx(2 * (p - 1) / p * S / (12.5 * GB), rel=1e-9)
+
+
+def test_uniform_all_to_all_closed_form_equals_the_dense_matrix():
+    topo = Cluster(hw(nodes=2, devices_per_node=4, nics_per_node=4))
+    group, S = np.arange(8), 8e6
+    dense = topo.all_to_all(group, np.full((8, 8), S / 8))
+    closed = topo.uniform_all_to_all(group, S)
+    assert alone_s(topo, dense) == pytest.approx(alone_s(topo, closed))
+    # inter-node bytes per device: S (N-1)/N over its own NIC
+    assert alone_s(topo, closed) == pytest.approx(S * 0.5 / (10 * GB))
+
+
+def test_uneven_all_to_all_is_bound_by_the_busiest_receiver():
+    topo = Cluster(hw(nodes=4, devices_per_node=1, nic_GBps=1.0))  # a big switch
+    traffic = np.array([[0, 1, 1, 1], [3, 0, 0, 0], [3, 0, 0, 0], [3, 0, 0, 0]], float) * 1e9
+    assert alone_s(topo, topo.all_to_all(np.arange(4), traffic)) == pytest.approx(9.0)
+
+
+def test_two_equal_transfers_on_one_link_each_take_twice_as_long():
+    cap = np.array([1e9])
+    t = Transfer(np.array([0]), np.array([1e9]), 1, True)
+    alone = simulate([Op("a", "c", transfer=t)], cap).makespan_s
+    both = simulate([Op("a", "c", transfer=t), Op("b", "c", transfer=t)], cap)
+    assert alone == pytest.approx(1.0) and both.end_s == pytest.approx([2.0, 2.0])
+
+
+def test_strict_priority_transfer_gets_the_whole_link():
+    cap = np.array([1e9])
+    t = Transfer(np.array([0]), np.array([1e9]), 1, True)
+    res = simulate([Op("lo", "c", transfer=t, priority=1), Op("hi", "c", transfer=t, priority=0)], cap)
+    assert res.end_s[1] == pytest.approx(1.0) and res.end_s[0] == pytest.approx(2.0)
+
+
+def test_max_min_fairness_gives_leftover_bandwidth_to_the_unbottlenecked_transfer():
+    cap = np.array([1e9, 1e9])
+    a = Transfer(np.array([0, 1]), np.array([1e9, 1e9]), 1, True)  # uses both links
+    b = Transfer(np.array([0]), np.array([1e9]), 1, True)
+    c = Transfer(np.array([0]), np.array([1e9]), 1, True)
+    res = simulate([Op("a", "x", transfer=a), Op("b", "x", transfer=b), Op("c", "x", transfer=c)], cap)
+    assert res.end_s == pytest.approx([3.0, 3.0, 3.0])  # link 0 shared three ways, link 1 idles
+
+
+def test_heterogeneous_nics_bound_the_slowest_device():
+    classes = [dict(name="fast", count=2, nic_GBps=12.5), dict(name="slow", count=2, nic_GBps=5.0)]
+    topo = Cluster(hw(nodes=4, devices_per_node=1, gpu_classes=classes))
+    t = topo.uniform_all_to_all(np.arange(4), 4e9)
+    assert alone_s(topo, t) == pytest.approx(3e9 / (5 * GB))
+
+
+def test_hierarchical_all_to_all_moves_the_same_inter_node_bytes_in_fewer_steps():
+    topo = Cluster(hw(nodes=4, devices_per_node=4, nics_per_node=4, intra_node_latency_us=1,
+                      inter_node_latency_us=10))
+    group, S = np.arange(16), 16e6
+    traffic = np.full((16, 16), S / 16)
+    direct = topo.all_to_all(group, traffic)
+    intra, inter = topo.hierarchical_all_to_all(group, traffic)
+    nic = lambda t: t.nbytes[np.isin(t.links, topo.nic_out)].sum()
+    assert nic(inter) == pytest.approx(nic(direct))
+    assert inter.steps + intra.steps < direct.steps
+    assert topo.latency_s(intra) + topo.latency_s(inter) < topo.latency_s(direct)
+
+
+def test_torus_uniform_all_to_all_matches_routed_flows_and_grows_like_sqrt_d():
+    topo = Torus2D(hw(topology="torus2d", torus_dims=[4, 4], intra_node_GBps=10.0))
+    S = 16e6
+    routed = topo.all_to_all(np.arange(16), np.full((16, 16), S / 16))
+    closed = topo.uniform_all_to_all(np.arange(16), S)
+    assert closed.nbytes.sum() == pytest.approx(routed.nbytes.sum())
+    per_link = [Torus2D(hw(topology="torus2d", torus_dims=[k, k], intra_node_GBps=10.0))
+                .uniform_all_to_all(np.arange(k * k), S).nbytes.max() for k in (8, 16, 32)]
+    assert per_link[1] / per_link[0] == pytest.approx(2.0, rel=0.05)  # D x4 -> sqrt(D) x2
+    assert per_link[2] / per_link[1] == pytest.approx(2.0, rel=0.05)
+
+
+def test_more_bandwidth_never_slows_and_more_operations_never_speed_up():
+    rng = np.random.default_rng(0)
+    topo = Cluster(hw(nodes=2, devices_per_node=2))
+    traffic = rng.uniform(0, 1e8, (4, 4))
+    a2a, ar = topo.all_to_all(np.arange(4), traffic), topo.ring(np.arange(4), 5e7, "all_reduce")
+    base = simulate([Op("a2a", "x", transfer=a2a)], topo.capacity).makespan_s
+    with_ar = simulate([Op("a2a", "x", transfer=a2a), Op("ar", "x", transfer=ar)], topo.capacity).end_s[0]
+    faster = simulate([Op("a2a", "x", transfer=a2a)], topo.capacity * 2).makespan_s
+    assert with_ar >= base - 1e-12 and faster <= base
+
+
+def test_dependencies_serialize_and_compute_takes_its_duration():
+    ops = [Op("c1", "dense", duration_s=1.0), Op("c2", "dense", deps=[0], duration_s=2.0),
+           Op("x", "comm", deps=[0], transfer=Transfer(np.array([0]), np.array([1e9]), 1, False))]
+    res = simulate(ops, np.array([1e9]))
+    assert res.end_s == pytest.approx([1.0, 3.0, 2.0])
