@@ -26,6 +26,7 @@ RESULTS = CFG.results_dir
 
 include: "experiments/rules/train_step.smk"
 include: "experiments/rules/collectives.smk"
+include: "experiments/rules/simulate.smk"
 include: "experiments/rules/analysis.smk"
 
 

@@ -35,6 +35,7 @@ DPI = 150
 STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "dense_ms",
                       "allreduce_exposed_ms"]
 LINA_FIG3 = {"median": "lina-fig3-a2a-slowdown-median", "worst": "lina-fig3-a2a-slowdown-worst"}
+LINA_TESTBED = "lina-a100-4x4"  # configs/hardware: Lina's 4 x 4 A100, 100 Gb/s IB per node
 
 
 class FigureDataError(ValueError):
@@ -143,17 +144,48 @@ def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
         raise FigureDataError("the samples table has no slowdown samples of all_to_all/all_to_all_v "
                               ">= 1 MiB with a concurrent all_reduce; run the collectives sweep with "
                               "concurrent: all_reduce and collect its records")
-    _one_testbed(s)
-    ax = fig.subplots()
-    for collective, group in s.groupby("collective"):
-        sns.ecdfplot(group, x="value", ax=ax, label=f"{collective} (n={len(group)})")
+    _slowdown_cdf(fig.subplots(), _one_testbed(s), "collective", "fraction of iterations (CDF)",
+                  "All-to-all slowdown under a concurrent all-reduce")
+
+
+def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Simulated backward all-to-all slowdown (overlap / sequential) on Lina's testbed, per cluster size."""
+    s = select(samples, experiment="sim_train_step", metric="a2a_bwd_slowdown", hardware=LINA_TESTBED)
+    if s.empty:
+        raise FigureDataError(f"the samples table has no a2a_bwd_slowdown samples of sim_train_step on "
+                              f"{LINA_TESTBED}; run the simulated sweep with policy overlap and collect it")
+    s = s.astype({"world_size": int})
+    _slowdown_cdf(fig.subplots(), s, "world_size", "fraction of backward all-to-alls (CDF)",
+                  f"Simulated all-to-all slowdown under DDP all-reduce ({LINA_TESTBED})")
+
+
+def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> None:
+    for key, group in s.groupby(hue):
+        sns.ecdfplot(group, x="value", ax=ax, label=f"{hue} {key} (n={len(group)})")
     registry = load_registry()
     for (name, entry_id), ls in zip(LINA_FIG3.items(), (":", "--")):
         value = published_value(registry, entry_id)
         ax.axvline(value, color="black", ls=ls, label=f"Lina Fig 3 {name} ({value:g}×)")
-    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)",
-           ylabel="fraction of iterations (CDF)", title="All-to-all slowdown under a concurrent all-reduce")
+    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)", ylabel=ylabel, title=title)
     ax.legend(loc="lower right", fontsize="small")
+
+
+def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Simulated all-to-all share of step time vs GPUs (experts = GPUs), per cluster and policy."""
+    df = select(records, experiment="sim_train_step", metric="a2a_share")
+    if df.empty:
+        raise FigureDataError("the records table has no sim_train_step a2a_share rows; run the simulated sweep")
+    df = df.astype({"world_size": int}).assign(a2a_share_pct=lambda d: 100 * d["value"])
+    ax = fig.subplots()
+    sns.lineplot(df, x="world_size", y="a2a_share_pct", hue="hardware", style="policy", markers=True,
+                 estimator="median", errorbar=None, ax=ax)
+    sizes = sorted(df["world_size"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set(xlabel="GPUs (= experts)", ylabel="all-to-all share of step time (%, simulated)",
+           title="All-to-all share of step time vs cluster size (simulated)")
+    ax.legend(fontsize="small")
 
 
 def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
@@ -172,7 +204,8 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ax.legend(fontsize="small")
 
 
-FIGURES = {f.__name__: f for f in (step_breakdown, a2a_share_vs_experts, a2a_slowdown_cdf, busbw_vs_size)}
+FIGURES = {f.__name__: f for f in (step_breakdown, a2a_share_vs_experts, a2a_slowdown_cdf, busbw_vs_size,
+                                  sim_a2a_share_vs_cluster_size, sim_a2a_slowdown_cdf)}
 
 
 def render(name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path) -> list[Path]:

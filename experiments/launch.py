@@ -85,17 +85,18 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
     try:
         procs = [subprocess.Popen(argv, env=env, start_new_session=True) for argv, env in commands]
         first_failure, deadline = 0, None
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [_exit_code(code) for code in codes if code not in (None, 0)]
             if failed and deadline is None:
-                first_failure, deadline = _exit_code(failed[0]), time.monotonic() + grace_s
+                first_failure, deadline = failed[0], time.monotonic() + grace_s
+            if None not in codes:
+                return first_failure
             if deadline is not None and time.monotonic() > deadline:
                 print(f"error: a node failed with exit code {first_failure} and the others did not stop "
                       f"within {grace_s:g} s; stopping them", file=sys.stderr)
-                break
+                return first_failure
             time.sleep(0.2)
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        return first_failure or (_exit_code(failed[0]) if failed else 0)
     finally:
         _stop(procs)
         signal.signal(signal.SIGTERM, previous_sigterm)

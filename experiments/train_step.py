@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, layout_of, load_config, point_name, to_container
+from moe_core.config import ConfigError, layout_of, load_config, point_name, point_params, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.model import MoETransformer
@@ -108,15 +108,6 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
     extra = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
              "tokens_per_s": tokens_per_step / (step_median / 1e3)}
     return samples, extra
-
-
-def point_params(cfg) -> dict:
-    layout = layout_of(cfg)
-    return {"world_size": layout.world_size, "num_experts": layout.num_experts,
-            "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
-            "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
-            "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
-            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,6 +186,24 @@ class SweepConfig:
 
 
 @dataclass
+class SimSweepConfig:
+    """Simulated training-step sweep (experiments/simulate.py): paper-scale clusters, one point each.
+
+    num_experts = world_size * experts_per_rank (Lina: experts = GPUs). ``overrides`` set the
+    simulated model (a paper-scale model, unlike the small measured one); the hardware profile is
+    grown to world_size with more nodes of its kind.
+    """
+
+    name: str = "paper-scale"
+    paper: str = "lina"
+    hardware: list[str] = field(default_factory=lambda: ["lina-a100-4x4", "h100-ndr-cluster"])
+    world_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
+    experts_per_rank: int = 1
+    policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
@@ -206,6 +224,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    sim_sweep: SimSweepConfig = field(default_factory=SimSweepConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -230,7 +249,13 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
         user_layers.append(OmegaConf.from_dotlist(list(overrides)))
     schema = OmegaConf.structured(Config)
     profile = _merge([schema, *user_layers]).hardware_profile
-    # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins.
+    # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
+    # a layer's hardware section that names another profile (e.g. a saved resolved config, then
+    # hardware_profile=...) belongs to that profile and is dropped.
+    for layer in user_layers:
+        name = OmegaConf.select(layer, "hardware.name")
+        if name is not None and name != profile:
+            layer.pop("hardware")
     cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
@@ -288,6 +313,11 @@ def validate(cfg: DictConfig) -> None:
         _require(pol in Policy.__args__, "sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
     for key in ("world_size", "num_experts", "seed"):
         _require(len(cfg.sweep[key]) > 0, f"sweep.{key}", "must list at least one value")
+    for pol in cfg.sim_sweep.policy:
+        _require(pol in Policy.__args__, "sim_sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
+    known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
+    for name in cfg.sim_sweep.hardware:
+        _require(name in known, "sim_sweep.hardware", f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
 
 
 def check_layout(world_size: int, num_experts: int, experts_per_rank: int) -> str | None:
@@ -349,6 +379,16 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
     keys = {"world_size": "parallel.world_size", "num_experts": "moe.num_experts",
             "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed"}
     return [f"{keys[k]}={v}" for k, v in point.items()]
+
+
+def point_params(cfg: DictConfig) -> dict[str, Any]:
+    """The parameters a training-step record carries (measured and simulated alike)."""
+    layout = layout_of(cfg)
+    return {"world_size": layout.world_size, "num_experts": layout.num_experts,
+            "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
+            "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+            "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
+            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype}
 
 
 def point_name(point: dict[str, Any]) -> str:

@@ -69,3 +69,13 @@ def test_train_step_cli_rejects_bad_input_before_starting(tmp_path, args):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: config")
     assert not out.exists()
+
+
+def test_switching_profile_drops_a_saved_hardware_section(tmp_path):
+    from moe_core.config import save_config
+
+    save_config(load_config(["configs/default.yaml"], ["hardware.devices_per_node=2"]), tmp_path / "resolved.yaml")
+    same = load_config([tmp_path / "resolved.yaml"])
+    assert same.hardware.name == "local-cpu" and same.hardware.devices_per_node == 2
+    other = load_config([tmp_path / "resolved.yaml"], ["hardware_profile=lina-a100-4x4"])
+    assert other.hardware.name == "lina-a100-4x4" and other.hardware.nic_GBps == 12.5

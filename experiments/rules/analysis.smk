@@ -6,6 +6,8 @@ FIGURE_PAPERS = {
     "a2a_share_vs_experts": "lina",
     "a2a_slowdown_cdf": "lina",
     "busbw_vs_size": "common",
+    "sim_a2a_share_vs_cluster_size": "lina",
+    "sim_a2a_slowdown_cdf": "lina",
 }
 FIGURES = [f"{RESULTS}/figures/{paper}/{name}.png" for name, paper in FIGURE_PAPERS.items()]
 
@@ -15,6 +17,7 @@ rule collect:
     input:
         TRAIN_RECORDS,
         COLLECTIVE_RECORDS,
+        SIM_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

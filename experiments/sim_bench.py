@@ -1,0 +1,54 @@
+"""How fast the simulator is: wall time to simulate one training step of a 32-MoE-layer model.
+
+    python -m experiments.sim_bench [--gpus 64 256 1024 4096] [--hardware h100-ndr-cluster]
+
+Prints, side by side, the GPU count, the operations in the step DAG, the links of the topology,
+the seconds to build the DAG (including the meta-device model that fixes the gradient buckets) and
+the seconds to simulate it. Targets on a 2-core machine: 1024 GPUs <= 1 s, 4096 GPUs <= 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from moe_core.config import load_config
+from moe_core.sim.engine import simulate
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+from experiments.simulate import sized_hardware
+
+MODEL = ["model.n_layers=32", "model.moe_every=1", "model.d_model=2048", "model.n_heads=16", "model.d_ff=8192",
+         "model.seq_len=2048", "model.vocab_size=32000", "train.batch_size=4", "train.dtype=bfloat16",
+         "comm.policy=overlap", "comm.bucket_mb=25"]
+
+
+def bench(gpus: int, hardware: str) -> dict:
+    cfg = load_config(overrides=[*MODEL, f"hardware_profile={hardware}", f"parallel.world_size={gpus}",
+                                 f"moe.num_experts={gpus}", "moe.experts_per_rank=1"])
+    started = time.perf_counter()
+    topo = build_topology(sized_hardware(cfg))
+    ops, _ = StepModel(cfg, topo).build()
+    built = time.perf_counter()
+    timeline = simulate(ops, topo.capacity)
+    done = time.perf_counter()
+    return {"gpus": gpus, "operations": len(ops), "links": topo.num_links, "build_s": built - started,
+            "simulate_s": done - built, "total_s": done - started, "step_ms": timeline.makespan_s * 1e3}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--hardware", default="h100-ndr-cluster")
+    args = parser.parse_args(argv)
+    print(f"{'GPUs':>6} {'operations':>10} {'links':>7} {'build s':>8} {'simulate s':>10} {'total s':>8} "
+          f"{'step ms':>9}")
+    for gpus in args.gpus:
+        r = bench(gpus, args.hardware)
+        print(f"{r['gpus']:>6} {r['operations']:>10} {r['links']:>7} {r['build_s']:>8.3f} {r['simulate_s']:>10.3f} "
+              f"{r['total_s']:>8.3f} {r['step_ms']:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
