@@ -27,6 +27,7 @@ RESULTS = CFG.results_dir
 include: "experiments/rules/train_step.smk"
 include: "experiments/rules/collectives.smk"
 include: "experiments/rules/simulate.smk"
+include: "experiments/rules/validate.smk"
 include: "experiments/rules/analysis.smk"
 
 
@@ -34,4 +35,5 @@ rule all:
     default_target: True
     input:
         f"{RESULTS}/tables/comparison.csv",
+        f"{RESULTS}/tables/sim_validation.csv",
         FIGURES,

@@ -204,21 +204,46 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ax.legend(fontsize="small")
 
 
+def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
+    """Predicted vs measured time of every held-out point, with the +-10% target band."""
+    if validation.empty:
+        raise FigureDataError("the validation table is empty; run experiments/validate.py on measured records")
+    ax = fig.subplots()
+    lo = 0.8 * min(validation["measured_ms"].min(), validation["predicted_ms"].min())
+    hi = 1.25 * max(validation["measured_ms"].max(), validation["predicted_ms"].max())
+    line = np.geomspace(lo, hi, 50)
+    ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="±10%")
+    ax.plot(line, line, color="black", lw=0.8, label="predicted = measured")
+    errors = validation.groupby("experiment")["rel_error"].apply(lambda e: e.abs().median())
+    hue = validation["experiment"].map(lambda e: f"{e} (median |error| {errors[e]:.0%})")
+    sns.scatterplot(validation, x="measured_ms", y="predicted_ms", hue=hue, ax=ax)
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms, median)", ylabel="simulated (ms)",
+           title=f"Simulator vs held-out measurements ({', '.join(sorted(validation['hardware'].unique()))})")
+    ax.legend(fontsize="small")
+
+
 FIGURES = {f.__name__: f for f in (step_breakdown, a2a_share_vs_experts, a2a_slowdown_cdf, busbw_vs_size,
                                   sim_a2a_share_vs_cluster_size, sim_a2a_slowdown_cdf)}
+VALIDATION_FIGURES = {"sim_validation": sim_validation}  # drawn from results/tables/sim_validation.csv
 
 
-def render(name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path) -> list[Path]:
+def render(name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path,
+           validation: pd.DataFrame | None = None) -> list[Path]:
     """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error."""
-    if name not in FIGURES:
-        raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURES)}")
+    if name not in FIGURES and name not in VALIDATION_FIGURES:
+        raise ValueError(f"unknown figure {name!r}; choose one of {sorted([*FIGURES, *VALIDATION_FIGURES])}")
+    if name in VALIDATION_FIGURES and validation is None:
+        raise ValueError(f"figure {name!r} needs the validation table (--validation)")
     out_png = Path(out_png)
     if out_png.suffix != ".png":
         raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
     sns.set_theme(style="whitegrid", context="paper")
     fig = plt.figure(figsize=(7, 4.5))
     try:
-        FIGURES[name](records, samples, fig)
+        if name in VALIDATION_FIGURES:
+            VALIDATION_FIGURES[name](validation, fig)
+        else:
+            FIGURES[name](records, samples, fig)
         fig.tight_layout()
         outputs = [out_png, out_png.with_suffix(".pdf")]
         for path in outputs:
@@ -233,11 +258,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
-    parser.add_argument("--figure", required=True, choices=sorted(FIGURES))
+    parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
+    parser.add_argument("--figure", required=True, choices=sorted([*FIGURES, *VALIDATION_FIGURES]))
     parser.add_argument("--out", type=Path, required=True, help="PNG to write; the PDF goes beside it")
     args = parser.parse_args(argv)
     try:
-        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out)
+        validation = pd.read_csv(args.validation) if args.validation else None
+        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out, validation)
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.figures: error: {err}")
     print(" ".join(map(str, outputs)))

@@ -89,6 +89,9 @@ class HardwareConfig:
     # -- compute model --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
     compute_efficiency: float = 0.5  # fraction of peak the model's GEMMs reach
+    # CPU testbeds: the ranks of a node share this many cores, so each rank computes at
+    # peak * min(1, host_cores / ranks on its node); 0 = devices do not share compute (GPUs).
+    host_cores: int = 0
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
@@ -272,11 +275,12 @@ def _merge(layers: list) -> DictConfig:
 
 
 def _load_hardware(profile: str) -> DictConfig:
-    path = CONFIG_DIR / "hardware" / f"{profile}.yaml"
+    """A profile name from configs/hardware/, or the path of a YAML file (e.g. a calibrated profile)."""
+    path = Path(profile) if profile.endswith((".yaml", ".yml")) else CONFIG_DIR / "hardware" / f"{profile}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"config key 'hardware_profile': '{profile}' has no file "
-                          f"configs/hardware/{profile}.yaml; allowed: {known}")
+        known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
+        raise ConfigError(f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
+                          f"in configs/hardware/; allowed: {known} or a path to a .yaml file")
     return OmegaConf.load(path)
 
 

@@ -8,6 +8,7 @@ FIGURE_PAPERS = {
     "busbw_vs_size": "common",
     "sim_a2a_share_vs_cluster_size": "lina",
     "sim_a2a_slowdown_cdf": "lina",
+    "sim_validation": "common",
 }
 FIGURES = [f"{RESULTS}/figures/{paper}/{name}.png" for name, paper in FIGURE_PAPERS.items()]
 
@@ -62,6 +63,7 @@ for _name, _paper in FIGURE_PAPERS.items():
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
+            validation=rules.validate.output[0] if _name == "sim_validation" else [],
         output:
             png=report(
                 f"{RESULTS}/figures/{_paper}/{_name}.png",
@@ -72,6 +74,7 @@ for _name, _paper in FIGURE_PAPERS.items():
             pdf=f"{RESULTS}/figures/{_paper}/{_name}.pdf",
         params:
             name=_name,
+            validation=lambda wc, input: f"--validation {input.validation}" if input.validation else "",
         conda:
             "../../environment.yml"
         log:
@@ -79,4 +82,4 @@ for _name, _paper in FIGURE_PAPERS.items():
         localrule: True
         shell:
             "python -m analysis.figures --records {input.records} --samples {input.samples} "
-            "--figure {params.name} --out {output.png} > {log} 2>&1"
+            "{params.validation} --figure {params.name} --out {output.png} > {log} 2>&1"

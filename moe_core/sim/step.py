@@ -24,6 +24,7 @@ from ..config import Layout, capacity, layout_of
 from ..model import MoETransformer
 from ..parallel import is_expert_param
 from ..policies import assign_buckets
+from .collectives import collective_op
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
 
@@ -72,7 +73,9 @@ class StepModel:
         tflops = float(np.min(topo.device_tflops[ranks]))
         if tflops <= 0:
             raise ValueError(f"hardware '{topo.name}' has no peak_tflops; set it or calibrate the profile")
-        self.flop_rate = tflops * 1e12 * cfg.hardware.compute_efficiency
+        busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
+        share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
+        self.flop_rate = tflops * 1e12 * cfg.hardware.compute_efficiency * share
 
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
@@ -98,24 +101,16 @@ class StepModel:
             np.add.at(loads, t.links, t.nbytes)
         return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers))
 
-    def _cost(self, kind: str, transfer: Transfer) -> dict:
-        """Op arguments of a collective: footprint scaled by the calibrated efficiency, and latency."""
-        fit = self.cfg.hardware.collectives.get(kind)
-        if fit is None:
-            return {"transfer": transfer, "latency_s": self.topo.latency_s(transfer)}
-        scaled = Transfer(transfer.links, transfer.nbytes / fit.efficiency, transfer.steps, transfer.crosses_nodes)
-        step_s = fit.alpha_step_us * 1e-6 if fit.alpha_step_us else None
-        return {"transfer": scaled, "latency_s": self.topo.latency_s(transfer, fit.alpha_us * 1e-6, step_s)}
-
     def _all_to_all(self, bytes_per_rank: float) -> dict:
-        return self._cost("all_to_all", self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank)
-                                                      for g in self.ep_groups]))
+        footprint = self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])
+        return collective_op(self.cfg.hardware, self.topo, "all_to_all", footprint)
 
     def _all_reduce(self, nbytes: float, expert: bool) -> dict | None:
         groups = self.ep_groups.T if expert else [np.arange(self.layout.world_size)]
         if len(groups[0]) == 1:
             return None  # a group of one rank has nothing to exchange
-        return self._cost("all_reduce", self._merged([self.topo.ring(g, nbytes, "all_reduce") for g in groups]))
+        footprint = self._merged([self.topo.ring(g, nbytes, "all_reduce") for g in groups])
+        return collective_op(self.cfg.hardware, self.topo, "all_reduce", footprint)
 
     # -- the DAG ---------------------------------------------------------------------------------
     def build(self) -> tuple[list[Op], int]:

@@ -1,0 +1,114 @@
+"""Calibrate a hardware profile on measured records: the simulator's own model, fitted by least squares.
+
+* Network: from collectives measured alone (experiments/collectives.py), fit one bandwidth per link
+  class (intra-node, and NIC when the profile has several nodes) and, per collective, a per-step
+  latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
+  times (:func:`moe_core.sim.collectives.simulate_collective` is the model, so what is fitted is
+  exactly what predicts).
+* Compute: from measured training steps, the effective FLOP rate: the step model's FLOPs per step
+  over the measured compute time (step minus all-to-all minus exposed all-reduce). For a CPU the
+  result is an effective rate, so it is written as ``peak_tflops`` with ``compute_efficiency: 1``.
+
+Which measured points are used is the caller's choice; the rest validate (experiments/validate.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from scipy.optimize import least_squares
+
+from ..config import load_config
+from .collectives import simulate_collective
+from .step import StepModel
+from .topology import build_topology
+
+COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
+
+
+def _with(hw: DictConfig, **changes) -> DictConfig:
+    return OmegaConf.merge(hw, changes)
+
+
+def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[DictConfig, dict]:
+    """Fit link bandwidths and per-collective terms to ``alone``: rows with collective, world_size,
+    size_bytes, traffic_zipf and the measured ``median`` time_ms. Returns the fitted profile and the
+    fit's statistics."""
+    kinds = [c for c in COLLECTIVES if (alone["collective"] == c).any()]
+    if not kinds:
+        raise ValueError("no collective measured alone to calibrate on; run experiments/collectives.py first")
+    multi_node = hw.nodes > 1
+    points = alone.to_dict("records")
+    measured = np.array([p["median"] for p in points])
+
+    def profile(theta: np.ndarray) -> DictConfig:
+        bw = 10 ** theta[: 1 + multi_node]
+        terms = theta[1 + multi_node:].reshape(len(kinds), 2)
+        fits = {k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)} for k, (a, e) in zip(kinds, terms)}
+        changes = {"intra_node_GBps": float(bw[0]), "collectives": fits}
+        if multi_node:
+            changes["nic_GBps"] = float(bw[1])
+        return _with(hw, **changes)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        fitted = profile(theta)
+        topo = build_topology(fitted)
+        predicted = np.array([simulate_collective(fitted, topo, {**p, "seed": seed}) for p in points])
+        return np.log(predicted / measured)
+
+    # Start: the best achieved bandwidth of the largest messages, 100 us per step, full efficiency.
+    biggest = alone[alone["size_bytes"] == alone["size_bytes"].max()]
+    guess_GBps = float((biggest["size_bytes"] / (biggest["median"] * 1e-3) / 1e9).max())
+    theta0 = np.array([np.log10(guess_GBps)] * (1 + multi_node) + [100.0, 1.0] * len(kinds))
+    lower = [-4.0] * (1 + multi_node) + [0.0, 0.01] * len(kinds)
+    upper = [5.0] * (1 + multi_node) + [1e6, 1.0] * len(kinds)
+    result = least_squares(residuals, theta0, bounds=(lower, upper), x_scale="jac")
+    errors = np.abs(np.exp(result.fun) - 1)
+    stats = {"points": len(points), "median_abs_rel_error": float(np.median(errors)),
+             "max_abs_rel_error": float(errors.max())}
+    return profile(result.x), stats
+
+
+def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictConfig, dict]:
+    """Effective FLOP rate per device (per core share on CPU hosts) from measured training steps.
+
+    ``train`` holds (resolved config, metric medians) pairs. At 1 TFLOP/s the step model predicts a
+    compute time; the ratio to the measured compute time is the device's rate.
+    """
+    unit = _with(hw, peak_tflops=1.0, compute_efficiency=1.0)
+    rates = []
+    for config, metrics in train:
+        cfg = OmegaConf.merge(load_config(data=config), {"hardware": unit})
+        ops, _ = StepModel(cfg, build_topology(unit)).build()
+        predicted_s = sum(op.duration_s for op in ops if op.transfer is None)
+        compute_ms = metrics["step_ms"] - metrics["a2a_ms"] - metrics["allreduce_exposed_ms"]
+        rates.append(predicted_s / (compute_ms * 1e-3))
+    if not rates:
+        raise ValueError("no measured training step to calibrate compute on; run experiments/train_step.py first")
+    rate_tflops = float(np.median(rates))
+    return _with(hw, peak_tflops=rate_tflops, compute_efficiency=1.0), {
+        "points": len(rates), "tflops_median": rate_tflops, "tflops_spread": float(max(rates) / min(rates))}
+
+
+def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Which measured records calibrate and which validate (one rule for both entry points).
+
+    Calibrate on collectives measured alone and on the training steps of the smallest world size;
+    hold out the concurrent pairs (contention is predicted, never fitted) and every training step
+    at larger world sizes (other layouts, expert counts and policies).
+    """
+    measured = [r for r in records if r["mode"] == "measured"]
+    train = [r for r in measured if r["experiment"] == "train_step"]
+    smallest = min((r["params"]["world_size"] for r in train), default=None)
+    calibrate, validate = [], []
+    for r in measured:
+        if r["experiment"] == "collectives":
+            (validate if r["params"].get("concurrent") else calibrate).append(r)
+        elif r["experiment"] == "train_step":
+            (calibrate if r["params"]["world_size"] == smallest else validate).append(r)
+    return calibrate, validate
+
+
+def medians(record: dict) -> dict[str, float]:
+    return {name: stats["median"] for name, stats in record["metrics"].items() if "median" in stats}
