@@ -84,6 +84,29 @@ def tables(tmp_path_factory):
     return collect(write_train_step(root) + write_collectives(root))
 
 
+def write_sim_train_step(root):
+    """Simulated points on two clusters, 8 and 16 GPUs, both policies; overlap has slowdown samples."""
+    paths = []
+    for hardware in ("lina-a100-4x4", "h100-ndr-cluster"):
+        for world_size in (8, 16):
+            for policy in ("sequential", "overlap"):
+                samples = {"step_ms": [100.0], "a2a_share": [0.3 + world_size / 100]}
+                if policy == "overlap":
+                    samples["a2a_bwd_slowdown"] = [1.0, 1.2, 1.9, 2.4]
+                params = dict(world_size=world_size, num_experts=world_size, experts_per_rank=1, policy=policy,
+                              seed=0)
+                paths.append(_write(root, paper="lina", experiment="sim_train_step",
+                                    point=f"{hardware}_ws{world_size}_{policy}", mode="simulated", backend="sim",
+                                    hardware=hardware, params=params, samples=samples))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def figure_tables(tmp_path_factory):
+    root = tmp_path_factory.mktemp("figures")
+    return collect(write_train_step(root) + write_collectives(root) + write_sim_train_step(root))
+
+
 # ---- collect ----------------------------------------------------------------------------------
 
 def test_collect_is_tidy(tables):
@@ -198,22 +221,35 @@ def test_compare_rejects_unknown_reproducer(tmp_path, tables):
 # ---- figures ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
-def test_figure_renders_png_and_pdf(tmp_path, tables, name):
-    outputs = render(name, *tables, tmp_path / "fig" / f"{name}.png")
+def test_figure_renders_png_and_pdf(tmp_path, figure_tables, name):
+    outputs = render(name, *figure_tables, tmp_path / "fig" / f"{name}.png")
     assert [p.name for p in outputs] == [f"{name}.png", f"{name}.pdf"]
     assert all(p.stat().st_size > 1000 for p in outputs)
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == sorted(p.name for p in outputs)
 
 
+NEEDS = {"step_breakdown": "train_step", "a2a_share_vs_experts": "train_step", "a2a_slowdown_cdf": "collectives",
+         "busbw_vs_size": "collectives", "sim_a2a_share_vs_cluster_size": "sim_train_step",
+         "sim_a2a_slowdown_cdf": "sim_train_step"}
+
+
 @pytest.mark.parametrize("name", sorted(FIGURES))
-def test_figure_without_data_raises_and_writes_nothing(tmp_path, tables, name):
-    records, samples = tables
-    other = {"train_step": "collectives", "collectives": "train_step"}
-    needed = "train_step" if name in ("step_breakdown", "a2a_share_vs_experts") else "collectives"
-    keep = records["experiment"] == other[needed]
+def test_figure_without_data_raises_and_writes_nothing(tmp_path, figure_tables, name):
+    records, samples = figure_tables
     with pytest.raises(FigureDataError):
-        render(name, records[keep], samples[samples["experiment"] == other[needed]], tmp_path / f"{name}.png")
+        render(name, records[records["experiment"] != NEEDS[name]], samples[samples["experiment"] != NEEDS[name]],
+               tmp_path / f"{name}.png")
     assert not any(tmp_path.iterdir())
+
+
+def test_validation_figure_renders_and_needs_its_table(tmp_path, figure_tables):
+    validation = pd.DataFrame({"experiment": ["collectives", "train_step"], "setting": ["a", "b"],
+                               "hardware": ["local-cpu"] * 2, "measured_ms": [10.0, 200.0],
+                               "predicted_ms": [11.0, 180.0], "rel_error": [0.1, -0.1]})
+    outputs = render("sim_validation", *figure_tables, tmp_path / "v.png", validation)
+    assert all(p.stat().st_size > 1000 for p in outputs)
+    with pytest.raises(ValueError, match="validation table"):
+        render("sim_validation", *figure_tables, tmp_path / "w.png")
 
 
 def test_figure_refuses_to_pool_testbeds(tmp_path):
