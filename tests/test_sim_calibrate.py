@@ -1,0 +1,45 @@
+"""Calibration recovers a known profile; the calibration/validation split holds points out."""
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from moe_core.config import HardwareConfig
+from moe_core.sim.calibrate import calibration_split, fit_network
+from moe_core.sim.collectives import simulate_collective
+from moe_core.sim.topology import build_topology
+
+
+def truth():
+    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), dict(
+        name="truth", nodes=2, devices_per_node=2, intra_node_GBps=3.0, nic_GBps=0.125,
+        collectives={"all_reduce": {"alpha_step_us": 200.0, "efficiency": 0.8},
+                     "all_to_all": {"alpha_step_us": 150.0, "efficiency": 1.0},
+                     "all_to_all_v": {"alpha_step_us": 300.0, "efficiency": 0.9}}))
+
+
+def test_fit_recovers_the_profile_that_produced_the_measurements():
+    hw = truth()
+    topo = build_topology(hw)
+    rows = []
+    for collective in ("all_reduce", "all_to_all", "all_to_all_v"):
+        for size in (4096, 65536, 2**20, 2**24):
+            params = dict(collective=collective, world_size=4, size_bytes=size, traffic_zipf=1.2)
+            rows.append({**params, "median": simulate_collective(hw, topo, {**params, "seed": 0})})
+    start = OmegaConf.merge(hw, {"intra_node_GBps": 0.0, "nic_GBps": 0.0, "collectives": {}})
+    fitted, stats = fit_network(start, pd.DataFrame(rows))
+    assert stats["median_abs_rel_error"] < 1e-3
+    assert fitted.nic_GBps * fitted.collectives.all_to_all.efficiency == pytest.approx(0.125, rel=0.02)
+    assert fitted.collectives.all_reduce.alpha_step_us == pytest.approx(200.0, rel=0.05)
+
+
+def test_split_holds_out_pairs_and_larger_world_sizes():
+    def rec(experiment, **params):
+        return {"mode": "measured", "experiment": experiment, "params": params}
+
+    records = [rec("collectives", collective="all_to_all", concurrent=None),
+               rec("collectives", collective="all_to_all", concurrent="all_reduce"),
+               rec("train_step", world_size=2), rec("train_step", world_size=4),
+               {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}}]
+    calibrate, validate = calibration_split(records)
+    assert calibrate == [records[0], records[2]] and validate == [records[1], records[3]]
