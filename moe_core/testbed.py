@@ -105,7 +105,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # exists, owned by another user
     return True
 
 
