@@ -33,13 +33,14 @@ def test_fit_recovers_the_profile_that_produced_the_measurements():
     assert fitted.collectives.all_reduce.alpha_step_us == pytest.approx(200.0, rel=0.05)
 
 
-def test_split_holds_out_pairs_and_larger_world_sizes():
+def test_split_holds_out_pairs_and_other_layouts():
     def rec(experiment, **params):
         return {"mode": "measured", "experiment": experiment, "params": params}
 
     records = [rec("collectives", collective="all_to_all", concurrent=None),
                rec("collectives", collective="all_to_all", concurrent="all_reduce"),
-               rec("train_step", world_size=2), rec("train_step", world_size=4),
+               rec("train_step", world_size=2, num_experts=2), rec("train_step", world_size=4, num_experts=4),
+               rec("train_step", world_size=2, num_experts=4),
                {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}}]
     calibrate, validate = calibration_split(records)
-    assert calibrate == [records[0], records[2]] and validate == [records[1], records[3]]
+    assert calibrate == [records[0], records[2]] and validate == [records[1], records[3], records[4]]

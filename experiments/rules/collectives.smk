@@ -27,5 +27,5 @@ rule collectives:
         runtime=30,
         mem_mb=1500 * CFG.collectives.world_size,
     shell:
-        "torchrun --standalone --nproc-per-node={params.world_size} -m experiments.collectives "
-        "--config {input.config} > {log} 2>&1"
+        "python -m experiments.launch --config {input.config} --nproc {params.world_size} "
+        "-- -m experiments.collectives > {log} 2>&1"

@@ -33,7 +33,8 @@ rule resolved_config:
 
 
 rule train_step:
-    """One measured sweep point: world_size ranks under torchrun, gloo on CPU / NCCL on GPU."""
+    """One measured sweep point: world_size ranks under torchrun (experiments/launch.py: plain
+    loopback, or one network namespace per node on an emulated testbed), gloo on CPU / NCCL on GPU."""
     input:
         config=rules.resolved_config.output[0],
     output:
@@ -50,5 +51,5 @@ rule train_step:
         runtime=30,
         mem_mb=lambda wc: 1500 * TRAIN_POINTS[wc.point]["world_size"],
     shell:
-        "torchrun --standalone --nproc-per-node={params.world_size} -m experiments.train_step "
-        "--config {input.config} --out {output} {params.overrides} > {log} 2>&1"
+        "python -m experiments.launch --config {input.config} {params.overrides} --nproc {params.world_size} "
+        "-- -m experiments.train_step --out {output} > {log} 2>&1"

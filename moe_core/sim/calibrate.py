@@ -94,19 +94,22 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
 def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
     """Which measured records calibrate and which validate (one rule for both entry points).
 
-    Calibrate on collectives measured alone and on the training steps of the smallest world size;
-    hold out the concurrent pairs (contention is predicted, never fitted) and every training step
-    at larger world sizes (other layouts, expert counts and policies).
+    Calibrate on collectives measured alone and on the training steps of the smallest layout
+    (smallest world size, then fewest experts; every policy); hold out the concurrent pairs
+    (contention is predicted, never fitted) and every other training step (other world sizes,
+    expert counts and layouts).
     """
+    def layout(record: dict) -> tuple[int, int]:
+        return record["params"]["world_size"], record["params"]["num_experts"]
+
     measured = [r for r in records if r["mode"] == "measured"]
-    train = [r for r in measured if r["experiment"] == "train_step"]
-    smallest = min((r["params"]["world_size"] for r in train), default=None)
+    smallest = min((layout(r) for r in measured if r["experiment"] == "train_step"), default=None)
     calibrate, validate = [], []
     for r in measured:
         if r["experiment"] == "collectives":
             (validate if r["params"].get("concurrent") else calibrate).append(r)
         elif r["experiment"] == "train_step":
-            (calibrate if r["params"]["world_size"] == smallest else validate).append(r)
+            (calibrate if layout(r) == smallest else validate).append(r)
     return calibrate, validate
 
 
