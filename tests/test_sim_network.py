@@ -125,3 +125,32 @@ def test_dependencies_serialize_and_compute_takes_its_duration():
            Op("x", "comm", deps=[0], transfer=Transfer(np.array([0]), np.array([1e9]), 1, False))]
     res = simulate(ops, np.array([1e9]))
     assert res.end_s == pytest.approx([1.0, 3.0, 2.0])
+
+
+def test_micro_ops_take_the_transfer_time_plus_one_latency_each():
+    from moe_core.sim.engine import add_micro_ops
+
+    cap = np.array([1e9])
+    t = Transfer(np.array([0]), np.array([1e9]), 1, True)
+    ops: list[Op] = []
+    last = add_micro_ops(ops, "ar", "allreduce", t, latency_s=0.01, count=5, deps=[])
+    res = simulate(ops, cap)
+    assert len(ops) == 5 and res.end_s[last] == pytest.approx(1.0 + 5 * 0.01)
+
+
+def test_step_cost_grows_with_operations_not_with_gpus():
+    """A scale test: 64x more GPUs add no layer operations; only the gates' weights (d_model x E,
+    dense parameters) add gradient buckets."""
+    from moe_core.config import load_config
+    from moe_core.sim.step import StepModel
+    from moe_core.sim.topology import build_topology
+
+    counts = {}
+    for gpus in (64, 4096):
+        cfg = load_config(overrides=["hardware_profile=h200-ndr-cluster", f"parallel.world_size={gpus}",
+                                     f"moe.num_experts={gpus}", "moe.experts_per_rank=1", "model.n_layers=32",
+                                     "model.moe_every=1", "comm.policy=overlap"])
+        sim = StepModel(cfg, build_topology(cfg.hardware)).run()
+        counts[gpus] = sum(op.phase != "allreduce" for op in sim.ops), len(sim.ops)
+        assert np.isfinite(sim.timeline.end_s).all()
+    assert counts[64][0] == counts[4096][0] and counts[4096][1] <= 1.1 * counts[64][1]

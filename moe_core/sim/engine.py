@@ -49,6 +49,22 @@ class Timeline:
         return float(self.end_s.max()) if len(self.end_s) else 0.0
 
 
+def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, latency_s: float, count: int,
+                  deps: list[int], priority: int = 0) -> int:
+    """Append ``transfer`` as ``count`` equal micro-ops run one after another (Lina's tensor
+    partitioning); each pays the latency, so finer partitions cost more. Returns the last op's index.
+
+    Between micro-ops, operations of higher priority that became ready take the links first.
+    """
+    if count < 1:
+        raise ValueError(f"micro-op count must be >= 1, got {count}")
+    part = Transfer(transfer.links, transfer.nbytes / count, transfer.steps, transfer.crosses_nodes)
+    for k in range(count):
+        ops.append(Op(f"{name}.{k}", phase, list(deps), transfer=part, latency_s=latency_s, priority=priority))
+        deps = [len(ops) - 1]
+    return len(ops) - 1
+
+
 def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
     """Run the DAG; every op starts when all its deps have ended. Returns start and end times."""
     n = len(ops)
