@@ -25,7 +25,6 @@ a failed run leaves no partial set of new records.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, load_config, to_container
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.distributed import Env, init_distributed, shutdown
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
@@ -310,10 +309,8 @@ def save(records: list[dict], cfg: DictConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser = config_arg_parser(__doc__)
     parser.add_argument("--check", action="store_true", help="verify the collectives' results after warm-up")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

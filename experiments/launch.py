@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from moe_core.config import ConfigError, load_config
+from moe_core.config import ConfigError, config_arg_parser, load_config
 from moe_core.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -49,10 +49,9 @@ STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``argv`` at ``--`` into the launcher's arguments and the entry point's command."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser = config_arg_parser(__doc__)
+    parser.prog = "python -m experiments.launch"
     parser.add_argument("--nproc", type=int, required=True, help="total number of ranks")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     if "--" not in argv:
         parser.error("missing `-- -m <module> [args]`: what to launch")
     split = argv.index("--")

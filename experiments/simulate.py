@@ -12,14 +12,13 @@ grown with more nodes of its kind. For the ``overlap`` policy the same step is a
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config import ConfigError, load_config, point_name, point_params, to_container
+from moe_core.config import ConfigError, config_arg_parser, load_config, point_name, point_params, to_container
 from moe_core.results import make_record, record_path, write_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -57,10 +56,8 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser = config_arg_parser(__doc__)
     parser.add_argument("--out", help="record path (default: results/raw/<paper>/sim_train_step/<point>.json)")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

@@ -12,7 +12,6 @@ is created; a failing or hung rank makes every rank exit non-zero within ``paral
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from contextlib import nullcontext
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, layout_of, load_config, point_name, point_params, to_container
+from moe_core.config import ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.model import MoETransformer
@@ -111,10 +110,8 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser = config_arg_parser(__doc__)
     parser.add_argument("--out", help="record path (default: results/raw/<paper>/<experiment>/<point>.json)")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

@@ -12,6 +12,7 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,6 +230,14 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     sim_sweep: SimSweepConfig = field(default_factory=SimSweepConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+def config_arg_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line every entry point shares: ``[--config FILE]... [key=value]...``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. moe.num_experts=8)")
+    return parser
 
 
 def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None) -> DictConfig:
