@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.distributed import Env, init_distributed, shutdown
+from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
@@ -322,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
                            expected_world_size=cfg.collectives.world_size,
                            world_size_key="collectives.world_size")
     try:
-        records = run_benchmark(cfg, env, args.check)
+        with naming_failed_ranks(env):
+            records = run_benchmark(cfg, env, args.check)
         if env.rank == 0:
             save(records, cfg)
     finally:

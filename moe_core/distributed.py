@@ -69,18 +69,21 @@ def cpu_threads_per_rank() -> int:
     return min(share, int(os.environ.get("OMP_NUM_THREADS", share)))
 
 
-class RankFailure(RuntimeError):
-    """A collective failed; the message names the ranks that stopped responding."""
+FAILED_RANK_EXIT_CODE = 3
 
 
 @contextmanager
 def naming_failed_ranks(env: Env) -> Iterator[None]:
-    """Turn a failed or timed-out collective into an error that names the unresponsive ranks.
+    """Turn a failed or timed-out collective into an exit that names the unresponsive ranks.
 
     A dead peer shows up on the others as "Connection closed by peer", a hung one as a timeout
     after ``timeout_s``; neither names the culprit. After such an error every surviving rank enters
     a ``monitored_barrier`` on a separate gloo group, which on rank 0 reports which ranks did not
-    arrive (e.g. "Rank 1 failed to pass monitoredBarrier in 10000 ms").
+    arrive (e.g. "Rank 1 failed to pass monitoredBarrier in 10000 ms"), prints it and exits with
+    FAILED_RANK_EXIT_CODE at once.
+
+    NOTE: the exit skips interpreter teardown on purpose: destroying a process group whose peer is
+    hung can block forever, and the launcher only stops the other ranks once one has exited.
     """
     try:
         yield
@@ -93,11 +96,11 @@ def naming_failed_ranks(env: Env) -> Iterator[None]:
             diagnosis = "every rank still responds, so the failure is local to this rank"
         except RuntimeError as probe:
             diagnosis = str(probe).strip().splitlines()[0]
-        message = f"rank {env.rank} stopped: {str(err).strip().splitlines()[0]} | {diagnosis}"
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(f"error: rank {env.rank} stopped: {str(err).strip().splitlines()[0]} | {diagnosis}",
+              file=sys.stderr, flush=True)
         if env.rank != 0:
             time.sleep(2.0)  # let rank 0, which knows who is missing, report before the launcher stops all
-        raise RankFailure(message) from err
+        os._exit(FAILED_RANK_EXIT_CODE)
 
 
 def shutdown() -> None:
