@@ -97,6 +97,9 @@ class CommPolicy:
     """Base policy: plain all-to-all on the expert-parallel group; subclasses decide the all-reduces."""
 
     name = "base"
+    # The launch rule both executors follow: a gradient bucket's all-reduce starts as soon as its
+    # gradients are ready (True) or after the whole backward pass (False); buckets go in order.
+    launch_when_ready = False
 
     def __init__(self, groups: ParallelGroups, timer: PhaseTimer, bucket_bytes: int):
         self.groups, self.timer, self.bucket_bytes = groups, timer, bucket_bytes
@@ -126,6 +129,7 @@ class Sequential(CommPolicy):
 
 class Overlap(CommPolicy):
     name = "overlap"
+    launch_when_ready = True
 
     def attach(self, model: torch.nn.Module) -> None:
         super().attach(model)

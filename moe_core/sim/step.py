@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from ..config import Layout, capacity, layout_of
 from ..model import MoETransformer
 from ..parallel import is_expert_param
-from ..policies import assign_buckets
+from ..policies import POLICIES, assign_buckets
 from .collectives import collective_op
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
@@ -173,7 +173,7 @@ class StepModel:
             if cost is None:
                 continue
             ready = grads_ready[_block_of(named[idx[-1]][0])]
-            launch_after = backward_end if self.cfg.comm.policy == "sequential" else ready
+            launch_after = ready if POLICIES[self.cfg.comm.policy].launch_when_ready else backward_end
             deps = [launch_after] + ([previous] if previous is not None else [])
             ops.append(Op(f"bucket{k}.allreduce", "allreduce", deps, **cost))
             previous = len(ops) - 1
