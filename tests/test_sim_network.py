@@ -154,3 +154,11 @@ def test_step_cost_grows_with_operations_not_with_gpus():
         counts[gpus] = sum(op.phase != "allreduce" for op in sim.ops), len(sim.ops)
         assert np.isfinite(sim.timeline.end_s).all()
     assert counts[64][0] == counts[4096][0] and counts[4096][1] <= 1.1 * counts[64][1]
+
+
+def test_a_tiny_transfer_late_in_a_long_timeline_finishes():
+    """At large times, now + left / rate rounds back to now; the engine must still finish the transfer."""
+    tiny = Transfer(np.array([0]), np.array([1e-3]), 1, True)
+    ops = [Op("long", "dense", duration_s=1e7), Op("tiny", "comm", deps=[0], transfer=tiny)]
+    res = simulate(ops, np.array([1e12]))
+    assert res.end_s[1] == pytest.approx(1e7)

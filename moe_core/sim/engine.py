@@ -119,7 +119,9 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
                 finished.append(i)
             else:
                 active[i] = 1.0
-        finished += [i for i, left in active.items() if left <= 1e-9]
+        # The transfer that set this event is done, whatever rounding left of it (at large ``now``,
+        # ``now + left / rate`` can round back to ``now``); others finishing together go too.
+        finished += [i for i, left in active.items() if left <= 1e-9 or (i == finisher and next_finish <= next_timer)]
         changed = False
         for i in finished:
             if i in active:
