@@ -55,7 +55,7 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
 def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics."""
     layout = layout_of(cfg)
-    groups = build_groups(layout, env.device.type)
+    groups = build_groups(layout, env.device.type, env.timeout_s)
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     shard_experts(model, groups)

@@ -14,6 +14,7 @@ on the concatenated batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,16 +35,32 @@ class ParallelGroups:
     dense_grad_group: object  # all-reduce of dense gradients (all ranks, its own communicator)
 
 
-def build_groups(layout: Layout, device_type: str) -> ParallelGroups:
-    """Create the mesh and process groups; every rank must call this (collective)."""
+def build_groups(layout: Layout, device_type: str, timeout_s: float) -> ParallelGroups:
+    """Create the mesh and process groups; every rank must call this (collective).
+
+    Every group gets the run's collective timeout ``timeout_s``: new groups otherwise default to 30
+    minutes whatever the default group has, and a hung peer would stall the run that long.
+    """
     if dist.get_world_size() != layout.world_size:
         raise RuntimeError(f"process group has {dist.get_world_size()} ranks, layout expects {layout.world_size}")
-    mesh = init_device_mesh(device_type, (layout.data_parallel, layout.expert_parallel), mesh_dim_names=("dp", "ep"))
+    timeout = timedelta(seconds=timeout_s)
+    options = _group_options(dist.get_backend(), timeout)
+    mesh = init_device_mesh(device_type, (layout.data_parallel, layout.expert_parallel), mesh_dim_names=("dp", "ep"),
+                            backend_override={"dp": options, "ep": options})
     # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
     # contend with) the token all-to-alls instead of queueing behind them on one communicator.
-    dense_grad_group = dist.new_group(list(range(layout.world_size)))
+    dense_grad_group = dist.new_group(list(range(layout.world_size)), timeout=timeout)
     return ParallelGroups(layout, mesh, dist.get_rank(), mesh.get_local_rank("ep"), mesh.get_group("ep"),
                           mesh.get_group("dp"), dense_grad_group)
+
+
+def _group_options(backend: str, timeout: timedelta):
+    """Backend options that carry ``timeout`` into the groups DeviceMesh creates."""
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return torch._C._distributed_c10d.Backend.Options(backend, timeout=timeout)
 
 
 def shard_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:

@@ -42,7 +42,10 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     cfg = load_config(overrides=overrides)
-    groups = build_groups(layout_of(cfg), "cpu")
+    groups = build_groups(layout_of(cfg), "cpu", cfg.parallel.timeout_s)
+    for group in (groups.ep_group, groups.expert_grad_group, groups.dense_grad_group):
+        # a hung peer must end the run within parallel.timeout_s on every communicator
+        assert group._get_backend(torch.device("cpu")).options._timeout.total_seconds() == cfg.parallel.timeout_s
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     if uniform_gate:

@@ -30,7 +30,7 @@ def test_buckets_are_the_measured_policys_buckets():
     measured_cfg = load_config(overrides=[*common, "parallel.world_size=1"])
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        groups = build_groups(layout_of(measured_cfg), "cpu")
+        groups = build_groups(layout_of(measured_cfg), "cpu", 60.0)
         model = MoETransformer(measured_cfg)
         shard_experts(model, groups)
         measured = [sum(p.numel() * 4 for p in b.params) for b in make_buckets(model, groups, int(0.25 * 2**20))]
