@@ -3,9 +3,10 @@
     python -m experiments.calibrate --config results/config/resolved.yaml \\
         --out results/calibration/local-cpu-calibrated.yaml results/raw/*/*/*.json
 
-Fits the network on collectives measured alone and the compute rate on the smallest world size's
-training steps (moe_core.sim.calibrate.calibration_split), and writes ``<profile>-calibrated``: a
-hardware YAML that any config can use with ``hardware_profile=<path>``.
+Fits the network on collectives measured alone, and the compute rate per op class and the in-step
+all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split),
+and writes ``<profile>-calibrated``: a hardware YAML that any config can use with
+``hardware_profile=<path>``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from omegaconf import OmegaConf
 
 from moe_core.config import ConfigError, load_config
 from moe_core.results import atomic_output, read_record
-from moe_core.sim.calibrate import calibration_split, fit_compute, fit_network, medians
+from moe_core.sim.calibrate import calibration_split, fit_compute, fit_in_step_wait, fit_network, medians
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +43,16 @@ def main(argv: list[str] | None = None) -> int:
         network_hw, network_fit = fit_network(hw, alone, seed=cfg.collectives.seed)
         train = [(r["config"], medians(r)) for r in calibrate if r["experiment"] == "train_step"
                  and r["hardware"] == hw.name]
-        fitted, compute_fit = fit_compute(network_hw, train)
+        compute_hw, compute_fit = fit_compute(network_hw, train)
+        fitted, wait_fit = fit_in_step_wait(compute_hw, train)
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     fitted = OmegaConf.merge(fitted, {"name": f"{hw.name}-calibrated",
                                       "description": f"{hw.name} calibrated on {len(calibrate)} measured records"})
     header = (f"# Calibrated by experiments/calibrate.py on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.\n"
-              f"# network fit: {json.dumps(network_fit)}\n# compute fit: {json.dumps(compute_fit)}\n")
+              f"# network fit: {json.dumps(network_fit)}\n# compute fit: {json.dumps(compute_fit)}\n"
+              f"# in-step wait fit: {json.dumps(wait_fit)}\n")
     with atomic_output(args.out) as tmp:
         Path(tmp).write_text(header + OmegaConf.to_yaml(fitted))
     print(f"wrote {args.out}: intra {fitted.intra_node_GBps:.3g} GB/s, nic {fitted.nic_GBps:.3g} GB/s, "

@@ -48,6 +48,9 @@ class CollectiveFit:
     alpha_us: float = 0.0  # fixed latency per call
     alpha_step_us: float = 0.0  # latency per algorithm step (ring step, a2a peer)
     efficiency: float = 1.0  # achieved fraction of the bottleneck link's bandwidth
+    # Extra time per call inside a training step: the worst rank waits for peers that arrive late
+    # (per-rank compute jitter), which a collective timed alone never shows. Fitted on measured steps.
+    in_step_us: float = 0.0
 
 
 @dataclass
@@ -90,8 +93,13 @@ class HardwareConfig:
     # -- compute model --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
     compute_efficiency: float = 0.5  # fraction of peak the model's GEMMs reach
+    # Per op class ("dense", "gate", "expert"), overriding compute_efficiency: routing bookkeeping
+    # (softmax, top-k, cumsum) and small expert GEMMs run far from dense-GEMM efficiency. Calibration
+    # fits it from the measured phase times.
+    phase_efficiency: dict[str, float] = field(default_factory=dict)
     # CPU testbeds: the ranks of a node share this many cores, so each rank computes at
-    # peak * min(1, host_cores / ranks on its node); 0 = devices do not share compute (GPUs).
+    # peak * min(1, host_cores / ranks on its node), and concurrent collectives share the host for
+    # their latency (protocol work); 0 = devices do not share compute (GPUs).
     host_cores: int = 0
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
@@ -293,6 +301,9 @@ def _load_hardware(profile: str) -> DictConfig:
     return OmegaConf.load(path)
 
 
+COMPUTE_PHASES = ("dense", "gate", "expert")  # op classes of the step model with their own efficiency
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"config key '{key}': {message}")
@@ -315,6 +326,10 @@ def validate(cfg: DictConfig) -> None:
              "batch_size and iters must be >= 1, warmup_iters >= 0")
     _require(par.timeout_s > 0, "parallel.timeout_s", f"must be > 0, got {par.timeout_s}")
     _require(cfg.comm.bucket_mb > 0, "comm.bucket_mb", f"must be > 0, got {cfg.comm.bucket_mb}")
+    for phase, eff in cfg.hardware.phase_efficiency.items():
+        _require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}",
+                 f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
+        _require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
     layout_error = check_layout(par.world_size, moe.num_experts, moe.experts_per_rank)
     if layout_error:
         raise ConfigError(layout_error)

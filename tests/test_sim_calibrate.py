@@ -4,9 +4,10 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from moe_core.config import HardwareConfig
-from moe_core.sim.calibrate import calibration_split, fit_network
+from moe_core.config import HardwareConfig, load_config, to_container
+from moe_core.sim.calibrate import calibration_split, fit_compute, fit_in_step_wait, fit_network
 from moe_core.sim.collectives import simulate_collective
+from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
 
@@ -44,3 +45,24 @@ def test_split_holds_out_pairs_and_other_layouts():
                {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}}]
     calibrate, validate = calibration_split(records)
     assert calibrate == [records[0], records[2]] and validate == [records[1], records[3], records[4]]
+
+
+def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_steps():
+    hw = OmegaConf.merge(truth(), {"peak_tflops": 2.0, "compute_efficiency": 1.0,
+                                   "phase_efficiency": {"dense": 0.5, "gate": 0.01, "expert": 0.8}})
+    hw.collectives.all_to_all.in_step_us = 3000.0
+    train = []
+    for experts, per_rank in ((4, 1), (8, 2)):
+        cfg = OmegaConf.merge(load_config(overrides=["parallel.world_size=4", f"moe.num_experts={experts}",
+                                                     f"moe.experts_per_rank={per_rank}"]),
+                              {"hardware": hw})
+        train.append((to_container(cfg), StepModel(cfg, build_topology(hw)).run().metrics()))
+    start = OmegaConf.merge(hw, {"peak_tflops": 0.0})
+    start.phase_efficiency = {}
+    start.collectives.all_to_all.in_step_us = 0.0
+    fitted, stats = fit_compute(start, train)
+    assert fitted.peak_tflops == pytest.approx(2.0 * 0.8, rel=1e-6)  # the fastest class, expert
+    assert fitted.phase_efficiency.dense == pytest.approx(0.5 / 0.8, rel=1e-6)
+    assert fitted.phase_efficiency.gate == pytest.approx(0.01 / 0.8, rel=1e-6)
+    fitted, stats = fit_in_step_wait(fitted, train)
+    assert fitted.collectives.all_to_all.in_step_us == pytest.approx(3000.0, rel=1e-6) and stats["points"] == 2

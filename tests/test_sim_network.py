@@ -68,6 +68,20 @@ def test_strict_priority_transfer_gets_the_whole_link():
     assert res.end_s[1] == pytest.approx(1.0) and res.end_s[0] == pytest.approx(2.0)
 
 
+def test_shared_latency_phases_of_concurrent_transfers_take_turns_on_the_host():
+    cap = np.array([1e9])
+    t = Transfer(np.array([0]), np.array([1e6]), 1, True)  # 1 ms of bytes
+    ops = [Op("a", "c", transfer=t, latency_s=0.01), Op("b", "c", transfer=t, latency_s=0.01)]
+    independent = simulate(ops, cap)
+    shared = simulate(ops, cap, shared_latency=True)
+    # both latencies in parallel, then the link shared: 10 ms + 2 ms
+    assert independent.end_s == pytest.approx([0.012, 0.012])
+    # the host serves both latency phases at half speed: 20 ms, then the link shared: 2 ms
+    assert shared.end_s == pytest.approx([0.022, 0.022])
+    # alone, sharing changes nothing
+    assert simulate(ops[:1], cap, shared_latency=True).makespan_s == pytest.approx(0.011)
+
+
 def test_max_min_fairness_gives_leftover_bandwidth_to_the_unbottlenecked_transfer():
     cap = np.array([1e9, 1e9])
     a = Transfer(np.array([0, 1]), np.array([1e9, 1e9]), 1, True)  # uses both links

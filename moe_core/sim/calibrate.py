@@ -5,9 +5,11 @@
   latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
   times (:func:`moe_core.sim.collectives.simulate_collective` is the model, so what is fitted is
   exactly what predicts).
-* Compute: from measured training steps, the effective FLOP rate: the step model's FLOPs per step
-  over the measured compute time (step minus all-to-all minus exposed all-reduce). For a CPU the
-  result is an effective rate, so it is written as ``peak_tflops`` with ``compute_efficiency: 1``.
+* Compute: from measured training steps, the effective FLOP rate of each op class (dense, gate,
+  expert): the step model's FLOPs of that class over its measured phase time. Written as the
+  fastest class's rate (``peak_tflops``) and fractions of it (``phase_efficiency``).
+* In-step wait: what the measured steps' all-to-alls take beyond the fitted model, per call (peers
+  arriving late), as ``collectives.all_to_all.in_step_us``.
 
 Which measured points are used is the caller's choice; the rest validate (experiments/validate.py).
 """
@@ -19,7 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from scipy.optimize import least_squares
 
-from ..config import load_config
+from ..config import COMPUTE_PHASES, load_config
 from .collectives import simulate_collective
 from .step import StepModel
 from .topology import build_topology
@@ -75,24 +77,54 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
 
 
 def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictConfig, dict]:
-    """Effective FLOP rate per device (per core share on CPU hosts) from measured training steps.
+    """Effective FLOP rate per op class (dense, gate, expert) from measured training steps.
 
-    ``train`` holds (resolved config, metric medians) pairs. At 1 TFLOP/s the step model predicts a
-    compute time; the ratio to the measured compute time is the device's rate.
+    ``train`` holds (resolved config, metric medians) pairs. At 1 TFLOP/s the step model predicts
+    each class's compute time; its ratio to the measured phase time (``dense_ms``, ``gate_ms``,
+    ``expert_ms``) is the class's rate. The fastest class's rate becomes ``peak_tflops`` and the
+    others its ``phase_efficiency`` fractions (per device; per core share on CPU hosts).
     """
     unit = _with(hw, peak_tflops=1.0, compute_efficiency=1.0)
-    rates = []
+    unit.phase_efficiency = {}  # (a merge would keep the old entries)
+    rates: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
     for config, metrics in train:
         cfg = OmegaConf.merge(load_config(data=config), {"hardware": unit})
         ops, _ = StepModel(cfg, build_topology(unit)).build()
-        predicted_s = sum(op.duration_s for op in ops if op.transfer is None)
-        compute_ms = metrics["step_ms"] - metrics["a2a_ms"] - metrics["allreduce_exposed_ms"]
-        rates.append(predicted_s / (compute_ms * 1e-3))
-    if not rates:
+        for phase in COMPUTE_PHASES:
+            predicted_s = sum(op.duration_s for op in ops if op.transfer is None and op.phase == phase)
+            rates[phase].append(predicted_s / (metrics[f"{phase}_ms"] * 1e-3))
+    if not train:
         raise ValueError("no measured training step to calibrate compute on; run experiments/train_step.py first")
-    rate_tflops = float(np.median(rates))
-    return _with(hw, peak_tflops=rate_tflops, compute_efficiency=1.0), {
-        "points": len(rates), "tflops_median": rate_tflops, "tflops_spread": float(max(rates) / min(rates))}
+    rate = {phase: float(np.median(r)) for phase, r in rates.items()}
+    peak = max(rate.values())
+    fitted = _with(hw, peak_tflops=peak, compute_efficiency=1.0,
+                   phase_efficiency={phase: r / peak for phase, r in rate.items()})
+    return fitted, {"points": len(train), "tflops_median": rate,
+                    "tflops_spread": {phase: float(max(r) / min(r)) for phase, r in rates.items()}}
+
+
+def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictConfig, dict]:
+    """Extra time per all-to-all inside a training step (``collectives.all_to_all.in_step_us``).
+
+    With network and compute fitted, the step model predicts each step's all-to-all time; what the
+    measured steps spend beyond it, per all-to-all call, is the wait for late peers (median over
+    ``train``, never negative).
+    """
+    fit = hw.collectives.get("all_to_all")
+    if fit is None or not train:
+        return hw, {"points": 0}
+    excess_us = []
+    for config, metrics in train:
+        cfg = OmegaConf.merge(load_config(data=config), {"hardware": hw})
+        sim = StepModel(cfg, build_topology(hw)).run()
+        calls = sum(op.phase.endswith("a2a") and op.transfer is not None for op in sim.ops)
+        if calls:
+            excess_us.append((metrics["a2a_ms"] - sim.metrics()["a2a_ms"]) * 1e3 / calls)
+    if not excess_us:  # expert parallel size 1 everywhere: no exchange to learn from
+        return hw, {"points": 0}
+    wait_us = max(0.0, float(np.median(excess_us)))
+    return _with(hw, collectives={"all_to_all": {"in_step_us": wait_us}}), {
+        "points": len(excess_us), "in_step_us": wait_us}
 
 
 def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -53,5 +53,5 @@ def simulate_collective(hw: DictConfig, topo, params: dict) -> float:
                                             footprint(topo, params["collective"], ws, size, zipf, seed)))]
     if params.get("concurrent") == "all_reduce":
         ops.append(Op("side", "comm", **collective_op(hw, topo, "all_reduce", footprint(topo, "all_reduce", ws, size))))
-    timeline = simulate(ops, topo.capacity)
+    timeline = simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores))
     return float(timeline.end_s[0] - timeline.start_s[0]) * 1e3

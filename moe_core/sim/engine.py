@@ -65,8 +65,14 @@ def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, late
     return len(ops) - 1
 
 
-def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
-    """Run the DAG; every op starts when all its deps have ended. Returns start and end times."""
+def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) -> Timeline:
+    """Run the DAG; every op starts when all its deps have ended. Returns start and end times.
+
+    ``shared_latency``: the latency phases of concurrent transfers share one processor by max-min
+    fairness instead of passing independently. That is a CPU testbed, where a collective's per-step
+    latency is protocol work (copies, TCP) on the host's cores: two collectives at once each take
+    about twice their latency, which a network-only model misses for small messages.
+    """
     n = len(ops)
     children: list[list[int]] = [[] for _ in range(n)]
     waiting = np.zeros(n, dtype=int)
@@ -78,10 +84,17 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
         waiting[i] = len(op.deps)
     start, end = np.full(n, np.nan), np.full(n, np.nan)
     footprints = {i: _footprint(op.transfer, capacity) for i, op in enumerate(ops) if op.transfer is not None}
+    num_links = len(capacity) + shared_latency  # the host processor is one more link, of capacity 1
+    latency_stage = {}  # op -> its latency phase's stage key (-1 - op) when latency is shared
+    if shared_latency:
+        host = np.array([len(capacity)])
+        for i, op in enumerate(ops):
+            if op.transfer is not None and op.latency_s > 0:
+                latency_stage[i] = -1 - i
+                footprints[-1 - i] = (host, np.ones(1), op.latency_s)
 
     timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
-    active: dict[int, float] = {}  # transfer op -> remaining fraction
-    rates: dict[int, float] = {}
+    active: dict[int, float] = {}  # stage (transfer op, or its shared latency phase) -> remaining fraction
     now = 0.0
 
     def begin(i: int) -> None:
@@ -89,18 +102,32 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
         op = ops[i]
         if op.transfer is None:
             heapq.heappush(timers, (now + op.duration_s, 0, i))
+        elif i in latency_stage:
+            active[latency_stage[i]] = 1.0
         else:
             heapq.heappush(timers, (now + op.latency_s, 1, i))
+
+    def start_transfer(i: int) -> bool:
+        """Latency over: the transfer stage starts; False when nothing crosses a finite link."""
+        if footprints[i][0].size == 0:
+            return False
+        active[i] = 1.0
+        return True
+
+    def current_rates() -> dict[int, float]:
+        return fair_rates({i: footprints[i] for i in active},
+                          {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links)
 
     for i in range(n):
         if waiting[i] == 0:
             begin(i)
+    rates = current_rates()
     done = 0
     while done < n:
         if not timers and not active:
             raise RuntimeError("simulation stalled: a dependency cycle or an unreachable op")
         next_timer = timers[0][0] if timers else np.inf
-        next_finish, finisher = np.inf, -1
+        next_finish, finisher = np.inf, None
         for i, left in active.items():
             t = now + left / rates[i] if rates[i] > 0 else np.inf
             if t < next_finish:
@@ -113,12 +140,8 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
         finished: list[int] = []
         while timers and timers[0][0] <= now + EPS:
             _, kind, i = heapq.heappop(timers)
-            if kind == 0:
+            if kind == 0 or not start_transfer(i):
                 finished.append(i)
-            elif footprints[i][0].size == 0:  # nothing crosses a finite link
-                finished.append(i)
-            else:
-                active[i] = 1.0
         # The transfer that set this event is done, whatever rounding left of it (at large ``now``,
         # ``now + left / rate`` can round back to ``now``); others finishing together go too.
         finished += [i for i, left in active.items() if left <= 1e-9 or (i == finisher and next_finish <= next_timer)]
@@ -126,6 +149,11 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
         for i in finished:
             if i in active:
                 del active[i]
+            if i < 0:  # a shared latency phase ended: its transfer starts
+                changed = True
+                if start_transfer(-1 - i):
+                    continue
+                i = -1 - i
             end[i] = now
             done += 1
             changed = True
@@ -134,8 +162,7 @@ def simulate(ops: list[Op], capacity: np.ndarray) -> Timeline:
                 if waiting[c] == 0:
                     begin(c)
         if changed or set(active) != set(rates):
-            rates = fair_rates({i: footprints[i] for i in active}, {i: ops[i].priority for i in active},
-                               len(capacity))
+            rates = current_rates()
     return Timeline(start, end)
 
 

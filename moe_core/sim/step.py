@@ -3,8 +3,9 @@
 Built from the same config as a measured run and through the same decisions: the layout
 (``config.layout_of``), the expert capacity (``config.capacity``), the gradient buckets
 (``policies.assign_buckets`` over the model's real parameters, instantiated on the meta device) and
-the policy's launch rule. Compute time is FLOPs / (peak x efficiency) of the slowest device; every
-collective is an SPMD operation whose footprint sums all its groups (moe_core.sim.topology).
+the policy's launch rule. Compute time is FLOPs / (peak x efficiency of the op class: dense, gate,
+expert) of the slowest device; every collective is an SPMD operation whose footprint sums all its
+groups (moe_core.sim.topology).
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order at twice the forward FLOPs, then gradient
@@ -75,7 +76,7 @@ class StepModel:
             raise ValueError(f"hardware '{topo.name}' has no peak_tflops; set it or calibrate the profile")
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
-        self.flop_rate = tflops * 1e12 * cfg.hardware.compute_efficiency * share
+        self.flop_rate = tflops * 1e12 * share
 
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
@@ -91,8 +92,9 @@ class StepModel:
         rows = self.layout.experts_per_rank * self.layout.expert_parallel * G * C
         return rows, moe.num_experts * G * C * m.d_model * self.elem
 
-    def _seconds(self, flops: float) -> float:
-        return flops / self.flop_rate
+    def _seconds(self, flops: float, phase: str) -> float:
+        hw = self.cfg.hardware
+        return flops / (self.flop_rate * hw.phase_efficiency.get(phase, hw.compute_efficiency))
 
     # -- collectives -----------------------------------------------------------------------------
     def _merged(self, transfers: list[Transfer]) -> Transfer:
@@ -103,7 +105,11 @@ class StepModel:
 
     def _all_to_all(self, bytes_per_rank: float) -> dict:
         footprint = self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])
-        return collective_op(self.cfg.hardware, self.topo, "all_to_all", footprint)
+        cost = collective_op(self.cfg.hardware, self.topo, "all_to_all", footprint)
+        fit = self.cfg.hardware.collectives.get("all_to_all")
+        if fit is not None:  # a blocking exchange inside a step also waits for late peers
+            cost["latency_s"] += fit.in_step_us * 1e-6
+        return cost
 
     def _all_reduce(self, nbytes: float, expert: bool) -> dict | None:
         groups = self.ep_groups.T if expert else [np.arange(self.layout.world_size)]
@@ -117,9 +123,9 @@ class StepModel:
         m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
         T, M, H, E = tr.batch_size * m.seq_len, m.d_model, m.d_ff, moe.num_experts
         rows, a2a_bytes = self._moe_sizes()
-        t = {"attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M), "ffn": self._seconds(4 * T * M * H),
-             "gate": self._seconds(2 * T * M * E), "expert": self._seconds(4 * rows * M * H),
-             "head": self._seconds(2 * T * M * m.vocab_size)}
+        t = {"attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
+             "ffn": self._seconds(4 * T * M * H, "dense"), "gate": self._seconds(2 * T * M * E, "gate"),
+             "expert": self._seconds(4 * rows * M * H, "expert"), "head": self._seconds(2 * T * M * m.vocab_size, "dense")}
         a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
         ops: list[Op] = []
 
@@ -180,7 +186,8 @@ class StepModel:
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
-        return StepSimulation(ops, simulate(ops, self.topo.capacity), backward_end)
+        shared_latency = bool(self.cfg.hardware.host_cores)  # CPU testbed: latency is work on the host's cores
+        return StepSimulation(ops, simulate(ops, self.topo.capacity, shared_latency), backward_end)
 
 
 def _block_of(param_name: str):
