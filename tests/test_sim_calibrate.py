@@ -57,9 +57,9 @@ def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_ste
                                                      f"moe.experts_per_rank={per_rank}"]),
                               {"hardware": hw})
         train.append((to_container(cfg), StepModel(cfg, build_topology(hw)).run().metrics()))
-    start = OmegaConf.merge(hw, {"peak_tflops": 0.0})
-    start.phase_efficiency = {}
+    start = OmegaConf.merge(hw, {"peak_tflops": 0.5, "phase_efficiency": {"dense": 0.3}})
     start.collectives.all_to_all.in_step_us = 0.0
+    OmegaConf.set_readonly(start, True)  # as load_config returns it
     fitted, stats = fit_compute(start, train)
     assert fitted.peak_tflops == pytest.approx(2.0 * 0.8, rel=1e-6)  # the fastest class, expert
     assert fitted.phase_efficiency.dense == pytest.approx(0.5 / 0.8, rel=1e-6)

@@ -84,8 +84,7 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     ``expert_ms``) is the class's rate. The fastest class's rate becomes ``peak_tflops`` and the
     others its ``phase_efficiency`` fractions (per device; per core share on CPU hosts).
     """
-    unit = _with(hw, peak_tflops=1.0, compute_efficiency=1.0)
-    unit.phase_efficiency = {}  # (a merge would keep the old entries)
+    unit = _with(hw, peak_tflops=1.0, compute_efficiency=1.0, phase_efficiency={p: 1.0 for p in COMPUTE_PHASES})
     rates: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
     for config, metrics in train:
         cfg = OmegaConf.merge(load_config(data=config), {"hardware": unit})
