@@ -101,6 +101,9 @@ class HardwareConfig:
     # peak * min(1, host_cores / ranks on its node), and concurrent collectives share the host for
     # their latency (protocol work); 0 = devices do not share compute (GPUs).
     host_cores: int = 0
+    # CPU testbeds: copy throughput of the host's cores, which every byte a collective sends crosses
+    # (gloo and TCP run there); 0 = not modelled. Calibration fits it.
+    host_GBps: float = 0.0
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)

@@ -82,6 +82,17 @@ def test_shared_latency_phases_of_concurrent_transfers_take_turns_on_the_host():
     assert simulate(ops[:1], cap, shared_latency=True).makespan_s == pytest.approx(0.011)
 
 
+def test_on_a_cpu_host_every_byte_sent_crosses_the_host_link():
+    topo = Cluster(hw(nodes=1, devices_per_node=4, intra_node_GBps=10.0, host_GBps=20.0))
+    group = np.arange(4)
+    a2a = topo.uniform_all_to_all(group, 8e9)  # each rank sends 6 GB to peers: 24 GB cross the host
+    assert alone_s(topo, a2a) == pytest.approx(24 / 20)  # the host, not a rank's 0.6 s link, bounds it
+    two_rings = simulate([Op("a", "c", transfer=topo.ring(group[:2], 4e9, "all_reduce")),
+                          Op("b", "c", transfer=topo.ring(group[2:], 4e9, "all_reduce"))], topo.capacity)
+    # disjoint ranks, no shared device link: alone each takes max(4/10, 8/20) = 0.4 s; together 0.8 s
+    assert two_rings.end_s == pytest.approx([0.8, 0.8])
+
+
 def test_max_min_fairness_gives_leftover_bandwidth_to_the_unbottlenecked_transfer():
     cap = np.array([1e9, 1e9])
     a = Transfer(np.array([0, 1]), np.array([1e9, 1e9]), 1, True)  # uses both links

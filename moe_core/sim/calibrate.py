@@ -1,7 +1,8 @@
 """Calibrate a hardware profile on measured records: the simulator's own model, fitted by least squares.
 
 * Network: from collectives measured alone (experiments/collectives.py), fit one bandwidth per link
-  class (intra-node, and NIC when the profile has several nodes) and, per collective, a per-step
+  class (intra-node; NIC when the profile has several nodes; the host's copy throughput on CPU
+  testbeds) and, per collective, a per-step
   latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
   times (:func:`moe_core.sim.collectives.simulate_collective` is the model, so what is fitted is
   exactly what predicts).
@@ -41,18 +42,15 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
     kinds = [c for c in COLLECTIVES if (alone["collective"] == c).any()]
     if not kinds:
         raise ValueError("no collective measured alone to calibrate on; run experiments/collectives.py first")
-    multi_node = hw.nodes > 1
+    links = ["intra_node_GBps"] + ["nic_GBps"] * (hw.nodes > 1) + ["host_GBps"] * bool(hw.host_cores)
     points = alone.to_dict("records")
     measured = np.array([p["median"] for p in points])
 
     def profile(theta: np.ndarray) -> DictConfig:
-        bw = 10 ** theta[: 1 + multi_node]
-        terms = theta[1 + multi_node:].reshape(len(kinds), 2)
+        bw = 10 ** theta[: len(links)]
+        terms = theta[len(links):].reshape(len(kinds), 2)
         fits = {k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)} for k, (a, e) in zip(kinds, terms)}
-        changes = {"intra_node_GBps": float(bw[0]), "collectives": fits}
-        if multi_node:
-            changes["nic_GBps"] = float(bw[1])
-        return _with(hw, **changes)
+        return _with(hw, collectives=fits, **{link: float(b) for link, b in zip(links, bw)})
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         fitted = profile(theta)
@@ -63,9 +61,9 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
     # Start: the best achieved bandwidth of the largest messages, 100 us per step, full efficiency.
     biggest = alone[alone["size_bytes"] == alone["size_bytes"].max()]
     guess_GBps = float((biggest["size_bytes"] / (biggest["median"] * 1e-3) / 1e9).max())
-    theta0 = np.array([np.log10(guess_GBps)] * (1 + multi_node) + [100.0, 1.0] * len(kinds))
-    lower = [-4.0] * (1 + multi_node) + [0.0, 0.01] * len(kinds)
-    upper = [5.0] * (1 + multi_node) + [1e6, 1.0] * len(kinds)
+    theta0 = np.array([np.log10(guess_GBps)] * len(links) + [100.0, 1.0] * len(kinds))
+    lower = [-4.0] * len(links) + [0.0, 0.01] * len(kinds)
+    upper = [5.0] * len(links) + [1e6, 1.0] * len(kinds)
     # Bounded effort: noisy CPU measurements can leave the problem flat; the fit reports whether it
     # converged, and its errors say how good it is either way.
     result = least_squares(residuals, theta0, bounds=(lower, upper), x_scale="jac", max_nfev=MAX_EVALUATIONS)

@@ -68,7 +68,10 @@ class Cluster:
         self.nic_in = self.nic_out + nic_count
         self.node_up = 2 * self.n + 2 * nic_count + np.arange(self.nodes)
         self.node_down = self.node_up + self.nodes
-        self.num_links = 2 * self.n + 2 * nic_count + 2 * self.nodes
+        # CPU testbeds: one more link, the host's cores, that every byte sent crosses (gloo copies
+        # and the TCP stack run there, so a collective's intra- and inter-node bytes contend on it).
+        self.host = 2 * self.n + 2 * nic_count + 2 * self.nodes if hw.host_GBps > 0 else None
+        self.num_links = 2 * self.n + 2 * nic_count + 2 * self.nodes + (self.host is not None)
         cap = np.empty(self.num_links)
         cap[self.intra_out] = cap[self.intra_in] = hw.intra_node_GBps * GB
         if hw.gpu_classes and self.nics_per_node != self.g:
@@ -78,6 +81,8 @@ class Cluster:
         cap[self.nic_out] = cap[self.nic_in] = nic_bw
         uplink = nic_bw.reshape(self.nodes, self.nics_per_node).sum(axis=1) / hw.oversubscription
         cap[self.node_up] = cap[self.node_down] = uplink
+        if self.host is not None:
+            cap[self.host] = hw.host_GBps * GB
         cap[cap <= 0] = np.inf  # links the profile leaves out (e.g. no intra links on a big switch)
         self.capacity = cap
         self.node_of = np.arange(self.n) // self.g
@@ -96,7 +101,7 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra.sum(axis=1))
         np.add.at(loads, self.intra_in[group], intra.sum(axis=0))
         self._add_inter(loads, group, inter.sum(axis=1), inter.sum(axis=0), inter, node)
-        return Transfer.from_dense(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()))
+        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()))
 
     def uniform_all_to_all(self, group: np.ndarray, bytes_per_rank: float) -> Transfer:
         """Equal-split all-to-all of ``bytes_per_rank`` per rank, in O(group) instead of O(group^2)."""
@@ -110,7 +115,7 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra)
         np.add.at(loads, self.intra_in[group], intra)
         self._add_inter(loads, group, inter, inter, None, node)
-        return Transfer.from_dense(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
+        return self._transfer(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
 
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
@@ -139,8 +144,8 @@ class Cluster:
         recv2 = phase2.sum(axis=0).reshape(-1)
         flat = ordered.reshape(-1)
         self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
-        return (Transfer.from_dense(loads1, steps=self.g - 1, crosses_nodes=False),
-                Transfer.from_dense(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1))
+        return (self._transfer(loads1, steps=self.g - 1, crosses_nodes=False),
+                self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1))
 
     # -- ring collectives ------------------------------------------------------------------------
     def ring(self, group: np.ndarray, bytes_per_rank: float, collective: str) -> Transfer:
@@ -165,9 +170,15 @@ class Cluster:
             out = v / members  # the node's single outgoing v, spread over its members' NICs
             self._add_inter(loads, group, out, out, None, node)
         steps = int(factor * (p - 1))
-        return Transfer.from_dense(loads, steps=steps, crosses_nodes=spans)
+        return self._transfer(loads, steps=steps, crosses_nodes=spans)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _transfer(self, loads: np.ndarray, steps: int, crosses_nodes: bool) -> Transfer:
+        """The footprint of ``loads``, plus every byte sent on the host link when there is one."""
+        if self.host is not None:
+            loads[self.host] = loads[self.intra_out].sum() + loads[self.nic_out].sum()
+        return Transfer.from_dense(loads, steps, crosses_nodes)
+
     def _add_inter(self, loads, group, send, recv, pair_bytes, node) -> None:
         """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed."""
         np.add.at(loads, self.nic_out[self.nic_of[group]], send)
