@@ -23,6 +23,7 @@ from tqdm import tqdm
 from moe_core.config import ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.lina import LINA_POLICIES
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.policies import make_policy
@@ -61,7 +62,8 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
     shard_experts(model, groups)
     model.to(env.device)
     timer = PhaseTimer(env.device)
-    policy = make_policy(cfg.comm.policy, groups, timer, int(cfg.comm.bucket_mb * 2**20))
+    policy = make_policy(cfg.comm.policy, groups, timer, int(cfg.comm.bucket_mb * 2**20),
+                         int(cfg.comm.partition_mb * 2**20))
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
@@ -117,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    lina = LINA_POLICIES.get(cfg.comm.policy)
+    if lina is not None and lina.pack:
+        print(f"error: comm.policy={cfg.comm.policy} packs experts, which measured runs do not do yet; measure "
+              f"lina-pipeline, or simulate packing with experiments.simulate", file=sys.stderr)
         return 2
 
     env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,

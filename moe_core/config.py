@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
-Policy = Literal["sequential", "overlap"]
+Policy = Literal["sequential", "overlap", "aurora", "aurora-sjf", "aurora-rcs",  # moe_core.policies.POLICIES
+                 "lina-priority", "lina-partition", "lina-pipeline", "lina", "lina-pack"]
 
 
 class ConfigError(ValueError):
@@ -157,6 +158,7 @@ class CommConfig:
 
     policy: Policy = "sequential"
     bucket_mb: float = 4.0  # gradient bucket size of the `overlap` policy (DDP default is 25 MB)
+    partition_mb: float = 30.0  # Lina's micro-op size (paper default 30 MB, studied 10-100 MB)
 
 
 @dataclass
@@ -329,6 +331,7 @@ def validate(cfg: DictConfig) -> None:
              "batch_size and iters must be >= 1, warmup_iters >= 0")
     _require(par.timeout_s > 0, "parallel.timeout_s", f"must be > 0, got {par.timeout_s}")
     _require(cfg.comm.bucket_mb > 0, "comm.bucket_mb", f"must be > 0, got {cfg.comm.bucket_mb}")
+    _require(cfg.comm.partition_mb > 0, "comm.partition_mb", f"must be > 0, got {cfg.comm.partition_mb}")
     for phase, eff in cfg.hardware.phase_efficiency.items():
         _require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}",
                  f"unknown op class; expected one of {list(COMPUTE_PHASES)}")

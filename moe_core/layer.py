@@ -82,20 +82,26 @@ class MoELayer(nn.Module):
         return (combine_weight.reshape(G * S, self.top_k, 1).to(gathered.dtype) * gathered).sum(dim=1)
 
     def _exchange_and_compute_equal(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
-        """buf (E*R, M) in expert order -> expert outputs in the same order; R rows per expert."""
+        """buf (E*R, M) in expert order -> expert outputs in the same order; R rows per expert.
+
+        The policy runs dispatch all-to-all -> experts -> combine all-to-all (Lina pipelines them).
+        """
+        if self.comm is None:
+            return self._compute_received(buf, rows_per_expert)
+        return self.comm.exchange_compute_exchange(buf, rows_per_expert, self._compute_received,
+                                                    tuple(self.experts.parameters()))
+
+    def _compute_received(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
+        """Rows received from every expert-parallel rank, (ep_src * e_local * R, M), through this
+        rank's experts; the outputs go back in the same layout."""
         M, e_local = buf.shape[-1], self.experts.num_local
         ep = self.num_experts // e_local
-        if self.comm is not None:
-            buf = self.comm.all_to_all(buf, None, None, "dispatch_a2a")  # (ep_src * e_local * R, M)
         x = buf.view(ep, e_local, rows_per_expert, M).transpose(0, 1).reshape(e_local, ep * rows_per_expert, M)
         x = self.timer.mark_backward(x, "expert", "in")
         with self.timer.region("expert.fwd"):
             y = self.experts(x)  # (e_local, ep*R, M)
         y = self.timer.mark_backward(y, "expert", "out")
-        y = y.view(e_local, ep, rows_per_expert, M).transpose(0, 1).reshape(ep * e_local * rows_per_expert, M)
-        if self.comm is not None:
-            y = self.comm.all_to_all(y, None, None, "combine_a2a")
-        return y
+        return y.view(e_local, ep, rows_per_expert, M).transpose(0, 1).reshape(ep * e_local * rows_per_expert, M)
 
     # -- dropless mode ---------------------------------------------------------------------------
     def _dropless(self, tokens, plan: GatingResult, combine_weight) -> torch.Tensor:

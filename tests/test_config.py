@@ -15,7 +15,7 @@ def test_defaults_and_files_merge_with_overrides():
 
 @pytest.mark.parametrize("override,needle", [
     ("moe.num_experts=abc", "moe.num_experts"),
-    ("comm.policy=lifo", "expected one of ['sequential', 'overlap']"),
+    ("comm.policy=lifo", "expected one of ['sequential', 'overlap', 'aurora'"),
     ("moe.bogus=1", "moe.bogus"),
     ("moe.top_k=3", "moe.top_k"),
     ("moe.capacity_factor=0", "moe.capacity_factor"),

@@ -10,11 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moe_core import comm
 from moe_core.config import load_config
 from moe_core.data import MarkovTokens
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, is_expert_param, shard_experts
-from moe_core.policies import make_policy
+from moe_core.policies import Lina, make_policy
 from moe_core.timing import PhaseTimer
 from moe_core.config import layout_of
 
@@ -51,8 +52,9 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     if uniform_gate:
         _force_uniform_gate(model)
     shard_experts(model, groups)
-    policy = make_policy(cfg.comm.policy, groups, PhaseTimer(), bucket_bytes=4096)
+    policy = make_policy(cfg.comm.policy, groups, PhaseTimer(), bucket_bytes=4096, partition_bytes=1024)
     policy.attach(model)
+    in_flight_at_exchange, launches = _watch_lina(policy)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
@@ -67,8 +69,32 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
             optimizer.step()
             optimizer.zero_grad()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    torch.save({"losses": losses, "grads": grads, "ep_rank": groups.ep_rank}, f"{out_dir}/rank{rank}.pt")
+    torch.save({"losses": losses, "grads": grads, "ep_rank": groups.ep_rank, "launches": launches,
+                "in_flight_at_exchange": in_flight_at_exchange}, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
+
+
+def _watch_lina(policy):
+    """Record, for a Lina policy, how many all-reduce units are unfinished whenever an all-to-all
+    exchange starts, and every unit launch."""
+    in_flight, launches = [], []
+    if not isinstance(policy, Lina):
+        return in_flight, launches
+    def watched(exchange):
+        def exchange_after_counting(*args):
+            in_flight.append(sum(not u.done() for u in policy.launched))
+            return exchange(*args)
+        return exchange_after_counting
+
+    launch_next = policy._launch_next
+
+    def watched_launch():
+        launches.append(id(policy.queue[0]))
+        launch_next()
+
+    comm._exchange, comm._exchange_chunks = watched(comm._exchange), watched(comm._exchange_chunks)
+    policy._launch_next = watched_launch
+    return in_flight, launches
 
 
 def run_parallel(tmp_path, world, overrides, steps=1, uniform_gate=False):
@@ -140,14 +166,23 @@ def test_rank_receiving_zero_tokens_works(tmp_path):
         assert all(float(g.abs().sum()) == 0.0 for n, g in res["grads"].items() if is_expert_param(n))
 
 
-def test_policies_give_identical_losses(tmp_path):
-    base = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=2"]
-    runs = {}
-    for policy in ("sequential", "overlap"):
-        out = tmp_path / policy
-        out.mkdir()
-        runs[policy] = run_parallel(out, 4, [*base, f"comm.policy={policy}"], steps=3)
-    for seq, ovl in zip(runs["sequential"], runs["overlap"]):
-        assert seq["losses"] == pytest.approx(ovl["losses"], rel=1e-6)
+POLICY_RUN = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=2"]
+
+
+@pytest.fixture(scope="module")
+def sequential_run(tmp_path_factory):
+    return run_parallel(tmp_path_factory.mktemp("sequential"), 4, [*POLICY_RUN, "comm.policy=sequential"], steps=3)
+
+
+@pytest.mark.parametrize("policy", ["overlap", "lina-priority", "lina-partition", "lina-pipeline"])
+def test_policies_give_identical_losses(tmp_path, sequential_run, policy):
+    """Scheduling never changes the math: every policy gives sequential's losses and gradients
+    (Lina's micro-ops here are 1 KiB, so every tensor is cut into several)."""
+    runs = {"sequential": sequential_run, policy: run_parallel(tmp_path, 4, [*POLICY_RUN, f"comm.policy={policy}"], steps=3)}
+    for seq, other in zip(runs["sequential"], runs[policy]):
+        assert seq["losses"] == pytest.approx(other["losses"], rel=1e-6)
+        if policy.startswith("lina"):  # every unit launched once per step; an all-to-all waits behind <= 1
+            assert len(other["launches"]) == 3 * len(set(other["launches"])) > 3
+            assert max(other["in_flight_at_exchange"]) <= 1
         for name in seq["grads"]:
-            torch.testing.assert_close(seq["grads"][name], ovl["grads"][name], rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(seq["grads"][name], other["grads"][name], rtol=1e-5, atol=1e-7)

@@ -4,10 +4,12 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
 from experiments.simulate import main as simulate_main
 from moe_core.config import layout_of, load_config
+from moe_core.lina import gradient_micro_ops
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.policies import make_buckets
@@ -59,7 +61,7 @@ def test_all_to_all_time_is_the_nic_bound_on_lina_testbed():
     cfg, sim = step([*LINA, "comm.policy=sequential", "hardware.inter_node_latency_us=0"])
     S = cfg.moe.num_experts * 1 * 640 * 512 * 2  # E * G * C * M * bf16, C = ceil(1.25 * 2 * 4096 / 16)
     per_node_inter = 4 * S * 12 / 16  # 4 GPUs per node, 12 of 16 destinations on other nodes
-    a2a = [i for i, op in enumerate(sim.ops) if op.name == "L0.dispatch.fwd"][0]
+    a2a = [i for i, op in enumerate(sim.ops) if op.name == "L0.dispatch0.fwd"][0]
     took = sim.timeline.end_s[a2a] - sim.timeline.start_s[a2a]
     assert took == pytest.approx(per_node_inter / (12.5 * GB), rel=1e-9)
 
@@ -84,3 +86,49 @@ def test_simulate_rejects_a_profile_without_a_network_model(tmp_path, capsys):
     assert simulate_main(["parallel.world_size=8", "moe.num_experts=8", f"results_dir={tmp_path}"]) == 2
     assert "intra_node_GBps is unknown" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_lina_priority_keeps_the_backward_all_to_all_uncontended():
+    _, seq = step([*LINA, "comm.policy=sequential"])
+    _, ovl = step([*LINA, "comm.policy=overlap"])
+    _, lina = step([*LINA, "comm.policy=lina-priority"])
+    assert (ovl.durations_ms(".bwd") > seq.durations_ms(".bwd") + 1e-6).any()  # DDP's all-reduce contends
+    np.testing.assert_allclose(lina.durations_ms(".bwd"), seq.durations_ms(".bwd"), rtol=1e-9)
+    assert lina.timeline.makespan_s < ovl.timeline.makespan_s
+
+
+def test_lina_partition_all_reduces_exactly_the_measured_micro_ops():
+    """One decision, two executors: gradient micro-ops come from lina.gradient_micro_ops."""
+    cfg, sim = step([*LINA, "comm.policy=lina-partition", "comm.partition_mb=1", "moe.experts_per_rank=2",
+                     "parallel.world_size=8"])
+    with torch.device("meta"):
+        named = list(reversed(list(MoETransformer(cfg).named_parameters())))
+    dense = [p.numel() for n, p in named if ".experts." not in n]  # experts: data parallel 1, nothing to reduce
+    expected = np.array([(stop - start) * 2 for _, start, stop in gradient_micro_ops(dense, 2, 2**20)], float)
+    assert expected.max() <= 2**20 and len(expected) > len(dense)
+    loads = np.array([op.transfer.nbytes.max() for op in sim.ops if op.phase == "allreduce"])
+    assert len(loads) == len(expected)
+    np.testing.assert_allclose(loads / expected, 2 * 7 / 8, rtol=1e-9)  # a ring moves 2(p-1)/p of each
+
+
+def test_lina_pipelining_hides_expert_time_behind_the_exchange():
+    _, partitioned = step([*LINA, "comm.policy=lina-partition", "comm.partition_mb=1"])
+    _, pipelined = step([*LINA, "comm.policy=lina-pipeline", "comm.partition_mb=1"])
+
+    def forward_moe_s(sim, layer):
+        idx = [i for i, op in enumerate(sim.ops) if op.name.startswith(f"L{layer}.") and op.name.endswith(".fwd")
+               and op.phase in ("dispatch_a2a", "expert", "combine_a2a")]
+        return sim.timeline.end_s[idx].max() - sim.timeline.start_s[idx].min()
+
+    assert forward_moe_s(pipelined, 0) < forward_moe_s(partitioned, 0)
+    assert pipelined.timeline.makespan_s < partitioned.timeline.makespan_s
+
+
+def test_lina_packing_shrinks_the_expert_parallel_group_until_ffn_outweighs_all_to_all():
+    cfg = load_config(overrides=[*LINA, "comm.policy=lina-pack"])
+    packed = StepModel(cfg, build_topology(cfg.hardware))
+    assert packed.layout.experts_per_rank > 1 and 16 % packed.layout.experts_per_rank == 0
+    # a 1000x faster network: the all-to-all never outweighs the FFN, nothing is packed
+    fast = load_config(overrides=[*LINA, "comm.policy=lina-pack", "hardware.nic_GBps=12500",
+                                  "hardware.intra_node_GBps=300000"])
+    assert StepModel(fast, build_topology(fast.hardware)).layout.experts_per_rank == 1

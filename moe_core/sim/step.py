@@ -15,6 +15,7 @@ gradient is ready, one bucket after another on one communicator (``overlap``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import Layout, capacity, layout_of
+from ..lina import LINA_POLICIES, a2a_micro_ops, gradient_micro_ops, packing_factor
 from ..model import MoETransformer
 from ..parallel import is_expert_param
 from ..policies import POLICIES, assign_buckets
@@ -65,18 +67,47 @@ class StepModel:
 
     def __init__(self, cfg: DictConfig, topo):
         self.cfg, self.topo = cfg, topo
-        self.layout: Layout = layout_of(cfg)
+        self.lina = LINA_POLICIES.get(cfg.comm.policy)
+        self.partition_bytes = cfg.comm.partition_mb * 2**20
+        self.elem = ELEMENT_BYTES[cfg.train.dtype]
+        self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
             raise ValueError(f"world_size {self.layout.world_size} exceeds the {topo.n} devices of '{topo.name}'")
         ranks = np.arange(self.layout.world_size)
-        self.ep_groups = ranks.reshape(self.layout.data_parallel, self.layout.expert_parallel)  # rows
-        self.elem = ELEMENT_BYTES[cfg.train.dtype]
         tflops = float(np.min(topo.device_tflops[ranks]))
         if tflops <= 0:
             raise ValueError(f"hardware '{topo.name}' has no peak_tflops; set it or calibrate the profile")
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.flop_rate = tflops * 1e12 * share
+        if self.lina and self.lina.pack:
+            self._use_layout(self._packed_layout())
+
+    def _use_layout(self, layout: Layout) -> None:
+        self.layout = layout
+        ranks = np.arange(layout.world_size)
+        self.ep_groups = ranks.reshape(layout.data_parallel, layout.expert_parallel)  # rows
+
+    def _packed_layout(self) -> Layout:
+        """Lina's expert packing (lina.packing_factor) with this model's own micro-op costs."""
+        base = self.layout
+
+        def packed(k: int) -> Layout:
+            return Layout(base.world_size, base.num_experts, base.experts_per_rank * k)
+
+        @functools.cache
+        def per_micro_op(k: int) -> tuple[float, float]:
+            """(expert FFN seconds, all-to-all seconds) of one micro-op with k times the experts per rank."""
+            self._use_layout(packed(k))
+            rows, a2a_bytes = self._moe_sizes()
+            count = len(self._a2a_chunks())
+            a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
+            a2a_s = simulate([Op("a2a", "x", **a2a)], self.topo.capacity).makespan_s if a2a else 0.0
+            return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
+
+        max_factor = base.expert_parallel & -base.expert_parallel  # largest power of two dividing it
+        factor = packing_factor(lambda k: per_micro_op(k)[0], lambda k: per_micro_op(k)[1], max_factor)
+        return packed(factor)
 
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
@@ -91,6 +122,17 @@ class StepModel:
         C = capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
         rows = self.layout.experts_per_rank * self.layout.expert_parallel * G * C
         return rows, moe.num_experts * G * C * m.d_model * self.elem
+
+    def _a2a_chunks(self) -> list[tuple[int, int]]:
+        """The all-to-all's micro-ops along the token dimension (one unless Lina partitions)."""
+        m, moe = self.cfg.model, self.cfg.moe
+        if not (self.lina and self.lina.partition):
+            return [(0, 1)]
+        tokens = self.cfg.train.batch_size * m.seq_len
+        S = moe.group_size or tokens
+        rows = moe.top_k * tokens if moe.dropless else (tokens // S) * capacity(
+            S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
+        return a2a_micro_ops(rows, moe.num_experts * m.d_model * self.elem, self.partition_bytes)
 
     def _seconds(self, flops: float, phase: str) -> float:
         hw = self.cfg.hardware
@@ -127,16 +169,39 @@ class StepModel:
              "ffn": self._seconds(4 * T * M * H, "dense"), "gate": self._seconds(2 * T * M * E, "gate"),
              "expert": self._seconds(4 * rows * M * H, "expert"), "head": self._seconds(2 * T * M * m.vocab_size, "dense")}
         a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
+        chunks = len(self._a2a_chunks())
+        if a2a is not None:  # every micro-op carries its share of the bytes and pays the latency
+            a2a["transfer"] = Transfer(a2a["transfer"].links, a2a["transfer"].nbytes / chunks,
+                                       a2a["transfer"].steps, a2a["transfer"].crosses_nodes)
+        pipelined = self.lina is not None and self.lina.pipeline
         ops: list[Op] = []
 
-        def add(name: str, phase: str, after: int | None, **kw) -> int:
-            ops.append(Op(name, phase, [] if after is None else [after], **kw))
+        def add(name: str, phase: str, after: int | list[int] | None, **kw) -> int:
+            deps = [] if after is None else [after] if isinstance(after, int) else [d for d in after if d is not None]
+            ops.append(Op(name, phase, deps, **kw))
             return len(ops) - 1
 
-        def moe_comm(name: str, phase: str, after: int) -> int:
+        def moe_comm(name: str, phase: str, after) -> int:
             if a2a is None:  # expert parallel size 1: the exchange is a local copy
                 return add(name, phase, after, duration_s=0.0)
             return add(name, phase, after, **a2a)
+
+        def exchange_compute_exchange(i: int, first: str, second: str, expert_s: float, last: int, pass_: str) -> int:
+            """first all-to-all -> experts -> second all-to-all, in ``chunks`` micro-ops. Pipelined,
+            the experts work on micro-op k while k+1 arrives and k-1 leaves; else one after another."""
+            if not pipelined:
+                for k in range(chunks):
+                    last = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", last)
+                last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=expert_s)
+                for k in range(chunks):
+                    last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
+                return last
+            arrived = computed = left = None
+            for k in range(chunks):
+                arrived = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", [last if arrived is None else arrived])
+                computed = add(f"L{i}.expert{k}.{pass_}", "expert", [arrived, computed], duration_s=expert_s / chunks)
+                left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
+            return left
 
         moe_layers = {i for i in range(m.n_layers) if i % m.moe_every == m.moe_every - 1}
         last = None
@@ -144,18 +209,14 @@ class StepModel:
             last = add(f"L{i}.attn.fwd", "dense", last, duration_s=t["attn"])
             if i in moe_layers:
                 last = add(f"L{i}.gate.fwd", "gate", last, duration_s=t["gate"])
-                last = moe_comm(f"L{i}.dispatch.fwd", "dispatch_a2a", last)
-                last = add(f"L{i}.expert.fwd", "expert", last, duration_s=t["expert"])
-                last = moe_comm(f"L{i}.combine.fwd", "combine_a2a", last)
+                last = exchange_compute_exchange(i, "dispatch", "combine", t["expert"], last, "fwd")
             else:
                 last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=t["ffn"])
         last = add("head.fwd_bwd", "dense", last, duration_s=3 * t["head"])
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
             if i in moe_layers:
-                last = moe_comm(f"L{i}.combine.bwd", "combine_a2a", last)
-                last = add(f"L{i}.expert.bwd", "expert", last, duration_s=2 * t["expert"])
-                last = moe_comm(f"L{i}.dispatch.bwd", "dispatch_a2a", last)
+                last = exchange_compute_exchange(i, "combine", "dispatch", 2 * t["expert"], last, "bwd")
                 last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * t["gate"])
             else:
                 last = add(f"L{i}.ffn.bwd", "dense", last, duration_s=2 * t["ffn"])
@@ -166,22 +227,34 @@ class StepModel:
         return ops, backward_end
 
     def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, backward_end: int) -> None:
-        """Bucketed all-reduces, launched by the policy's rule, serialized on one communicator."""
+        """Gradient all-reduces, launched by the policy's rule, one after another on one communicator.
+
+        The units are the measured policy's: DDP buckets (policies.assign_buckets), or with Lina's
+        partitioning per-tensor micro-ops (lina.gradient_micro_ops). With Lina's priority they yield
+        the links to every all-to-all (a lower strict-priority class).
+        """
         with torch.device("meta"):
             named = list(reversed(list(MoETransformer(self.cfg).named_parameters())))
         share = self.layout.experts_per_rank / self.cfg.moe.num_experts  # a rank holds its experts only
-        sizes = [(p.numel() * self.elem * (share if is_expert_param(n) else 1.0), is_expert_param(n))
-                 for n, p in named]
-        plan = assign_buckets(sizes, int(self.cfg.comm.bucket_mb * 2**20))
+        expert = [is_expert_param(n) for n, _ in named]
+        numels = [round(p.numel() * (share if e else 1.0)) for (_, p), e in zip(named, expert)]
+        if self.lina and self.lina.partition:
+            units = [(expert[i], [i], (stop - start) * self.elem)
+                     for i, start, stop in gradient_micro_ops(numels, self.elem, self.partition_bytes)]
+        else:
+            plan = assign_buckets([(n * self.elem, e) for n, e in zip(numels, expert)],
+                                  int(self.cfg.comm.bucket_mb * 2**20))
+            units = [(e, idx, sum(numels[i] for i in idx) * self.elem) for e, idx in plan]
+        priority = 1 if self.lina and self.lina.priority else 0
         previous = None
-        for k, (expert, idx) in enumerate(plan):
-            cost = self._all_reduce(sum(sizes[i][0] for i in idx), expert)
+        for k, (is_expert, idx, nbytes) in enumerate(units):
+            cost = self._all_reduce(nbytes, is_expert)
             if cost is None:
                 continue
             ready = grads_ready[_block_of(named[idx[-1]][0])]
             launch_after = ready if POLICIES[self.cfg.comm.policy].launch_when_ready else backward_end
             deps = [launch_after] + ([previous] if previous is not None else [])
-            ops.append(Op(f"bucket{k}.allreduce", "allreduce", deps, **cost))
+            ops.append(Op(f"allreduce{k}", "allreduce", deps, priority=priority, **cost))
             previous = len(ops) - 1
 
     def run(self) -> StepSimulation:

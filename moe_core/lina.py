@@ -1,0 +1,89 @@
+"""Lina's training-time decisions (Li et al., USENIX ATC'23, §4), as pure functions.
+
+Both executors call these: the measured policy (moe_core.policies.Lina) and the step simulator
+(moe_core.sim.step). What each executor adds is only how time passes.
+
+* Tensor partitioning: every gradient tensor is cut into equal micro-ops of at most the partition
+  size (default 30 MB), never fused with another tensor; every all-to-all is cut along the token
+  dimension into micro-ops of at most the partition size.
+* Priority: an all-reduce micro-op is launched only when no all-to-all is waiting or running, at
+  most one is in flight (NCCL ops cannot be preempted, so an all-to-all waits for at most one), and
+  none is launched between the start of an MoE layer's backward pass and its all-to-all.
+* Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives.
+* Expert packing: experts per device double (powers of two) until the FFN time of a micro-op
+  exceeds the all-to-all time of a micro-op; the expert-parallel group shrinks accordingly.
+
+The ablations are cumulative, as in the paper's Fig 14: ``lina-priority`` -> ``lina-partition``
+(+ partitioning) -> ``lina-pipeline`` (+ pipelining) -> ``lina`` (+ packing). ``lina-pack`` is
+packing alone on top of the ``overlap`` baseline, to isolate its share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class LinaFeatures:
+    priority: bool
+    partition: bool
+    pipeline: bool
+    pack: bool
+
+
+LINA_POLICIES: dict[str, LinaFeatures] = {
+    "lina-priority": LinaFeatures(priority=True, partition=False, pipeline=False, pack=False),
+    "lina-partition": LinaFeatures(priority=True, partition=True, pipeline=False, pack=False),
+    "lina-pipeline": LinaFeatures(priority=True, partition=True, pipeline=True, pack=False),
+    "lina": LinaFeatures(priority=True, partition=True, pipeline=True, pack=True),
+    "lina-pack": LinaFeatures(priority=False, partition=False, pipeline=False, pack=True),
+}
+
+
+def chunk_count(nbytes: float, partition_bytes: float) -> int:
+    """Equal micro-ops of at most ``partition_bytes`` that ``nbytes`` is cut into (at least one)."""
+    if partition_bytes <= 0:
+        raise ValueError(f"partition size must be > 0 bytes, got {partition_bytes}")
+    return max(1, math.ceil(nbytes / partition_bytes))
+
+
+def gradient_micro_ops(numels: list[int], element_bytes: int, partition_bytes: float) -> list[tuple[int, int, int]]:
+    """All-reduce micro-ops of gradient tensors: (tensor index, start, stop) element ranges.
+
+    Tensor i of ``numels[i]`` elements becomes ``chunk_count`` slices of equal length (the last one
+    shorter when it does not divide); slices never span two tensors. Order: tensor by tensor, in
+    the order given (the order backward produces the gradients).
+    """
+    ops = []
+    for i, n in enumerate(numels):
+        if n < 0:
+            raise ValueError(f"tensor {i} has a negative element count {n}")
+        if n == 0:
+            continue
+        length = math.ceil(n / chunk_count(n * element_bytes, partition_bytes))
+        ops += [(i, start, min(start + length, n)) for start in range(0, n, length)]
+    return ops
+
+
+def a2a_micro_ops(rows: int, row_bytes: int, partition_bytes: float) -> list[tuple[int, int]]:
+    """An all-to-all of ``rows`` token rows (per destination) cut along the token dimension into
+    micro-ops of at most ``partition_bytes``: (start, stop) row ranges, at most one per row."""
+    if rows <= 0:
+        return [(0, 0)]
+    count = min(rows, chunk_count(rows * row_bytes, partition_bytes))
+    bounds = [round(k * rows / count) for k in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float], max_factor: int) -> int:
+    """Experts per device relative to the unpacked layout: 1, 2, 4, ... until the FFN time of a
+    micro-op (``ffn_s(k)``) exceeds its all-to-all time (``a2a_s(k)``), capped at ``max_factor``
+    (every expert on one device: the expert-parallel group is gone)."""
+    if max_factor < 1:
+        raise ValueError(f"max packing factor must be >= 1, got {max_factor}")
+    k = 1
+    while k < max_factor and ffn_s(k) <= a2a_s(k):
+        k *= 2
+    return min(k, max_factor)

@@ -1,0 +1,43 @@
+"""Lina's pure decisions: micro-op partitioning and the packing rule."""
+
+import pytest
+
+from moe_core.lina import a2a_micro_ops, chunk_count, gradient_micro_ops, packing_factor
+
+
+def test_gradient_micro_ops_cut_each_tensor_into_equal_chunks_never_fused():
+    numels = [10, 3, 0, 8]
+    ops = gradient_micro_ops(numels, element_bytes=4, partition_bytes=16)  # at most 4 elements per op
+    for i, n in enumerate(numels):  # every element of every tensor exactly once, in order
+        mine = [(a, b) for t, a, b in ops if t == i]
+        assert [x for a, b in mine for x in range(a, b)] == list(range(n))
+        assert all((b - a) * 4 <= 16 for a, b in mine)
+        lengths = [b - a for a, b in mine]
+        assert len(set(lengths[:-1])) <= 1 and (not lengths or lengths[-1] <= lengths[0])
+    assert [t for t, _, _ in ops] == sorted(t for t, _, _ in ops)  # tensor by tensor, no fusion
+    assert gradient_micro_ops([100], 4, 30 * 2**20) == [(0, 0, 100)]  # small tensors stay whole
+
+
+def test_a2a_micro_ops_split_the_token_dimension():
+    ops = a2a_micro_ops(10, row_bytes=100, partition_bytes=300)  # 1000 bytes: 4 near-equal micro-ops
+    assert len(ops) == 4 and ops[0][0] == 0 and ops[-1][1] == 10
+    assert all(a < b and (b - a) * 100 <= 300 for a, b in ops) and all(x[1] == y[0] for x, y in zip(ops, ops[1:]))
+    assert a2a_micro_ops(3, row_bytes=10**9, partition_bytes=1) == [(0, 1), (1, 2), (2, 3)]  # at most a row each
+    assert a2a_micro_ops(10, row_bytes=1, partition_bytes=10**6) == [(0, 10)]
+
+
+def test_packing_doubles_until_the_ffn_outweighs_the_all_to_all():
+    # a2a time halves with every doubling, FFN time is constant: 8 > 12/2 -> packed twice is enough
+    assert packing_factor(lambda k: 8.0, lambda k: 24.0 / k, max_factor=16) == 4
+    assert packing_factor(lambda k: 100.0, lambda k: 1.0, max_factor=16) == 1  # FFN already dominates
+    assert packing_factor(lambda k: 0.0, lambda k: 1.0, max_factor=8) == 8  # never: pack everything
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: chunk_count(10, 0), "partition size"),
+    (lambda: gradient_micro_ops([-1], 4, 16), "negative"),
+    (lambda: packing_factor(lambda k: 1, lambda k: 1, 0), "max packing factor"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
