@@ -12,18 +12,22 @@ is created; a failing or hung rank makes every rank exit non-zero within ``paral
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from collections import defaultdict
 from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from moe_core.config import ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.lina import LINA_POLICIES
+from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, packing_factor
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.policies import make_policy
@@ -53,8 +57,58 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     }
 
 
+def measured_packing_factor(cfg, env: Env) -> int:
+    """Lina's expert-packing decision (lina.packing_factor) from this testbed's own times.
+
+    FFN time of a micro-op: the worst rank's expert time over the warm-up steps of the unpacked
+    layout (same policy without packing), per MoE layer, pass (backward = 2 forwards) and micro-op.
+    All-to-all time of a micro-op with k times the experts per rank: one micro-op's buffer exchanged
+    on that layout's expert-parallel groups (a real all_to_all_single, median of 5, worst rank).
+    Every rank sees the same worst-rank inputs, so all take the same decision.
+    """
+    lina = LINA_POLICIES[cfg.comm.policy]
+    probe = OmegaConf.merge(cfg, {"comm": {"policy": "lina-pipeline" if lina.pipeline else "overlap"},
+                                  "train": {"iters": max(1, cfg.train.warmup_iters)}})
+    samples, _ = train(probe, env, progress=False)
+    dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
+    chunks = layer_a2a_micro_ops(cfg, dtype.itemsize)
+    moe_layers = sum(1 for i in range(cfg.model.n_layers) if i % cfg.model.moe_every == cfg.model.moe_every - 1)
+    ffn_ms = statistics.median(samples["expert_ms"]) / (3 * moe_layers * len(chunks))
+    layout = layout_of(cfg)
+    a, b = chunks[0]
+    micro_op = torch.zeros(cfg.moe.num_experts * (b - a) * cfg.model.d_model, device=env.device, dtype=dtype)
+
+    def a2a_ms(k: int) -> float:
+        ep = layout.expert_parallel // k
+        if ep == 1:
+            return 0.0
+        blocks = [dist.new_group(list(range(r, r + ep)), timeout=timedelta(seconds=env.timeout_s))
+                  for r in range(0, env.world_size, ep)]
+        group = blocks[env.rank // ep]
+        times = []
+        for _ in range(6):
+            dist.barrier(group)
+            start = time.perf_counter()
+            dist.all_to_all_single(torch.empty_like(micro_op), micro_op, group=group)
+            times.append((time.perf_counter() - start) * 1e3)
+        worst = torch.tensor(statistics.median(times[1:]), dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return float(worst)
+
+    max_factor = layout.expert_parallel & -layout.expert_parallel  # largest power of two dividing it
+    return packing_factor(lambda k: ffn_ms, a2a_ms, max_factor)
+
+
 def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics."""
+    """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
+
+    A packing Lina policy first decides its experts per rank (measured_packing_factor), then trains
+    from the same seed on the packed layout, which gives the same losses as the unpacked one.
+    """
+    lina = LINA_POLICIES.get(cfg.comm.policy)
+    factor = measured_packing_factor(cfg, env) if lina and lina.pack else 1
+    if factor > 1:
+        cfg = OmegaConf.merge(cfg, {"moe": {"experts_per_rank": layout_of(cfg).experts_per_rank * factor}})
     layout = layout_of(cfg)
     groups = build_groups(layout, env.device.type, env.timeout_s)
     torch.manual_seed(cfg.train.seed)
@@ -107,7 +161,7 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
     tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
     extra = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
-             "tokens_per_s": tokens_per_step / (step_median / 1e3)}
+             "tokens_per_s": tokens_per_step / (step_median / 1e3), "packing_factor": factor}
     return samples, extra
 
 
@@ -119,11 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    lina = LINA_POLICIES.get(cfg.comm.policy)
-    if lina is not None and lina.pack:
-        print(f"error: comm.policy={cfg.comm.policy} packs experts, which measured runs do not do yet; measure "
-              f"lina-pipeline, or simulate packing with experiments.simulate", file=sys.stderr)
         return 2
 
     env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,

@@ -4,8 +4,9 @@ Both executors call these: the measured policy (moe_core.policies.Lina) and the 
 (moe_core.sim.step). What each executor adds is only how time passes.
 
 * Tensor partitioning: every gradient tensor is cut into equal micro-ops of at most the partition
-  size (default 30 MB), never fused with another tensor; every all-to-all is cut along the token
-  dimension into micro-ops of at most the partition size.
+  size (default 30 MB), never fused with another tensor. With pipelining, every all-to-all is also
+  cut along the token dimension into micro-ops of at most the partition size (whole otherwise: its
+  micro-ops only matter to overlap them with the experts).
 * Priority: an all-reduce micro-op is launched only when no all-to-all is waiting or running, at
   most one is in flight (NCCL ops cannot be preempted, so an all-to-all waits for at most one), and
   none is launched between the start of an MoE layer's backward pass and its all-to-all.
@@ -23,6 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable
+
+from omegaconf import DictConfig
+
+from .config import capacity
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,16 @@ def a2a_micro_ops(rows: int, row_bytes: int, partition_bytes: float) -> list[tup
     count = min(rows, chunk_count(rows * row_bytes, partition_bytes))
     bounds = [round(k * rows / count) for k in range(count + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
+
+
+def layer_a2a_micro_ops(cfg: DictConfig, element_bytes: int) -> list[tuple[int, int]]:
+    """The micro-ops of one MoE all-to-all of ``cfg``'s model in capacity mode: the E * G * C rows
+    buffer cut along its G * C rows per expert (what the pipelined exchange sends per chunk)."""
+    m, moe = cfg.model, cfg.moe
+    tokens = cfg.train.batch_size * m.seq_len
+    S = moe.group_size or tokens
+    rows = (tokens // S) * capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
+    return a2a_micro_ops(rows, moe.num_experts * m.d_model * element_bytes, cfg.comm.partition_mb * 2**20)
 
 
 def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float], max_factor: int) -> int:

@@ -96,3 +96,19 @@ def test_a_failed_rank_ends_the_run_naming_it_and_writes_no_record(tmp_path, fau
     else:
         assert "Rank 1 failed to pass monitoredBarrier" in out, out[-3000:]
     assert records(tmp_path) == []
+
+
+def test_lina_packing_is_decided_from_measurements_and_keeps_the_losses(tmp_path):
+    """lina packs experts after measuring its micro-op times; the math is lina-pipeline's."""
+    losses = {}
+    for policy in ("lina", "lina-pipeline"):
+        proc = torchrun(2, [*SMALL, f"results_dir={tmp_path / policy}", "train.iters=4", "train.warmup_iters=1",
+                            f"comm.policy={policy}", "comm.partition_mb=0.01"], env={"WANDB_MODE": "disabled"})
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out[-3000:]
+        (path,) = records(tmp_path / policy)
+        record = json.loads(path.read_text())
+        losses[policy] = record["samples"]["loss"]
+        if policy == "lina":
+            assert record["metrics"]["packing_factor"]["value"] in (1, 2)  # expert parallel 2: unpacked, or every expert local
+    assert losses["lina"] == pytest.approx(losses["lina-pipeline"], rel=1e-5)

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import Layout, capacity, layout_of
-from ..lina import LINA_POLICIES, a2a_micro_ops, gradient_micro_ops, packing_factor
+from ..lina import LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, packing_factor
 from ..model import MoETransformer
 from ..parallel import is_expert_param
 from ..policies import POLICIES, assign_buckets
@@ -124,15 +124,10 @@ class StepModel:
         return rows, moe.num_experts * G * C * m.d_model * self.elem
 
     def _a2a_chunks(self) -> list[tuple[int, int]]:
-        """The all-to-all's micro-ops along the token dimension (one unless Lina partitions)."""
-        m, moe = self.cfg.model, self.cfg.moe
-        if not (self.lina and self.lina.partition):
+        """The all-to-all's micro-ops along the token dimension (one unless Lina pipelines)."""
+        if not (self.lina and self.lina.pipeline) or self.cfg.moe.dropless:
             return [(0, 1)]
-        tokens = self.cfg.train.batch_size * m.seq_len
-        S = moe.group_size or tokens
-        rows = moe.top_k * tokens if moe.dropless else (tokens // S) * capacity(
-            S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
-        return a2a_micro_ops(rows, moe.num_experts * m.d_model * self.elem, self.partition_bytes)
+        return layer_a2a_micro_ops(self.cfg, self.elem)
 
     def _seconds(self, flops: float, phase: str) -> float:
         hw = self.cfg.hardware
