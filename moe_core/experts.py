@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class Experts(nn.Module):
@@ -36,9 +37,13 @@ class Experts(nn.Module):
     def forward_ragged(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Tokens sorted by expert with ``counts[e]`` rows each (dropless mode): (n, M) -> (n, M).
 
-        A readable per-expert loop; an expert with zero rows still takes part in autograd (its
-        gradient is zero), so every rank's gradient buckets stay complete.
+        One grouped GEMM pair (``torch.nn.functional.grouped_mm``) where torch offers it for this
+        device and dtype (CPU; bf16 on CUDA), else a per-expert loop. Either way an expert with zero
+        rows still takes part in autograd (its gradient is zero), so gradient buckets stay complete.
         """
-        outs = [torch.relu(chunk @ self.w_in[e]) @ self.w_out[e]
-                for e, chunk in enumerate(torch.split(x, counts, dim=0))]
+        w_in, w_out = self.w_in.to(x.dtype), self.w_out.to(x.dtype)
+        if hasattr(F, "grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
+            offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+            return F.grouped_mm(torch.relu(F.grouped_mm(x, w_in, offs=offs)), w_out, offs=offs)
+        outs = [torch.relu(chunk @ w_in[e]) @ w_out[e] for e, chunk in enumerate(torch.split(x, counts, dim=0))]
         return torch.cat(outs, dim=0)
