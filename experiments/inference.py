@@ -1,0 +1,258 @@
+"""Measured MoE inference with Lina's dynamic expert placement: every policy in one run, under torchrun.
+
+    torchrun --standalone --nproc-per-node=4 -m experiments.inference --config configs/default.yaml \\
+        parallel.world_size=4 moe.num_experts=4 model.n_layers=8 model.moe_every=1 train.data_zipf=1.5 \\
+        --batches 30 --checkpoint results/checkpoints/lina_inference_e4.pt
+
+1. Rank 0 trains the model for ``--train-steps`` steps on MarkovTokens (``train.data_zipf`` > 1
+   skews token, hence expert, popularity; the skew comes from the model's own gate) or loads
+   ``--checkpoint``, and sends the weights to every rank.
+2. Rank 0 profiles the expert paths (top-``--top-k`` gate, path length ``--path-length``) on
+   ``--profile-batches`` further batches and sends the profile to every rank.
+3. ``--warmup`` + ``--batches`` inference batches: every rank draws its own batch, and every policy
+   runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
+   Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
+   kept per batch (moe_core.timing).
+4. Rank 0 writes one record per policy (paper ``lina``, experiment ``inference``): MoE-layer time
+   (median, p95) and the same normalised to the median of ``ideal`` (Lina Fig 16), per-phase times,
+   load imbalance, nll (equal for every policy but ``ideal``: placement never changes the math),
+   and for Lina's policies the estimation accuracy and re-plan rate (overall and per layer).
+
+Options that are not yet config-schema keys are plain flags with defaults (see ``--help``).
+Layout keys: ``parallel.world_size`` is the number of devices N; ``moe.experts_per_rank`` only has
+to satisfy the config's layout check (the placement, not the training layout, decides where
+experts run). ``parallel.timeout_s`` must exceed rank 0's time for HEARTBEAT_STEPS training steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.data import MarkovTokens
+from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.inference import PHASES, POLICIES, Scheduler, attach, top1_choices, use_inference_gating
+from moe_core.model import MoETransformer
+from moe_core.placement import profile_paths, schedule_rates
+from moe_core.results import atomic_output, make_record, record_path, write_record
+from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.tracking import log_point
+
+PAPER, EXPERIMENT = "lina", "inference"
+
+
+def parse_args(argv):
+    parser = config_arg_parser(__doc__)
+    parser.add_argument("--policies", nargs="+", default=[p for p in POLICIES if p != "ideal"],
+                        choices=[p for p in POLICIES if p != "ideal"], help="policies besides ideal (always run)")
+    parser.add_argument("--batches", type=int, default=30, help="timed inference batches")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed inference batches first")
+    parser.add_argument("--train-steps", type=int, default=100, help="training steps before inference")
+    parser.add_argument("--profile-batches", type=int, default=8, help="batches whose expert paths are profiled")
+    parser.add_argument("--path-length", type=int, default=3, help="Lina's l: 3 (default), 1 or 6 studied")
+    parser.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="inference gate (Lina: top-1)")
+    parser.add_argument("--keep", type=int, default=None,
+                        help="experts kept per path estimate (default: --top-k, as Lina)")
+    parser.add_argument("--checkpoint", help="load trained weights from here, or train and save here")
+    parser.add_argument("--out-dir", help="record directory (default: results/raw/lina/inference)")
+    args = parser.parse_intermixed_args(argv)
+    if args.batches < 1 or args.warmup < 0 or args.train_steps < 0 or args.profile_batches < 1:
+        parser.error("--batches and --profile-batches must be >= 1, --warmup and --train-steps >= 0")
+    if args.path_length < 1 or (args.keep is not None and args.keep < 1):
+        parser.error(f"--path-length and --keep must be >= 1, got {args.path_length} and {args.keep}")
+    return args
+
+
+HEARTBEAT_STEPS = 10  # rank 0 trains alone; the others meet it at a barrier every this many steps
+
+
+def trained_model(cfg, args, env: Env) -> tuple[MoETransformer, dict[str, float]]:
+    """The same trained weights on every rank: rank 0 trains (or loads ``--checkpoint``), then broadcasts.
+
+    While rank 0 trains, the other ranks wait in barriers every HEARTBEAT_STEPS steps rather than in
+    one long broadcast, so a hung rank 0 is still found within ``parallel.timeout_s``.
+    """
+    torch.manual_seed(cfg.train.seed)
+    model = MoETransformer(cfg).to(env.device)
+    fingerprint = {k: to_container(cfg)[k] for k in ("model", "moe", "train")} | {"steps": args.train_steps}
+    ckpt = Path(args.checkpoint) if args.checkpoint else None
+    saved = None
+    if env.rank == 0 and ckpt is not None and ckpt.is_file():
+        saved = torch.load(ckpt, map_location=env.device)
+        if saved["fingerprint"] != fingerprint:
+            raise RuntimeError(f"--checkpoint {ckpt} was trained with another model/moe/train config or "
+                               f"--train-steps; delete it or pass another path")
+    must_train = [saved is None]
+    dist.broadcast_object_list(must_train, 0)
+    info = {}
+    if env.rank == 0 and saved is not None:
+        model.load_state_dict(saved["state"])
+        info = saved["info"]
+    elif env.rank == 0:
+        info = train(model, cfg, args.train_steps, env.device)
+        if ckpt is not None:
+            with atomic_output(ckpt) as tmp:  # sweep points sharing a checkpoint never read a partial one
+                torch.save({"fingerprint": fingerprint, "state": model.state_dict(), "info": info}, tmp)
+    elif must_train[0]:
+        for _ in range(args.train_steps // HEARTBEAT_STEPS):
+            dist.barrier()
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, 0)
+    return model, info
+
+
+def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[str, float]:
+    """Plain single-process training with the config's gate (top-k, capacity, aux loss).
+
+    On CPU it uses every core of the host: the other ranks only wait for the weights meanwhile.
+    """
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    nll_first = nll = float("nan")
+    start = time.perf_counter()
+    for step in range(steps):
+        x, y = (t.to(device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, step, 0))
+        loss, nll = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        nll = nll.item()
+        nll_first = nll if step == 0 else nll_first
+        if (step + 1) % HEARTBEAT_STEPS == 0:
+            dist.barrier()
+    torch.set_num_threads(threads)
+    print(f"trained {steps} steps in {time.perf_counter() - start:.1f} s: nll {nll_first:.3f} -> {nll:.3f}",
+          file=sys.stderr)
+    return {"train_nll_first": nll_first, "train_nll_last": nll}
+
+
+def profile(model: MoETransformer, cfg, args, env: Env, data: MarkovTokens):
+    """Rank 0 records the top-1 expert paths on fresh batches; every rank gets the PathProfile."""
+    box = [None]
+    if env.rank == 0:
+        batches = [data.batch(cfg.train.batch_size, cfg.model.seq_len, args.train_steps + b, 0)
+                   for b in range(args.profile_batches)]
+        choices = np.concatenate([top1_choices(model, x.to(env.device), y.to(env.device)) for x, y in batches], axis=1)
+        box[0] = profile_paths(choices, cfg.moe.num_experts, args.path_length)
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
+def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, args, env: Env, data: MarkovTokens,
+                 timer: PhaseTimer):
+    """Every batch through every policy; returns worst-rank samples per policy."""
+    local = {p: defaultdict(list) for p in schedulers}
+    names = list(schedulers)
+    first_step = args.train_steps + args.profile_batches
+    for b in range(args.warmup + args.batches):
+        x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, first_step + b, env.rank))
+        if b == args.warmup:
+            for sched in schedulers.values():
+                sched.reset_stats()
+        for policy in names[b % len(names):] + names[:b % len(names)]:
+            sched = schedulers[policy]
+            for layer in placed:
+                layer.scheduler = sched
+            sched.begin_batch()
+            n_checks = len(sched.imbalance)
+            dist.barrier()
+            timer.reset()
+            start = timer.stamp()
+            with torch.no_grad():
+                _, nll = model(x, y)
+            timer.add("forward", start, timer.stamp())
+            ms = timer.elapsed_ms()
+            nll = nll.detach().clone()
+            dist.all_reduce(nll)
+            if b >= args.warmup:
+                out = local[policy]
+                for phase in PHASES:
+                    out[f"{phase}_ms"].append(ms.get(phase, 0.0))
+                out["moe_layer_ms"].append(sum(ms.get(phase, 0.0) for phase in PHASES))
+                out["forward_ms"].append(ms["forward"])
+                out["load_imbalance"].append(float(np.mean(sched.imbalance[n_checks:])))
+                out["nll"].append(nll.item() / env.world_size)
+    return {p: gather_worst_rank(v) for p, v in local.items()}
+
+
+def policy_metrics(samples: dict[str, list[float]], ideal_median_ms: float, sched: Scheduler) -> dict[str, float]:
+    """Add the normalised time to ``samples``; return the single-value metrics of a policy."""
+    samples["moe_layer_norm"] = [t / ideal_median_ms for t in samples["moe_layer_ms"]]
+    if not sched.estimate_right:
+        return {}
+    extra = schedule_rates(sched.estimate_right, sched.replanned)
+    layers = np.asarray(sched.checked_layers)
+    right = np.asarray(sched.estimate_right)
+    for layer in np.unique(layers):
+        extra[f"estimation_accuracy_layer{layer}"] = float(right[layers == layer].mean())
+    return extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides, data={"paper": PAPER, "experiment": EXPERIMENT})
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
+                           expected_world_size=cfg.parallel.world_size)
+    try:
+        with naming_failed_ranks(env):
+            model, info = trained_model(cfg, args, env)
+            model.eval()
+            use_inference_gating(model, args.top_k)
+            data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
+            path_profile = profile(model, cfg, args, env, data)
+            timer = PhaseTimer(env.device)
+            placed = attach(model, args.top_k, timer)
+            keep = args.keep or args.top_k
+            schedulers = {p: Scheduler(p, path_profile, env.world_size, args.top_k, keep)
+                          for p in ["ideal", *args.policies]}
+            samples = run_policies(model, placed, schedulers, cfg, args, env, data, timer)
+        if env.rank == 0:
+            ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
+            for policy, sched in schedulers.items():
+                extra = info | policy_metrics(samples[policy], ideal_median, sched)
+                params = {"world_size": env.world_size, "num_experts": cfg.moe.num_experts, "policy": policy,
+                          "top_k": args.top_k, "path_length": args.path_length, "keep": keep,
+                          "seed": cfg.train.seed, "data_zipf": cfg.train.data_zipf,
+                          "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
+                          "moe_layers": len(placed), "train_steps": args.train_steps}
+                point = (f"ws{env.world_size}_e{cfg.moe.num_experts}_k{args.top_k}_l{args.path_length}"
+                         f"_{policy}_s{cfg.train.seed}")
+                config = to_container(cfg) | {"inference": {k: v for k, v in vars(args).items()
+                                                            if k not in ("config", "overrides")}}
+                record = make_record(paper=PAPER, experiment=EXPERIMENT, point=point, mode="measured",
+                                     backend=env.backend, hardware=cfg.hardware.name, params=params,
+                                     samples=samples[policy], config=config, extra_metrics=extra,
+                                     device=env.device.type)
+                path = write_record(record, Path(args.out_dir) / f"{point}.json" if args.out_dir
+                                    else record_path(cfg.results_dir, PAPER, EXPERIMENT, point))
+                m = record["metrics"]
+                rates = (f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate "
+                         f"{extra['replan_rate']:.0%}" if "replan_rate" in extra else "")
+                print(f"wrote {path}: MoE layers {m['moe_layer_ms']['median']:.2f} ms median "
+                      f"({m['moe_layer_norm']['median']:.2f}x ideal), p95 {m['moe_layer_norm']['p95']:.2f}x ideal, "
+                      f"imbalance {m['load_imbalance']['median']:.2f}{rates}", file=sys.stderr)
+                log_point(record, sweep=cfg.sweep.name, mode=cfg.wandb.mode, project=cfg.wandb.project,
+                          entity=cfg.wandb.entity, results_dir=cfg.results_dir,
+                          step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")})
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
