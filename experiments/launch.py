@@ -1,4 +1,5 @@
-"""The launcher of every measured job: torchrun on this host, or on an emulated multi-node testbed.
+"""The launcher of every measured job: torchrun on this host, on an emulated multi-node testbed, or
+across the nodes of a SLURM allocation.
 
     python -m experiments.launch --config FILE [--config FILE ...] [key=value ...] --nproc N \\
         -- -m experiments.train_step [entry-point args ...]
@@ -25,8 +26,29 @@ Three cases, by ``cfg.hardware.emulation``:
 
 With emulation enabled, ``N`` must equal ``hardware.nodes * hardware.devices_per_node`` either way.
 
+Under SLURM (``SLURM_JOB_ID`` set), by the job's task count (asked from ``scontrol``):
+
+* one task (a single-node job; Snakemake's SLURM executor runs such a job inside its own
+  ``srun -n1`` step): the standalone torchrun above, on this node's devices.
+* T > 1 tasks (a multi-node job, one task per node; see :func:`slurm_resources`), from the batch
+  script:
+  ``srun torchrun --nnodes=T --nproc-per-node=N/T --rdzv-backend=c10d
+  --rdzv-endpoint=<first node of the allocation>:<port>``, one torchrun agent per task.
+
+Why srun + torchrun rather than one srun task per rank (RANK=SLURM_PROCID, ...): the entry points
+then see exactly the environment they see locally (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), so there is one start-up path to test; torchrun's agent stops
+a node's ranks when one of them fails; and a job asks SLURM for one task per node, which maps
+one-to-one onto the plugin's ``nodes``/``tasks`` resources and never needs SLURM's GPU binding.
+c10d rendezvous needs no node rank: torchrun numbers the agents in joining order and gives each a
+block of consecutive global ranks, so an expert-parallel group (consecutive ranks) stays on one
+node whichever node joins first. For a multi-node job the launcher runs once, in the batch script,
+and starts the only ``srun`` step: inside a step (``SLURM_STEP_ID`` set) it never calls ``srun``
+again, and refuses a multi-node job there (a nested srun would wait for resources its own step holds).
+
 Exit code: the job's (the first failing node's when emulated), 2 for bad input before any launch.
-When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped.
+When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped
+(srun's ``--kill-on-bad-exit`` does the same for SLURM tasks).
 """
 
 from __future__ import annotations
@@ -37,6 +59,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from moe_core.config import ConfigError, config_arg_parser, load_config
 from moe_core.testbed import EmulatedTestbed, emulation_unavailable
@@ -45,6 +68,17 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # Each node's namespace is fresh, so a fixed rendezvous port cannot collide with anything.
 RENDEZVOUS_PORT = 29500
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
+# SLURM c10d rendezvous port: derived from the job id, so two jobs sharing a first node do not
+# collide; below Linux's ephemeral range (32768-) so outgoing connections do not take it first.
+SLURM_RENDEZVOUS_PORT_BASE, SLURM_RENDEZVOUS_PORTS = 20000, 10000
+# What a measured job asks of SLURM per rank: a GPU rank gets a few cores for its host-side work
+# (kernel launches, gloo health group), a CPU rank one core (the ranks share the node, see
+# moe_core.distributed.cpu_threads_per_rank). Host memory: a CUDA context alone holds a few GB.
+CPUS_PER_RANK = {"cpu": 1, "cuda": 4}
+MEM_MB_PER_RANK = {"cpu": 1500, "cuda": 8000}
+JOB_RUNTIME_MIN = 30
+# Every key slurm_resources can set, for rules whose points differ in which ones they set.
+SLURM_RESOURCE_KEYS = ("nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "mpi", "gpu", "gres", "tasks_per_gpu")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -126,6 +160,122 @@ def standalone_command(nproc: int, entry: list[str]) -> list[str]:
     return [*TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", *entry]
 
 
+# -- SLURM ----------------------------------------------------------------------------------------
+
+
+def job_layout(hw, world_size: int) -> tuple[int, int]:
+    """``(nodes, ranks per node)`` of a measured job with ``world_size`` ranks on hardware ``hw``.
+
+    A job fits on one node while ``world_size <= hw.devices_per_node`` (and always on an emulated
+    testbed, which is one host); beyond that it takes whole nodes. Raises ConfigError otherwise.
+    """
+    if world_size < 1:
+        raise ConfigError(f"world size must be >= 1, got {world_size}")
+    per_node = hw.devices_per_node
+    if hw.emulation.enabled or world_size <= per_node:
+        return 1, world_size
+    if world_size % per_node:
+        raise ConfigError(f"world size {world_size} spans several nodes of hardware profile '{hw.name}' "
+                          f"(hardware.devices_per_node={per_node}) and must then fill whole nodes: "
+                          f"use a multiple of {per_node}")
+    return world_size // per_node, per_node
+
+
+def slurm_resources(cfg, world_size: int) -> dict[str, int | str]:
+    """Snakemake resources of a measured job for the SLURM executor plugin (unset keys left out).
+
+    One task per node, each a torchrun agent with that node's ranks (:func:`main`). A multi-node
+    job carries ``mpi``, so the plugin runs its shell in the batch script instead of wrapping it in
+    ``srun -n1`` on one node, and the launcher starts the ``srun`` step itself. GPUs: a single-node
+    job asks ``gpu`` (``--gpus``, which the plugin also hands to its ``srun -n1`` step), a
+    multi-node one ``gres=gpu:<per node>`` (``--gres`` is per node, ``--gpus`` a per-job total);
+    ``tasks_per_gpu=0`` keeps the plugin from adding ``--ntasks-per-gpu``. ``mem_mb`` (``--mem``)
+    is per node. Runtime, memory and CPUs can be raised with ``--set-resources``.
+    """
+    nodes, per_node = job_layout(cfg.hardware, world_size)
+    device = cfg.hardware.device
+    resources = {"nodes": nodes, "tasks": nodes, "cpus_per_task": per_node * CPUS_PER_RANK[device],
+                 "mem_mb": per_node * MEM_MB_PER_RANK[device], "runtime": JOB_RUNTIME_MIN}
+    if nodes > 1:
+        resources["mpi"] = "srun"
+    if device == "cuda":
+        resources["tasks_per_gpu"] = 0
+        if nodes > 1:
+            resources["gres"] = f"gpu:{per_node}"
+        else:
+            resources["gpu"] = per_node
+    return resources
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The SLURM job this process runs in, as the controller reports it (``scontrol show job``).
+
+    Asked from the controller rather than read from ``SLURM_*`` variables: Snakemake's SLURM
+    jobstep removes all of them but ``SLURM_JOB_ID`` from a rule's environment.
+    """
+
+    job_id: str
+    nodes: int
+    tasks: int
+    cpus_per_task: int
+    hosts: tuple[str, ...]  # the allocation's nodes, first node first
+
+    @classmethod
+    def query(cls, job_id: str) -> "SlurmJob":
+        """Ask the controller about job ``job_id``; raises ConfigError when scontrol fails."""
+        show = _scontrol("show", "job", "--oneliner", job_id)
+        fields = dict(item.split("=", 1) for item in show.split() if "=" in item)
+        nodes = int(fields["NumNodes"])
+        # A job submitted without --ntasks / --cpus-per-task may report them as N/A.
+        tasks = fields.get("NumTasks", "")
+        cpus = fields.get("CPUs/Task", "")
+        return cls(job_id=job_id, nodes=nodes, tasks=int(tasks) if tasks.isdigit() else nodes,
+                   cpus_per_task=int(cpus) if cpus.isdigit() else 1,
+                   hosts=tuple(_scontrol("show", "hostnames", fields["NodeList"]).split()))
+
+
+def _scontrol(*args: str) -> str:
+    proc = subprocess.run(["scontrol", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ConfigError(f"`scontrol {' '.join(args)}` failed inside SLURM job: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def slurm_agents(job: SlurmJob | None, in_step: bool) -> int:
+    """How many torchrun agents to start with ``srun``: 0 for a plain torchrun on this host.
+
+    0 outside SLURM, inside a job step (e.g. the plugin's ``srun -n1``) and in a one-task job;
+    the job's task count T in the batch script of a T-task job. Raises ConfigError for a
+    multi-node job seen from inside a step, where launching would need a nested srun.
+    """
+    if job is None:
+        return 0
+    if in_step:
+        if job.nodes > 1:
+            raise ConfigError(f"inside a job step of {job.nodes}-node SLURM job {job.job_id}: run the launcher "
+                              f"once in the batch script (Snakemake: resource mpi='srun', as "
+                              f"experiments.launch.slurm_resources sets), not under srun")
+        return 0
+    return job.tasks if job.tasks > 1 else 0
+
+
+def slurm_command(nproc: int, agents: int, job: SlurmJob, entry: list[str],
+                  environ) -> tuple[list[str], dict[str, str]]:
+    """``srun`` starting one torchrun agent per SLURM task, rendezvous (c10d) on the first node."""
+    if nproc % agents:
+        raise ConfigError(f"--nproc {nproc} cannot be split evenly over the {agents} tasks of SLURM job "
+                          f"{job.job_id}; ask one task per node and whole nodes")
+    per_agent = nproc // agents
+    port = SLURM_RENDEZVOUS_PORT_BASE + int(job.job_id) % SLURM_RENDEZVOUS_PORTS
+    argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={agents}", f"--cpus-per-task={job.cpus_per_task}",
+            *TORCHRUN, f"--nnodes={agents}", f"--nproc-per-node={per_agent}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={job.hosts[0]}:{port}", f"--rdzv-id={job.job_id}", *entry]
+    # A task's cores are shared by its ranks; torchrun would pass on the OMP_NUM_THREADS that
+    # Snakemake exported for the whole job.
+    return argv, {**environ, "OMP_NUM_THREADS": str(max(1, job.cpus_per_task // per_agent))}
+
+
 def run_emulated(cfg, entry: list[str]) -> int:
     """One torchrun per emulated node, inside its namespace; the testbed is always torn down.
 
@@ -162,6 +312,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     hw = cfg.hardware
     overrides = list(args.overrides)
+    try:
+        job = SlurmJob.query(os.environ["SLURM_JOB_ID"]) if "SLURM_JOB_ID" in os.environ else None
+        agents = slurm_agents(job, in_step="SLURM_STEP_ID" in os.environ)
+        if agents and hw.emulation.enabled:
+            raise ConfigError(f"hardware profile '{cfg.hardware_profile}' emulates its nodes on one host, "
+                              f"but SLURM job {job.job_id} has {agents} tasks; run it as a one-task job")
+        slurm = slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides),
+                              os.environ) if agents else None
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if slurm:
+        print(f"SLURM job {job.job_id}, {agents} tasks: {' '.join(slurm[0])}", file=sys.stderr, flush=True)
+        return run_all([slurm], grace_s=cfg.parallel.timeout_s)
     if hw.emulation.enabled:
         if args.nproc != hw.nodes * hw.devices_per_node:
             print(f"error: --nproc {args.nproc} does not fill hardware profile '{cfg.hardware_profile}': "

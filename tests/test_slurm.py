@@ -1,0 +1,284 @@
+"""The SLURM path on a real one-node SLURM cluster: profile, per-rule resources, launcher.
+
+The fixture installs Debian's ``slurm-wlm`` and ``munge`` when they are missing, then starts its own
+munged, slurmctld and slurmd from a temporary directory (own key, socket, ports, state) and stops
+them afterwards, failed test or not. The one file outside that directory is the configuration, at
+the default path /etc/slurm/slurm.conf: Snakemake's SLURM jobstep removes SLURM_CONF (with every
+other SLURM_* variable but SLURM_JOB_ID) from a rule's environment, so ``srun`` and ``scontrol``
+inside a job only find the default. The fixture never overwrites a configuration it did not write.
+The CI sweep (configs/ci.yaml) then runs through
+``snakemake --executor slurm --profile configs/profiles/slurm``.
+
+Multi-task jobs on one node: the sweep runs on a 2-node x 1-device hardware description
+(``hardware.nodes=2``, ``hardware.devices_per_node=1``), so every 2-rank measured job is a
+"2-node" job by the rules' own sizing (experiments.launch.slurm_resources: nodes=2,
+tasks=2, mpi) and the launcher starts 2 torchrun agents with ``srun`` and c10d rendezvous, exactly
+the multi-node path. Only the placement is changed (``--set-resources <rule>:nodes=1``), because
+the cluster has a single node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from experiments.collectives import collective_points
+from moe_core.config import load_config, point_name, sweep_points
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+MEASURED_RULES = ("train_step", "collectives")
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+CONF_MARKER = "# one-node test cluster of tests/test_slurm.py, removed when the test ends"
+DAEMON_START_S = 60
+STOP_S = 10
+
+
+def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a command to completion, capturing its output as text."""
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def install_slurm() -> None:
+    """apt-get the SLURM daemons and munge when missing (about 15 s on a fresh Debian machine)."""
+    if all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"]):
+        proc = run(*argv, env=env, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    """One-node SLURM cluster with its state, logs and munge socket in ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = {key: value for key, value in os.environ.items() if key != "SLURM_CONF"}
+        self.daemons: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        munge_dir = self.root / "munge"
+        munge_dir.mkdir(mode=0o755)
+        key = munge_dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        munge_user = pwd.getpwnam("munge")
+        for path in (munge_dir, key):
+            os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
+        socket_path = munge_dir / "munge.socket"
+        self._spawn("munged", ["runuser", "-u", "munge", "--", "munged", "--foreground", f"--socket={socket_path}",
+                               f"--key-file={key}", f"--pid-file={munge_dir / 'munged.pid'}",
+                               f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}"])
+        self._wait(lambda: socket_path.exists(), "munged socket")
+
+        # The node exactly as slurmd sees it (CPUs, sockets, cores, threads, RealMemory), so it is
+        # not drained for a mismatch.
+        node = run("slurmd", "-C").stdout.splitlines()[0]
+        host = node.split()[0].split("=", 1)[1]
+        for sub in ("state", "spool", "log"):
+            (self.root / sub).mkdir()
+        SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        SLURM_CONF.write_text(f"""\
+{CONF_MARKER}
+ClusterName=moetest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={socket_path}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+# squeue must still list a finished job when snakemake's plugin asks for its state.
+MinJobAge=300
+KillWait=5
+ReturnToService=2
+StateSaveLocation={self.root / 'state'}
+SlurmdSpoolDir={self.root / 'spool'}
+SlurmctldPidFile={self.root / 'slurmctld.pid'}
+SlurmdPidFile={self.root / 'slurmd.pid'}
+SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}
+SlurmdLogFile={self.root / 'log' / 'slurmd.log'}
+{node}
+PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
+""")
+        self._spawn("slurmctld", ["slurmctld", "-D"])
+        self._spawn("slurmd", ["slurmd", "-D"])
+        self._wait(lambda: run("sinfo", "-h", "-o", "%t", env=self.env).stdout.strip() == "idle", "node idle in sinfo")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        with open(self.root / f"{name}.out", "w") as log:
+            self.daemons[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + DAEMON_START_S
+        while not ready():
+            dead = {name: p.returncode for name, p in self.daemons.items() if p.poll() is not None}
+            assert not dead and time.monotonic() < deadline, f"waiting for {what}: exited {dead}\n{self.logs()}"
+            time.sleep(0.5)
+
+    def logs(self) -> str:
+        files = [*self.root.glob("*.out"), *(self.root / "log").glob("*.log"), *self.root.glob("munge/*.log")]
+        return "\n".join(f"== {f.name}\n{f.read_text()[-3000:]}" for f in files if f.exists())
+
+    def stop(self) -> None:
+        """Cancel every job of this cluster, then stop the daemons this fixture started."""
+        if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
+            run("scancel", "--user", "root", env=self.env)
+            deadline = time.monotonic() + 3 * STOP_S
+            while run("squeue", "-h", env=self.env).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(1)
+        for proc in reversed(list(self.daemons.values())):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=STOP_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if SLURM_CONF.is_file() and SLURM_CONF.read_text().startswith(CONF_MARKER):
+            SLURM_CONF.unlink()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: installs slurm-wlm and munge with apt-get and starts munged, slurmctld, slurmd")
+    if SLURM_CONF.exists() and not SLURM_CONF.read_text().startswith(CONF_MARKER):
+        pytest.skip(f"{SLURM_CONF} exists: this host already belongs to a SLURM cluster, which the test leaves alone")
+    install_slurm()
+    # Not pytest's tmp_path: munged needs every directory above its socket searchable by all.
+    root = Path(tempfile.mkdtemp(prefix="moe-slurm-"))
+    root.chmod(0o755)
+    cluster = Cluster(root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def measured_targets(results: Path) -> list[str]:
+    """The CI sweep's measured records: its training-step points and the collectives microbenchmark.
+
+    The simulated, analysis and paper-specific rules are local ones the plain CI smoke run (.ci/run)
+    covers; leaving them out keeps this test short on 2 cores.
+    """
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"])
+    train = [results / "raw" / cfg.paper / cfg.experiment / f"{point_name(p)}.json" for p in sweep_points(cfg)[0]]
+    collectives = results / "raw" / "common" / "collectives" / f"{collective_points(cfg)[0]}.json"
+    return [str(path) for path in (*train, collectives)]
+
+
+def snakemake(results: Path, *extra: str) -> list[str]:
+    """The CI sweep's measured points as SLURM jobs on the test cluster."""
+    return ["snakemake", "--executor", "slurm", "--profile", "configs/profiles/slurm", "--configfile", "configs/ci.yaml",
+            "--config", f"results_dir={results}", "hardware={nodes: 2, devices_per_node: 1}",
+            "--set-resources", *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
+            # No slurmdbd: no account to guess; poll soon, the jobs take seconds.
+            "--slurm-no-account", "--slurm-init-seconds-before-status-checks=2", "--latency-wait=5",
+            *extra, *measured_targets(results)]
+
+
+def submitted(output: str) -> Counter:
+    """SLURM jobs snakemake's log says it submitted, per rule."""
+    return Counter(re.findall(r"submitted with SLURM jobid \d+ \(log: \S*/slurm_logs/rule_(\w+?)/", output))
+
+
+def measured_records(results: Path) -> dict[str, dict]:
+    records = {}
+    for path in sorted((results / "raw").rglob("*.json")):
+        record = json.loads(path.read_text())
+        if record["mode"] == "measured":
+            records[str(path.relative_to(results / "raw"))] = record
+    return records
+
+
+@pytest.mark.timeout(1200)
+def test_ci_sweep_runs_as_slurm_jobs_and_a_cancelled_point_reruns_alone(cluster, tmp_path):
+    env = {**cluster.env, "WANDB_MODE": "disabled"}
+    n_train = len(sweep_points(load_config(["configs/default.yaml", "configs/ci.yaml"]))[0])
+    results = tmp_path / "results"
+    logs = results / "logs" / "train_step"
+
+    # 1. The CI sweep, one SLURM job per measured point; one train_step job is cancelled while
+    #    its ranks start (as a time limit or preemption would). --keep-going: the rest finish.
+    start = time.monotonic()
+    # Output to a file, not a pipe: nobody reads a pipe while the test waits, and a full one stalls snakemake.
+    sweep_log = tmp_path / "sweep.log"
+    with open(sweep_log, "w") as log:
+        sweep = subprocess.Popen(snakemake(results, "--keep-going"), env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        victim = cancel_first_launched_point(logs, cluster, sweep, sweep_log)
+        sweep.wait(timeout=1200)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    first_run_s = time.monotonic() - start
+    out = sweep_log.read_text()
+    assert sweep.returncode != 0 and "CANCELLED" in out, out[-6000:]
+    jobs = submitted(out)  # train_step: the sweep's points and any a paper's rules add
+    assert jobs["train_step"] == n_train and jobs["collectives"] == 1, (jobs, out[-6000:])
+
+    # The cancelled point left nothing in the records; every other point is a measured record.
+    records = measured_records(results)
+    assert not list((results / "raw").rglob(f"*{victim}*")), f"partial record of cancelled point {victim}"
+    train = sorted(name for name in records if "/train_step/" in name)
+    assert len(train) == jobs["train_step"] - 1 and any(name.startswith("common/collectives/") for name in records), sorted(records)
+    for name, record in records.items():
+        assert record["backend"] == "gloo" and record["hardware"] == "local-cpu", name
+    # Each 2-rank job ran 2 SLURM tasks, one torchrun agent each, c10d rendezvous on the node.
+    for name in train:
+        log = next(logs.rglob(f"{Path(name).stem}.log")).read_text()
+        assert "2 tasks: srun" in log and "--nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in log, log
+
+    # 2. The rerun submits only the cancelled point.
+    start = time.monotonic()
+    proc = run(*snakemake(results), env=env, timeout=900)
+    rerun_s = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:] + cluster.logs()
+    assert submitted(out) == Counter(train_step=1), out[-6000:]
+    assert list((results / "raw").rglob(f"*/train_step/{victim}.json"))
+    assert len(measured_records(results)) == len(records) + 1
+    print(f"\nSLURM sweep: {first_run_s:.0f} s ({sum(jobs.values())} jobs, 1 cancelled); rerun of 1 point: {rerun_s:.0f} s")
+
+
+def cancel_first_launched_point(logs: Path, cluster: Cluster, sweep: subprocess.Popen, sweep_log: Path,
+                                timeout_s: float = 240) -> str:
+    """scancel the first train_step job whose launcher has started its srun step; its point name."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sweep.poll() is None:
+        for log in logs.rglob("*.log"):
+            if "2 tasks: srun" in log.read_text():
+                job_id = re.search(r"SLURM job (\d+)", log.read_text()).group(1)
+                assert run("scancel", job_id, env=cluster.env).returncode == 0
+                return log.stem
+        time.sleep(0.2)
+    raise AssertionError(f"no train_step job started its ranks within {timeout_s:g} s; snakemake said:\n"
+                         f"{sweep_log.read_text()[-6000:]}\n{cluster.logs()}")
