@@ -28,6 +28,8 @@ include: "experiments/rules/train_step.smk"
 include: "experiments/rules/collectives.smk"
 include: "experiments/rules/simulate.smk"
 include: "experiments/rules/validate.smk"
+include: "experiments/rules/aurora.smk"
+include: "experiments/rules/inference.smk"
 include: "experiments/rules/analysis.smk"
 
 

@@ -21,6 +21,7 @@ from analysis.collect import select
 from analysis.files import read_tables, write_csv
 from analysis.published import REGISTRY_PATH, load_registry
 from analysis.units import MiB, format_bytes
+from moe_core.config import CommConfig
 
 Reproducer = Callable[[pd.DataFrame, pd.DataFrame], tuple[float, str] | None]
 REPRODUCERS: dict[str, Reproducer] = {}
@@ -111,6 +112,195 @@ def lina_table1_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
 @reproducer
 def lina_fig2_a2a_share_of_moe(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     return _train_step_mean_pct(records, "a2a_share_of_moe")
+
+
+# ---- Aurora (arXiv 2410.17043), simulated on its big-switch model (experiments/aurora.py) -------
+
+def _fig4_units(records: pd.DataFrame, policy: str) -> tuple[float, str] | None:
+    """Fig. 4's 3-GPU example in the paper's time units: our time over T*, times T* in units (each
+    flow of FIG4_TOY_TOKENS is one unit), in barrier-separated rounds as the paper's slots are."""
+    from moe_core.a2a_schedule import lower_bound
+    from moe_core.workloads import FIG4_TOY_TOKENS
+
+    rows = select(records, paper="aurora", experiment="aurora_order", workload="fig4-toy", policy=policy,
+                  metric="rounds_over_lower_bound")
+    if rows.empty:
+        return None
+    return float(rows["value"].iloc[0]) * lower_bound(FIG4_TOY_TOKENS), f"{_where(rows)}, Fig 4's matrix, {policy} order"
+
+
+@reproducer
+def aurora_fig4_naive(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig4_units(records, "naive")
+
+
+@reproducer
+def aurora_fig4_ordered(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig4_units(records, "aurora")
+
+
+def _aurora_metric(records: pd.DataFrame, setting: str, policy: str, metric: str) -> pd.DataFrame:
+    """Per-workload medians of ``metric`` of one policy in one deployment setting."""
+    return select(records, paper="aurora", experiment="aurora_deployment", setting=setting, policy=policy,
+                  metric=metric)
+
+
+def _per_workload(records: pd.DataFrame, setting: str, policy: str, metric: str) -> pd.Series:
+    """``_aurora_metric``'s values indexed by workload (empty when the tables have none)."""
+    rows = _aurora_metric(records, setting, policy, metric)
+    return pd.Series(dtype=float) if rows.empty else rows.set_index("workload")["value"]
+
+
+def _aurora_speedup(records: pd.DataFrame, setting: str, baseline: str, reduce: str) -> tuple[float, str] | None:
+    """min or max over workloads of Aurora's median speedup over ``baseline`` (inference time)."""
+    rows = _aurora_metric(records, setting, baseline, "aurora_speedup")
+    if rows.empty:
+        return None
+    value = float(rows["value"].agg(reduce))
+    return value, (f"{_where(rows)}, {setting}, vs {baseline}, {reduce} over {len(rows)} workloads "
+                   f"({', '.join(sorted(rows['workload']))})")
+
+
+@reproducer
+def aurora_fig11a_max_vs_sjf(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "exclusive-homogeneous", "sjf", "max")
+
+
+@reproducer
+def aurora_fig11a_sjf_over_rcs(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Mean over workloads of SJF's inference time over RCS's (median over RCS's draws): "SJF ≈ RCS"."""
+    sjf, rcs = (_per_workload(records, "exclusive-homogeneous", p, "inference_ms") for p in ("sjf", "rcs"))
+    ratio = (sjf / rcs).dropna()
+    if ratio.empty:
+        return None
+    return float(ratio.mean()), f"{_where(records)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
+
+
+@reproducer
+def aurora_fig11b_min_vs_rga(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "exclusive-heterogeneous", "rga", "min")
+
+
+@reproducer
+def aurora_fig11b_max_vs_rga(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "exclusive-heterogeneous", "rga", "max")
+
+
+@reproducer
+def aurora_fig11c_min_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "colocated-homogeneous", "lina", "min")
+
+
+@reproducer
+def aurora_fig11c_max_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "colocated-homogeneous", "lina", "max")
+
+
+@reproducer
+def aurora_fig11d_min_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "colocated-heterogeneous", "lina", "min")
+
+
+@reproducer
+def aurora_fig11d_max_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _aurora_speedup(records, "colocated-heterogeneous", "lina", "max")
+
+
+@reproducer
+def aurora_fig12_utilisation_gain_max(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Largest ratio of GPU utilisation, Aurora's colocation over Lina, over workloads of a colocated setting."""
+    gains = []
+    for setting in ("colocated-homogeneous", "colocated-heterogeneous"):
+        aurora, lina = (_per_workload(records, setting, p, "gpu_utilisation") for p in ("aurora", "lina"))
+        gains.append((aurora / lina).dropna())
+    gain = pd.concat(gains)
+    if gain.empty:
+        return None
+    return float(gain.max()), f"{_where(records)}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
+
+
+@reproducer
+def aurora_fig13_gap_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    rows = select(records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum")
+    if rows.empty:
+        return None
+    return float(rows["value"].mean()), (f"{_where(rows)}, colocated heterogeneous, {_span(rows['n_gpus'])} GPUs, "
+                                         f"mean over {len(rows)} (model pair, layer) instances")
+
+
+# ---- Lina's speedups (Figs 10, 13) ------------------------------------------------------------
+
+LINA_POLICIES_SHOWN = ["lina-priority", "lina-partition", "lina-pipeline", "lina", "lina-pack"]
+
+
+def lina_speedups(records: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Speedup of every Lina policy over ``overlap`` (DDP) in ``metric`` (baseline / policy) per expert
+    count, experts = GPUs, from one testbed's training-step records (measured or simulated). Where a
+    policy ran at several partition sizes (Fig 15's sweep), the default size is the one kept."""
+    df = records[records["experiment"].isin(["train_step", "sim_train_step"]) & (records["metric"] == metric)]
+    if df.empty or "partition_mb" not in df:
+        return df.iloc[0:0]
+    df = df[df["world_size"] == df["num_experts"]]
+    df = (df.assign(non_default=df["partition_mb"] != CommConfig.partition_mb)
+          .sort_values("non_default").drop_duplicates(["policy", "num_experts"]))
+    base = df[df["policy"] == "overlap"].set_index("num_experts")["value"]
+    df = df[df["policy"].isin(LINA_POLICIES_SHOWN) & df["num_experts"].isin(base.index)]
+    return df.assign(experts=df["num_experts"].astype(int),
+                     speedup=base.loc[df["num_experts"]].to_numpy() / df["value"].to_numpy())
+
+
+def _lina_speedup_reproducer(name: str, metric: str, experts: int) -> Reproducer:
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        s = lina_speedups(records, metric)
+        s = s if s.empty else s[(s["policy"] == "lina") & (s["experts"] == experts)]
+        if s.empty:
+            return None
+        return float(s["speedup"].iloc[0]), (f"{_where(s)}, {experts} experts = GPUs, {metric} of overlap / "
+                                             f"lina, micro-ops {s['partition_mb'].iloc[0]:g} MB")
+    reproduce.__name__ = name
+    return reproducer(reproduce)
+
+
+for _experts in (2, 4, 8, 16):
+    _lina_speedup_reproducer(f"lina_fig10_step_speedup_{_experts}e", "step_ms", _experts)
+for _experts in (4, 8, 16):
+    _lina_speedup_reproducer(f"lina_fig13_bwd_a2a_speedup_{_experts}e", "a2a_bwd_ms", _experts)
+
+
+# ---- Lina's inference (Fig 16, re-plan rate) ---------------------------------------------------
+
+def _inference(records: pd.DataFrame, policy: str) -> pd.DataFrame:
+    return select(records, paper="lina", experiment="inference", policy=policy, metric="moe_layer_ms")
+
+
+def _lina_inference_reduction(records: pd.DataFrame, stat: str) -> tuple[float, str] | None:
+    static, lina = _inference(records, "static"), _inference(records, "lina")
+    if static.empty or lina.empty:
+        return None
+    keys = ["num_experts", "path_length"]
+    both = static.merge(lina, on=keys, suffixes=("_static", "_lina"))
+    ratio = both[f"{stat}_static"] / both[f"{stat}_lina"]
+    return float(ratio.mean()), (f"{_where(lina)}, {_span(both['num_experts'])} experts on "
+                                 f"{_span(lina['world_size'])} ranks, path length {_span(both['path_length'])}, "
+                                 f"MoE-layer {stat} time static / lina")
+
+
+@reproducer
+def lina_fig16_median_reduction(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _lina_inference_reduction(records, "median")
+
+
+@reproducer
+def lina_fig16_p95_reduction(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _lina_inference_reduction(records, "p95")
+
+
+@reproducer
+def lina_inference_replan_rate(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    rows = select(records, paper="lina", experiment="inference", policy="lina", metric="replan_rate")
+    if rows.empty:
+        return None
+    return 100 * float(rows["value"].mean()), f"{_where(rows)}, {_span(rows['num_experts'])} experts, policy lina"
 
 
 # ---- the comparison table ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import param_columns, select
-from analysis.compare import TESTBED, contended_slowdowns
+from analysis.compare import LINA_POLICIES_SHOWN, TESTBED, contended_slowdowns, lina_speedups
 from analysis.files import read_tables
 from moe_core.results import atomic_output
 from analysis.published import load_registry, published_value
@@ -35,7 +35,8 @@ DPI = 150
 STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "dense_ms",
                       "allreduce_exposed_ms"]
 LINA_FIG3 = {"median": "lina-fig3-a2a-slowdown-median", "worst": "lina-fig3-a2a-slowdown-worst"}
-LINA_TESTBED = "lina-a100-4x4"  # configs/hardware: Lina's 4 x 4 A100, 100 Gb/s IB per node
+LINA_TESTBED = "lina-a100-4x4"
+BASELINES = ["sequential", "overlap"]  # the paper-scale sweep's policies (Lina's are figures of their own)  # configs/hardware: Lina's 4 x 4 A100, 100 Gb/s IB per node
 
 
 class FigureDataError(ValueError):
@@ -173,6 +174,7 @@ def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> Non
 def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
     """Simulated all-to-all share of step time vs GPUs (experts = GPUs), per cluster and policy."""
     df = select(records, experiment="sim_train_step", metric="a2a_share")
+    df = df[df["policy"].isin(BASELINES)] if not df.empty else df
     if df.empty:
         raise FigureDataError("the records table has no sim_train_step a2a_share rows; run the simulated sweep")
     df = df.astype({"world_size": int}).assign(a2a_share_pct=lambda d: 100 * d["value"])
@@ -204,6 +206,87 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ax.legend(fontsize="small")
 
 
+
+# ---- Lina's speedups (simulated on its testbed; measured on this machine) -----------------------
+
+def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Step-time speedup over DDP-style overlap per Lina policy vs experts (= GPUs): Lina's Fig 10
+    (policy lina) and its cumulative ablation (Fig 14), one panel per testbed, with Fig 10's averages."""
+    panels = [(tb, lina_speedups(select(records, **tb), "step_ms"))
+              for tb in records[TESTBED].drop_duplicates().to_dict("records")]
+    panels = [(tb, df) for tb, df in panels if not df.empty]
+    if not panels:
+        raise FigureDataError("the records table has no step_ms of Lina policies next to overlap with experts = "
+                              "GPUs; run the lina sweeps (configs/default.yaml: lina) and collect them")
+    registry = load_registry()
+    for ax, (tb, df) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        experts = sorted(df["experts"].unique())
+        sns.barplot(df, x="experts", y="speedup", hue="policy", order=experts,
+                    hue_order=[p for p in LINA_POLICIES_SHOWN if p in set(df["policy"])], ax=ax)
+        for i, n in enumerate(experts):
+            entry = f"lina-fig10-step-speedup-{n}e"
+            if entry in registry:
+                ax.plot([i - 0.4, i + 0.4], [published_value(registry, entry)] * 2, color="black", ls="--",
+                        label="Lina Fig 10: lina vs DeepSpeed" if i == 0 else None)
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.set(xlabel="experts (= GPUs)", ylabel="step-time speedup over overlap (×)",
+               title=f"{tb['mode']} on {tb['hardware']}")
+        ax.legend(fontsize="x-small")
+
+
+def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Policy lina over overlap on Lina's testbed (simulated): MoE-layer time (Figs 11-12) and
+    backward all-to-all time (Fig 13) speedups vs experts."""
+    sim = select(records, experiment="sim_train_step", hardware=LINA_TESTBED)
+    labels = {"moe_layer_ms": "MoE layer (forward + backward)", "a2a_bwd_ms": "backward all-to-all"}
+    df = pd.concat([lina_speedups(sim, metric).assign(what=label) for metric, label in labels.items()])
+    df = df[df["policy"] == "lina"] if not df.empty else df
+    if df.empty:
+        raise FigureDataError(f"the records table has no simulated moe_layer_ms / a2a_bwd_ms of policy lina next "
+                              f"to overlap on {LINA_TESTBED}; run the lina sweep and collect it")
+    ax = fig.subplots()
+    sns.barplot(df, x="experts", y="speedup", hue="what", ax=ax)
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)",
+           title=f"MoE layer and backward all-to-all (simulated, {LINA_TESTBED})")
+    ax.legend(fontsize="small")
+
+
+def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Step time of policy lina vs micro-op (partition) size at the largest expert count (Lina Fig 15)."""
+    df = select(records, experiment="sim_train_step", hardware=LINA_TESTBED, policy="lina", metric="step_ms")
+    if df.empty:
+        raise FigureDataError(f"the records table has no simulated step_ms of policy lina on {LINA_TESTBED}; "
+                              "run the lina partition sweep and collect it")
+    df = df[df["num_experts"] == df["num_experts"].max()]
+    ax = fig.subplots()
+    sns.lineplot(df, x="partition_mb", y="value", marker="o", ax=ax)
+    ax.set(xlabel="micro-op (partition) size (MB)", ylabel="step time (ms, simulated)",
+           title=f"Lina step time vs partition size, {int(df['num_experts'].iloc[0])} experts ({LINA_TESTBED})")
+
+
+def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Median and p95 MoE-layer inference time per placement policy, normalised to a perfectly
+    balanced gate (Lina Fig 16), measured here with the model's own skewed gate."""
+    df = select(records, paper="lina", experiment="inference", metric="moe_layer_norm")
+    if df.empty:
+        raise FigureDataError("the records table has no lina inference moe_layer_norm rows; run "
+                              "experiments/inference.py (rule lina_inference) and collect its records")
+    df = _one_testbed(df).melt(id_vars=["policy", "num_experts", "path_length"], value_vars=["median", "p95"],
+                               var_name="statistic", value_name="normalised")
+    order = [p for p in ("ideal", "static", "lina", "lina-no-estimation", "lina-no-finetune") if p in set(df["policy"])]
+    ax = fig.subplots()
+    sns.barplot(df, x="policy", y="normalised", hue="statistic", order=order, errorbar=None, ax=ax)
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set(xlabel="placement policy", ylabel="MoE-layer time / ideal's median (×)",
+           title=f"Lina inference, {_span_text(df['num_experts'])} experts, path length {_span_text(df['path_length'])}")
+    ax.legend(fontsize="small")
+
+
+def _span_text(values: pd.Series) -> str:
+    return ", ".join(str(int(v)) for v in sorted(values.unique()))
+
+
 def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
     """Predicted vs measured time of every held-out point, with the +-10% target band."""
     if validation.empty:
@@ -222,8 +305,141 @@ def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
     ax.legend(fontsize="small")
 
 
+# ---- Aurora (arXiv 2410.17043) -----------------------------------------------------------------
+
+AURORA_SETTINGS = ("exclusive-homogeneous", "exclusive-heterogeneous", "colocated-homogeneous",
+                   "colocated-heterogeneous")
+# Fig 11's published speedup range per setting (registry ids: lower end or None for "up to", upper end).
+AURORA_FIG11 = {
+    "exclusive-homogeneous": ("Fig 11a, vs SJF", None, "aurora-fig11a-speedup-vs-sjf-max"),
+    "exclusive-heterogeneous": ("Fig 11b, vs RGA", "aurora-fig11b-speedup-vs-rga-min", "aurora-fig11b-speedup-vs-rga-max"),
+    "colocated-homogeneous": ("Fig 11c, vs Lina", "aurora-fig11c-speedup-vs-lina-min", "aurora-fig11c-speedup-vs-lina-max"),
+    "colocated-heterogeneous": ("Fig 11d, vs Lina", "aurora-fig11d-speedup-vs-lina-min", "aurora-fig11d-speedup-vs-lina-max"),
+}
+
+
+def _aurora(records: pd.DataFrame, experiment: str, metric: str, mode: str = "simulated") -> pd.DataFrame:
+    """aurora/<experiment> rows of ``metric`` in ``mode`` (simulated records come from two network
+    profiles, homogeneous and heterogeneous, of one system model, so they are shown together)."""
+    df = select(records, paper="aurora", experiment=experiment, metric=metric, mode=mode)
+    if df.empty:
+        raise FigureDataError(f"the records table has no {mode} aurora/{experiment} rows of {metric}; run "
+                              f"experiments/aurora{'_a2a' if mode == 'measured' else ''}.py and collect its records")
+    return df
+
+
+def _span_int(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _published_band(ax, registry: dict, low_id: str | None, high_id: str, label: str) -> None:
+    """Shade a published speedup range (from 1x for an "up to" number)."""
+    low = published_value(registry, low_id) if low_id else 1.0
+    high = published_value(registry, high_id)
+    ax.axhspan(low, high, color="0.85", zorder=0, label=f"published {label}: {low:g}–{high:g}×")
+
+
+def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Transmission orders over T*, then Aurora's speedup over each baseline in the four settings (Fig 11)."""
+    order = _aurora(records, "aurora_order", "a2a_over_lower_bound")
+    order = order[order["workload"] != "fig4-toy"]
+    speedup = _aurora(records, "aurora_deployment", "aurora_speedup")
+    registry = load_registry()
+    fig.set_size_inches(15, 8)
+    axes = fig.subplots(2, 3).flat
+    sns.boxplot(order, x="policy", y="value", hue="network", order=["naive", "sjf", "rcs", "aurora", "exact"],
+                ax=axes[0])
+    axes[0].axhline(1.0, color="black", lw=0.8)
+    axes[0].set(xlabel="transmission order (aurora = Algorithm 1, exact = BvN)",
+                ylabel="dispatch all-to-all time / T*", title="Orders vs the lower bound (all workloads, layers)")
+    for ax, setting in zip(axes[1:], AURORA_SETTINGS):
+        label, low_id, high_id = AURORA_FIG11[setting]
+        panel = speedup[speedup["setting"] == setting]
+        _published_band(ax, registry, low_id, high_id, label)
+        if panel.empty:
+            ax.set_title(f"{setting}: no data")
+            continue
+        sns.barplot(panel, x="workload", y="value", hue="policy", errorbar=None, ax=ax)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
+        ax.set(xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (x, inference time)",
+               title=setting)
+        ax.set_ylim(0, 1.4 * max(panel["value"].max(), published_value(registry, high_id)))  # room for the legend
+        ax.legend(fontsize="x-small", title="baseline", title_fontsize="x-small", loc="upper left", ncol=2)
+    axes[5].set_axis_off()
+    fig.suptitle("Aurora on its big-switch model: transmission order and deployment speedups (simulated)")
+
+
+def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """GPU utilisation of Aurora's colocation vs Aurora exclusive vs Lina (Fig 12a/b)."""
+    df = _aurora(records, "aurora_deployment", "gpu_utilisation")
+    df = df[df["deployment"] == "colocated"].assign(pct=lambda d: 100 * d["value"])
+    axes = fig.subplots(1, 2, sharey=True)
+    fig.set_size_inches(11, 4.5)
+    for ax, net in zip(axes, ("homogeneous", "heterogeneous")):
+        panel = df[df["network"] == net]
+        sns.barplot(panel, x="workload", y="pct", hue="policy", errorbar=None, ax=ax,
+                    hue_order=[p for p in ("aurora", "aurora-exclusive", "lina", "rec", "rga+rec")
+                               if p in set(panel["policy"])])
+        ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
+        ax.set(xlabel="models a+b", ylabel="GPU utilisation (%, compute / inference time)",
+               title=f"colocated, {net} (Fig 12{'a' if net == 'homogeneous' else 'b'})")
+        ax.legend(fontsize="x-small")
+
+
+def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Section 7's colocation heuristic over the brute-force optimum, per instance (Fig 13)."""
+    df = _aurora(records, "aurora_gap", "gap_to_optimum").astype({"layer": int, "n_gpus": int})
+    ax = fig.subplots()
+    sns.stripplot(df, x="workload", y="value", hue="layer", ax=ax, size=6, jitter=0.15)
+    mean = df["value"].mean()
+    ax.axhline(mean, color="black", ls="--", label=f"mean here {mean:.3f}×")
+    published = published_value(load_registry(), "aurora-fig13-gap-to-optimum-mean")
+    ax.axhline(published, color="black", ls=":", label=f"published mean {published:g}×")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
+    ax.set(xlabel="models a+b", ylabel="heuristic / optimum (busiest GPU's time)",
+           title=f"Gap to the brute-force optimum, colocated heterogeneous, {_span_int(df['n_gpus'])} GPUs")
+    ax.legend(fontsize="x-small", ncol=2, title="MoE layer", title_fontsize="x-small")
+
+
+def aurora_imprecision(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Aurora's speedup over the random baselines when it plans on imprecise traffic (Fig 14)."""
+    df = _aurora(records, "aurora_imprecision", "aurora_speedup").assign(pct=lambda d: 100 * d["imprecision"])
+    axes = fig.subplots(1, 2, sharey=True)
+    fig.set_size_inches(11, 4.5)
+    for ax, (setting, panel) in zip(axes, df.groupby("setting")):
+        sns.lineplot(panel, x="pct", y="value", hue="workload", marker="o", ax=ax)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set(xlabel="traffic imprecision (%): plan on (1-p) D_l + p D_l+1", ylabel="Aurora's speedup (x)",
+               title=f"{setting} vs {panel['baseline'].iloc[0].upper()}")
+        ax.legend(fontsize="x-small")
+
+
+def aurora_ordered_vs_library(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Measured dispatch all-to-alls of a forward pass: all_to_all_single vs each Aurora order."""
+    df = _one_testbed(_aurora(records, "aurora_a2a", "a2a_ms", mode="measured"))
+    ax = fig.subplots()
+    order = [p for p in ("library", "aurora", "exact", "sjf", "rcs") if p in set(df["policy"])]
+    sns.barplot(df, x="workload", y="value", hue="policy", hue_order=order, errorbar=None, ax=ax)
+    workloads = list(dict.fromkeys(df["workload"]))
+    width = 0.8 / len(order)
+    for i, policy in enumerate(order):
+        rows = df[df["policy"] == policy].set_index("workload").reindex(workloads)
+        x = np.arange(len(workloads)) - 0.4 + width * (i + 0.5)
+        ax.scatter(x, rows["p95"], marker="_", s=120, color="black", zorder=3, label="p95" if i == 0 else None)
+    ws, backend, hw = df["world_size"].iloc[0], df["backend"].iloc[0], df["hardware"].iloc[0]
+    ax.set(xlabel="gating trace", ylabel="dispatch all-to-alls per forward (ms, median, worst rank)",
+           title=f"Ordered all-to-all vs library, {int(ws)} ranks, {backend} on {hw}")
+    ax.legend(fontsize="small")
+
+
 FIGURES = {f.__name__: f for f in (step_breakdown, a2a_share_vs_experts, a2a_slowdown_cdf, busbw_vs_size,
-                                  sim_a2a_share_vs_cluster_size, sim_a2a_slowdown_cdf)}
+                                  sim_a2a_share_vs_cluster_size, sim_a2a_slowdown_cdf,
+                                  lina_step_speedup, lina_moe_speedup, lina_partition_sweep, lina_inference,
+                                  aurora_order_speedup, aurora_gpu_utilisation, aurora_gap_to_optimum,
+                                  aurora_imprecision, aurora_ordered_vs_library)}
 VALIDATION_FIGURES = {"sim_validation": sim_validation}  # drawn from results/tables/sim_validation.csv
 
 

@@ -2,14 +2,14 @@
 
     torchrun --standalone --nproc-per-node=4 -m experiments.inference --config configs/default.yaml \\
         parallel.world_size=4 moe.num_experts=4 model.n_layers=8 model.moe_every=1 train.data_zipf=1.5 \\
-        --batches 30 --checkpoint results/checkpoints/lina_inference_e4.pt
+        inference.batches=30 --checkpoint results/checkpoints/lina_inference_e4.pt
 
-1. Rank 0 trains the model for ``--train-steps`` steps on MarkovTokens (``train.data_zipf`` > 1
+1. Rank 0 trains the model for ``inference.train_steps`` steps on MarkovTokens (``train.data_zipf`` > 1
    skews token, hence expert, popularity; the skew comes from the model's own gate) or loads
    ``--checkpoint``, and sends the weights to every rank.
-2. Rank 0 profiles the expert paths (top-``--top-k`` gate, path length ``--path-length``) on
-   ``--profile-batches`` further batches and sends the profile to every rank.
-3. ``--warmup`` + ``--batches`` inference batches: every rank draws its own batch, and every policy
+2. Rank 0 profiles the expert paths (top-``inference.top_k`` gate, path length ``inference.path_length``) on
+   ``inference.profile_batches`` further batches and sends the profile to every rank.
+3. ``inference.warmup_batches`` + ``inference.batches`` inference batches: every rank draws its own batch, and every policy
    runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
    Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
    kept per batch (moe_core.timing).
@@ -18,7 +18,7 @@
    load imbalance, nll (equal for every policy but ``ideal``: placement never changes the math),
    and for Lina's policies the estimation accuracy and re-plan rate (overall and per layer).
 
-Options that are not yet config-schema keys are plain flags with defaults (see ``--help``).
+Its settings are the config's ``inference`` keys (moe_core/config.py, InferenceConfig).
 Layout keys: ``parallel.world_size`` is the number of devices N; ``moe.experts_per_rank`` only has
 to satisfy the config's layout check (the placement, not the training layout, decides where
 experts run). ``parallel.timeout_s`` must exceed rank 0's time for HEARTBEAT_STEPS training steps.
@@ -51,24 +51,9 @@ PAPER, EXPERIMENT = "lina", "inference"
 
 def parse_args(argv):
     parser = config_arg_parser(__doc__)
-    parser.add_argument("--policies", nargs="+", default=[p for p in POLICIES if p != "ideal"],
-                        choices=[p for p in POLICIES if p != "ideal"], help="policies besides ideal (always run)")
-    parser.add_argument("--batches", type=int, default=30, help="timed inference batches")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed inference batches first")
-    parser.add_argument("--train-steps", type=int, default=100, help="training steps before inference")
-    parser.add_argument("--profile-batches", type=int, default=8, help="batches whose expert paths are profiled")
-    parser.add_argument("--path-length", type=int, default=3, help="Lina's l: 3 (default), 1 or 6 studied")
-    parser.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="inference gate (Lina: top-1)")
-    parser.add_argument("--keep", type=int, default=None,
-                        help="experts kept per path estimate (default: --top-k, as Lina)")
     parser.add_argument("--checkpoint", help="load trained weights from here, or train and save here")
     parser.add_argument("--out-dir", help="record directory (default: results/raw/lina/inference)")
-    args = parser.parse_intermixed_args(argv)
-    if args.batches < 1 or args.warmup < 0 or args.train_steps < 0 or args.profile_batches < 1:
-        parser.error("--batches and --profile-batches must be >= 1, --warmup and --train-steps >= 0")
-    if args.path_length < 1 or (args.keep is not None and args.keep < 1):
-        parser.error(f"--path-length and --keep must be >= 1, got {args.path_length} and {args.keep}")
-    return args
+    return parser.parse_intermixed_args(argv)
 
 
 HEARTBEAT_STEPS = 10  # rank 0 trains alone; the others meet it at a barrier every this many steps
@@ -82,14 +67,14 @@ def trained_model(cfg, args, env: Env) -> tuple[MoETransformer, dict[str, float]
     """
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg).to(env.device)
-    fingerprint = {k: to_container(cfg)[k] for k in ("model", "moe", "train")} | {"steps": args.train_steps}
+    fingerprint = {k: to_container(cfg)[k] for k in ("model", "moe", "train")} | {"steps": cfg.inference.train_steps}
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     saved = None
     if env.rank == 0 and ckpt is not None and ckpt.is_file():
         saved = torch.load(ckpt, map_location=env.device)
         if saved["fingerprint"] != fingerprint:
             raise RuntimeError(f"--checkpoint {ckpt} was trained with another model/moe/train config or "
-                               f"--train-steps; delete it or pass another path")
+                               f"inference.train_steps; delete it or pass another path")
     must_train = [saved is None]
     dist.broadcast_object_list(must_train, 0)
     info = {}
@@ -97,12 +82,12 @@ def trained_model(cfg, args, env: Env) -> tuple[MoETransformer, dict[str, float]
         model.load_state_dict(saved["state"])
         info = saved["info"]
     elif env.rank == 0:
-        info = train(model, cfg, args.train_steps, env.device)
+        info = train(model, cfg, cfg.inference.train_steps, env.device)
         if ckpt is not None:
             with atomic_output(ckpt) as tmp:  # sweep points sharing a checkpoint never read a partial one
                 torch.save({"fingerprint": fingerprint, "state": model.state_dict(), "info": info}, tmp)
     elif must_train[0]:
-        for _ in range(args.train_steps // HEARTBEAT_STEPS):
+        for _ in range(cfg.inference.train_steps // HEARTBEAT_STEPS):
             dist.barrier()
     for tensor in model.state_dict().values():
         dist.broadcast(tensor, 0)
@@ -137,27 +122,27 @@ def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[
     return {"train_nll_first": nll_first, "train_nll_last": nll}
 
 
-def profile(model: MoETransformer, cfg, args, env: Env, data: MarkovTokens):
+def profile(model: MoETransformer, cfg, env: Env, data: MarkovTokens):
     """Rank 0 records the top-1 expert paths on fresh batches; every rank gets the PathProfile."""
     box = [None]
     if env.rank == 0:
-        batches = [data.batch(cfg.train.batch_size, cfg.model.seq_len, args.train_steps + b, 0)
-                   for b in range(args.profile_batches)]
+        batches = [data.batch(cfg.train.batch_size, cfg.model.seq_len, cfg.inference.train_steps + b, 0)
+                   for b in range(cfg.inference.profile_batches)]
         choices = np.concatenate([top1_choices(model, x.to(env.device), y.to(env.device)) for x, y in batches], axis=1)
-        box[0] = profile_paths(choices, cfg.moe.num_experts, args.path_length)
+        box[0] = profile_paths(choices, cfg.moe.num_experts, cfg.inference.path_length)
     dist.broadcast_object_list(box, 0)
     return box[0]
 
 
-def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, args, env: Env, data: MarkovTokens,
+def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env, data: MarkovTokens,
                  timer: PhaseTimer):
     """Every batch through every policy; returns worst-rank samples per policy."""
     local = {p: defaultdict(list) for p in schedulers}
     names = list(schedulers)
-    first_step = args.train_steps + args.profile_batches
-    for b in range(args.warmup + args.batches):
+    first_step = cfg.inference.train_steps + cfg.inference.profile_batches
+    for b in range(cfg.inference.warmup_batches + cfg.inference.batches):
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, first_step + b, env.rank))
-        if b == args.warmup:
+        if b == cfg.inference.warmup_batches:
             for sched in schedulers.values():
                 sched.reset_stats()
         for policy in names[b % len(names):] + names[:b % len(names)]:
@@ -175,7 +160,7 @@ def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, args, env
             ms = timer.elapsed_ms()
             nll = nll.detach().clone()
             dist.all_reduce(nll)
-            if b >= args.warmup:
+            if b >= cfg.inference.warmup_batches:
                 out = local[policy]
                 for phase in PHASES:
                     out[f"{phase}_ms"].append(ms.get(phase, 0.0))
@@ -203,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, data={"paper": PAPER, "experiment": EXPERIMENT})
+        unknown = sorted(set(cfg.inference.policies) - set(POLICIES))
+        if unknown:
+            raise ConfigError(f"config key 'inference.policies': unknown {unknown}; allowed: "
+                              f"{[p for p in POLICIES if p != 'ideal']} (ideal always runs)")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -212,28 +201,27 @@ def main(argv: list[str] | None = None) -> int:
         with naming_failed_ranks(env):
             model, info = trained_model(cfg, args, env)
             model.eval()
-            use_inference_gating(model, args.top_k)
+            use_inference_gating(model, cfg.inference.top_k)
             data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
-            path_profile = profile(model, cfg, args, env, data)
+            path_profile = profile(model, cfg, env, data)
             timer = PhaseTimer(env.device)
-            placed = attach(model, args.top_k, timer)
-            keep = args.keep or args.top_k
-            schedulers = {p: Scheduler(p, path_profile, env.world_size, args.top_k, keep)
-                          for p in ["ideal", *args.policies]}
-            samples = run_policies(model, placed, schedulers, cfg, args, env, data, timer)
+            placed = attach(model, cfg.inference.top_k, timer)
+            keep = cfg.inference.keep or cfg.inference.top_k
+            schedulers = {p: Scheduler(p, path_profile, env.world_size, cfg.inference.top_k, keep)
+                          for p in ["ideal", *cfg.inference.policies]}
+            samples = run_policies(model, placed, schedulers, cfg, env, data, timer)
         if env.rank == 0:
             ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
             for policy, sched in schedulers.items():
                 extra = info | policy_metrics(samples[policy], ideal_median, sched)
                 params = {"world_size": env.world_size, "num_experts": cfg.moe.num_experts, "policy": policy,
-                          "top_k": args.top_k, "path_length": args.path_length, "keep": keep,
+                          "top_k": cfg.inference.top_k, "path_length": cfg.inference.path_length, "keep": keep,
                           "seed": cfg.train.seed, "data_zipf": cfg.train.data_zipf,
                           "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
-                          "moe_layers": len(placed), "train_steps": args.train_steps}
-                point = (f"ws{env.world_size}_e{cfg.moe.num_experts}_k{args.top_k}_l{args.path_length}"
+                          "moe_layers": len(placed), "train_steps": cfg.inference.train_steps}
+                point = (f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
                          f"_{policy}_s{cfg.train.seed}")
-                config = to_container(cfg) | {"inference": {k: v for k, v in vars(args).items()
-                                                            if k not in ("config", "overrides")}}
+                config = to_container(cfg)
                 record = make_record(paper=PAPER, experiment=EXPERIMENT, point=point, mode="measured",
                                      backend=env.backend, hardware=cfg.hardware.name, params=params,
                                      samples=samples[policy], config=config, extra_metrics=extra,

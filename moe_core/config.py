@@ -13,6 +13,7 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,79 @@ class SimSweepConfig:
 
 
 @dataclass
+class LinaSweepConfig:
+    """Lina's experiments (experiments/rules/lina.smk).
+
+    Simulated on the paper's testbed (4 nodes x 4 A100, 100 Gb/s IB), experts = GPUs: every policy
+    at every expert count (Figs 10-14) and, at the largest count, policy ``lina`` at each partition
+    size (Fig 15). Measured on this testbed: ``measured_policy`` at the measured sweep's largest world
+    size with experts = ranks, micro-ops scaled to the small model (``measured_partition_mb``).
+    """
+
+    hardware: str = "lina-a100-4x4"
+    experts: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    policy: list[str] = field(default_factory=lambda: ["overlap", "lina-priority", "lina-partition",
+                                                        "lina-pipeline", "lina", "lina-pack"])
+    partition_mb: list[float] = field(default_factory=lambda: [10.0, 30.0, 50.0, 100.0])
+    overrides: list[str] = field(default_factory=list)  # the simulated model
+    measured_policy: list[str] = field(default_factory=lambda: ["lina-priority", "lina-pipeline", "lina"])
+    measured_partition_mb: float = 0.25
+
+
+@dataclass
+class AuroraConfig:
+    """Aurora's experiments: experiments/aurora.py (simulated) and experiments/aurora_a2a.py (measured).
+
+    Workloads are routing traces of our model (``aurora.moe_layers`` MoE layers of ``num_experts``
+    top-1 experts, trained ``train_steps`` steps on data of each skew) and parametric Zipf matrices.
+    """
+
+    gating_zipf: list[float] = field(default_factory=lambda: [1.0, 1.5, 2.0])  # train.data_zipf per trace
+    traffic_zipf: list[float] = field(default_factory=lambda: [0.8, 1.6])  # Zipf exponent per parametric workload
+    num_experts: int = 8  # experts per model = GPUs per model (Aurora Section 8)
+    moe_layers: int = 4  # MoE layers per model (Aurora Section 8)
+    train_steps: int = 20  # router training before the trace
+    trace_batch_size: int = 32  # sequences of the traced batch
+    # Per-token size of the served model in the system model: the traces say who sends how many
+    # tokens to whom, these give each token's bytes and FLOPs. Aurora serves LIMoE B/16 and B/32,
+    # ViT-B sized (768 / 3072); our traced model is far smaller than any served one.
+    d_model: int = 768
+    d_ff: int = 3072
+    element_bytes: int = 2  # bytes per activation element on the wire (bf16 inference)
+    homogeneous_hardware: str = "aurora-bigswitch-100g"
+    heterogeneous_hardware: str = "aurora-bigswitch-hetero"
+    random_draws: int = 5  # seeds of each random baseline (RCS, RGA, REC)
+    imprecision: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75])  # Fig 14's levels
+    gap_gpus: int = 4  # GPUs of the brute-force comparison (Fig 13; n! pairings)
+    # Measured ordered all-to-all (gloo/NCCL): the traces on world_size ranks, scaled so every rank
+    # sends bytes_per_rank per layer.
+    world_size: int = 4
+    bytes_per_rank: int = 4 * 2**20
+    warmup_iters: int = 2
+    iters: int = 10
+
+
+@dataclass
+class InferenceConfig:
+    """Lina's measured inference (experiments/inference.py; the workflow runs one job per expert
+    count and path length in ``experts`` x ``path_lengths``, on ``world_size`` ranks)."""
+
+    policies: list[str] = field(default_factory=lambda: ["static", "lina", "lina-no-estimation",
+                                                          "lina-no-finetune"])  # besides ideal, always run
+    train_steps: int = 100  # training on skewed data before inference (the gate's skew is learnt)
+    profile_batches: int = 8  # batches whose expert paths are profiled
+    warmup_batches: int = 3
+    batches: int = 30  # timed inference batches
+    top_k: int = 1  # Lina's inference gate
+    keep: int = 0  # experts kept per path estimate; 0 = top_k, as Lina
+    path_length: int = 3  # this run's l (Lina: 3; 1 and 6 studied)
+    world_size: int = 4
+    experts: list[int] = field(default_factory=lambda: [4])
+    path_lengths: list[int] = field(default_factory=lambda: [3])
+    overrides: list[str] = field(default_factory=list)  # the inference model
+
+
+@dataclass
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
@@ -242,6 +316,9 @@ class Config:
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     sim_sweep: SimSweepConfig = field(default_factory=SimSweepConfig)
+    lina: LinaSweepConfig = field(default_factory=LinaSweepConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    aurora: AuroraConfig = field(default_factory=AuroraConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -336,6 +413,12 @@ def validate(cfg: DictConfig) -> None:
         _require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}",
                  f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
         _require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
+    inf = cfg.inference
+    for key in ("batches", "profile_batches", "top_k", "path_length", "world_size"):
+        _require(inf[key] >= 1, f"inference.{key}", f"must be >= 1, got {inf[key]}")
+    _require(inf.train_steps >= 0 and inf.warmup_batches >= 0 and inf.keep >= 0, "inference",
+             "train_steps, warmup_batches and keep must be >= 0")
+    _require(inf.top_k <= 2, "inference.top_k", f"GShard gating supports 1 or 2, got {inf.top_k}")
     layout_error = check_layout(par.world_size, moe.num_experts, moe.experts_per_rank)
     if layout_error:
         raise ConfigError(layout_error)
@@ -347,11 +430,14 @@ def validate(cfg: DictConfig) -> None:
         _require(pol in Policy.__args__, "sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
     for key in ("world_size", "num_experts", "seed"):
         _require(len(cfg.sweep[key]) > 0, f"sweep.{key}", "must list at least one value")
-    for pol in cfg.sim_sweep.policy:
-        _require(pol in Policy.__args__, "sim_sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
+    for key in ("sim_sweep.policy", "lina.policy", "lina.measured_policy"):
+        for pol in OmegaConf.select(cfg, key):
+            _require(pol in Policy.__args__, key, f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
+    _require(min(cfg.lina.partition_mb, default=1) > 0 and cfg.lina.measured_partition_mb > 0, "lina.partition_mb",
+             "partition sizes must be > 0 MB")
     known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
-    for name in cfg.sim_sweep.hardware:
-        _require(name in known, "sim_sweep.hardware", f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
+    for key, name in [("sim_sweep.hardware", n) for n in cfg.sim_sweep.hardware] + [("lina.hardware", cfg.lina.hardware)]:
+        _require(name in known, key, f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
 
 
 def check_layout(world_size: int, num_experts: int, experts_per_rank: int) -> str | None:
@@ -395,8 +481,6 @@ def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
 
     ``experts_per_rank`` left empty means num_experts / world_size (at least 1).
     """
-    import itertools
-
     s = cfg.sweep
     points, skipped = [], []
     for ws, ne, pol, seed in itertools.product(s.world_size, s.num_experts, s.policy, s.seed):
@@ -408,10 +492,45 @@ def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
     return points, skipped
 
 
+def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
+    """Every simulated training-step point of a run: name -> (paper, its complete overrides).
+
+    The paper-scale sweep (``sim_sweep``: hardware x world size x policy, experts = world size x
+    experts_per_rank) and Lina's (``lina``: experts = GPUs x policy, then the partition sweep at the
+    largest expert count). A point both sweeps name is simulated once.
+    """
+    points: dict[str, tuple[str, list[str]]] = {}
+
+    def add(hw: str, paper: str, ws: int, epr: int, policy: str, model: list[str], partition_mb: float) -> None:
+        params = dict(world_size=ws, num_experts=ws * epr, experts_per_rank=epr, policy=policy,
+                      seed=cfg.train.seed, partition_mb=partition_mb)
+        points[f"{hw}_{point_name(params)}"] = (paper, [
+            *model, f"hardware_profile={hw}", f"paper={paper}", f"comm.partition_mb={partition_mb:g}",
+            *point_overrides({k: v for k, v in params.items() if k != "partition_mb"})])
+
+    s, lina = cfg.sim_sweep, cfg.lina
+    for hw, ws, policy in itertools.product(s.hardware, s.world_size, s.policy):
+        add(hw, s.paper, ws, s.experts_per_rank, policy, list(s.overrides), cfg.comm.partition_mb)
+    for experts, policy in itertools.product(lina.experts, lina.policy):
+        add(lina.hardware, "lina", experts, 1, policy, list(lina.overrides), cfg.comm.partition_mb)
+    for partition_mb in lina.partition_mb:
+        add(lina.hardware, "lina", max(lina.experts), 1, "lina", list(lina.overrides), partition_mb)
+    return points
+
+
+def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Lina's measured points: ``lina.measured_policy`` at the measured sweep's largest world size
+    with experts = ranks (Lina's setting), micro-ops of ``lina.measured_partition_mb``; paper lina."""
+    ws = max(cfg.sweep.world_size)
+    return [dict(world_size=ws, num_experts=ws, experts_per_rank=1, policy=policy, seed=cfg.sweep.seed[0],
+                 partition_mb=cfg.lina.measured_partition_mb, paper="lina") for policy in cfg.lina.measured_policy]
+
+
 def point_overrides(point: dict[str, Any]) -> list[str]:
     """The ``key=value`` overrides that turn the base config into one sweep point."""
     keys = {"world_size": "parallel.world_size", "num_experts": "moe.num_experts",
-            "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed"}
+            "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed",
+            "partition_mb": "comm.partition_mb", "paper": "paper"}
     return [f"{keys[k]}={v}" for k, v in point.items()]
 
 
@@ -422,13 +541,20 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
             "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
             "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
             "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
-            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype}
+            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype,
+            "partition_mb": cfg.comm.partition_mb}
 
 
 def point_name(point: dict[str, Any]) -> str:
-    """File name of a sweep point: ``ws4_e8_epr2_sequential_s0``."""
+    """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for Lina's
+    partitioning policies, ``_dropless`` for dropless routing)."""
+    from .lina import LINA_POLICIES  # (moe_core.lina imports this module)
+
     name = (f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
             f"_{point['policy']}_s{point['seed']}")
+    lina = LINA_POLICIES.get(point["policy"])
+    if lina is not None and lina.partition and "partition_mb" in point:
+        name += f"_part{point['partition_mb']:g}"
     return name + "_dropless" if point.get("dropless") else name
 
 

@@ -101,10 +101,69 @@ def write_sim_train_step(root):
     return paths
 
 
+def write_lina(root):
+    """Lina's simulated policies at 4 and 8 experts (= GPUs) and the partition sweep at 8, on Lina's
+    testbed; and its measured inference, one record per placement policy."""
+    paths = []
+    sim = dict(paper="lina", experiment="sim_train_step", mode="simulated", backend="sim", hardware="lina-a100-4x4")
+    runs = [(e, policy, 30.0) for e in (4, 8) for policy in ("overlap", "lina-priority", "lina-pipeline", "lina")]
+    for experts, policy, partition in runs + [(8, "lina", 10.0), (8, "lina", 50.0)]:
+        speed = 1.0 if policy == "overlap" else 1.2 + partition / 1000
+        params = dict(world_size=experts, num_experts=experts, experts_per_rank=1, policy=policy, seed=0,
+                      partition_mb=partition)
+        samples = {"step_ms": [100.0 / speed], "moe_layer_ms": [60.0 / speed], "a2a_bwd_ms": [20.0 / speed]}
+        paths.append(_write(root, **sim, point=f"lina_ws{experts}_{policy}_p{partition:g}", params=params,
+                            samples=samples))
+    for policy, norm in (("ideal", 1.0), ("static", 1.4), ("lina", 1.1), ("lina-no-estimation", 1.2)):
+        params = dict(world_size=4, num_experts=4, path_length=3, policy=policy, seed=0)
+        paths.append(_write(root, paper="lina", experiment="inference", point=f"inference_{policy}", mode="measured",
+                            backend="gloo", hardware="local-cpu", params=params,
+                            samples={"moe_layer_norm": [norm, norm * 1.1, norm * 1.3],
+                                     "moe_layer_ms": [10 * norm, 11 * norm, 13 * norm]}))
+    return paths
+
+
+def write_aurora(root):
+    """Aurora's simulated experiments (two workloads, two networks) and its measured ordered all-to-all."""
+    paths, workloads, pairs = [], ("gating-z1", "zipf-1"), ("gating-z1+zipf-1", "zipf-1+gating-z1")
+    sim = dict(paper="aurora", mode="simulated", backend="sim")
+    hardware = {"homogeneous": "aurora-bigswitch-100g", "heterogeneous": "aurora-bigswitch-hetero"}
+    for net, hw in hardware.items():
+        for w in workloads:
+            for policy in ("naive", "sjf", "aurora", "exact"):
+                paths.append(_write(root, **sim, experiment="aurora_order", point=f"{net}_{w}_{policy}", hardware=hw,
+                                    params=dict(network=net, workload=w, layer=1, policy=policy),
+                                    samples={"a2a_over_lower_bound": [1.0 if policy == "exact" else 1.2]}))
+        for deployment in ("exclusive", "colocated"):
+            setting = f"{deployment}-{net}"
+            for w in workloads if deployment == "exclusive" else pairs:
+                for policy in ("aurora", "lina", "aurora-exclusive"):
+                    samples = {"inference_ms": [1.0], "gpu_utilisation": [0.1]}
+                    if policy == "lina":
+                        samples["aurora_speedup"] = [1.3, 1.5]
+                    params = dict(setting=setting, deployment=deployment, network=net, workload=w, policy=policy)
+                    paths.append(_write(root, **sim, experiment="aurora_deployment", point=f"{setting}_{w}_{policy}",
+                                        hardware=hw, params=params, samples=samples))
+                for level in (0.0, 0.5):
+                    params = dict(setting=setting, workload=w, imprecision=level, baseline="rga", policy="aurora")
+                    paths.append(_write(root, **sim, experiment="aurora_imprecision", point=f"{setting}_{w}_p{level}",
+                                        hardware=hw, params=params, samples={"aurora_speedup": [1.4 - level / 2]}))
+    for w in pairs:
+        paths.append(_write(root, **sim, experiment="aurora_gap", point=w, hardware=hardware["heterogeneous"],
+                            params=dict(workload=w, layer=1, n_gpus=4, network="heterogeneous", policy="aurora"),
+                            samples={"gap_to_optimum": [1.05]}))
+        for policy in ("library", "aurora"):
+            paths.append(_write(root, paper="aurora", experiment="aurora_a2a", point=f"{w}_{policy}", mode="measured",
+                                backend="gloo", hardware="local-cpu",
+                                params=dict(workload=w, policy=policy, world_size=4), samples={"a2a_ms": _spread(5.0)}))
+    return paths
+
+
 @pytest.fixture(scope="module")
 def figure_tables(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
-    return collect(write_train_step(root) + write_collectives(root) + write_sim_train_step(root))
+    return collect(write_train_step(root) + write_collectives(root) + write_sim_train_step(root) + write_aurora(root)
+                   + write_lina(root))
 
 
 # ---- collect ----------------------------------------------------------------------------------
@@ -230,7 +289,11 @@ def test_figure_renders_png_and_pdf(tmp_path, figure_tables, name):
 
 NEEDS = {"step_breakdown": "train_step", "a2a_share_vs_experts": "train_step", "a2a_slowdown_cdf": "collectives",
          "busbw_vs_size": "collectives", "sim_a2a_share_vs_cluster_size": "sim_train_step",
-         "sim_a2a_slowdown_cdf": "sim_train_step"}
+         "sim_a2a_slowdown_cdf": "sim_train_step", "aurora_order_speedup": "aurora_deployment",
+         "aurora_gpu_utilisation": "aurora_deployment", "aurora_gap_to_optimum": "aurora_gap",
+         "aurora_imprecision": "aurora_imprecision", "aurora_ordered_vs_library": "aurora_a2a",
+         "lina_step_speedup": "sim_train_step", "lina_moe_speedup": "sim_train_step",
+         "lina_partition_sweep": "sim_train_step", "lina_inference": "inference"}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))

@@ -7,6 +7,11 @@ Lina policy driven by a real path profile. The reference runs the plain dropless
 ranks' batches concatenated: placement must never change the math.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -108,3 +113,30 @@ def test_placed_inference_equals_single_process(tmp_path, world, top_k):
         reference.head._forward_hooks.clear()
     assert results[0]["ideal"]["imbalance"] == [1.0] * BATCHES * len(reference.moe_layers())
     assert results[0]["lina-no-finetune"]["replanned"] == [False] * BATCHES * len(reference.moe_layers())
+
+
+@pytest.mark.slow
+def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "experiments.inference", "parallel.world_size=2", "moe.num_experts=4", "moe.experts_per_rank=2",
+           "model.n_layers=4", "model.moe_every=1", "train.data_zipf=1.5", "inference.train_steps=10",
+           "inference.batches=3", "inference.profile_batches=2", f"results_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {json.loads(p.read_text())["params"]["policy"]: json.loads(p.read_text())
+               for p in (tmp_path / "raw" / "lina" / "inference").glob("*.json")}
+    assert set(records) == {"ideal", "static", "lina", "lina-no-estimation", "lina-no-finetune"}
+    nll = [r["samples"]["nll"] for p, r in records.items() if p != "ideal"]  # per batch, same tokens
+    for other in nll[1:]:
+        assert other == pytest.approx(nll[0], rel=1e-5)  # placement never changes the math
+    for policy in ("lina", "lina-no-estimation", "lina-no-finetune"):
+        m = records[policy]["metrics"]
+        assert 0 <= m["estimation_accuracy"]["value"] <= 1 and 0 <= m["replan_rate"]["value"] <= 1
+    assert records["lina-no-finetune"]["metrics"]["replan_rate"]["value"] == 0
+
+
+def test_unknown_inference_policy_exits_2_naming_the_key(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.inference", "inference.policies=[fifo]",
+                           f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "inference.policies" in proc.stderr
+    assert not any(tmp_path.rglob("*.json"))

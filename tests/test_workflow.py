@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from moe_core.config import load_config, point_name, sweep_points
+from moe_core.config import lina_measured_points, load_config, point_name, sim_points, sweep_points
 
 
 def snakemake(*args, timeout=300):
@@ -19,14 +19,21 @@ def test_lint_is_clean():
 def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     proc = snakemake("--cores", "2", "-n", "--quiet", "rules", "--config", f"results_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    points, _ = sweep_points(load_config(["configs/default.yaml"]))
+    cfg = load_config(["configs/default.yaml"])
+    points, _ = sweep_points(cfg)
     out = proc.stdout + proc.stderr
     job_lines = [line.split() for line in out.splitlines()]
     counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
-    assert int(counts["train_step"]) == len(points) == 12
+    assert len(points) == 12 and len(lina_measured_points(cfg)) == 3
+    assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg))
+    assert int(counts["sim_train_step"]) == len(sim_points(cfg)) and int(counts["lina_inference"]) == 1
     assert int(counts["collectives"]) == 1
     assert all(int(counts[f"figure_{name}"]) == 1 for name in
-               ("step_breakdown", "a2a_share_vs_experts", "a2a_slowdown_cdf", "busbw_vs_size"))
+               ("step_breakdown", "a2a_share_vs_experts", "a2a_slowdown_cdf", "busbw_vs_size",
+                "lina_step_speedup", "lina_moe_speedup", "lina_partition_sweep", "lina_inference"))
+    assert int(counts["aurora_simulated"]) == int(counts["aurora_a2a"]) == 1
+    assert all(int(counts[f"figure_aurora_{name}"]) == 1 for name in
+               ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library"))
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
 
 

@@ -9,6 +9,15 @@ FIGURE_PAPERS = {
     "sim_a2a_share_vs_cluster_size": "lina",
     "sim_a2a_slowdown_cdf": "lina",
     "sim_validation": "common",
+    "lina_step_speedup": "lina",
+    "lina_moe_speedup": "lina",
+    "lina_partition_sweep": "lina",
+    "lina_inference": "lina",
+    "aurora_order_speedup": "aurora",
+    "aurora_gpu_utilisation": "aurora",
+    "aurora_gap_to_optimum": "aurora",
+    "aurora_imprecision": "aurora",
+    "aurora_ordered_vs_library": "aurora",
 }
 FIGURES = [f"{RESULTS}/figures/{paper}/{name}.png" for name, paper in FIGURE_PAPERS.items()]
 
@@ -19,6 +28,9 @@ rule collect:
         TRAIN_RECORDS,
         COLLECTIVE_RECORDS,
         SIM_RECORDS,
+        AURORA_SIM_RECORDS,
+        AURORA_A2A_RECORDS,
+        INFERENCE_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

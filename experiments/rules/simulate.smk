@@ -1,21 +1,10 @@
-# Simulated paper-scale sweep: one cheap local job per (hardware, world size, policy) point
+# Simulated sweeps (paper-scale and Lina's): one cheap local job per point
 # (experiments/simulate.py), in the same record schema as the measured points (mode: simulated).
 
-from moe_core.config import point_name as _train_point_name
+from moe_core.config import sim_points
 
-SIM = CFG.sim_sweep
-SIM_POINTS = {}
-for _hw in SIM.hardware:
-    for _ws in SIM.world_size:
-        for _policy in SIM.policy:
-            _experts = _ws * SIM.experts_per_rank
-            _params = dict(world_size=_ws, num_experts=_experts, experts_per_rank=SIM.experts_per_rank,
-                           policy=_policy, seed=CFG.train.seed)
-            SIM_POINTS[f"{_hw}_{_train_point_name(_params)}"] = [
-                f"hardware_profile={_hw}", f"parallel.world_size={_ws}", f"moe.num_experts={_experts}",
-                f"moe.experts_per_rank={SIM.experts_per_rank}", f"comm.policy={_policy}", f"paper={SIM.paper}",
-            ]
-SIM_RECORDS = expand(f"{RESULTS}/raw/{SIM.paper}/sim_train_step/{{point}}.json", point=SIM_POINTS)
+SIM_POINTS = sim_points(CFG)  # the paper-scale sweep and Lina's: name -> (paper, complete overrides)
+SIM_RECORDS = [f"{RESULTS}/raw/{paper}/sim_train_step/{name}.json" for name, (paper, _) in SIM_POINTS.items()]
 
 
 rule sim_train_step:
@@ -23,11 +12,11 @@ rule sim_train_step:
     input:
         config=rules.resolved_config.output[0],
     output:
-        f"{RESULTS}/raw/{SIM.paper}/sim_train_step/{{point}}.json",
+        f"{RESULTS}/raw/{{paper}}/sim_train_step/{{point}}.json",
     log:
-        f"{RESULTS}/logs/sim_train_step/{{point}}.log",
+        f"{RESULTS}/logs/sim_train_step/{{paper}}/{{point}}.log",
     params:
-        overrides=lambda wc: " ".join([*SIM.overrides, *SIM_POINTS[wc.point]]),
+        overrides=lambda wc: " ".join(SIM_POINTS[wc.point][1]),
     conda:
         "../../environment.yml"
     resources:

@@ -4,15 +4,20 @@ import sys
 
 from omegaconf import OmegaConf
 
-from moe_core.config import point_name, point_overrides, sweep_points
+from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
+from moe_core.config import lina_measured_points, point_name, point_overrides, sweep_points
 
 TRAIN_POINTS, _skipped = sweep_points(CFG)
 for _reason in _skipped:
     print(f"sweep: skipping impossible layout {_reason}", file=sys.stderr)
-TRAIN_POINTS = {point_name(p): p for p in TRAIN_POINTS}
-TRAIN_RECORDS = expand(
-    f"{RESULTS}/raw/{CFG.paper}/{CFG.experiment}/{{point}}.json", point=TRAIN_POINTS
-)
+# The sweep's points (paper of the config), then Lina's measured ones (paper lina).
+TRAIN_POINTS = {point_name(p): {"paper": CFG.paper, **p} for p in [*TRAIN_POINTS, *lina_measured_points(CFG)]}
+# SLURM sizing of each point (nodes, tasks, CPUs, memory, GPUs; experiments/launch.py). Computed
+# here, so a world size that cannot fill whole nodes stops the workflow before any job.
+TRAIN_RESOURCES = {
+    name: slurm_resources(CFG, p["world_size"]) for name, p in TRAIN_POINTS.items()
+}
+TRAIN_RECORDS = [f"{RESULTS}/raw/{p['paper']}/{CFG.experiment}/{name}.json" for name, p in TRAIN_POINTS.items()]
 
 
 rule resolved_config:
@@ -38,18 +43,22 @@ rule train_step:
     input:
         config=rules.resolved_config.output[0],
     output:
-        f"{RESULTS}/raw/{CFG.paper}/{CFG.experiment}/{{point}}.json",
+        f"{RESULTS}/raw/{{paper}}/{CFG.experiment}/{{point}}.json",
     conda:
         "../../environment.yml"
     log:
-        f"{RESULTS}/logs/train_step/{{point}}.log",
+        f"{RESULTS}/logs/train_step/{{paper}}/{{point}}.log",
     params:
         world_size=lambda wc: TRAIN_POINTS[wc.point]["world_size"],
         overrides=lambda wc: " ".join(point_overrides(TRAIN_POINTS[wc.point])),
     threads: lambda wc: TRAIN_POINTS[wc.point]["world_size"]
+    # Locally only threads (and mem_mb with --resources) matter; keys a point leaves unset
+    # (e.g. mpi, gpu on CPU) evaluate to None, which Snakemake drops.
     resources:
-        runtime=30,
-        mem_mb=lambda wc: 1500 * TRAIN_POINTS[wc.point]["world_size"],
+        **{
+            key: lambda wc, key=key: TRAIN_RESOURCES[wc.point].get(key)
+            for key in SLURM_RESOURCE_KEYS
+        },
     shell:
         "python -m experiments.launch --config {input.config} {params.overrides} --nproc {params.world_size} "
         "-- -m experiments.train_step --out {output} > {log} 2>&1"

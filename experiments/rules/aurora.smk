@@ -1,0 +1,56 @@
+# Aurora (arXiv 2410.17043): its decisions on the big-switch system model (experiments/aurora.py,
+# simulated, one cheap local job) and its transmission orders measured with gloo/NCCL
+# (experiments/aurora_a2a.py, one torchrun job). Each job writes one record per point.
+
+from experiments.aurora import PAPER as AURORA_PAPER, aurora_points
+from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points
+from experiments.launch import slurm_resources
+
+AURORA_SIM_RECORDS = [
+    f"{RESULTS}/raw/{AURORA_PAPER}/{experiment}/{point}.json"
+    for experiment, points in aurora_points(CFG).items()
+    for point in points
+]
+AURORA_A2A_RECORDS = expand(
+    f"{RESULTS}/raw/{AURORA_PAPER}/{AURORA_A2A}/{{point}}.json", point=measured_points(CFG)
+)
+
+
+rule aurora_simulated:
+    """Transmission orders, the four deployment settings, the gap to the brute-force optimum and
+    traffic imprecision on gating traces and Zipf matrices (seconds of CPU, no processes)."""
+    input:
+        config=rules.resolved_config.output[0],
+    output:
+        AURORA_SIM_RECORDS,
+    log:
+        f"{RESULTS}/logs/aurora_simulated.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.aurora --config {input.config} > {log} 2>&1"
+
+
+rule aurora_a2a:
+    """all_to_all_single vs the ordered all-to-all in each Aurora order, aurora.world_size ranks."""
+    input:
+        config=rules.resolved_config.output[0],
+    output:
+        AURORA_A2A_RECORDS,
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/aurora_a2a.log",
+    params:
+        world_size=CFG.aurora.world_size,
+    threads: CFG.aurora.world_size
+    # SLURM sizing (nodes, tasks, CPUs, memory, GPUs): experiments/launch.py; locally only threads matter.
+    resources:
+        **slurm_resources(CFG, CFG.aurora.world_size),
+    shell:
+        "python -m experiments.launch --config {input.config} --nproc {params.world_size} "
+        "-- -m experiments.aurora_a2a > {log} 2>&1"
