@@ -161,9 +161,20 @@ def _aurora_speedup(records: pd.DataFrame, setting: str, baseline: str, reduce: 
                    f"({', '.join(sorted(rows['workload']))})")
 
 
-@reproducer
-def aurora_fig11a_max_vs_sjf(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "exclusive-homogeneous", "sjf", "max")
+def _aurora_speedup_reproducer(figure: str, setting: str, baseline: str, reduce: str) -> None:
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        return _aurora_speedup(records, setting, baseline, reduce)
+    reproduce.__name__ = f"aurora_fig{figure}_{reduce}_vs_{baseline}"
+    reproducer(reproduce)
+
+
+# Fig 11: Aurora's speedup range per setting (published as "from min to max")
+for _figure, _setting, _baseline, _reduces in [("11a", "exclusive-homogeneous", "sjf", ("max",)),
+                                               ("11b", "exclusive-heterogeneous", "rga", ("min", "max")),
+                                               ("11c", "colocated-homogeneous", "lina", ("min", "max")),
+                                               ("11d", "colocated-heterogeneous", "lina", ("min", "max"))]:
+    for _reduce in _reduces:
+        _aurora_speedup_reproducer(_figure, _setting, _baseline, _reduce)
 
 
 @reproducer
@@ -174,36 +185,6 @@ def aurora_fig11a_sjf_over_rcs(records: pd.DataFrame, samples: pd.DataFrame) -> 
     if ratio.empty:
         return None
     return float(ratio.mean()), f"{_where(records)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
-
-
-@reproducer
-def aurora_fig11b_min_vs_rga(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "exclusive-heterogeneous", "rga", "min")
-
-
-@reproducer
-def aurora_fig11b_max_vs_rga(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "exclusive-heterogeneous", "rga", "max")
-
-
-@reproducer
-def aurora_fig11c_min_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "colocated-homogeneous", "lina", "min")
-
-
-@reproducer
-def aurora_fig11c_max_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "colocated-homogeneous", "lina", "max")
-
-
-@reproducer
-def aurora_fig11d_min_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "colocated-heterogeneous", "lina", "min")
-
-
-@reproducer
-def aurora_fig11d_max_vs_lina(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _aurora_speedup(records, "colocated-heterogeneous", "lina", "max")
 
 
 @reproducer
