@@ -35,11 +35,12 @@ rule lina_inference:
             f"inference.path_length={INFERENCE_POINTS[wc.point]['path_length']}",
         ]),
         out_dir=lambda wc, output: os.path.dirname(output[0]),
+        world_size=INFERENCE.world_size,  # threads may be capped to --cores; the ranks may not
     threads: INFERENCE.world_size
     conda:
         "../../environment.yml"
     resources:
         **{key: INFERENCE_RESOURCES.get(key) for key in SLURM_RESOURCE_KEYS},
     shell:
-        "python -m experiments.launch --config {input.config} {params.overrides} --nproc {threads} "
+        "python -m experiments.launch --config {input.config} {params.overrides} --nproc {params.world_size} "
         "-- -m experiments.inference --out-dir {params.out_dir} > {log} 2>&1"
