@@ -27,7 +27,7 @@ from tqdm import tqdm
 from moe_core.config import ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, packing_factor
+from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packing_factor
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.policies import make_policy
@@ -95,7 +95,7 @@ def measured_packing_factor(cfg, env: Env) -> int:
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return float(worst)
 
-    max_factor = layout.expert_parallel & -layout.expert_parallel  # largest power of two dividing it
+    max_factor = max_packing_factor(layout.expert_parallel)
     return packing_factor(lambda k: ffn_ms, a2a_ms, max_factor)
 
 

@@ -92,6 +92,12 @@ def layer_a2a_micro_ops(cfg: DictConfig, element_bytes: int) -> list[tuple[int, 
     return a2a_micro_ops(rows, moe.num_experts * m.d_model * element_bytes, cfg.comm.partition_mb * 2**20)
 
 
+def max_packing_factor(expert_parallel: int) -> int:
+    """The largest packing factor a layout allows: the largest power of two dividing its
+    expert-parallel size (every expert local at most)."""
+    return expert_parallel & -expert_parallel
+
+
 def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float], max_factor: int) -> int:
     """Experts per device relative to the unpacked layout: 1, 2, 4, ... until the FFN time of a
     micro-op (``ffn_s(k)``) exceeds its all-to-all time (``a2a_s(k)``), capped at ``max_factor``

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import Layout, capacity, layout_of
-from ..lina import LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, packing_factor
+from ..lina import LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, max_packing_factor, packing_factor
 from ..model import MoETransformer
 from ..parallel import is_expert_param
 from ..policies import POLICIES, assign_buckets
@@ -105,7 +105,7 @@ class StepModel:
             a2a_s = simulate([Op("a2a", "x", **a2a)], self.topo.capacity).makespan_s if a2a else 0.0
             return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
 
-        max_factor = base.expert_parallel & -base.expert_parallel  # largest power of two dividing it
+        max_factor = max_packing_factor(base.expert_parallel)
         factor = packing_factor(lambda k: per_micro_op(k)[0], lambda k: per_micro_op(k)[1], max_factor)
         return packed(factor)
 
