@@ -3,34 +3,35 @@
     torchrun --standalone --nproc-per-node=4 -m experiments.train_step \\
         --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
 
-Each iteration: barrier, forward, backward, gradient synchronisation (the policy), optimizer step.
-Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record
-holds median and p95 over the timed iterations. Rank 0 writes the record atomically once every
-rank has finished, then mirrors it to W&B. A bad config exits with code 2 before any process group
-is created; a failing or hung rank makes every rank exit non-zero within ``parallel.timeout_s``.
+Each iteration: barrier, forward, backward, gradient synchronisation (the policy), optimizer step;
+Lina's packing policies (``lina``, ``lina-pack``) re-decide their expert layout between steps
+(ExpertPacking) and move the experts when it changes. Phases are timed per rank
+(moe_core.timing); per iteration the worst rank is kept; the record holds median and p95 over the
+timed iterations. Rank 0 writes the record atomically once every rank has finished, then mirrors it
+to W&B. A bad config exits with code 2 before any process group is created; a failing or hung rank
+makes every rank exit non-zero within ``parallel.timeout_s``.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections import defaultdict
 from contextlib import nullcontext
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params, to_container
+from moe_core.config import (ConfigError, Layout, config_arg_parser, layout_of, load_config, point_name, point_params,
+                             to_container)
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packing_factor
+from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packing_due, packing_factor
 from moe_core.model import MoETransformer
-from moe_core.parallel import build_groups, shard_experts
-from moe_core.policies import make_policy
+from moe_core.packing import repack
+from moe_core.parallel import ParallelGroups, build_groups, shard_experts
+from moe_core.policies import CommPolicy, make_policy
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
@@ -57,60 +58,105 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     }
 
 
-def measured_packing_factor(cfg, env: Env) -> int:
-    """Lina's expert-packing decision (lina.packing_factor) from this testbed's own times.
+class ExpertPacking:
+    """Lina's expert packing inside a training run (Li et al. §4; decision: moe_core.lina).
 
-    FFN time of a micro-op: the worst rank's expert time over the warm-up steps of the unpacked
-    layout (same policy without packing), per MoE layer, pass (backward = 2 forwards) and micro-op.
-    All-to-all time of a micro-op with k times the experts per rank: one micro-op's buffer exchanged
-    on that layout's expert-parallel groups (a real all_to_all_single, median of 5, worst rank).
-    Every rank sees the same worst-rank inputs, so all take the same decision.
+    The run starts on the configured layout. After the warm-up steps, then every
+    ``comm.packing_interval_iters`` steps (lina.packing_due), the packing factor (experts per rank
+    relative to the configured layout) is decided by lina.packing_factor from this run's own times:
+
+    * FFN time of a micro-op: the median expert phase of the steps since the last decision, per MoE
+      layer, pass (backward = 2 forwards) and all-to-all micro-op (lina.layer_a2a_micro_ops). A rank
+      computes the rows it sends whatever the packing, so the current layout's time stands for
+      every candidate factor.
+    * All-to-all time of a micro-op at factor k: one micro-op's buffer exchanged by a real
+      all_to_all_single on the expert-parallel groups of the layout with k times the experts per
+      rank (median of 5, after one untimed exchange).
+
+    Both are the worst rank's (all_reduce MAX), so every rank takes the same decision. A changed
+    factor moves the experts and their optimizer state to the new layout (moe_core.packing.repack).
+    Each layout's process groups are built once and kept, since creating a group is collective and
+    costly: the candidates measured are the layouts a repack then trains on.
     """
-    lina = LINA_POLICIES[cfg.comm.policy]
-    probe = OmegaConf.merge(cfg, {"comm": {"policy": "lina-pipeline" if lina.pipeline else "overlap"},
-                                  "train": {"iters": max(1, cfg.train.warmup_iters)}})
-    samples, _ = train(probe, env, progress=False)
-    dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
-    chunks = layer_a2a_micro_ops(cfg, dtype.itemsize)
-    moe_layers = sum(1 for i in range(cfg.model.n_layers) if i % cfg.model.moe_every == cfg.model.moe_every - 1)
-    ffn_ms = statistics.median(samples["expert_ms"]) / (3 * moe_layers * len(chunks))
-    layout = layout_of(cfg)
-    a, b = chunks[0]
-    micro_op = torch.zeros(cfg.moe.num_experts * (b - a) * cfg.model.d_model, device=env.device, dtype=dtype)
 
-    def a2a_ms(k: int) -> float:
-        ep = layout.expert_parallel // k
-        if ep == 1:
-            return 0.0
-        blocks = [dist.new_group(list(range(r, r + ep)), timeout=timedelta(seconds=env.timeout_s))
-                  for r in range(0, env.world_size, ep)]
-        group = blocks[env.rank // ep]
+    def __init__(self, cfg, env: Env, groups: ParallelGroups, moe_layers: int, high_priority_ep: bool):
+        self.env, self.high_priority_ep = env, high_priority_ep
+        self.warmup_iters, self.interval_iters = cfg.train.warmup_iters, cfg.comm.packing_interval_iters
+        self.base = groups.layout
+        self.groups = {1: groups}  # packing factor -> its layout's process groups
+        self.factor, self.repacks, self.exchange_ms = 1, 0, 0.0
+        self.expert_ms: list[float] = []  # this rank's expert phase per step since the last decision
+        dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
+        chunks = layer_a2a_micro_ops(cfg, dtype.itemsize)
+        self.micro_ops = len(chunks) * moe_layers * 3  # per step: forward + backward (2 forwards)
+        a, b = chunks[0]
+        self.micro_op = torch.zeros(cfg.moe.num_experts * (b - a) * cfg.model.d_model, device=env.device,
+                                    dtype=dtype)  # (E * rows, M) flattened: one micro-op's send buffer
+
+    def groups_at(self, factor: int) -> ParallelGroups:
+        """The process groups of the layout with ``factor`` times the configured experts per rank."""
+        if factor not in self.groups:
+            layout = Layout(self.base.world_size, self.base.num_experts, self.base.experts_per_rank * factor)
+            self.groups[factor] = build_groups(layout, self.env.device.type, self.env.timeout_s,
+                                               high_priority_ep=self.high_priority_ep)
+        return self.groups[factor]
+
+    def before_step(self, iteration: int, model, optimizer, policy: CommPolicy) -> CommPolicy:
+        """Before step ``iteration``: re-decide the factor when due and repack on a change; return the
+        policy to train with. Collective: every rank calls it before every step."""
+        if not packing_due(iteration, self.warmup_iters, self.interval_iters):
+            return policy
+        ffn_ms = self._worst_rank(statistics.median(self.expert_ms)) / self.micro_ops
+        self.expert_ms = []
+        factor = packing_factor(lambda k: ffn_ms, self._a2a_ms, max_packing_factor(self.base.expert_parallel))
+        if factor == self.factor:
+            return policy
+        groups = self.groups_at(factor)
+        clock = PhaseTimer(self.env.device)
+        with clock.region("exchange"):
+            policy = repack(model, optimizer, policy, groups)
+        self.exchange_ms += clock.elapsed_ms()["exchange"]
+        self.factor, self.repacks = factor, self.repacks + 1
+        return policy
+
+    def _a2a_ms(self, factor: int) -> float:
+        """The worst rank's time of one micro-op's all-to-all on the layout packed by ``factor``."""
+        group = self.groups_at(factor).ep_group
+        clock, received = PhaseTimer(self.env.device), torch.empty_like(self.micro_op)
         times = []
         for _ in range(6):
             dist.barrier(group)
-            start = time.perf_counter()
-            dist.all_to_all_single(torch.empty_like(micro_op), micro_op, group=group)
-            times.append((time.perf_counter() - start) * 1e3)
-        worst = torch.tensor(statistics.median(times[1:]), dtype=torch.float64)
+            clock.reset()
+            with clock.region("a2a"):
+                dist.all_to_all_single(received, self.micro_op, group=group)
+            times.append(clock.elapsed_ms()["a2a"])
+        return self._worst_rank(statistics.median(times[1:]))
+
+    def _worst_rank(self, value: float) -> float:
+        """The maximum of ``value`` over all ranks (collective)."""
+        worst = torch.tensor(value, dtype=torch.float64, device=self.env.device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return float(worst)
 
-    max_factor = max_packing_factor(layout.expert_parallel)
-    return packing_factor(lambda k: ffn_ms, a2a_ms, max_factor)
+    def metrics(self) -> dict[str, float]:
+        """The record's packing metrics: final factor, number of repacks, the worst rank's total
+        exchange time (collective)."""
+        return {"packing_factor": self.factor, "repacks": self.repacks,
+                "exchange_ms": self._worst_rank(self.exchange_ms)}
 
 
-def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]], dict[str, float]]:
+def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
 
-    A packing Lina policy first decides its experts per rank (measured_packing_factor), then trains
-    from the same seed on the packed layout, which gives the same losses as the unpacked one.
+    A packing Lina policy starts on the configured layout and re-decides its packing factor during
+    the run (ExpertPacking). Decisions and exchanges run between two steps, before the barrier
+    that opens the next step's timed window, so no timed sample contains them (every iteration
+    keeps its sample); the exchanges' time is recorded as ``exchange_ms``. Packing moves experts,
+    never the math: the losses are the unpacked layout's (up to float reordering).
     """
     lina = LINA_POLICIES.get(cfg.comm.policy)
-    factor = measured_packing_factor(cfg, env) if lina and lina.pack else 1
-    if factor > 1:
-        cfg = OmegaConf.merge(cfg, {"moe": {"experts_per_rank": layout_of(cfg).experts_per_rank * factor}})
-    layout = layout_of(cfg)
-    groups = build_groups(layout, env.device.type, env.timeout_s)
+    high_priority_ep = bool(lina and lina.priority)  # Lina's all-to-alls on high-priority NCCL streams
+    groups = build_groups(layout_of(cfg), env.device.type, env.timeout_s, high_priority_ep=high_priority_ep)
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     shard_experts(model, groups)
@@ -120,6 +166,8 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
                          int(cfg.comm.partition_mb * 2**20))
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    packing = (ExpertPacking(cfg, env, groups, len(model.moe_layers()), high_priority_ep)
+               if lina and lina.pack else None)
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16"
                 else nullcontext())
@@ -127,8 +175,10 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
     local: dict[str, list[float]] = defaultdict(list)
     losses = []
     total = cfg.train.warmup_iters + cfg.train.iters
-    for it in tqdm(range(total), desc=f"train_step {cfg.comm.policy}", disable=not progress or env.rank != 0,
+    for it in tqdm(range(total), desc=f"train_step {cfg.comm.policy}", disable=env.rank != 0,
                    file=sys.stderr, mininterval=1.0):
+        if packing:
+            policy = packing.before_step(it, model, optimizer, policy)
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, env.rank))
         dist.barrier()
         timer.reset()
@@ -148,8 +198,11 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
         nll = nll.detach().clone()
         dist.all_reduce(nll)
         losses.append(nll.item() / env.world_size)
+        metrics = step_metrics(timer.elapsed_ms(), timer.counters)
+        if packing:
+            packing.expert_ms.append(metrics["expert_ms"])
         if it >= cfg.train.warmup_iters:
-            for name, value in step_metrics(timer.elapsed_ms(), timer.counters).items():
+            for name, value in metrics.items():
                 local[name].append(value)
             gating = [layer.last_gating for layer in model.moe_layers()]
             local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / len(gating))
@@ -161,7 +214,8 @@ def train(cfg, env: Env, progress: bool = True) -> tuple[dict[str, list[float]],
     tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
     extra = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
-             "tokens_per_s": tokens_per_step / (step_median / 1e3), "packing_factor": factor}
+             "tokens_per_s": tokens_per_step / (step_median / 1e3),
+             **(packing.metrics() if packing else {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0})}
     return samples, extra
 
 

@@ -106,6 +106,10 @@ class HardwareConfig:
     # CPU testbeds: copy throughput of the host's cores, which every byte a collective sends crosses
     # (gloo and TCP run there); 0 = not modelled. Calibration fits it.
     host_GBps: float = 0.0
+    # How concurrent collectives share a link: "operation" (each collective one fluid flow) or
+    # "connection" (each point-to-point connection one flow, as TCP congestion control shares a
+    # link: an all-to-all of many peer connections then outweighs a ring all-reduce's one).
+    link_sharing: Literal["operation", "connection"] = "operation"
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
@@ -160,6 +164,9 @@ class CommConfig:
     policy: Policy = "sequential"
     bucket_mb: float = 4.0  # gradient bucket size of the `overlap` policy (DDP default is 25 MB)
     partition_mb: float = 30.0  # Lina's micro-op size (paper default 30 MB, studied 10-100 MB)
+    # Lina's expert packing (policies lina, lina-pack): steps between re-decisions of the packing
+    # factor; the first decision follows the train.warmup_iters warm-up steps (paper: every 4 steps).
+    packing_interval_iters: int = 4
 
 
 @dataclass
@@ -185,6 +192,10 @@ class CollectivesConfig:
     step_factor: int = 4
     warmup_iters: int = 3
     iters: int = 10
+    # Sizes up to latency_bytes are latency-bound: cheap per call but the noisiest (host scheduling
+    # jitter), so they get latency_iters timed iterations instead (OSU micro-benchmarks' rule).
+    latency_bytes: int = 256 * 2**10
+    latency_iters: int = 30
     # Skew of the uneven all-to-all traffic matrix: Zipf exponent of destination popularity.
     traffic_zipf: float = 1.2
     seed: int = 0
@@ -288,6 +299,9 @@ class InferenceConfig:
     top_k: int = 1  # Lina's inference gate
     keep: int = 0  # experts kept per path estimate; 0 = top_k, as Lina
     path_length: int = 3  # this run's l (Lina: 3; 1 and 6 studied)
+    # The token all-to-alls: all_to_all_single, or Aurora's ordered one in that policy's order
+    # (moe_core.policies.AURORA_ORDERS), planned from the traffic matrix every rank already has.
+    a2a_policy: Literal["library", "aurora", "aurora-sjf", "aurora-rcs"] = "library"
     world_size: int = 4
     experts: list[int] = field(default_factory=lambda: [4])
     path_lengths: list[int] = field(default_factory=lambda: [3])
@@ -409,6 +423,8 @@ def validate(cfg: DictConfig) -> None:
     _require(par.timeout_s > 0, "parallel.timeout_s", f"must be > 0, got {par.timeout_s}")
     _require(cfg.comm.bucket_mb > 0, "comm.bucket_mb", f"must be > 0, got {cfg.comm.bucket_mb}")
     _require(cfg.comm.partition_mb > 0, "comm.partition_mb", f"must be > 0, got {cfg.comm.partition_mb}")
+    _require(cfg.comm.packing_interval_iters >= 1, "comm.packing_interval_iters",
+             f"must be >= 1 step, got {cfg.comm.packing_interval_iters}")
     for phase, eff in cfg.hardware.phase_efficiency.items():
         _require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}",
                  f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
@@ -426,6 +442,8 @@ def validate(cfg: DictConfig) -> None:
     _require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", "must satisfy 0 < min_bytes <= max_bytes")
     _require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")
     _require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
+    _require(c.iters >= 1 and c.latency_iters >= 1 and c.warmup_iters >= 0, "collectives",
+             "iters and latency_iters must be >= 1, warmup_iters >= 0")
     for pol in cfg.sweep.policy:
         _require(pol in Policy.__args__, "sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
     for key in ("world_size", "num_experts", "seed"):

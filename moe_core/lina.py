@@ -1,7 +1,8 @@
 """Lina's training-time decisions (Li et al., USENIX ATC'23, §4), as pure functions.
 
-Both executors call these: the measured policy (moe_core.policies.Lina) and the step simulator
-(moe_core.sim.step). What each executor adds is only how time passes.
+Both executors call these: the measured one (the policy moe_core.policies.Lina; expert packing in
+the training loop, experiments.train_step) and the step simulator (moe_core.sim.step). What each
+executor adds is only how time passes.
 
 * Tensor partitioning: every gradient tensor is cut into equal micro-ops of at most the partition
   size (default 30 MB), never fused with another tensor. With pipelining, every all-to-all is also
@@ -9,10 +10,13 @@ Both executors call these: the measured policy (moe_core.policies.Lina) and the 
   micro-ops only matter to overlap them with the experts).
 * Priority: an all-reduce micro-op is launched only when no all-to-all is waiting or running, at
   most one is in flight (NCCL ops cannot be preempted, so an all-to-all waits for at most one), and
-  none is launched between the start of an MoE layer's backward pass and its all-to-all.
+  none is launched between the start of an MoE layer's backward pass and its all-to-all. On NCCL
+  the all-to-alls also get high-priority CUDA streams (moe_core.parallel.build_groups).
 * Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives.
 * Expert packing: experts per device double (powers of two) until the FFN time of a micro-op
-  exceeds the all-to-all time of a micro-op; the expert-parallel group shrinks accordingly.
+  exceeds the all-to-all time of a micro-op; the expert-parallel group shrinks accordingly. A
+  training run starts unpacked and decides after its warm-up steps, then again every few steps
+  (``packing_due``; the paper: at step 10, then every 4 steps).
 
 The ablations are cumulative, as in the paper's Fig 14: ``lina-priority`` -> ``lina-partition``
 (+ partitioning) -> ``lina-pipeline`` (+ pipelining) -> ``lina`` (+ packing). ``lina-pack`` is
@@ -108,3 +112,12 @@ def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float],
     while k < max_factor and ffn_s(k) <= a2a_s(k):
         k *= 2
     return min(k, max_factor)
+
+
+def packing_due(iteration: int, warmup_iters: int, interval_iters: int) -> bool:
+    """Whether a run re-decides its packing factor before step ``iteration`` (0-based): first once
+    the ``warmup_iters`` warm-up steps are done, then every ``interval_iters`` steps; never before
+    a first step has been measured."""
+    if interval_iters < 1:
+        raise ValueError(f"packing interval must be >= 1 step, got {interval_iters}")
+    return iteration > 0 and iteration >= warmup_iters and (iteration - warmup_iters) % interval_iters == 0

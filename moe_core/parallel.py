@@ -35,18 +35,22 @@ class ParallelGroups:
     dense_grad_group: object  # all-reduce of dense gradients (all ranks, its own communicator)
 
 
-def build_groups(layout: Layout, device_type: str, timeout_s: float) -> ParallelGroups:
+def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priority_ep: bool = False) -> ParallelGroups:
     """Create the mesh and process groups; every rank must call this (collective).
 
     Every group gets the run's collective timeout ``timeout_s``: new groups otherwise default to 30
     minutes whatever the default group has, and a hung peer would stall the run that long.
+    ``high_priority_ep``: on NCCL, the "ep" groups (the token all-to-alls) run on high-priority CUDA
+    streams, so the GPU schedules their kernels ahead of the gradient all-reduces' (Lina's priority
+    rule; moe_core.lina). It has no effect on gloo, whose collectives run on host threads.
     """
     if dist.get_world_size() != layout.world_size:
         raise RuntimeError(f"process group has {dist.get_world_size()} ranks, layout expects {layout.world_size}")
     timeout = timedelta(seconds=timeout_s)
-    options = _group_options(dist.get_backend(), timeout)
+    backend = dist.get_backend()
     mesh = init_device_mesh(device_type, (layout.data_parallel, layout.expert_parallel), mesh_dim_names=("dp", "ep"),
-                            backend_override={"dp": options, "ep": options})
+                            backend_override={"dp": _group_options(backend, timeout),
+                                              "ep": _group_options(backend, timeout, high_priority_ep)})
     # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
     # contend with) the token all-to-alls instead of queueing behind them on one communicator.
     dense_grad_group = dist.new_group(list(range(layout.world_size)), timeout=timeout)
@@ -54,21 +58,29 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float) -> Parallel
                           mesh.get_group("dp"), dense_grad_group)
 
 
-def _group_options(backend: str, timeout: timedelta):
-    """Backend options that carry ``timeout`` into the groups DeviceMesh creates."""
+def _group_options(backend: str, timeout: timedelta, high_priority: bool = False):
+    """Backend options that carry ``timeout`` (and, on NCCL, the stream priority) into the groups
+    DeviceMesh creates."""
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = high_priority
         options._timeout = timeout
         return options
     return torch._C._distributed_c10d.Backend.Options(backend, timeout=timeout)
 
 
+def local_experts(groups: ParallelGroups) -> tuple[int, int]:
+    """(first, count): the experts this rank holds in ``groups``' layout, [first, first + count)."""
+    epr = groups.layout.experts_per_rank
+    return groups.ep_rank * epr, epr
+
+
 def shard_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:
     """Keep only this rank's experts in every MoE layer and point the layers at their rank."""
-    epr = groups.layout.experts_per_rank
+    first, count = local_experts(groups)
     for layer in model.modules():
         if isinstance(layer, MoELayer):
-            layer.experts.keep(groups.ep_rank * epr, epr)
+            layer.experts.keep(first, count)
             layer.rank = groups.rank
 
 

@@ -4,7 +4,8 @@ A policy owns two decisions, which later mechanisms (Lina, MoNTA, Aurora) overri
 
 * ``all_to_all``: how the MoE layers' token exchanges run (here: one ``all_to_all_single``);
 * gradient synchronisation: when the data-parallel gradient all-reduces are launched
-  (``attach`` registers per-parameter hooks, ``finish_gradient_sync`` completes them).
+  (``attach`` registers per-parameter hooks, ``finish_gradient_sync`` completes them; ``detach``
+  removes them, so Lina's expert packing can attach a policy on the groups of a new layout).
 
 Baselines:
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
 
 from . import comm
 from .a2a_schedule import make_schedule
@@ -122,12 +124,22 @@ class CommPolicy:
         self.groups, self.timer = groups, timer
         self.bucket_bytes, self.partition_bytes = bucket_bytes, partition_bytes  # unit sizes of gradient sync
         self.buckets: list[GradientBucket] = []
+        self.hooks: list[RemovableHandle] = []  # what attach registered on the model
 
     def attach(self, model: torch.nn.Module) -> None:
         """Route the model's MoE all-to-alls through this policy and build its gradient buckets."""
         for layer in model.moe_layers():
             layer.comm, layer.timer = self, self.timer
         self.buckets = make_buckets(model, self.groups, self.bucket_bytes)
+
+    def detach(self, model: torch.nn.Module) -> None:
+        """Undo :meth:`attach`: remove this policy's hooks and un-route the MoE layers, so another
+        policy (e.g. on the process groups of a new expert layout) can attach. Call between steps."""
+        for handle in self.hooks:
+            handle.remove()
+        for layer in model.moe_layers():
+            layer.comm, layer.timer = None, PhaseTimer(enabled=False)
+        self.hooks, self.buckets = [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
         return comm.all_to_all(x, output_splits, input_splits, self.groups.ep_group, self.timer, name)
@@ -159,7 +171,7 @@ class Overlap(CommPolicy):
         super().attach(model)
         for bucket in self.buckets:
             for p in bucket.params:
-                p.register_post_accumulate_grad_hook(lambda _p, b=bucket: self._grad_ready(b))
+                self.hooks.append(p.register_post_accumulate_grad_hook(lambda _p, b=bucket: self._grad_ready(b)))
 
     def _grad_ready(self, bucket: GradientBucket) -> None:
         bucket.ready += 1
@@ -201,6 +213,10 @@ class AuroraSJF(Aurora):
 class AuroraRCS(Aurora):
     name = "aurora-rcs"
     schedule_kind = "rcs"
+
+
+# Aurora's orders by policy name; the measured inference offers the same choice (inference.a2a_policy).
+AURORA_ORDERS = {cls.name: cls.schedule_kind for cls in (Aurora, AuroraSJF, AuroraRCS)}
 
 
 class GradientMicroOp:
@@ -272,15 +288,16 @@ class Lina(CommPolicy):
             for unit in self.units:
                 of_param.setdefault(id(unit.param), []).append(unit)
             for _, p in named:
-                p.register_post_accumulate_grad_hook(lambda q: self._ready(of_param[id(q)]))
+                self.hooks.append(p.register_post_accumulate_grad_hook(lambda q: self._ready(of_param[id(q)])))
         else:
             self.units = self.buckets
             for bucket in self.buckets:
                 for p in bucket.params:
-                    p.register_post_accumulate_grad_hook(lambda _p, b=bucket: self._bucket_grad_ready(b))
+                    self.hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda _p, b=bucket: self._bucket_grad_ready(b)))
         if self.features.priority:
             for layer in model.moe_layers():
-                layer.register_forward_hook(self._block_at_backward_start)
+                self.hooks.append(layer.register_forward_hook(self._block_at_backward_start))
 
     def _block_at_backward_start(self, _layer, _inputs, outputs) -> None:
         if outputs[0].requires_grad:

@@ -24,6 +24,7 @@ def test_defaults_and_files_merge_with_overrides():
     ("hardware_profile=nowhere", "allowed: ["),
     ("sweep.policy=[sequential,fifo]", "sweep.policy"),
     ("noequals", "key=value"),
+    ("comm.packing_interval_iters=0", "comm.packing_interval_iters"),
 ])
 def test_bad_values_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=None) as err:

@@ -1,4 +1,4 @@
-"""Expert-parallel MoE equals a single-process reference; policies never change the math.
+"""Expert-parallel MoE equals a single-process reference; policies and repacking never change the math.
 
 Each case spawns ``world`` gloo ranks (file:// rendezvous, no ports). Every rank trains the same
 seeded model on its own batch; the reference runs one process on the concatenated batch with one
@@ -11,13 +11,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core import comm
-from moe_core.config import load_config
+from moe_core.config import Layout, layout_of, load_config
 from moe_core.data import MarkovTokens
 from moe_core.model import MoETransformer
+from moe_core.packing import repack
 from moe_core.parallel import build_groups, is_expert_param, shard_experts
 from moe_core.policies import Lina, make_policy
 from moe_core.timing import PhaseTimer
-from moe_core.config import layout_of
 
 SMALL = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=48",
          "model.seq_len=16", "train.batch_size=2", "moe.min_capacity=1", "moe.capacity_factor=1.0"]
@@ -97,10 +97,15 @@ def _watch_lina(policy):
     return in_flight, launches
 
 
-def run_parallel(tmp_path, world, overrides, steps=1, uniform_gate=False):
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), overrides, steps, uniform_gate, str(tmp_path)),
-             nprocs=world, join=True)
+def spawn(worker, tmp_path, world, *args):
+    """Run ``worker(rank, world, init_file, *args, out_dir)`` on ``world`` processes; each rank's saved result."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    mp.spawn(worker, args=(world, str(tmp_path / "init"), *args, str(tmp_path)), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def run_parallel(tmp_path, world, overrides, steps=1, uniform_gate=False):
+    return spawn(_worker, tmp_path, world, overrides, steps, uniform_gate)
 
 
 def run_reference(cfg, world, steps=1, uniform_gate=False):
@@ -186,3 +191,103 @@ def test_policies_give_identical_losses(tmp_path, sequential_run, policy):
             assert max(other["in_flight_at_exchange"]) <= 1
         for name in seq["grads"]:
             torch.testing.assert_close(seq["grads"][name], other["grads"][name], rtol=1e-5, atol=1e-7)
+
+
+def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
+    """One AdamW step per entry of ``factors``, the packing factor of that step: the model is
+    repacked (moe_core.packing.repack, as experiments.train_step does) whenever it changes. Saves
+    the losses and, before every step, the layout and every parameter with its optimizer state."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    cfg = load_config(overrides=overrides)
+    base = layout_of(cfg)
+    groups = {k: build_groups(Layout(base.world_size, base.num_experts, base.experts_per_rank * k), "cpu",
+                              cfg.parallel.timeout_s, high_priority_ep=True)  # no effect on gloo
+              for k in sorted(set(factors))}
+    torch.manual_seed(cfg.train.seed)
+    model = MoETransformer(cfg)
+    shard_experts(model, groups[factors[0]])
+    policy = make_policy(cfg.comm.policy, groups[factors[0]], PhaseTimer(), bucket_bytes=4096, partition_bytes=1024)
+    policy.attach(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    losses, layouts, states = [], [], []
+    for step, factor in enumerate(factors):
+        if groups[factor] is not policy.groups:
+            old, policy = policy, repack(model, optimizer, policy, groups[factor])
+            assert not old.hooks and not old.buckets  # detached
+        layouts.append((dist.get_world_size(policy.groups.ep_group),
+                        dist.get_world_size(policy.groups.expert_grad_group), policy.groups.ep_rank))
+        states.append({name: {"param": p.detach().clone(), **{k: v.clone() for k, v in optimizer.state[p].items()}}
+                       for name, p in model.named_parameters()})
+        (x, y), = _batches(cfg, step, [rank])
+        loss, _ = model(x, y)
+        loss.backward()
+        policy.finish_gradient_sync()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        losses.append(mean_loss.item() / world)
+    torch.save({"losses": losses, "layouts": layouts, "states": states}, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _all_experts(results, step, name, key):
+    """The whole expert stack (E, ...) of parameter ``name``'s ``key`` before ``step``: the slices
+    of the first "ep" row, ranks 0 .. ep - 1 in expert order."""
+    ep = results[0]["layouts"][step][0]
+    return torch.cat([results[r]["states"][step][name][key] for r in range(ep)])
+
+
+def test_repacking_experts_mid_run_keeps_losses_parameters_and_optimizer_state(tmp_path):
+    """Lina's expert packing inside a run: 2 steps on 4 experts over 4 ranks, repack to 2 experts
+    per rank (expert-parallel 4 -> 2, data-parallel 1 -> 2), 2 steps, back to 1 per rank, 2 steps.
+    Every rank then holds the experts of its new place with their AdamW state, and the run matches
+    one that never repacks."""
+    overrides = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "comm.policy=lina"]
+    factors = [1, 1, 2, 2, 1, 1]
+    repacked = spawn(_repack_worker, tmp_path / "repacked", 4, overrides, factors)
+    unpacked = spawn(_repack_worker, tmp_path / "unpacked", 4, overrides, [1] * len(factors))
+    assert [res["layouts"][2] for res in repacked] == [(2, 2, 0), (2, 2, 1), (2, 2, 0), (2, 2, 1)]
+    assert [layout[:2] for layout in repacked[0]["layouts"]] == [(4, 1), (4, 1), (2, 2), (2, 2), (4, 1), (4, 1)]
+    for res in repacked:
+        assert res["losses"] == pytest.approx(unpacked[0]["losses"], rel=1e-5)
+        for step, state in enumerate(res["states"]):
+            for name, tensors in state.items():
+                assert tensors.keys() == unpacked[0]["states"][step][name].keys()
+                for key, value in tensors.items():
+                    if is_expert_param(name) and key != "step":  # this rank's slice of the stack
+                        epr = 4 // res["layouts"][step][0]  # experts / expert-parallel size
+                        first = res["layouts"][step][2] * epr
+                        expected = _all_experts(unpacked, step, name, key)[first:first + epr]
+                    else:
+                        expected = unpacked[0]["states"][step][name][key]
+                    # Up to the first exchange both runs did the same arithmetic, and it copies: exact.
+                    # Later, float reordering; Adam turns the noise of ~zero gradients (attention key
+                    # biases) into updates of up to lr, hence a tolerance on the tensor's scale.
+                    tol = (dict(rtol=0, atol=0) if step <= 2 else
+                           dict(rtol=1e-4, atol=1e-3 * float(expected.abs().max())))
+                    torch.testing.assert_close(value, expected, **tol, msg=lambda m: f"step {step} {name} {key}: {m}")
+
+
+def _nccl_priority_worker(rank, world, init_file, out_dir):
+    """Build the groups on NCCL with high_priority_ep and save each group's stream priority."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    groups = build_groups(Layout(world, world, 1), "cuda", 60.0, high_priority_ep=True)
+    high_priority = {name: group._get_backend(torch.device("cuda")).options.is_high_priority_stream
+                     for name, group in (("ep", groups.ep_group), ("dp", groups.expert_grad_group),
+                                         ("dense", groups.dense_grad_group))}
+    torch.save(high_priority, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_nccl_available(), reason="torch is built without NCCL")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL process groups need a GPU")
+def test_nccl_all_to_all_groups_get_high_priority_streams(tmp_path):
+    """Lina's priority on NCCL: the "ep" groups (token all-to-alls) run on high-priority CUDA streams,
+    the gradient all-reduce groups do not."""
+    world = min(2, torch.cuda.device_count())
+    for res in spawn(_nccl_priority_worker, tmp_path, world):
+        assert res == {"ep": True, "dp": False, "dense": False}

@@ -1,8 +1,8 @@
-"""Lina's pure decisions: micro-op partitioning and the packing rule."""
+"""Lina's pure decisions: micro-op partitioning, the packing rule and when it is applied."""
 
 import pytest
 
-from moe_core.lina import a2a_micro_ops, chunk_count, gradient_micro_ops, packing_factor
+from moe_core.lina import a2a_micro_ops, chunk_count, gradient_micro_ops, packing_due, packing_factor
 
 
 def test_gradient_micro_ops_cut_each_tensor_into_equal_chunks_never_fused():
@@ -37,7 +37,13 @@ def test_packing_doubles_until_the_ffn_outweighs_the_all_to_all():
     (lambda: chunk_count(10, 0), "partition size"),
     (lambda: gradient_micro_ops([-1], 4, 16), "negative"),
     (lambda: packing_factor(lambda k: 1, lambda k: 1, 0), "max packing factor"),
+    (lambda: packing_due(5, 3, 0), "packing interval"),
 ])
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_packing_is_decided_after_the_warm_up_then_every_interval():
+    assert [i for i in range(20) if packing_due(i, warmup_iters=10, interval_iters=4)] == [10, 14, 18]
+    assert [i for i in range(9) if packing_due(i, warmup_iters=0, interval_iters=4)] == [4, 8]  # a measured step first
