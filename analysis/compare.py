@@ -209,7 +209,7 @@ def aurora_fig13_gap_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
                                          f"mean over {len(rows)} (model pair, layer) instances")
 
 
-# ---- Lina's speedups (Figs 10, 13) ------------------------------------------------------------
+# ---- Lina's speedups (Figs 10-13) ------------------------------------------------------------
 
 LINA_POLICIES_SHOWN = ["lina-priority", "lina-partition", "lina-pipeline", "lina", "lina-pack"]
 
@@ -246,42 +246,192 @@ for _experts in (2, 4, 8, 16):
     _lina_speedup_reproducer(f"lina_fig10_step_speedup_{_experts}e", "step_ms", _experts)
 for _experts in (4, 8, 16):
     _lina_speedup_reproducer(f"lina_fig13_bwd_a2a_speedup_{_experts}e", "a2a_bwd_ms", _experts)
+for _experts in (2, 8):  # Figs 11-12: the MoE layers' wall time per pass
+    _lina_speedup_reproducer(f"lina_fig11_moe_fwd_speedup_{_experts}e", "moe_layer_fwd_ms", _experts)
+    _lina_speedup_reproducer(f"lina_fig12_moe_bwd_speedup_{_experts}e", "moe_layer_bwd_ms", _experts)
+
+FIG10_EXPERTS = (2, 4, 8, 16)
 
 
-# ---- Lina's inference (Fig 16, re-plan rate) ---------------------------------------------------
-
-def _inference(records: pd.DataFrame, policy: str) -> pd.DataFrame:
-    return select(records, paper="lina", experiment="inference", policy=policy, metric="moe_layer_ms")
-
-
-def _lina_inference_reduction(records: pd.DataFrame, stat: str) -> tuple[float, str] | None:
-    static, lina = _inference(records, "static"), _inference(records, "lina")
-    if static.empty or lina.empty:
+@reproducer
+def lina_fig10_step_speedup_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """The intro's average step-time speedup: the mean of Fig 10's four expert counts (all needed)."""
+    s = lina_speedups(records, "step_ms")
+    s = s if s.empty else s[(s["policy"] == "lina") & s["experts"].isin(FIG10_EXPERTS)]
+    if s.empty or set(s["experts"]) != set(FIG10_EXPERTS):
         return None
-    keys = ["num_experts", "path_length"]
+    return float(s["speedup"].mean()), (f"{_where(s)}, mean over {'/'.join(map(str, FIG10_EXPERTS))} experts = GPUs, "
+                                        f"step_ms of overlap / lina, micro-ops {s['partition_mb'].iloc[0]:g} MB")
+
+
+@reproducer
+def lina_fig12_moe_utilisation_gain_16e(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Relative gain (%) of the compute stream's busy share of the MoE layers' wall time, lina over
+    overlap, 16 experts (the text's GPU utilisation in the MoE layer, "up by >= 16%")."""
+    s = lina_speedups(records, "moe_compute_share")  # speedup = overlap's share / lina's
+    s = s if s.empty else s[(s["policy"] == "lina") & (s["experts"] == LINA_GPUS)]
+    if s.empty:
+        return None
+    return 100 * (1 / float(s["speedup"].iloc[0]) - 1), (
+        f"{_where(s)}, {LINA_GPUS} experts = GPUs, (gate + expert time) / MoE layers' wall time (forward + "
+        f"backward) of lina over overlap, minus 1, micro-ops {s['partition_mb'].iloc[0]:g} MB")
+
+
+# ---- Lina's inference (Figs 6, 9, 16-18, §5.2) -------------------------------------------------
+
+LINA_PATH_LENGTH = 3  # Lina's default l; Figs 16-18 are measured with it (Table 5 varies it)
+POINT_KEYS = ["world_size", "num_experts", "path_length", "seed", "a2a_policy"]  # one inference run; policy varies within
+
+
+def _inference(records: pd.DataFrame, policy: str, metric: str, experts: int | None = None) -> pd.DataFrame:
+    """lina/inference rows of ``metric`` for ``policy`` at path length 3 (and ``experts`` if given)."""
+    rows = select(records, paper="lina", experiment="inference", policy=policy, metric=metric,
+                  path_length=LINA_PATH_LENGTH)
+    return rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+
+
+def _our_inference(rows: pd.DataFrame, path_length: bool = True) -> str:
+    """Our inference setting in words: model, experts, ranks (and Lina's path length, which the
+    rows were selected on)."""
+    known = [c for c in ("moe_layers", "data_zipf") if c in rows and rows[c].notna().all()]
+    model = ", ".join([f"{_span(rows['moe_layers'])} MoE layers"] * ("moe_layers" in known) + ["top-1 gate"] +
+                      [f"trained on Zipf {_span(rows['data_zipf'])} tokens"] * ("data_zipf" in known))
+    return (f"{_where(rows)}, our MoE transformer ({model}) with {_span(rows['num_experts'])} experts on "
+            f"{_span(rows['world_size'])} ranks" + (f", path length {LINA_PATH_LENGTH}" if path_length else ""))
+
+
+def _inference_ratio(records: pd.DataFrame, num: str, den: str, metric: str, stat: str,
+                     experts: int | None) -> tuple[float, pd.DataFrame] | None:
+    """Mean over inference runs of ``stat`` of ``metric``, policy ``num`` over policy ``den``."""
+    a, b = _inference(records, num, metric, experts), _inference(records, den, metric, experts)
+    if a.empty or b.empty:
+        return None
+    keys = [k for k in POINT_KEYS if k in a]
+    both = a.merge(b, on=keys, suffixes=("_a", "_b"))
+    if both.empty:
+        return None
+    return float((both[f"{stat}_a"] / both[f"{stat}_b"]).mean()), b
+
+
+def _lina_inference_reproducer(name: str, num: str, den: str, metric: str, stat: str, experts: int | None,
+                               as_percent_worse: bool = False) -> Reproducer:
+    """Register ``name``: ``stat`` of ``metric``, ``num`` / ``den`` (as "worse by %" if asked)."""
+    what = {"forward_ms": "whole forward (inference) time", "moe_layer_ms": "MoE layers' time per batch"}[metric]
+
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        found = _inference_ratio(records, num, den, metric, stat, experts)
+        if found is None:
+            return None
+        ratio, rows = found
+        setting = f"{_our_inference(rows)}, {stat} {what}, {num} / {den}"
+        return (100 * (ratio - 1), setting) if as_percent_worse else (ratio, setting)
+    reproduce.__name__ = name
+    return reproducer(reproduce)
+
+
+# Fig 16: whole inference time, static over lina (the means: every expert count there is)
+_lina_inference_reproducer("lina_fig16_median_reduction", "static", "lina", "forward_ms", "median", None)
+_lina_inference_reproducer("lina_fig16_p95_reduction", "static", "lina", "forward_ms", "p95", None)
+for _experts in (4, 16):
+    _lina_inference_reproducer(f"lina_fig16_median_reduction_{_experts}e", "static", "lina", "forward_ms",
+                               "median", _experts)
+_lina_inference_reproducer("lina_fig16_p95_reduction_16e", "static", "lina", "forward_ms", "p95", 16)
+# Fig 16's ablations, "worse by %" than lina, 16 experts
+_lina_inference_reproducer("lina_fig16_no_estimation_median_worse_16e", "lina-no-estimation", "lina", "forward_ms",
+                           "median", 16, as_percent_worse=True)
+_lina_inference_reproducer("lina_fig16_no_finetune_p95_worse_16e", "lina-no-finetune", "lina", "forward_ms",
+                           "p95", 16, as_percent_worse=True)
+# Fig 17: the MoE layers' tail, static over lina
+for _experts in (8, 16):
+    _lina_inference_reproducer(f"lina_fig17_moe_p95_reduction_{_experts}e", "static", "lina", "moe_layer_ms",
+                               "p95", _experts)
+
+
+def layer_a2a(records: pd.DataFrame, policy: str, experts: int | None = None) -> pd.DataFrame:
+    """Per-layer all-to-all rows (``a2a_layer<i>_ms``) of ``policy`` with the layer as an int column."""
+    rows = select(records, paper="lina", experiment="inference", policy=policy, path_length=LINA_PATH_LENGTH)
+    rows = rows if rows.empty else rows[rows["metric"].str.fullmatch(r"a2a_layer\d+_ms")]
+    rows = rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+    return rows.assign(layer=rows["metric"].str.extract(r"a2a_layer(\d+)_ms", expand=False).astype(int))
+
+
+def tail_a2a_reduction(records: pd.DataFrame, experts: int | None = None) -> pd.DataFrame:
+    """Per run and MoE layer: p95 all-to-all time of static over lina (Lina Fig 18), column ``reduction``."""
+    static, lina = layer_a2a(records, "static", experts), layer_a2a(records, "lina", experts)
+    if static.empty or lina.empty:
+        return static.iloc[0:0].assign(reduction=[])
+    keys = [k for k in POINT_KEYS if k in static] + ["layer"]
     both = static.merge(lina, on=keys, suffixes=("_static", "_lina"))
-    ratio = both[f"{stat}_static"] / both[f"{stat}_lina"]
-    return float(ratio.mean()), (f"{_where(lina)}, {_span(both['num_experts'])} experts on "
-                                 f"{_span(lina['world_size'])} ranks, path length {_span(both['path_length'])}, "
-                                 f"MoE-layer {stat} time static / lina")
+    return both.assign(reduction=both["p95_static"] / both["p95_lina"])
+
+
+def _fig18(records: pd.DataFrame, reduce: str) -> tuple[float, str] | None:
+    r = tail_a2a_reduction(records, 16)
+    if r.empty:
+        return None
+    rows = _inference(records, "lina", "moe_layer_ms", 16)
+    return float(r["reduction"].agg(reduce)), (f"{_our_inference(rows)}, p95 all-to-all time per MoE layer, static / "
+                                               f"lina, {reduce} over {len(r)} (run, layer) pairs")
 
 
 @reproducer
-def lina_fig16_median_reduction(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _lina_inference_reduction(records, "median")
+def lina_fig18_tail_a2a_reduction_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig18(records, "mean")
 
 
 @reproducer
-def lina_fig16_p95_reduction(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _lina_inference_reduction(records, "p95")
+def lina_fig18_tail_a2a_reduction_max(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig18(records, "max")
+
+
+def _profile_statistic(records: pd.DataFrame, metric: str, experts: int | None, scale: float,
+                       what: str) -> tuple[float, str] | None:
+    """A statistic of the profiled gate choices (the same in every policy's record; static's is read)."""
+    rows = select(records, paper="lina", experiment="inference", policy="static", metric=metric)
+    rows = rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+    if rows.empty:
+        return None
+    return scale * float(rows["value"].mean()), f"{_our_inference(rows, path_length=False)}; {what}"
+
+
+def _profile_reproducer(name: str, metric: str, experts: int | None, scale: float, what: str) -> Reproducer:
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        return _profile_statistic(records, metric, experts, scale, what)
+    reproduce.__name__ = name
+    return reproducer(reproduce)
+
+
+for _experts in (4, 16):  # Fig 6
+    _profile_reproducer(f"lina_fig6_popularity_ratio_{_experts}e", "popularity_ratio", _experts, 1.0,
+                        "profiled tokens of the most / least popular expert, mean over MoE layers")
+for _k in (1, 2):  # Fig 9
+    _profile_reproducer(f"lina_fig9_next_layer_top{_k}_share", f"path_topk_share_k{_k}", None, 100.0,
+                        f"share of profiled tokens whose next-layer expert is among the top-{_k} of the tokens "
+                        "that picked the same expert, over layers")
+
+
+def _lina_policy_value(records: pd.DataFrame, metric: str, scale: float, what: str) -> tuple[float, str] | None:
+    rows = select(records, paper="lina", experiment="inference", policy="lina", metric=metric)
+    if rows.empty:
+        return None
+    return scale * float(rows["value"].mean()), f"{_where(rows)}, {_span(rows['num_experts'])} experts, policy lina, {what}"
 
 
 @reproducer
 def lina_inference_replan_rate(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    rows = select(records, paper="lina", experiment="inference", policy="lina", metric="replan_rate")
-    if rows.empty:
-        return None
-    return 100 * float(rows["value"].mean()), f"{_where(rows)}, {_span(rows['num_experts'])} experts, policy lina"
+    return _lina_policy_value(records, "replan_rate", 100.0, "share of (batch, layer) decisions that re-planned")
+
+
+@reproducer
+def lina_s52_schedule_decision_ms(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _lina_policy_value(records, "schedule_decision_ms", 1.0,
+                              "median host time of one layer's placement decision (numpy, rank 0)")
+
+
+@reproducer
+def lina_s52_phase2_check_ms(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _lina_policy_value(records, "phase2_check_ms", 1.0,
+                              "median host time of the phase-2 top-2k check where no re-plan was needed")
 
 
 # ---- the comparison table ---------------------------------------------------------------------

@@ -23,7 +23,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import param_columns, select
-from analysis.compare import LINA_POLICIES_SHOWN, TESTBED, contended_slowdowns, lina_speedups
+from analysis.compare import (LINA_PATH_LENGTH, LINA_POLICIES_SHOWN, POINT_KEYS, TESTBED, contended_slowdowns,
+                              lina_speedups, tail_a2a_reduction)
 from analysis.files import read_tables
 from moe_core.results import atomic_output
 from analysis.published import load_registry, published_value
@@ -234,22 +235,46 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
         ax.legend(fontsize="x-small")
 
 
+LINA_FIGS_11_13 = [  # metric, panel title, registry ids "<prefix>-<n>e" of the published values
+    ("moe_layer_fwd_ms", "MoE layers, forward (Fig 11)", "lina-fig11-moe-fwd-speedup"),
+    ("moe_layer_bwd_ms", "MoE layers, backward (Fig 12)", "lina-fig12-moe-bwd-speedup"),
+    ("a2a_bwd_ms", "backward all-to-all (Fig 13)", "lina-fig13-bwd-a2a-speedup"),
+]
+
+
 def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
-    """Policy lina over overlap on Lina's testbed (simulated): MoE-layer time (Figs 11-12) and
-    backward all-to-all time (Fig 13) speedups vs experts."""
+    """Policy lina over overlap on Lina's testbed (simulated), per experts (= GPUs): the MoE layers'
+    forward (Fig 11) and backward (Fig 12) wall time and the backward all-to-all time (Fig 13), with
+    the published speedups where the paper gives them."""
     sim = select(records, experiment="sim_train_step", hardware=LINA_TESTBED)
-    labels = {"moe_layer_ms": "MoE layer (forward + backward)", "a2a_bwd_ms": "backward all-to-all"}
-    df = pd.concat([lina_speedups(sim, metric).assign(what=label) for metric, label in labels.items()])
-    df = df[df["policy"] == "lina"] if not df.empty else df
-    if df.empty:
-        raise FigureDataError(f"the records table has no simulated moe_layer_ms / a2a_bwd_ms of policy lina next "
-                              f"to overlap on {LINA_TESTBED}; run the lina sweep and collect it")
-    ax = fig.subplots()
-    sns.barplot(df, x="experts", y="speedup", hue="what", ax=ax)
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)",
-           title=f"MoE layer and backward all-to-all (simulated, {LINA_TESTBED})")
-    ax.legend(fontsize="small")
+    panels = []
+    for metric, title, prefix in LINA_FIGS_11_13:
+        df = lina_speedups(sim, metric)
+        panels.append((metric, title, prefix, df[df["policy"] == "lina"] if not df.empty else df))
+    if all(df.empty for *_, df in panels):
+        raise FigureDataError(f"the records table has no simulated {'/'.join(m for m, *_ in LINA_FIGS_11_13)} of "
+                              f"policy lina next to overlap on {LINA_TESTBED}; run the lina sweep and collect it")
+    registry = load_registry()
+    fig.set_size_inches(12, 4)
+    axes = fig.subplots(1, len(panels))  # own scales: packing can all but remove an all-to-all
+    for ax, (metric, title, prefix, df) in zip(axes, panels):
+        ax.set_title(title)
+        if df.empty:  # records from before the metric existed
+            ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
+            continue
+        experts = sorted(df["experts"].unique())
+        sns.barplot(df, x="experts", y="speedup", order=experts, color=sns.color_palette("colorblind")[0],
+                    errorbar=None, ax=ax)
+        for i, n in enumerate(experts):
+            if f"{prefix}-{n}e" in registry:
+                ax.plot([i - 0.4, i + 0.4], [published_value(registry, f"{prefix}-{n}e")] * 2, color="black", ls="--",
+                        label="Lina vs DeepSpeed (published)")
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)")
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(handles[:1], labels[:1], fontsize="x-small")
+    fig.suptitle(f"Lina's MoE layers and backward all-to-all (simulated, {LINA_TESTBED})")
 
 
 def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
@@ -265,22 +290,74 @@ def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
            title=f"Lina step time vs partition size, {int(df['num_experts'].iloc[0])} experts ({LINA_TESTBED})")
 
 
-def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
-    """Median and p95 MoE-layer inference time per placement policy, normalised to a perfectly
-    balanced gate (Lina Fig 16), measured here with the model's own skewed gate."""
-    df = select(records, paper="lina", experiment="inference", metric="moe_layer_norm")
+INFERENCE_POLICIES = ("ideal", "static", "lina", "lina-no-estimation", "lina-no-finetune")
+
+
+def _normalised_to_ideal(records: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Median and p95 of ``metric`` per policy over the ideal policy's median in the same run, long
+    form (policy, num_experts, statistic, normalised)."""
+    df = select(records, paper="lina", experiment="inference", metric=metric, path_length=LINA_PATH_LENGTH)
     if df.empty:
-        raise FigureDataError("the records table has no lina inference moe_layer_norm rows; run "
+        return df.assign(statistic=[], normalised=[])
+    keys = [k for k in POINT_KEYS if k in df]
+    ideal = df[df["policy"] == "ideal"][[*keys, "median"]].rename(columns={"median": "ideal_median"})
+    df = df.merge(ideal, on=keys)
+    long = df.melt(id_vars=["policy", "num_experts", "ideal_median"], value_vars=["median", "p95"],
+                   var_name="statistic", value_name="ms")
+    return long.assign(normalised=long["ms"] / long["ideal_median"])
+
+
+def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Measured inference per placement policy, one row per expert count: whole inference time (Fig
+    16) and the MoE layers' time (Fig 17), median and p95 normalised to a perfectly balanced gate's
+    median; and each MoE layer's p95 all-to-all time, static vs lina (Fig 18)."""
+    rows = select(records, paper="lina", experiment="inference")
+    if rows.empty or not {"forward_ms", "moe_layer_ms"} & set(rows["metric"]):
+        raise FigureDataError("the records table has no lina inference forward_ms / moe_layer_ms rows; run "
                               "experiments/inference.py (rule lina_inference) and collect its records")
-    df = _one_testbed(df).melt(id_vars=["policy", "num_experts", "path_length"], value_vars=["median", "p95"],
-                               var_name="statistic", value_name="normalised")
-    order = [p for p in ("ideal", "static", "lina", "lina-no-estimation", "lina-no-finetune") if p in set(df["policy"])]
-    ax = fig.subplots()
-    sns.barplot(df, x="policy", y="normalised", hue="statistic", order=order, errorbar=None, ax=ax)
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set(xlabel="placement policy", ylabel="MoE-layer time / ideal's median (×)",
-           title=f"Lina inference, {_span_text(df['num_experts'])} experts, path length {_span_text(df['path_length'])}")
-    ax.legend(fontsize="small")
+    _one_testbed(rows)
+    panels = [(_normalised_to_ideal(records, "forward_ms"), "whole inference time (Fig 16)"),
+              (_normalised_to_ideal(records, "moe_layer_ms"), "MoE layers' time (Fig 17)")]
+    tails = tail_a2a_reduction(records)
+    experts = sorted({int(n) for df, _ in panels for n in df["num_experts"].unique()} |
+                     {int(n) for n in tails["num_experts"].unique()})
+    if not experts:
+        raise FigureDataError(f"the lina inference records have no ideal policy at path length {LINA_PATH_LENGTH} "
+                              "to normalise to, nor per-layer all-to-all times")
+    fig.set_size_inches(15, 0.8 + 3.6 * len(experts))
+    axes = fig.subplots(len(experts), 3, squeeze=False)
+    for row, n in zip(axes, experts):
+        for ax, (df, what) in zip(row[:2], panels):
+            df = df[df["num_experts"] == n]
+            ax.set_title(f"{n} experts: {what}")
+            if df.empty:
+                ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
+                continue
+            order = [p for p in INFERENCE_POLICIES if p in set(df["policy"])]
+            sns.barplot(df, x="policy", y="normalised", hue="statistic", order=order, errorbar=None, ax=ax)
+            ax.axhline(1.0, color="0.5", lw=0.8)
+            ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
+            ax.set(xlabel="placement policy", ylabel="time / ideal's median (×)")
+            ax.legend(fontsize="x-small")
+        _tail_a2a_panel(row[2], tails[tails["num_experts"] == n] if not tails.empty else tails, n)
+    fig.suptitle(f"Lina inference, path length {LINA_PATH_LENGTH}, {rows['backend'].iloc[0]} on "
+                 f"{rows['hardware'].iloc[0]}, {_span_text(rows['world_size'])} ranks")
+
+
+def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
+    """p95 all-to-all time per MoE layer, static vs lina, with the reduction's mean and max (Fig 18)."""
+    if tails.empty:
+        ax.set_title(f"{experts} experts: tail all-to-all per layer (Fig 18)")
+        ax.text(0.5, 0.5, "no per-layer all-to-all times", ha="center", transform=ax.transAxes)
+        return
+    long = tails.melt(id_vars=["layer"], value_vars=["p95_static", "p95_lina"], var_name="policy", value_name="p95_ms")
+    long["policy"] = long["policy"].str.removeprefix("p95_")
+    sns.barplot(long, x="layer", y="p95_ms", hue="policy", hue_order=["static", "lina"], errorbar=None, ax=ax)
+    ax.set(xlabel="MoE layer", ylabel="p95 all-to-all time per batch (ms)",
+           title=f"{experts} experts: tail all-to-all per layer (Fig 18); static / lina "
+                 f"mean {tails['reduction'].mean():.2f}×, max {tails['reduction'].max():.2f}×")
+    ax.title.set_fontsize("small")
+    ax.legend(fontsize="x-small")
 
 
 def _span_text(values: pd.Series) -> str:

@@ -13,12 +13,19 @@
    runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
    Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
    kept per batch (moe_core.timing).
-4. Rank 0 writes one record per policy (paper ``lina``, experiment ``inference``): MoE-layer time
-   (median, p95) and the same normalised to the median of ``ideal`` (Lina Fig 16), per-phase times,
-   load imbalance, nll (equal for every policy but ``ideal``: placement never changes the math),
-   and for Lina's policies the estimation accuracy and re-plan rate (overall and per layer).
+4. Rank 0 writes one record per policy (paper ``lina``, experiment ``inference``): per batch, the
+   whole forward's time ``forward_ms`` (Lina Fig 16's inference time), the MoE layers' time
+   ``moe_layer_ms`` (Fig 17) and the same normalised to the median of ``ideal``, per-phase times,
+   each MoE layer's all-to-all time ``a2a_layer<i>_ms`` (Fig 18), load imbalance, nll (equal for
+   every policy but ``ideal``: placement never changes the math); the profiled model's expert
+   popularity ratio (Fig 6) and path top-k shares (Fig 9); and for Lina's policies the estimation
+   accuracy and re-plan rate (overall and per layer) and the scheduler's host time per decision and
+   per phase-2 check (§5.2).
 
 Its settings are the config's ``inference`` keys (moe_core/config.py, InferenceConfig).
+``inference.a2a_policy=aurora`` (or ``aurora-sjf``, ``aurora-rcs``) runs every token all-to-all as
+Aurora's ordered point-to-point rounds instead of ``all_to_all_single``; the records then carry the
+policy in their params and a ``_a2a-<policy>`` suffix in their point names.
 Layout keys: ``parallel.world_size`` is the number of devices N; ``moe.experts_per_rank`` only has
 to satisfy the config's layout check (the placement, not the training layout, decides where
 experts run). ``parallel.timeout_s`` must exceed rank 0's time for HEARTBEAT_STEPS training steps.
@@ -39,9 +46,9 @@ import torch.distributed as dist
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.inference import PHASES, POLICIES, Scheduler, attach, top1_choices, use_inference_gating
+from moe_core.inference import POLICIES, Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.model import MoETransformer
-from moe_core.placement import profile_paths, schedule_rates
+from moe_core.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
 from moe_core.results import atomic_output, make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
@@ -123,15 +130,24 @@ def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[
 
 
 def profile(model: MoETransformer, cfg, env: Env, data: MarkovTokens):
-    """Rank 0 records the top-1 expert paths on fresh batches; every rank gets the PathProfile."""
-    box = [None]
+    """Rank 0 records the top-1 expert paths on fresh batches; every rank gets the PathProfile.
+
+    Returns (profile, statistics of the profiled choices): on rank 0, Fig 6's ``popularity_ratio``
+    (left out when every layer has an expert without tokens) and Fig 9's ``path_topk_share_k1`` and
+    ``_k2`` (groups of tokens that picked the same expert in the layer before); empty elsewhere.
+    """
+    box, stats = [None], {}
     if env.rank == 0:
         batches = [data.batch(cfg.train.batch_size, cfg.model.seq_len, cfg.inference.train_steps + b, 0)
                    for b in range(cfg.inference.profile_batches)]
         choices = np.concatenate([top1_choices(model, x.to(env.device), y.to(env.device)) for x, y in batches], axis=1)
         box[0] = profile_paths(choices, cfg.moe.num_experts, cfg.inference.path_length)
+        one_back = profile_paths(choices, cfg.moe.num_experts, 1)
+        stats = {f"path_topk_share_k{k}": path_topk_share(one_back, k) for k in (1, 2)}
+        ratio = popularity_ratio(choices, cfg.moe.num_experts)
+        stats |= {} if np.isnan(ratio) else {"popularity_ratio": ratio}
     dist.broadcast_object_list(box, 0)
-    return box[0]
+    return box[0], stats
 
 
 def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env, data: MarkovTokens,
@@ -162,9 +178,8 @@ def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env,
             dist.all_reduce(nll)
             if b >= cfg.inference.warmup_batches:
                 out = local[policy]
-                for phase in PHASES:
-                    out[f"{phase}_ms"].append(ms.get(phase, 0.0))
-                out["moe_layer_ms"].append(sum(ms.get(phase, 0.0) for phase in PHASES))
+                for name, value in batch_metrics(ms, len(placed)).items():
+                    out[name].append(value)
                 out["forward_ms"].append(ms["forward"])
                 out["load_imbalance"].append(float(np.mean(sched.imbalance[n_checks:])))
                 out["nll"].append(nll.item() / env.world_size)
@@ -177,6 +192,9 @@ def policy_metrics(samples: dict[str, list[float]], ideal_median_ms: float, sche
     if not sched.estimate_right:
         return {}
     extra = schedule_rates(sched.estimate_right, sched.replanned)
+    extra["schedule_decision_ms"] = float(np.median(sched.decide_ms))  # rank 0's host time per layer
+    if sched.check_ms:
+        extra["phase2_check_ms"] = float(np.median(sched.check_ms))
     layers = np.asarray(sched.checked_layers)
     right = np.asarray(sched.estimate_right)
     for layer in np.unique(layers):
@@ -203,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             model.eval()
             use_inference_gating(model, cfg.inference.top_k)
             data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
-            path_profile = profile(model, cfg, env, data)
+            path_profile, profile_stats = profile(model, cfg, env, data)
             timer = PhaseTimer(env.device)
-            placed = attach(model, cfg.inference.top_k, timer)
+            placed = attach(model, cfg.inference.top_k, timer, a2a_policy=cfg.inference.a2a_policy)
             keep = cfg.inference.keep or cfg.inference.top_k
             schedulers = {p: Scheduler(p, path_profile, env.world_size, cfg.inference.top_k, keep)
                           for p in ["ideal", *cfg.inference.policies]}
@@ -213,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         if env.rank == 0:
             ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
             for policy, sched in schedulers.items():
-                extra = info | policy_metrics(samples[policy], ideal_median, sched)
+                extra = info | profile_stats | policy_metrics(samples[policy], ideal_median, sched)
                 params = {"world_size": env.world_size, "num_experts": cfg.moe.num_experts, "policy": policy,
                           "top_k": cfg.inference.top_k, "path_length": cfg.inference.path_length, "keep": keep,
                           "seed": cfg.train.seed, "data_zipf": cfg.train.data_zipf,
                           "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
-                          "moe_layers": len(placed), "train_steps": cfg.inference.train_steps}
+                          "moe_layers": len(placed), "train_steps": cfg.inference.train_steps,
+                          "a2a_policy": cfg.inference.a2a_policy}
+                a2a = "" if cfg.inference.a2a_policy == "library" else f"_a2a-{cfg.inference.a2a_policy}"
                 point = (f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
-                         f"_{policy}_s{cfg.train.seed}")
+                         f"_{policy}_s{cfg.train.seed}{a2a}")
                 config = to_container(cfg)
                 record = make_record(paper=PAPER, experiment=EXPERIMENT, point=point, mode="measured",
                                      backend=env.backend, hardware=cfg.hardware.name, params=params,

@@ -18,24 +18,52 @@ swap costs nothing here, and on GPU this executor does not model it. Placement n
 math: the output equals the single-process dropless MoELayer (tests/test_inference.py).
 
 A :class:`Scheduler` holds one policy's state across batches: the token paths of the current batch,
-the previous batch's popularity (for the no-estimation ablation) and the decision statistics.
+the previous batch's popularity (for the no-estimation ablation) and the decision statistics,
+including the host time of every decision (Lina §5.2's per-phase time and phase-2 check).
+
+Every phase of every layer is its own timer region (``layer_region``); :func:`batch_metrics` turns a
+batch's timer totals into per-phase, whole-MoE-layer and per-layer all-to-all times.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .a2a_schedule import make_schedule
 from .gating import gshard_gating
 from .layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
+from .ordered_a2a import ordered_all_to_all_single
 from .placement import (PathProfile, Placement, devices_per_expert, expected_tokens, load_imbalance, needs_replan,
                         phase1_placement, plan_layer, replica_token_counts, route_rows, static_placement)
+from .policies import AURORA_ORDERS
 from .timing import PhaseTimer
 
 POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune", "ideal")
 PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")
+A2A_PHASES = ("dispatch_a2a", "combine_a2a")
+
+
+def layer_region(phase: str, layer: int) -> str:
+    """The timer region of ``phase`` in MoE layer ``layer`` (``"dispatch_a2a.layer3"``)."""
+    return f"{phase}.layer{layer}"
+
+
+def batch_metrics(ms: dict[str, float], num_layers: int) -> dict[str, float]:
+    """One rank's metrics of one inference batch from its timer's totals (``layer_region`` names).
+
+    ``<phase>_ms`` summed over the MoE layers; ``moe_layer_ms``, all phases of all MoE layers;
+    ``a2a_layer<i>_ms``, both all-to-alls of MoE layer i (Lina Fig 18's per-layer all-to-all time).
+    """
+    out = {f"{p}_ms": sum(ms.get(layer_region(p, i), 0.0) for i in range(num_layers)) for p in PHASES}
+    out["moe_layer_ms"] = sum(out[f"{p}_ms"] for p in PHASES)
+    for i in range(num_layers):
+        out[f"a2a_layer{i}_ms"] = sum(ms.get(layer_region(p, i), 0.0) for p in A2A_PHASES)
+    return out
 
 
 class Scheduler:
@@ -70,6 +98,8 @@ class Scheduler:
         self.replanned: list[bool] = []
         self.checked_layers: list[int] = []
         self.imbalance: list[float] = []  # per (batch, layer): largest device's rows / mean
+        self.decide_ms: list[float] = []  # per (batch, layer) decision: plan_layer's host time
+        self.check_ms: list[float] = []  # per decision whose estimate was right: the phase-2 check's time
 
     def begin_batch(self) -> None:
         self.paths = []
@@ -88,9 +118,15 @@ class Scheduler:
             return self.fixed
         if self.policy == "lina-no-estimation":
             estimate, self.previous[layer] = self.previous[layer], actual
+        start = time.perf_counter()
         placement, replanned = plan_layer(estimate, actual, self.num_devices, self.top_k,
                                           finetune=self.policy != "lina-no-finetune")
-        self.estimate_right.append(not needs_replan(estimate, actual, self.top_k))
+        checked = time.perf_counter()
+        right = not needs_replan(estimate, actual, self.top_k)  # phase 2's check (plan_layer ran it too)
+        self.decide_ms.append(1e3 * (checked - start))
+        if right:
+            self.check_ms.append(1e3 * (time.perf_counter() - checked))
+        self.estimate_right.append(right)
         self.replanned.append(replanned)
         self.checked_layers.append(layer)
         return placement
@@ -99,12 +135,15 @@ class Scheduler:
 class PlacedMoE(nn.Module):
     """An MoE layer for inference whose experts live where ``scheduler`` places them."""
 
-    def __init__(self, layer: MoELayer, index: int, top_k: int, timer: PhaseTimer, group=None):
+    def __init__(self, layer: MoELayer, index: int, top_k: int, timer: PhaseTimer, group=None,
+                 a2a_policy: str = "library"):
         super().__init__()
         self.gate, self.experts = layer.gate, layer.experts
         self.index, self.top_k, self.timer, self.group = index, top_k, timer, group
         self.num_experts = layer.num_experts
         self.scheduler: Scheduler | None = None  # set by the caller before each forward
+        self.schedule_kind = None if a2a_policy == "library" else AURORA_ORDERS[a2a_policy]
+        self.exchanges = 0  # seeds aurora-rcs' random order; equal on all ranks (lockstep calls)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, M) -> ((B, T, M), zero aux loss)."""
@@ -113,7 +152,7 @@ class PlacedMoE(nn.Module):
         N, E, k, sched, timer = B * T, self.num_experts, self.top_k, self.scheduler, self.timer
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
-        with timer.region("gate"):
+        with timer.region(layer_region("gate", self.index)):
             plan = gshard_gating(self.gate(tokens).view(1, N, E), k, capacity=None)
             experts = plan.expert_index.view(N, k)
             weights = plan.combine_weight.view(N * k)  # rows: token t, choice c at t * k + c
@@ -121,7 +160,7 @@ class PlacedMoE(nn.Module):
                 experts = balanced_experts(N, k, E, rank, tokens.device)
             ids = experts.reshape(-1).cpu().numpy()  # NOTE: host sync; the plan is made on the host
 
-        with timer.region("plan"):
+        with timer.region(layer_region("plan", self.index)):
             local = np.concatenate([sched.local_estimate(self.index, N), np.bincount(ids, minlength=E)])
             gathered = [torch.empty(2 * E, dtype=torch.float64, device=tokens.device) for _ in range(world)]
             dist.all_gather(gathered, torch.from_numpy(local).to(tokens.device), group=self.group)
@@ -132,24 +171,35 @@ class PlacedMoE(nn.Module):
             sched.imbalance.append(load_imbalance(routed))
             dest = route_rows(ids, placement, counts[:rank].sum(axis=0))
             order = torch.from_numpy(np.argsort(dest * E + ids, kind="stable")).to(tokens.device)  # by (device, expert)
-            send_splits = routed[rank].sum(axis=1).tolist()
-            recv_splits = routed[:, rank].sum(axis=1).tolist()
+            traffic = routed.sum(axis=2)  # (S, D) rows from each source to each device
+            send_splits, recv_splits = traffic[rank].tolist(), traffic[:, rank].tolist()
 
-        with timer.region("dispatch_a2a"):
+        with timer.region(layer_region("dispatch_a2a", self.index)):
             token_of_row = order // k
             rows = tokens[token_of_row]  # (P, M) sorted by destination device, then expert
             recv = rows.new_empty(sum(recv_splits), M)
-            dist.all_to_all_single(recv, rows, recv_splits, send_splits, group=self.group)
+            self._all_to_all(recv, rows, recv_splits, send_splits, traffic)
 
-        with timer.region("expert"):
+        with timer.region(layer_region("expert", self.index)):
             out = self._compute(recv, routed[:, rank, :])
 
-        with timer.region("combine_a2a"):
+        with timer.region(layer_region("combine_a2a", self.index)):
             back = rows.new_empty(rows.shape)
-            dist.all_to_all_single(back, out, send_splits, recv_splits, group=self.group)
+            self._all_to_all(back, out, send_splits, recv_splits, traffic.T)
 
         y = tokens.new_zeros(N, M).index_add(0, token_of_row, weights[order].unsqueeze(1).to(back.dtype) * back)
         return y.view(B, T, M), x.new_zeros(())
+
+    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
+                    input_splits: list[int], traffic: np.ndarray) -> None:
+        """``all_to_all_single``, or Aurora's ordered all-to-all planned from ``traffic`` ((S, D) rows;
+        every rank has it from the plan, so unlike training no matrix is gathered)."""
+        if self.schedule_kind is None:
+            dist.all_to_all_single(output, input, output_splits, input_splits, group=self.group)
+            return
+        schedule = make_schedule(self.schedule_kind, traffic, seed=self.exchanges)
+        self.exchanges += 1
+        ordered_all_to_all_single(output, input, output_splits, input_splits, schedule, group=self.group)
 
     def _compute(self, recv: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
         """Rows arrived in (source, expert) blocks with ``counts[s, e]`` rows -> expert outputs, same order."""
@@ -178,11 +228,11 @@ def top1_choices(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> 
     return np.stack([layer.last_gating.expert_index[..., 0].reshape(-1).cpu().numpy() for layer in model.moe_layers()])
 
 
-def attach(model: nn.Module, top_k: int, timer: PhaseTimer, group=None) -> list[PlacedMoE]:
+def attach(model: nn.Module, top_k: int, timer: PhaseTimer, group=None, a2a_policy: str = "library") -> list[PlacedMoE]:
     """Replace every MoE layer of ``model`` by a PlacedMoE (sharing its weights); returns them in order."""
     placed = []
     for block in model.blocks:
         if isinstance(block.ffn, MoELayer):
-            block.ffn = PlacedMoE(block.ffn, len(placed), top_k, timer, group)
+            block.ffn = PlacedMoE(block.ffn, len(placed), top_k, timer, group, a2a_policy)
             placed.append(block.ffn)
     return placed

@@ -20,6 +20,8 @@ Li et al., "Accelerating Distributed MoE Training and Inference with Lina", USEN
 * Baseline ``static_placement`` (the training layout) and the ablations of Fig 16 through
   ``plan_layer``'s arguments (no estimation: the caller passes the previous batch's popularity;
   no fine-tuning: ``finetune=False``).
+* Observations the scheduler rests on, from the same profiled choices: ``popularity_ratio`` (Fig 6,
+  skewed expert popularity) and ``path_topk_share`` (Fig 9, tokens of one group follow few experts).
 
 Our reading where the paper is silent (each is one line below, marked "reading"):
 * Layers before the ``path_length``-th use the path so far (layer 0: the profiled marginal); the
@@ -358,6 +360,32 @@ def load_imbalance(routed: np.ndarray) -> float:
     """Largest device's rows over the mean device's rows (1 = perfectly balanced) of an (S, N, E) exchange."""
     per_device = routed.sum(axis=(0, 2))
     return float(per_device.max() / per_device.mean()) if per_device.sum() else 1.0
+
+
+def popularity_ratio(choices, num_experts: int) -> float:
+    """Most over least popular expert's token count, per MoE layer, averaged over layers (Lina Fig 6).
+
+    Args:
+        choices: (layers, tokens) top-1 expert of every token (``profile_paths``' input).
+    Layers where some expert got no token have no finite ratio and are left out; NaN when every
+    layer is such a layer.
+    """
+    choices = _check_choices(choices, num_experts, "choices")
+    ratios = [c.max() / c.min() for c in (np.bincount(row, minlength=num_experts) for row in choices) if c.min() > 0]
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+def path_topk_share(profile: PathProfile, k: int) -> float:
+    """Share of tokens whose expert at layer i is among the top-``k`` experts of their path group's
+    layer-i distribution Psi_j, over layers 1.. (layer 0 has no path). With ``path_length`` 1 the
+    group is "the tokens that picked the same expert in layer i - 1": Lina Fig 9."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    hits = total = 0.0
+    for counts in profile.counts[1:]:  # (paths, E)
+        hits += np.sort(counts, axis=1)[:, ::-1][:, :k].sum()
+        total += counts.sum()
+    return float(hits / total) if total else float("nan")
 
 
 def schedule_rates(estimate_right: list[bool], replanned: list[bool]) -> dict[str, float]:

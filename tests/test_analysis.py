@@ -111,15 +111,18 @@ def write_lina(root):
         speed = 1.0 if policy == "overlap" else 1.2 + partition / 1000
         params = dict(world_size=experts, num_experts=experts, experts_per_rank=1, policy=policy, seed=0,
                       partition_mb=partition)
-        samples = {"step_ms": [100.0 / speed], "moe_layer_ms": [60.0 / speed], "a2a_bwd_ms": [20.0 / speed]}
+        samples = {"step_ms": [100.0 / speed], "moe_layer_ms": [60.0 / speed], "a2a_bwd_ms": [20.0 / speed],
+                   "moe_layer_fwd_ms": [20.0 / speed], "moe_layer_bwd_ms": [40.0 / speed]}
         paths.append(_write(root, **sim, point=f"lina_ws{experts}_{policy}_p{partition:g}", params=params,
                             samples=samples))
     for policy, norm in (("ideal", 1.0), ("static", 1.4), ("lina", 1.1), ("lina-no-estimation", 1.2)):
-        params = dict(world_size=4, num_experts=4, path_length=3, policy=policy, seed=0)
+        params = dict(world_size=4, num_experts=4, path_length=3, policy=policy, seed=0, moe_layers=2)
         paths.append(_write(root, paper="lina", experiment="inference", point=f"inference_{policy}", mode="measured",
                             backend="gloo", hardware="local-cpu", params=params,
                             samples={"moe_layer_norm": [norm, norm * 1.1, norm * 1.3],
-                                     "moe_layer_ms": [10 * norm, 11 * norm, 13 * norm]}))
+                                     "moe_layer_ms": [10 * norm, 11 * norm, 13 * norm],
+                                     "forward_ms": [20 * norm, 21 * norm, 23 * norm],
+                                     "a2a_layer0_ms": [2 * norm] * 3, "a2a_layer1_ms": [3 * norm] * 3}))
     return paths
 
 
@@ -336,3 +339,114 @@ def test_cli_pipeline_through_csv(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
         figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
     assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()
+
+
+# ---- Lina's reproducers on known synthetic inputs ----------------------------------------------
+
+def _lina_sim_tables(root, experts=(2, 4, 8, 16), with_pass_times=True):
+    """Simulated overlap and lina at each expert count on Lina's testbed; lina is 1.25x faster per
+    step, 1.5x in the MoE forward, 2x in the backward, and its compute share is 0.6 vs overlap's 0.5."""
+    paths = []
+    sim = dict(paper="lina", experiment="sim_train_step", mode="simulated", backend="sim", hardware="lina-a100-4x4")
+    for n in experts:
+        for policy, step, fwd, bwd, share in (("overlap", 100.0, 30.0, 80.0, 0.5), ("lina", 80.0, 20.0, 40.0, 0.6)):
+            samples = {"step_ms": [step]}
+            if with_pass_times:
+                samples |= {"moe_layer_fwd_ms": [fwd], "moe_layer_bwd_ms": [bwd], "moe_compute_share": [share]}
+            params = dict(world_size=n, num_experts=n, experts_per_rank=1, policy=policy, seed=0, partition_mb=30.0)
+            paths.append(_write(root, **sim, point=f"ws{n}_{policy}", params=params, samples=samples))
+    return collect(paths)
+
+
+def test_lina_training_reproducers_give_known_ratios(tmp_path):
+    records, samples = _lina_sim_tables(tmp_path)
+    for name, expected in [("lina_fig11_moe_fwd_speedup_2e", 1.5), ("lina_fig11_moe_fwd_speedup_8e", 1.5),
+                           ("lina_fig12_moe_bwd_speedup_2e", 2.0), ("lina_fig12_moe_bwd_speedup_8e", 2.0),
+                           ("lina_fig10_step_speedup_mean", 1.25), ("lina_fig12_moe_utilisation_gain_16e", 20.0)]:
+        value, setting = REPRODUCERS[name](records, samples)
+        assert value == pytest.approx(expected), name
+        assert "lina-a100-4x4 sim" in setting
+    # no per-pass times (older records), or not every expert count of Fig 10's mean: no row
+    records, samples = _lina_sim_tables(tmp_path / "old", experts=(2, 4, 8), with_pass_times=False)
+    for name in ("lina_fig11_moe_fwd_speedup_2e", "lina_fig12_moe_bwd_speedup_8e", "lina_fig10_step_speedup_mean",
+                 "lina_fig12_moe_utilisation_gain_16e"):
+        assert REPRODUCERS[name](records, samples) is None, name
+
+
+def _inference_tables(root, experts=16):
+    """Measured inference at ``experts`` experts, path length 3, with constant samples (median = p95):
+    forward time static 20, lina 10, no-estimation 12, no-finetune 13, ideal 8 ms; MoE layers static
+    30, lina 20 ms; all-to-all per layer static (4, 9), lina (2, 3) ms; and a path length 1 run whose
+    numbers must be ignored."""
+    forward = {"ideal": 8.0, "static": 20.0, "lina": 10.0, "lina-no-estimation": 12.0, "lina-no-finetune": 13.0}
+    moe = {"ideal": 5.0, "static": 30.0, "lina": 20.0, "lina-no-estimation": 22.0, "lina-no-finetune": 25.0}
+    layers = {"static": (4.0, 9.0), "lina": (2.0, 3.0)}
+    paths = []
+    for path_length in (3, 1):
+        for policy in forward:
+            scale = 1.0 if path_length == 3 else 5.0 if policy == "static" else 1.0
+            samples = {"forward_ms": [scale * forward[policy]] * 3, "moe_layer_ms": [scale * moe[policy]] * 3}
+            for i, t in enumerate(layers.get(policy, (1.0, 1.0))):
+                samples[f"a2a_layer{i}_ms"] = [scale * t] * 3
+            extra = {"popularity_ratio": 5.0, "path_topk_share_k1": 0.4, "path_topk_share_k2": 0.55}
+            if policy.startswith("lina"):
+                extra |= {"replan_rate": 0.25, "schedule_decision_ms": 0.2, "phase2_check_ms": 0.05}
+            params = dict(world_size=4, num_experts=experts, policy=policy, path_length=path_length, seed=0,
+                          moe_layers=2, data_zipf=1.5)
+            paths.append(_write(root, paper="lina", experiment="inference", point=f"e{experts}_l{path_length}_{policy}",
+                                mode="measured", backend="gloo", hardware="local-cpu", params=params,
+                                samples=samples, extra_metrics=extra))
+    return collect(paths)
+
+
+INFERENCE_EXPECTED = {  # name: value at 16 experts
+    "lina_fig16_median_reduction": 2.0, "lina_fig16_p95_reduction": 2.0,  # whole forward, not MoE layers (1.5)
+    "lina_fig16_median_reduction_16e": 2.0, "lina_fig16_p95_reduction_16e": 2.0,
+    "lina_fig16_no_estimation_median_worse_16e": 20.0, "lina_fig16_no_finetune_p95_worse_16e": 30.0,
+    "lina_fig17_moe_p95_reduction_16e": 1.5,
+    "lina_fig18_tail_a2a_reduction_mean": 2.5, "lina_fig18_tail_a2a_reduction_max": 3.0,  # layers: 2x, 3x
+    "lina_fig6_popularity_ratio_16e": 5.0, "lina_fig9_next_layer_top1_share": 40.0,
+    "lina_fig9_next_layer_top2_share": 55.0, "lina_inference_replan_rate": 25.0,
+    "lina_s52_schedule_decision_ms": 0.2, "lina_s52_phase2_check_ms": 0.05,
+}
+
+
+def test_lina_inference_reproducers_give_known_ratios(tmp_path):
+    records, samples = _inference_tables(tmp_path)
+    for name, expected in INFERENCE_EXPECTED.items():
+        value, setting = REPRODUCERS[name](records, samples)
+        assert value == pytest.approx(expected), name
+        assert "local-cpu gloo" in setting
+    value, setting = REPRODUCERS["lina_fig16_median_reduction_16e"](records, samples)
+    assert "16 experts on 4 ranks, path length 3" in setting and "2 MoE layers" in setting
+    # other expert counts than the ones measured: no row
+    for name in ("lina_fig16_median_reduction_4e", "lina_fig17_moe_p95_reduction_8e", "lina_fig6_popularity_ratio_4e"):
+        assert REPRODUCERS[name](records, samples) is None, name
+    records4, samples4 = _inference_tables(tmp_path / "e4", experts=4)
+    assert REPRODUCERS["lina_fig16_median_reduction_4e"](records4, samples4)[0] == pytest.approx(2.0)
+    assert REPRODUCERS["lina_fig18_tail_a2a_reduction_mean"](records4, samples4) is None  # Fig 18 is 16 experts
+
+
+def test_lina_inference_reproducers_need_their_policies(tmp_path):
+    records, samples = _inference_tables(tmp_path)
+    no_lina = records[records["policy"] != "lina"]
+    for name in INFERENCE_EXPECTED:
+        if not name.startswith(("lina_fig6", "lina_fig9")):  # those read static's record
+            assert REPRODUCERS[name](no_lina, samples) is None, name
+    empty = records[records["experiment"] != "inference"]
+    assert all(REPRODUCERS[name](empty, samples) is None for name in INFERENCE_EXPECTED)
+
+
+def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():
+    registry = load_registry()
+    lina = {k: e for k, e in registry.items() if e["paper"] == "lina"}
+    assert len(lina) == 48
+    reproduced = {e["reproducer"] for e in lina.values()} - {None}
+    assert reproduced <= set(REPRODUCERS) and set(INFERENCE_EXPECTED) <= reproduced
+    for entry_id in ("lina-fig2-sm-efficiency-during-a2a", "lina-fig15-partition-overhead",
+                     "lina-fig15-micro-op-transmission-overhead", "lina-fig6-least-popular-idle-share",
+                     "lina-expert-packing-speedup-secondary"):
+        assert lina[entry_id]["reproducer"] is None
+    assert lina["lina-fig17-moe-p95-reduction-16e-bert"]["value"] == 1.81
+    assert lina["lina-fig18-tail-a2a-reduction-max"]["value"] == 2.5
+    assert lina["lina-expert-packing-speedup-secondary"]["status"] == "UNC"

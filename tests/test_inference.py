@@ -3,8 +3,9 @@
 Each case spawns ``world`` gloo ranks (file:// rendezvous, no ports). Every rank builds the same
 seeded model, swaps its MoE layers for PlacedMoE and runs its own batch under several placements:
 hand-made ones (a replicated expert, a device hosting nothing, so receiving zero tokens) and every
-Lina policy driven by a real path profile. The reference runs the plain dropless model on the
-ranks' batches concatenated: placement must never change the math.
+Lina policy driven by a real path profile, with the library all-to-all or Aurora's ordered one.
+The reference runs the plain dropless model on the ranks' batches concatenated: neither placement
+nor transmission order may change the math.
 """
 
 import json
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,7 +21,7 @@ import torch.multiprocessing as mp
 
 from moe_core.config import load_config
 from moe_core.data import MarkovTokens
-from moe_core.inference import Scheduler, attach, top1_choices, use_inference_gating
+from moe_core.inference import Scheduler, attach, batch_metrics, layer_region, top1_choices, use_inference_gating
 from moe_core.model import MoETransformer
 from moe_core.placement import Placement, profile_paths
 from moe_core.timing import PhaseTimer
@@ -62,14 +64,14 @@ class FixedScheduler(Scheduler):
         self.fixed = Placement(replicas, world)
 
 
-def _worker(rank, world, init_file, top_k, profile, out_dir):
+def _worker(rank, world, init_file, top_k, a2a_policy, profile, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     cfg = _config(world)
     model = _model(cfg, top_k)
     logits = {}
     model.head.register_forward_hook(lambda module, args, out: logits.__setitem__("last", out))
-    placed = attach(model, top_k, PhaseTimer(enabled=False))
+    placed = attach(model, top_k, PhaseTimer(enabled=False), a2a_policy=a2a_policy)
     schedulers = {name: FixedScheduler(r, profile, world, top_k) for name, r in FIXED[world].items()}
     schedulers |= {p: Scheduler(p, profile, world, top_k, keep=top_k) for p in [*POLICIES, "ideal"]}
     results = {}
@@ -87,12 +89,13 @@ def _worker(rank, world, init_file, top_k, profile, out_dir):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,top_k", [(2, 1), (4, 2)])
-def test_placed_inference_equals_single_process(tmp_path, world, top_k):
+@pytest.mark.parametrize("world,top_k,a2a_policy", [(2, 1, "library"), (4, 2, "library"), (4, 1, "aurora-rcs")])
+def test_placed_inference_equals_single_process(tmp_path, world, top_k, a2a_policy):
     cfg = _config(world)
     reference = _model(cfg, top_k)
     profile = profile_paths(top1_choices(reference, *_batch(cfg, 100, range(world))), cfg.moe.num_experts)
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), top_k, profile, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), top_k, a2a_policy, profile, str(tmp_path)), nprocs=world,
+             join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
     per_rank = cfg.train.batch_size
@@ -132,7 +135,19 @@ def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp
     for policy in ("lina", "lina-no-estimation", "lina-no-finetune"):
         m = records[policy]["metrics"]
         assert 0 <= m["estimation_accuracy"]["value"] <= 1 and 0 <= m["replan_rate"]["value"] <= 1
+        assert m["schedule_decision_ms"]["value"] > 0
     assert records["lina-no-finetune"]["metrics"]["replan_rate"]["value"] == 0
+    for policy, record in records.items():
+        m, samples = record["metrics"], record["samples"]
+        # the whole forward (Fig 16) contains the MoE layers (Fig 17), which contain their all-to-alls (Fig 18);
+        # each metric keeps its own worst rank, so only one part at a time is bounded by the whole
+        for i, forward in enumerate(samples["forward_ms"]):
+            moe = samples["moe_layer_ms"][i]
+            assert forward >= moe >= max(samples["dispatch_a2a_ms"][i], samples["a2a_layer0_ms"][i])
+        per_layer = [samples[f"a2a_layer{layer}_ms"] for layer in range(4)]  # one per MoE layer, 3 batches each
+        assert all(len(s) == 3 and min(s) > 0 for s in per_layer) and "a2a_layer4_ms" not in samples
+        assert 0 < m["path_topk_share_k1"]["value"] <= m["path_topk_share_k2"]["value"] <= 1
+        assert "popularity_ratio" not in m or m["popularity_ratio"]["value"] >= 1
 
 
 def test_unknown_inference_policy_exits_2_naming_the_key(tmp_path):
@@ -140,3 +155,29 @@ def test_unknown_inference_policy_exits_2_naming_the_key(tmp_path):
                            f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "inference.policies" in proc.stderr
     assert not any(tmp_path.rglob("*.json"))
+
+
+def test_batch_metrics_sum_phases_over_layers_and_keep_each_layers_all_to_all():
+    ms = {layer_region("gate", 0): 1.0, layer_region("dispatch_a2a", 0): 2.0, layer_region("combine_a2a", 0): 3.0,
+          layer_region("expert", 1): 4.0, layer_region("dispatch_a2a", 1): 0.5, "forward": 99.0}
+    m = batch_metrics(ms, num_layers=2)
+    assert m["dispatch_a2a_ms"] == 2.5 and m["combine_a2a_ms"] == 3.0 and m["plan_ms"] == 0.0
+    assert m["moe_layer_ms"] == pytest.approx(10.5)
+    assert m["a2a_layer0_ms"] == 5.0 and m["a2a_layer1_ms"] == 0.5
+    assert set(m) == {"gate_ms", "plan_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "moe_layer_ms",
+                      "a2a_layer0_ms", "a2a_layer1_ms"}
+
+
+def test_scheduler_times_every_decision_and_only_the_checks_that_keep_the_plan():
+    choices = np.array([[0, 0, 1, 2], [1, 1, 2, 3]])
+    profile = profile_paths(choices, num_experts=4, path_length=1)
+    lina = Scheduler("lina", profile, num_devices=2, top_k=1, keep=1)
+    lina.decide(0, choices[0], estimate=np.array([2.0, 1, 1, 0]), actual=np.array([2.0, 1, 1, 0]))  # right
+    lina.decide(1, choices[1], estimate=np.array([0.0, 0, 1, 3]), actual=np.array([0.0, 2, 1, 1]))  # re-plans
+    assert lina.estimate_right == [True, False] and lina.replanned == [False, True]
+    assert len(lina.decide_ms) == 2 and len(lina.check_ms) == 1 and min(lina.decide_ms + lina.check_ms) > 0
+    static = Scheduler("static", profile, num_devices=2, top_k=1, keep=1)
+    static.decide(0, choices[0], np.zeros(4), np.array([2.0, 1, 1, 0]))
+    assert static.decide_ms == static.check_ms == []  # a fixed placement decides nothing
+    lina.reset_stats()
+    assert lina.decide_ms == lina.check_ms == []

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from moe_core.placement import (Placement, devices_per_expert, expected_tokens, first_fit_decreasing, needs_replan,
-                                phase1_placement, plan_layer, profile_paths, replica_token_counts, route_rows,
-                                schedule_rates, send_counts, static_placement)
+                                path_topk_share, phase1_placement, plan_layer, popularity_ratio, profile_paths,
+                                replica_token_counts, route_rows, schedule_rates, send_counts, static_placement)
 
 # 4 MoE layers, 6 tokens, E = 3. Tokens 0-2 follow path (0, 1, 2), tokens 3-5 path (2, 2, 0).
 TRACE = np.array([[0, 0, 0, 2, 2, 2],
@@ -127,3 +127,21 @@ def test_phase2_fires_exactly_when_top_2k_sets_differ():
 def test_bad_input_names_the_problem(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_popularity_ratio_skips_layers_with_an_idle_expert():
+    # layers 0-2 leave an expert without tokens; layer 3 counts [1, 2, 3]: most / least = 3
+    assert popularity_ratio(TRACE, num_experts=3) == pytest.approx(3.0)
+    assert np.isnan(popularity_ratio(TRACE[:3], num_experts=3))
+    with pytest.raises(ValueError, match="expert ids"):
+        popularity_ratio(TRACE, num_experts=2)
+
+
+def test_path_topk_share_counts_tokens_following_their_groups_top_experts():
+    one_back = profile_paths(TRACE, num_experts=3, path_length=1)
+    # layers 1 and 2: every group of 3 tokens moves together (6/6 each); layer 3: the group that
+    # picked expert 2 splits [1, 2, 0] over experts 0, 1, so its top-1 holds 2 of 3 tokens
+    assert path_topk_share(one_back, 1) == pytest.approx(17 / 18)
+    assert path_topk_share(one_back, 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        path_topk_share(one_back, 0)
