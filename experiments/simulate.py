@@ -1,9 +1,15 @@
-"""Simulated MoE training steps: one sweep point on a modelled cluster (no processes, no GPUs).
+"""Simulated MoE training steps on a modelled cluster (no processes, no GPUs): one point, or every
+point of the config's simulated sweeps.
 
     python -m experiments.simulate --config configs/default.yaml hardware_profile=lina-a100-4x4 \\
         parallel.world_size=16 moe.num_experts=16 moe.experts_per_rank=1 comm.policy=overlap
+    python -m experiments.simulate --config configs/default.yaml --sweep
 
-Writes a record in the measured runs' schema with ``mode: simulated`` and ``backend: sim`` (one
+``--sweep`` simulates every point of :func:`moe_core.config.sim_points` (the paper-scale sweep and
+Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
+far less than starting a Python process with torch. Records are written once all points succeeded.
+
+Each point gives a record in the measured runs' schema with ``mode: simulated`` and ``backend: sim`` (one
 sample per metric: the model is deterministic). A cluster profile smaller than ``world_size`` is
 grown with more nodes of its kind. For the ``overlap`` policy the same step is also simulated with
 ``sequential``, and every backward all-to-all's slowdown (overlap / sequential) is kept as samples
@@ -17,8 +23,10 @@ import sys
 import time
 
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, point_name, point_params, to_container
+from moe_core.config import (ConfigError, config_arg_parser, load_config, point_name, point_params, sim_points,
+                             to_container)
 from moe_core.results import make_record, record_path, write_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -55,24 +63,44 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
     return samples, extra
 
 
+def simulated_record(cfg: DictConfig, point: str) -> dict:
+    """The record of one simulated point."""
+    samples, extra = simulate_point(cfg)
+    return make_record(paper=cfg.paper, experiment=EXPERIMENT, point=point, mode="simulated", backend="sim",
+                       hardware=cfg.hardware.name, params=point_params(cfg), samples=samples,
+                       config=to_container(cfg), extra_metrics=extra)
+
+
+def point_configs(args) -> dict[str, DictConfig]:
+    """Point name -> its config: this command line's point, or with --sweep every sim_points entry."""
+    if not args.sweep:
+        cfg = load_config(args.config, args.overrides)
+        return {f"{cfg.hardware.name}_{point_name(point_params(cfg))}": cfg}
+    base = load_config(args.config, args.overrides)
+    return {name: load_config(args.config, [*args.overrides, *overrides])
+            for name, (_, overrides) in sim_points(base).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
-    parser.add_argument("--out", help="record path (default: results/raw/<paper>/sim_train_step/<point>.json)")
+    parser.add_argument("--out", help="record path of a single point (default: results/raw/<paper>/sim_train_step/<point>.json)")
+    parser.add_argument("--sweep", action="store_true", help="simulate every point of the config's simulated sweeps")
     args = parser.parse_intermixed_args(argv)
+    if args.sweep and args.out:
+        parser.error("--out names one record; --sweep writes one per point under results_dir")
     try:
-        cfg = load_config(args.config, args.overrides)
-        samples, extra = simulate_point(cfg)
+        configs = point_configs(args)
+        records = {name: simulated_record(cfg, name)
+                   for name, cfg in tqdm(configs.items(), desc="simulate", file=sys.stderr, disable=len(configs) == 1)}
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    params = point_params(cfg)
-    point = f"{cfg.hardware.name}_{point_name(params)}"
-    record = make_record(paper=cfg.paper, experiment=EXPERIMENT, point=point, mode="simulated", backend="sim",
-                         hardware=cfg.hardware.name, params=params, samples=samples,
-                         config=to_container(cfg), extra_metrics=extra)
-    path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, EXPERIMENT, point))
-    print(f"wrote {path}: step {samples['step_ms'][0]:.2f} ms, a2a share {samples['a2a_share'][0]:.1%}, "
-          f"{extra['operations']} ops in {extra['simulation_s']:.3f} s", file=sys.stderr)
+    for name, record in records.items():
+        cfg = configs[name]
+        path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, EXPERIMENT, name))
+        m = record["metrics"]
+        print(f"wrote {path}: step {m['step_ms']['median']:.2f} ms, a2a share {m['a2a_share']['median']:.1%}, "
+              f"{m['operations']['value']:.0f} ops in {m['simulation_s']['value']:.3f} s", file=sys.stderr)
     return 0
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,8 +12,8 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, d_model: int, d_ff: int):
         super().__init__()
-        self.w_in = nn.Parameter(torch.randn(num_experts, d_model, d_ff) / math.sqrt(d_model))  # (E, M, H)
-        self.w_out = nn.Parameter(torch.randn(num_experts, d_ff, d_model) / math.sqrt(d_ff))  # (E, H, M)
+        self.w_in = nn.Parameter(nn.init.normal_(torch.empty(num_experts, d_model, d_ff), std=d_model**-0.5))  # (E, M, H)
+        self.w_out = nn.Parameter(nn.init.normal_(torch.empty(num_experts, d_ff, d_model), std=d_ff**-0.5))  # (E, H, M)
 
     @property
     def num_local(self) -> int:

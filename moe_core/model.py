@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch.overrides import TorchFunctionMode
 
 from .layer import MoELayer
 
@@ -89,3 +90,22 @@ class MoETransformer(nn.Module):
         logits = self.head(self.ln_f(x))  # (B, T, V)
         nll = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
         return nll + self.aux_loss_weight * aux_total, nll
+
+
+class _SkipInitialisers(TorchFunctionMode):
+    """Makes every ``torch.nn.init`` function a no-op: parameters keep their (meta) storage untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def shape_only_model(cfg: DictConfig) -> MoETransformer:
+    """The model on the meta device, uninitialised: its parameters' names and shapes at any size, no memory.
+
+    The simulator reads gradient sizes from it. Initialisers are skipped because a meta-device
+    ``normal_`` lazily imports torch._dynamo, which costs seconds per simulated point.
+    """
+    with torch.device("meta"), _SkipInitialisers():
+        return MoETransformer(cfg)

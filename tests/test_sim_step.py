@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from experiments.simulate import main as simulate_main
-from moe_core.config import layout_of, load_config
+from moe_core.config import layout_of, load_config, sim_points
 from moe_core.lina import gradient_micro_ops
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
@@ -82,6 +82,30 @@ def test_simulate_writes_a_simulated_record_with_slowdowns(tmp_path):
     assert len(slowdowns) == 2 * 4 and (slowdowns >= 1 - 1e-9).all()
 
 
+SMALL_SWEEPS = """
+sim_sweep: {hardware: [lina-a100-4x4], world_size: [8], policy: [overlap], experts_per_rank: 1,
+            overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
+lina: {hardware: lina-a100-4x4, experts: [2], policy: [overlap, lina], partition_mb: [10],
+       overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
+"""
+
+
+def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
+    sweeps = tmp_path / "sweeps.yaml"
+    sweeps.write_text(SMALL_SWEEPS)
+    args = ["--config", "configs/default.yaml", "--config", str(sweeps), f"results_dir={tmp_path}"]
+    assert simulate_main([*args, "--sweep"]) == 0
+    points = sim_points(load_config(["configs/default.yaml", str(sweeps)]))
+    assert len(points) == 4  # ws8 overlap; 2 experts x (overlap, lina); lina at 10 MB micro-ops
+    for name, (paper, _) in points.items():
+        record = json.loads((tmp_path / "raw" / paper / "sim_train_step" / f"{name}.json").read_text())
+        assert record["point"] == name and record["mode"] == "simulated"
+    # one point without a network model: an error, and no record of any point
+    bad = tmp_path / "bad"
+    assert simulate_main([*args, f"results_dir={bad}", "sim_sweep.hardware=[local-cpu]", "--sweep"]) == 2
+    assert not bad.exists()
+
+
 def test_simulate_rejects_a_profile_without_a_network_model(tmp_path, capsys):
     assert simulate_main(["parallel.world_size=8", "moe.num_experts=8", f"results_dir={tmp_path}"]) == 2
     assert "intra_node_GBps is unknown" in capsys.readouterr().err
@@ -132,3 +156,37 @@ def test_lina_packing_shrinks_the_expert_parallel_group_until_ffn_outweighs_all_
     fast = load_config(overrides=[*LINA, "comm.policy=lina-pack", "hardware.nic_GBps=12500",
                                   "hardware.intra_node_GBps=300000"])
     assert StepModel(fast, build_topology(fast.hardware)).layout.experts_per_rank == 1
+
+
+def test_moe_layer_wall_time_per_pass_counts_pipelined_experts_once():
+    _, ovl = step([*LINA, "comm.policy=overlap"])
+    m = ovl.metrics()
+    # no pipelining: each layer's MoE ops run one after another, so wall time = sum of op times
+    assert m["moe_layer_fwd_ms"] + m["moe_layer_bwd_ms"] == pytest.approx(m["moe_layer_ms"])
+    fwd_ops = sum(1e3 * (e - s) for op, s, e in zip(ovl.ops, ovl.timeline.start_s, ovl.timeline.end_s)
+                  if op.phase in ("gate", "dispatch_a2a", "expert", "combine_a2a") and op.name.endswith(".fwd"))
+    assert m["moe_layer_fwd_ms"] == pytest.approx(fwd_ops)
+    assert m["moe_compute_share"] == pytest.approx((m["gate_ms"] + m["expert_ms"]) / m["moe_layer_ms"])
+    _, piped = step([*LINA, "comm.policy=lina-pipeline", "comm.partition_mb=1"])
+    p = piped.metrics()
+    assert p["moe_layer_fwd_ms"] + p["moe_layer_bwd_ms"] < p["moe_layer_ms"]  # experts hidden behind all-to-alls
+    assert 0 < m["moe_compute_share"] < p["moe_compute_share"] <= 1
+
+
+def test_all_to_all_time_is_the_compute_streams_wait_for_it():
+    """Like the measured timer: without pipelining the all-to-alls' own time; with it, time hidden
+    behind expert micro-ops or shared by micro-ops in flight together is counted once."""
+    def own_ms(sim):
+        return sum(1e3 * (e - s) for op, s, e in zip(sim.ops, sim.timeline.start_s, sim.timeline.end_s)
+                   if op.phase.endswith("a2a"))
+
+    for policy, hidden in [("comm.policy=sequential", False), ("comm.policy=lina-pipeline", True)]:
+        _, sim = step([*LINA, policy, "comm.partition_mb=1"])
+        m = sim.metrics()
+        assert m["dispatch_a2a_ms"] + m["combine_a2a_ms"] == pytest.approx(m["a2a_ms"])
+        assert m["a2a_fwd_ms"] + m["a2a_bwd_ms"] == pytest.approx(m["a2a_ms"])
+        assert 0 < m["a2a_share"] < 1
+        if hidden:
+            assert m["a2a_ms"] < own_ms(sim)
+        else:
+            assert m["a2a_ms"] == pytest.approx(own_ms(sim))

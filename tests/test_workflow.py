@@ -26,7 +26,7 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
     assert len(points) == 12 and len(lina_measured_points(cfg)) == 2
     assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg))
-    assert int(counts["sim_train_step"]) == len(sim_points(cfg)) and int(counts["lina_inference"]) == 1
+    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 and int(counts["lina_inference"]) == 1
     assert int(counts["collectives"]) == 1
     assert all(int(counts[f"figure_{name}"]) == 1 for name in
                ("step_breakdown", "a2a_share_vs_experts", "a2a_slowdown_cdf", "busbw_vs_size",

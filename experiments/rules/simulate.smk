@@ -1,5 +1,5 @@
-# Simulated sweeps (paper-scale and Lina's): one cheap local job per point
-# (experiments/simulate.py), in the same record schema as the measured points (mode: simulated).
+# Simulated sweeps (paper-scale and Lina's): one cheap local job for all their points
+# (experiments/simulate.py --sweep), in the same record schema as the measured points (mode: simulated).
 
 from moe_core.config import sim_points
 
@@ -8,15 +8,14 @@ SIM_RECORDS = [f"{RESULTS}/raw/{paper}/sim_train_step/{name}.json" for name, (pa
 
 
 rule sim_train_step:
-    """One simulated training step on a modelled cluster (no processes, seconds of CPU)."""
+    """Every simulated training step of the sweeps on its modelled cluster, in one process (no
+    ranks; a point takes a fraction of a second, less than starting Python with torch)."""
     input:
         config=rules.resolved_config.output[0],
     output:
-        f"{RESULTS}/raw/{{paper}}/sim_train_step/{{point}}.json",
+        SIM_RECORDS,
     log:
-        f"{RESULTS}/logs/sim_train_step/{{paper}}/{{point}}.log",
-    params:
-        overrides=lambda wc: " ".join(SIM_POINTS[wc.point][1]),
+        f"{RESULTS}/logs/sim_train_step.log",
     conda:
         "../../environment.yml"
     resources:
@@ -24,4 +23,4 @@ rule sim_train_step:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.simulate --config {input.config} --out {output} {params.overrides} > {log} 2>&1"
+        "python -m experiments.simulate --config {input.config} --sweep > {log} 2>&1"

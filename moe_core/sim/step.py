@@ -16,17 +16,17 @@ gradient is ready, one bucket after another on one communicator (``overlap``).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 from omegaconf import DictConfig
 
 from ..config import Layout, capacity, layout_of
 from ..lina import LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, max_packing_factor, packing_factor
-from ..model import MoETransformer
+from ..model import shape_only_model
 from ..parallel import is_expert_param
-from ..policies import POLICIES, assign_buckets
+from ..policies import POLICIES, assign_buckets, backward_ordered_params
 from .collectives import collective_op
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
@@ -42,19 +42,67 @@ class StepSimulation:
     backward_end: int  # index of the last backward compute op
 
     def metrics(self) -> dict[str, float]:
-        """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms."""
+        """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms; and
+        ``moe_layer_fwd_ms`` / ``moe_layer_bwd_ms`` (``moe_layer_spans_ms``) and ``moe_compute_share``
+        (gate + expert time over that wall time), which the measured executor does not record yet.
+
+        Compute phases are their ops' summed times (one compute stream runs them one at a time).
+        All-to-all time is what the measured executor times: the compute stream's wait for
+        all-to-alls, i.e. the wall time in which one is in flight and no compute runs
+        (``waiting_ms``). Without pipelining that is the all-to-alls' own time; with it, the expert
+        micro-ops they overlap, and dispatch and combine micro-ops in flight together, are counted
+        once, so shares stay shares. Dispatch and combine split it in proportion to their own waits.
+        """
         dur = (self.timeline.end_s - self.timeline.start_s) * 1e3
-        by_phase = {p: float(sum(d for op, d in zip(self.ops, dur) if op.phase == p)) for p in PHASES}
-        a2a = by_phase["dispatch_a2a"] + by_phase["combine_a2a"]
+        by_phase = {p: float(sum(d for op, d in zip(self.ops, dur) if op.phase == p)) for p in ("gate", "expert")}
+        a2a = self.waiting_ms(lambda op: op.phase.endswith("a2a"))
+        own = {p: self.waiting_ms(lambda op, p=p: op.phase == p) for p in ("dispatch_a2a", "combine_a2a")}
+        by_phase.update({p: a2a * w / sum(own.values()) if a2a else 0.0 for p, w in own.items()})
         moe = by_phase["gate"] + a2a + by_phase["expert"]
         step = self.timeline.makespan_s * 1e3
         exposed = step - float(self.timeline.end_s[self.backward_end]) * 1e3
-        a2a_dir = {d: float(sum(t for op, t in zip(self.ops, dur) if op.phase.endswith("a2a") and
-                                op.name.endswith(d))) for d in (".fwd", ".bwd")}
-        return {"step_ms": step, **{f"{p}_ms": v for p, v in by_phase.items()}, "a2a_ms": a2a,
+        a2a_dir = {d: self.waiting_ms(lambda op, d=d: op.phase.endswith("a2a") and op.name.endswith(d))
+                   for d in (".fwd", ".bwd")}
+        span = self.moe_layer_spans_ms()
+        moe_wall = span["fwd"] + span["bwd"]
+        # the compute stream's busy share of the MoE layers' wall time (Lina Fig 11-12's GPU utilisation)
+        compute_share = (by_phase["gate"] + by_phase["expert"]) / moe_wall if moe_wall else 0.0
+        return {"step_ms": step, **{f"{p}_ms": by_phase[p] for p in PHASES}, "a2a_ms": a2a,
                 "a2a_fwd_ms": a2a_dir[".fwd"], "a2a_bwd_ms": a2a_dir[".bwd"], "moe_layer_ms": moe,
+                "moe_layer_fwd_ms": span["fwd"], "moe_layer_bwd_ms": span["bwd"],
+                "moe_compute_share": compute_share,
                 "allreduce_exposed_ms": exposed, "dense_ms": step - moe - exposed,
                 "a2a_share": a2a / step, "a2a_share_of_moe": a2a / moe if moe else 0.0}
+
+    def waiting_ms(self, selected: Callable[[Op], bool]) -> float:
+        """Wall time (ms) in which a ``selected`` op is in flight and no compute op runs."""
+        def union(keep: Callable[[Op], bool]) -> list[tuple[float, float]]:
+            spans = sorted((a, b) for op, a, b in zip(self.ops, self.timeline.start_s, self.timeline.end_s)
+                           if keep(op) and b > a)
+            merged: list[tuple[float, float]] = []
+            for a, b in spans:
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            return merged
+
+        waiting, busy = union(selected), union(lambda op: op.transfer is None)  # compute ops have no transfer
+        overlap = sum(max(0.0, min(b, d) - max(a, c)) for a, b in waiting for c, d in busy)
+        return 1e3 * (sum(b - a for a, b in waiting) - overlap)
+
+    def moe_layer_spans_ms(self) -> dict[str, float]:
+        """Wall time of the MoE layers per pass (``fwd``, ``bwd``), summed over layers: per layer and
+        pass, from the start of its first MoE op (gate or all-to-all) to the end of its last (Lina
+        Figs 11-12). Unlike ``moe_layer_ms`` (the sum of the phases' op times) it counts experts
+        pipelined behind an all-to-all once, so it is the time the layer holds up the step."""
+        spans: dict[tuple[str, str], tuple[float, float]] = {}
+        for op, start, end in zip(self.ops, self.timeline.start_s, self.timeline.end_s):
+            if op.phase in PHASES:
+                key = (op.name.split(".", 1)[0], op.name.rsplit(".", 1)[1])  # ("L3", "fwd")
+                lo, hi = spans.get(key, (start, end))
+                spans[key] = (min(lo, start), max(hi, end))
+        return {p: 1e3 * float(sum(hi - lo for (_, q), (lo, hi) in spans.items() if q == p)) for p in ("fwd", "bwd")}
 
     def durations_ms(self, suffix: str, phase_suffix: str = "a2a") -> np.ndarray:
         """Durations of the ops whose phase ends with ``phase_suffix`` and name with ``suffix``."""
@@ -138,7 +186,8 @@ class StepModel:
         loads = np.zeros(self.topo.num_links)
         for t in transfers:
             np.add.at(loads, t.links, t.nbytes)
-        return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers))
+        return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers),
+                                   max(t.weight for t in transfers))
 
     def _all_to_all(self, bytes_per_rank: float) -> dict:
         footprint = self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])
@@ -166,8 +215,7 @@ class StepModel:
         a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
         chunks = len(self._a2a_chunks())
         if a2a is not None:  # every micro-op carries its share of the bytes and pays the latency
-            a2a["transfer"] = Transfer(a2a["transfer"].links, a2a["transfer"].nbytes / chunks,
-                                       a2a["transfer"].steps, a2a["transfer"].crosses_nodes)
+            a2a["transfer"] = replace(a2a["transfer"], nbytes=a2a["transfer"].nbytes / chunks)
         pipelined = self.lina is not None and self.lina.pipeline
         ops: list[Op] = []
 
@@ -228,8 +276,7 @@ class StepModel:
         partitioning per-tensor micro-ops (lina.gradient_micro_ops). With Lina's priority they yield
         the links to every all-to-all (a lower strict-priority class).
         """
-        with torch.device("meta"):
-            named = list(reversed(list(MoETransformer(self.cfg).named_parameters())))
+        named = backward_ordered_params(shape_only_model(self.cfg))
         share = self.layout.experts_per_rank / self.cfg.moe.num_experts  # a rank holds its experts only
         expert = [is_expert_param(n) for n, _ in named]
         numels = [round(p.numel() * (share if e else 1.0)) for (_, p), e in zip(named, expert)]
