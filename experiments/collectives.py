@@ -16,7 +16,7 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
   compares numbers taken under the same conditions.
 
 Methodology (reference/peers.md §4): warm-up iterations, then per timed iteration a barrier and
-one timed call (``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
+one timed call (more iterations for latency-bound sizes, :func:`timed_iterations`) (``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
 (:func:`bus_bandwidth_factor`); GB/s are 1e9 bytes/s. Rank 0 writes one record per (collective,
 concurrent, size) to ``results/raw/common/collectives/<point>.json``, all of them at the end, so
@@ -226,6 +226,12 @@ def run_check(op: Collective, side: Collective | None) -> None:
                            f"delivered wrong data (this rank {'correct' if ok else 'wrong'})")
 
 
+def timed_iterations(size_bytes: int, c: DictConfig) -> int:
+    """Timed iterations of one point: ``latency_iters`` for latency-bound sizes (<= ``latency_bytes``),
+    else ``iters``. Decided from the size alone, so every rank runs the same count."""
+    return c.latency_iters if size_bytes <= c.latency_bytes else c.iters
+
+
 def measure(op: Collective, side: Collective | None, cfg: DictConfig, timer: PhaseTimer,
             check: bool) -> dict[str, list[float]]:
     """Warm-up, optional check, timed iterations; per-iteration samples of the worst rank.
@@ -243,7 +249,7 @@ def measure(op: Collective, side: Collective | None, cfg: DictConfig, timer: Pha
     local: dict[str, list[float]] = {"time_ms": []}
     if side:
         local.update(alone_ms=[], concurrent_ms=[])
-    for _ in range(c.iters):
+    for _ in range(timed_iterations(op.send.numel() * ELEMENT_BYTES, c)):
         if side:
             local["alone_ms"].append(run_iteration(op, None, timer)["time_ms"])
             paired = run_iteration(op, side, timer)
