@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
-                           expected_world_size=cfg.aurora.world_size, world_size_key="aurora.world_size")
+    env = init_distributed(cfg, world_size_key="aurora.world_size")
     try:
         with naming_failed_ranks(env):
             records = run_benchmark(cfg, env)

@@ -324,9 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
-                           expected_world_size=cfg.collectives.world_size,
-                           world_size_key="collectives.world_size")
+    env = init_distributed(cfg, world_size_key="collectives.world_size")
     try:
         with naming_failed_ranks(env):
             records = run_benchmark(cfg, env, args.check)

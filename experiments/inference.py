@@ -213,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    env = init_distributed(cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s,
-                           expected_world_size=cfg.parallel.world_size)
+    env = init_distributed(cfg)
     try:
         with naming_failed_ranks(env):
             model, info = trained_model(cfg, args, env)

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,18 @@ class Env:
     timeout_s: float
 
 
-def init_distributed(backend: str, device_type: str, timeout_s: float, expected_world_size: int | None = None,
-                     world_size_key: str = "parallel.world_size") -> Env:
+def init_distributed(cfg: DictConfig, world_size_key: str = "parallel.world_size") -> Env:
     """Join the process group that ``torchrun`` (or SLURM) set up in the environment.
 
-    One device per LOCAL_RANK on GPU. ``timeout_s`` bounds every collective, so a hung or dead
-    peer ends the run with an error instead of a hang. Raises RuntimeError when the launcher's
-    world size differs from the configured one (``world_size_key`` names that config key).
+    Backend and device from ``cfg.hardware``; one device per LOCAL_RANK on GPU.
+    ``parallel.timeout_s`` bounds every collective, so a hung or dead peer ends the run with an
+    error instead of a hang. Raises RuntimeError when the launcher's world size differs from the
+    config key ``world_size_key`` (the entry point's own world size).
     """
+    backend, device_type, timeout_s = cfg.hardware.backend, cfg.hardware.device, cfg.parallel.timeout_s
+    expected_world_size = OmegaConf.select(cfg, world_size_key)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if expected_world_size is not None and world_size != expected_world_size:
+    if world_size != expected_world_size:
         raise RuntimeError(f"launched with WORLD_SIZE={world_size} but the config says {world_size_key}="
                            f"{expected_world_size}; launch with torchrun --nproc-per-node={expected_world_size}")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
