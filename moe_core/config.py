@@ -106,10 +106,6 @@ class HardwareConfig:
     # CPU testbeds: copy throughput of the host's cores, which every byte a collective sends crosses
     # (gloo and TCP run there); 0 = not modelled. Calibration fits it.
     host_GBps: float = 0.0
-    # How concurrent collectives share a link: "operation" (each collective one fluid flow) or
-    # "connection" (each point-to-point connection one flow, as TCP congestion control shares a
-    # link: an all-to-all of many peer connections then outweighs a ring all-reduce's one).
-    link_sharing: Literal["operation", "connection"] = "operation"
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)

@@ -61,20 +61,6 @@ def test_two_equal_transfers_on_one_link_each_take_twice_as_long():
     assert alone == pytest.approx(1.0) and both.end_s == pytest.approx([2.0, 2.0])
 
 
-@pytest.mark.parametrize("sharing,slowdown", [("operation", 2.0), ("connection", 1.25)])
-def test_per_connection_sharing_gives_the_many_connection_all_to_all_its_share(sharing, slowdown):
-    """2 nodes x 2 devices, one NIC each: the all-to-all opens 2 x 2 connections through a NIC, the
-    ring all-reduce 1. Shared per operation both get half; per connection (TCP) the all-to-all 4/5."""
-    topo = Cluster(hw(nodes=2, devices_per_node=2, intra_node_GBps=1e6, nic_GBps=0.125, link_sharing=sharing))
-    group = np.arange(4)
-    a2a, ring = topo.uniform_all_to_all(group, 4e6), topo.ring(group, 4e6, "all_reduce")
-    assert (a2a.weight, ring.weight) == ((4.0, 1.0) if sharing == "connection" else (1.0, 1.0))
-    both = simulate([Op("a2a", "comm", transfer=a2a), Op("ring", "comm", transfer=ring)], topo.capacity)
-    # the all-to-all finishes first (4 MB per NIC vs the ring's 6 MB), while the ring still runs
-    assert both.end_s[0] == pytest.approx(slowdown * alone_s(topo, a2a), rel=1e-9)
-    assert both.end_s[0] < both.end_s[1]
-
-
 def test_strict_priority_transfer_gets_the_whole_link():
     cap = np.array([1e9])
     t = Transfer(np.array([0]), np.array([1e9]), 1, True)

@@ -9,8 +9,6 @@ all-reduce), which calibration fits and validation checks.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 from omegaconf import DictConfig
 
@@ -26,7 +24,7 @@ def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
     fit = hw.collectives.get(kind)
     if fit is None:
         return {"transfer": transfer, "latency_s": topo.latency_s(transfer)}
-    scaled = replace(transfer, nbytes=transfer.nbytes / fit.efficiency)
+    scaled = Transfer(transfer.links, transfer.nbytes / fit.efficiency, transfer.steps, transfer.crosses_nodes)
     return {"transfer": scaled, "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6)}
 
 

@@ -17,7 +17,7 @@ number of flows (peers.md §3: the gap between ASTRA-sim's FIFO links and SimAI'
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, late
     """
     if count < 1:
         raise ValueError(f"micro-op count must be >= 1, got {count}")
-    part = replace(transfer, nbytes=transfer.nbytes / count)
+    part = Transfer(transfer.links, transfer.nbytes / count, transfer.steps, transfer.crosses_nodes)
     for k in range(count):
         ops.append(Op(f"{name}.{k}", phase, list(deps), transfer=part, latency_s=latency_s, priority=priority))
         deps = [len(ops) - 1]
@@ -91,7 +91,7 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
         for i, op in enumerate(ops):
             if op.transfer is not None and op.latency_s > 0:
                 latency_stage[i] = -1 - i
-                footprints[-1 - i] = (host, np.ones(1), op.latency_s, 1.0)
+                footprints[-1 - i] = (host, np.ones(1), op.latency_s)
 
     timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
     active: dict[int, float] = {}  # stage (transfer op, or its shared latency phase) -> remaining fraction
@@ -166,23 +166,21 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
     return Timeline(start, end)
 
 
-def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """(links, share of each link's capacity relative to the bottleneck, stand-alone seconds, weight)."""
+def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(links, share of each link's capacity relative to the bottleneck, stand-alone seconds)."""
     seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
     finite = seconds > 0
     links, seconds = transfer.links[finite], seconds[finite]
     alone_s = float(seconds.max()) if seconds.size else 0.0
-    return links, (seconds / alone_s if alone_s else seconds), alone_s, transfer.weight
+    return links, (seconds / alone_s if alone_s else seconds), alone_s
 
 
-def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]], priority: dict[int, int],
+def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], priority: dict[int, int],
                num_links: int) -> dict[int, float]:
     """Progress rates (fraction of the transfer per second) by weighted max-min fair sharing.
 
     ``y`` is each transfer's speed as a fraction of its stand-alone speed; coefficients are the
-    fraction of each link's capacity the transfer uses at full speed (1 on its bottleneck). Unfrozen
-    transfers speed up in proportion to their weights (1 each, or their connections: Transfer.weight),
-    so on a shared bottleneck each gets a share of the link proportional to its weight.
+    fraction of each link's capacity the transfer uses at full speed (1 on its bottleneck).
     """
     residual = np.ones(num_links)
     y: dict[int, float] = {}
@@ -192,12 +190,12 @@ def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]
             y[i] = 0.0
         while unfrozen:
             idx = np.concatenate([footprints[i][0] for i in unfrozen])
-            coef = np.concatenate([footprints[i][1] * footprints[i][3] for i in unfrozen])
+            coef = np.concatenate([footprints[i][1] for i in unfrozen])
             demand = np.bincount(idx, weights=coef, minlength=num_links)
             used = demand > 0
             step = float(np.min(residual[used] / demand[used]))
             for i in unfrozen:
-                y[i] += step * footprints[i][3]
+                y[i] += step
             residual[used] -= step * demand[used]
             saturated = residual <= 1e-9
             unfrozen = [i for i in unfrozen if not saturated[footprints[i][0]].any()]

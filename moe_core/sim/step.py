@@ -186,8 +186,7 @@ class StepModel:
         loads = np.zeros(self.topo.num_links)
         for t in transfers:
             np.add.at(loads, t.links, t.nbytes)
-        return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers),
-                                   max(t.weight for t in transfers))
+        return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers))
 
     def _all_to_all(self, bytes_per_rank: float) -> dict:
         footprint = self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])

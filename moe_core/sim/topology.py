@@ -36,14 +36,11 @@ class Transfer:
     nbytes: np.ndarray  # (k,) float: bytes on each of those links
     steps: int  # sequential algorithm steps, for the latency term
     crosses_nodes: bool  # whether any byte leaves a node (selects the latency class)
-    # Its weight in link sharing: 1, or with per-connection sharing the point-to-point connections
-    # on its busiest NIC (moe_core.sim.engine.fair_rates).
-    weight: float = 1.0
 
     @staticmethod
-    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool, weight: float = 1.0) -> "Transfer":
+    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> "Transfer":
         idx = np.flatnonzero(loads > 0)
-        return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes, weight)
+        return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes)
 
 
 class Cluster:
@@ -91,7 +88,6 @@ class Cluster:
         self.node_of = np.arange(self.n) // self.g
         self.nic_of = self.node_of * self.nics_per_node + (np.arange(self.n) % self.g) * self.nics_per_node // self.g
         self.oversubscribed = hw.oversubscription > 1
-        self.per_connection = hw.link_sharing == "connection"
 
     # -- all-to-all ------------------------------------------------------------------------------
     def all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
@@ -105,9 +101,7 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra.sum(axis=1))
         np.add.at(loads, self.intra_in[group], intra.sum(axis=0))
         self._add_inter(loads, group, inter.sum(axis=1), inter.sum(axis=0), inter, node)
-        connections = (inter > 0).astype(float)
-        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()),
-                              connections=(group, connections.sum(axis=1), connections.sum(axis=0)))
+        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()))
 
     def uniform_all_to_all(self, group: np.ndarray, bytes_per_rank: float) -> Transfer:
         """Equal-split all-to-all of ``bytes_per_rank`` per rank, in O(group) instead of O(group^2)."""
@@ -121,8 +115,7 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra)
         np.add.at(loads, self.intra_in[group], intra)
         self._add_inter(loads, group, inter, inter, None, node)
-        peers = (p - members).astype(float)  # inter-node connections of each device, each way
-        return self._transfer(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()), connections=(group, peers, peers))
+        return self._transfer(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
 
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
@@ -151,9 +144,8 @@ class Cluster:
         recv2 = phase2.sum(axis=0).reshape(-1)
         flat = ordered.reshape(-1)
         self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
-        peers = np.full(len(flat), n_nodes - 1.0)
         return (self._transfer(loads1, steps=self.g - 1, crosses_nodes=False),
-                self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1, connections=(flat, peers, peers)))
+                self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1))
 
     # -- ring collectives ------------------------------------------------------------------------
     def ring(self, group: np.ndarray, bytes_per_rank: float, collective: str) -> Transfer:
@@ -181,23 +173,11 @@ class Cluster:
         return self._transfer(loads, steps=steps, crosses_nodes=spans)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _transfer(self, loads: np.ndarray, steps: int, crosses_nodes: bool, connections=None) -> Transfer:
-        """The footprint of ``loads``, plus every byte sent on the host link when there is one.
-
-        ``connections``: (devices, inter-node connections each opens, each accepts); with
-        per-connection sharing the transfer weighs the most any NIC carries (default: 1, a ring's
-        one connection per NIC and direction, as NCCL runs one channel per NIC).
-        """
+    def _transfer(self, loads: np.ndarray, steps: int, crosses_nodes: bool) -> Transfer:
+        """The footprint of ``loads``, plus every byte sent on the host link when there is one."""
         if self.host is not None:
             loads[self.host] = loads[self.intra_out].sum() + loads[self.nic_out].sum()
-        weight = 1.0
-        if self.per_connection and connections is not None and crosses_nodes:
-            devices, out, into = connections
-            per_nic = np.zeros((2, len(self.nic_out)))
-            np.add.at(per_nic[0], self.nic_of[devices], out)
-            np.add.at(per_nic[1], self.nic_of[devices], into)
-            weight = max(1.0, float(per_nic.max()))
-        return Transfer.from_dense(loads, steps, crosses_nodes, weight)
+        return Transfer.from_dense(loads, steps, crosses_nodes)
 
     def _add_inter(self, loads, group, send, recv, pair_bytes, node) -> None:
         """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed."""
