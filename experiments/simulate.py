@@ -25,7 +25,7 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from moe_core.config import (ConfigError, config_arg_parser, load_config, point_name, point_params, sim_points,
+from moe_core.config import (ConfigError, config_arg_parser, load_config, point_params, sim_point_name, sim_points,
                              to_container)
 from moe_core.results import make_record, record_path, write_record
 from moe_core.sim.step import StepModel
@@ -75,7 +75,7 @@ def point_configs(args) -> dict[str, DictConfig]:
     """Point name -> its config: this command line's point, or with --sweep every sim_points entry."""
     if not args.sweep:
         cfg = load_config(args.config, args.overrides)
-        return {f"{cfg.hardware.name}_{point_name(point_params(cfg))}": cfg}
+        return {sim_point_name(cfg.hardware.name, point_params(cfg)): cfg}
     base = load_config(args.config, args.overrides)
     return {name: load_config(args.config, [*args.overrides, *overrides])
             for name, (_, overrides) in sim_points(base).items()}

@@ -27,7 +27,8 @@ def all_to_all(x: torch.Tensor, output_splits: list[int] | None, input_splits: l
     return _AllToAll.apply(x, output_splits, input_splits, group, timer, name, schedule)
 
 
-def _exchange(x: torch.Tensor, output_splits, input_splits, group, schedule: Schedule | None) -> torch.Tensor:
+def exchange(x: torch.Tensor, output_splits, input_splits, group, schedule: Schedule | None) -> torch.Tensor:
+    """One all-to-all of ``x``'s rows, no autograd: ``all_to_all_single``, or in ``schedule``'s order."""
     rows = sum(output_splits) if output_splits is not None else x.shape[0]
     out = x.new_empty((rows, *x.shape[1:]))
     if schedule is None:
@@ -44,14 +45,14 @@ class _AllToAll(torch.autograd.Function):
             output_splits, input_splits, group, timer, name, schedule)
         timer.count(f"{name}.bytes", x.numel() * x.element_size())
         with timer.region(f"{name}.fwd"):
-            return _exchange(x, output_splits, input_splits, group, schedule)
+            return exchange(x, output_splits, input_splits, group, schedule)
 
     @staticmethod
     def backward(ctx, grad):
         ctx.timer.count(f"{ctx.name}.bytes", grad.numel() * grad.element_size())
         with ctx.timer.region(f"{ctx.name}.bwd"):
             back = None if ctx.schedule is None else transpose(ctx.schedule)
-            grad_in = _exchange(grad, ctx.input_splits, ctx.output_splits, ctx.group, back)
+            grad_in = exchange(grad, ctx.input_splits, ctx.output_splits, ctx.group, back)
         return grad_in, None, None, None, None, None, None
 
 

@@ -506,6 +506,11 @@ def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
     return points, skipped
 
 
+def sim_point_name(hardware: str, params: dict[str, Any]) -> str:
+    """A simulated point's name: its hardware profile, then the measured points' name of its params."""
+    return f"{hardware}_{point_name(params)}"
+
+
 def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     """Every simulated training-step point of a run: name -> (paper, its complete overrides).
 
@@ -518,7 +523,7 @@ def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     def add(hw: str, paper: str, ws: int, epr: int, policy: str, model: list[str], partition_mb: float) -> None:
         params = dict(world_size=ws, num_experts=ws * epr, experts_per_rank=epr, policy=policy,
                       seed=cfg.train.seed, partition_mb=partition_mb)
-        points[f"{hw}_{point_name(params)}"] = (paper, [
+        points[sim_point_name(hw, params)] = (paper, [
             *model, f"hardware_profile={hw}", f"paper={paper}", f"comm.partition_mb={partition_mb:g}",
             *point_overrides({k: v for k, v in params.items() if k != "partition_mb"})])
 

@@ -34,10 +34,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .a2a_schedule import make_schedule
+from .a2a_schedule import Schedule, make_schedule
+from .comm import exchange
 from .gating import gshard_gating
 from .layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
-from .ordered_a2a import ordered_all_to_all_single
 from .placement import (PathProfile, Placement, devices_per_expert, expected_tokens, load_imbalance, needs_replan,
                         phase1_placement, plan_layer, replica_token_counts, route_rows, static_placement)
 from .policies import AURORA_ORDERS
@@ -177,29 +177,24 @@ class PlacedMoE(nn.Module):
         with timer.region(layer_region("dispatch_a2a", self.index)):
             token_of_row = order // k
             rows = tokens[token_of_row]  # (P, M) sorted by destination device, then expert
-            recv = rows.new_empty(sum(recv_splits), M)
-            self._all_to_all(recv, rows, recv_splits, send_splits, traffic)
+            recv = exchange(rows, recv_splits, send_splits, self.group, self._schedule(traffic))
 
         with timer.region(layer_region("expert", self.index)):
             out = self._compute(recv, routed[:, rank, :])
 
         with timer.region(layer_region("combine_a2a", self.index)):
-            back = rows.new_empty(rows.shape)
-            self._all_to_all(back, out, send_splits, recv_splits, traffic.T)
+            back = exchange(out, send_splits, recv_splits, self.group, self._schedule(traffic.T))
 
         y = tokens.new_zeros(N, M).index_add(0, token_of_row, weights[order].unsqueeze(1).to(back.dtype) * back)
         return y.view(B, T, M), x.new_zeros(())
 
-    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
-                    input_splits: list[int], traffic: np.ndarray) -> None:
-        """``all_to_all_single``, or Aurora's ordered all-to-all planned from ``traffic`` ((S, D) rows;
-        every rank has it from the plan, so unlike training no matrix is gathered)."""
+    def _schedule(self, traffic: np.ndarray) -> Schedule | None:
+        """None (``all_to_all_single``), or Aurora's order planned from ``traffic`` ((S, D) rows; every
+        rank has it from the plan, so unlike training no matrix is gathered)."""
         if self.schedule_kind is None:
-            dist.all_to_all_single(output, input, output_splits, input_splits, group=self.group)
-            return
-        schedule = make_schedule(self.schedule_kind, traffic, seed=self.exchanges)
+            return None
         self.exchanges += 1
-        ordered_all_to_all_single(output, input, output_splits, input_splits, schedule, group=self.group)
+        return make_schedule(self.schedule_kind, traffic, seed=self.exchanges - 1)
 
     def _compute(self, recv: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
         """Rows arrived in (source, expert) blocks with ``counts[s, e]`` rows -> expert outputs, same order."""

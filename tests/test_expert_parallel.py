@@ -92,7 +92,7 @@ def _watch_lina(policy):
         launches.append(id(policy.queue[0]))
         launch_next()
 
-    comm._exchange, comm._exchange_chunks = watched(comm._exchange), watched(comm._exchange_chunks)
+    comm.exchange, comm._exchange_chunks = watched(comm.exchange), watched(comm._exchange_chunks)
     policy._launch_next = watched_launch
     return in_flight, launches
 
