@@ -588,10 +588,20 @@ def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_facto
     return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
 
 
-def save_config(cfg: DictConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML; entry points load it back with ``--config``."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, path, resolve=True)
+def save_config(cfg: DictConfig, path: str | Path) -> bool:
+    """Write the resolved config as YAML (entry points load it back with ``--config``), unless
+    ``path`` already holds exactly that; returns whether it wrote. So the file changes, and its
+    modification time moves, only when the config does: what was made from an older config is
+    older than the file, which is how the workflow knows to redo it."""
+    path = Path(path)
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomic: a reader never sees half a config
+    return True
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -1,5 +1,6 @@
 """Configuration: schema checks, layouts, sweep expansion, and bad input at the command line."""
 
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,16 @@ def test_switching_profile_drops_a_saved_hardware_section(tmp_path):
     assert same.hardware.name == "local-cpu" and same.hardware.devices_per_node == 2
     other = load_config([tmp_path / "resolved.yaml"], ["hardware_profile=lina-a100-4x4"])
     assert other.hardware.name == "lina-a100-4x4" and other.hardware.nic_GBps == 12.5
+
+
+def test_saving_the_same_config_leaves_the_file_alone(tmp_path):
+    """The workflow reruns what is older than the resolved config: an unchanged config must not
+    move its modification time, a changed one must."""
+    from moe_core.config import save_config
+
+    path = tmp_path / "config" / "resolved.yaml"
+    assert save_config(load_config(["configs/default.yaml"]), path)
+    os.utime(path, (1.0, 1.0))
+    assert not save_config(load_config(["configs/default.yaml"]), path) and path.stat().st_mtime == 1.0
+    assert save_config(load_config(["configs/default.yaml"], ["train.iters=11"]), path)
+    assert path.stat().st_mtime > 1.0 and load_config([path]).train.iters == 11

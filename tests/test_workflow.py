@@ -1,9 +1,11 @@
 """The Snakemake workflow: lint, the planned jobs of the default sweep, and bad configuration."""
 
+import os
 import subprocess
 
 import pytest
 
+from experiments.collectives import collective_points
 from moe_core.config import lina_measured_points, load_config, point_name, sim_points, sweep_points
 
 
@@ -45,3 +47,26 @@ def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle
     assert proc.returncode != 0
     assert "invalid configuration" in proc.stderr and needle in proc.stderr
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_changed_config_re_measures_even_without_snakemake_metadata(tmp_path):
+    """A config change must rerun the measurements that read it, also where Snakemake kept no
+    metadata (a copied or cleaned results directory, as here: no job ever ran): else the run
+    silently reuses old records."""
+    base = ["--cores", "1", "--config", f"results_dir={tmp_path}"]
+    assert snakemake(*base, "-n", "--quiet").returncode == 0
+    resolved = tmp_path / "config" / "resolved.yaml"
+    os.utime(resolved, (resolved.stat().st_mtime - 100,) * 2)
+    # Stand-ins for the collectives records, newer than the resolved config they were measured with.
+    cfg = load_config(["configs/default.yaml"], [f"results_dir={tmp_path}"])
+    records = [tmp_path / "raw" / "common" / "collectives" / f"{name}.json" for name in collective_points(cfg)]
+    records[0].parent.mkdir(parents=True)
+    for record in records:
+        record.write_text("{}")
+    target = str(records[0])
+    unchanged = snakemake(*base, "-n", target)
+    assert unchanged.returncode == 0 and "Nothing to be done" in unchanged.stdout + unchanged.stderr
+    changed = snakemake(*base, "collectives={iters: 11}", "-n", target)
+    assert changed.returncode == 0, changed.stderr
+    assert "rule collectives:" in changed.stdout + changed.stderr
+    assert "iters: 11" in resolved.read_text()

@@ -20,7 +20,7 @@ rule aurora_simulated:
     """Transmission orders, the four deployment settings, the gap to the brute-force optimum and
     traffic imprecision on gating traces and Zipf matrices (seconds of CPU, no processes)."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         AURORA_SIM_RECORDS,
     log:
@@ -38,7 +38,7 @@ rule aurora_simulated:
 rule aurora_a2a:
     """all_to_all_single vs the ordered all-to-all in each Aurora order, aurora.world_size ranks."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         AURORA_A2A_RECORDS,
     conda:

@@ -14,7 +14,7 @@ COLLECTIVE_RECORDS = expand(
 rule collectives:
     """All-reduce, all-to-all and all-to-all-v from min_bytes to max_bytes, alone and paired."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         COLLECTIVE_RECORDS,
     conda:

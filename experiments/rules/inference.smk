@@ -21,7 +21,7 @@ INFERENCE_RESOURCES = slurm_resources(CFG, INFERENCE.world_size)
 rule lina_inference:
     """Train on skewed data, profile expert paths, then time placed inference under every policy."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         [f"{RESULTS}/raw/lina/inference/{{point}}_{p}_s{CFG.train.seed}.json" for p in INFERENCE_POLICIES],
     log:

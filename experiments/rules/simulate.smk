@@ -11,7 +11,7 @@ rule sim_train_step:
     """Every simulated training step of the sweeps on its modelled cluster, in one process (no
     ranks; a point takes a fraction of a second, less than starting Python with torch)."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         SIM_RECORDS,
     log:

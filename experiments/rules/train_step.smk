@@ -2,10 +2,8 @@
 
 import sys
 
-from omegaconf import OmegaConf
-
 from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
-from moe_core.config import lina_measured_points, point_name, point_overrides, sweep_points
+from moe_core.config import lina_measured_points, point_name, point_overrides, save_config, sweep_points
 
 TRAIN_POINTS, _skipped = sweep_points(CFG)
 for _reason in _skipped:
@@ -18,30 +16,22 @@ TRAIN_RESOURCES = {
     name: slurm_resources(CFG, p["world_size"]) for name, p in TRAIN_POINTS.items()
 }
 TRAIN_RECORDS = [f"{RESULTS}/raw/{p['paper']}/{CFG.experiment}/{name}.json" for name, p in TRAIN_POINTS.items()]
-
-
-rule resolved_config:
-    """The validated, fully resolved config every job of this run starts from."""
-    output:
-        f"{RESULTS}/config/resolved.yaml",
-    log:
-        f"{RESULTS}/logs/resolved_config.log",
-    params:
-        # Rerun (and so re-measure) when any config value changes.
-        config=OmegaConf.to_yaml(CFG),
-    localrule: True
-    run:
-        from moe_core.config import save_config
-
-        save_config(CFG, output[0])
-        shell("echo 'resolved config written to {output}' > {log}")
+# The validated, fully resolved config every job of this run starts from, written when this
+# workflow starts and only if the config changed: every measured record is then older than a config
+# it was not measured with, and Snakemake re-measures it by modification time. (A params trigger
+# alone misses the change wherever Snakemake's metadata is gone, e.g. a copied or cleaned results
+# directory, and the run would silently reuse records of the old config.) Jobs that re-read this
+# Snakefile (cluster jobs) leave the file alone.
+RESOLVED_CONFIG = f"{RESULTS}/config/resolved.yaml"
+if workflow.is_main_process:
+    save_config(CFG, RESOLVED_CONFIG)
 
 
 rule train_step:
     """One measured sweep point: world_size ranks under torchrun (experiments/launch.py: plain
     loopback, or one network namespace per node on an emulated testbed), gloo on CPU / NCCL on GPU."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
     output:
         f"{RESULTS}/raw/{{paper}}/{CFG.experiment}/{{point}}.json",
     conda:

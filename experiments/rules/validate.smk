@@ -5,7 +5,7 @@
 rule calibrate:
     """Fit the measured testbed's profile (link bandwidths, collective terms, compute rate)."""
     input:
-        config=rules.resolved_config.output[0],
+        config=RESOLVED_CONFIG,
         records=[*TRAIN_RECORDS, *COLLECTIVE_RECORDS],
     output:
         f"{RESULTS}/calibration/{CFG.hardware.name}-calibrated.yaml",
