@@ -18,12 +18,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import OmegaConf
 
 from moe_core.config import ConfigError, load_config
 from moe_core.results import atomic_output, read_record
-from moe_core.sim.calibrate import calibration_split, fit_compute, fit_in_step_wait, fit_network, medians
+from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, medians
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,13 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        calibrate, _ = calibration_split([read_record(p) for p in args.records])
+        records = [read_record(p) for p in args.records]
+        calibrate, _ = calibration_split(records)
         hw = cfg.hardware
         if hw.device == "cpu" and not hw.host_cores:  # CPU ranks share this host's cores
             hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
-        alone = pd.DataFrame([{**r["params"], "median": r["metrics"]["time_ms"]["median"]} for r in calibrate
-                              if r["experiment"] == "collectives" and r["hardware"] == hw.name])
-        network_hw, network_fit = fit_network(hw, alone, seed=cfg.collectives.seed)
+        network_hw, network_fit = fit_network(hw, alone_times(records, hw.name), seed=cfg.collectives.seed)
         train = [(r["config"], medians(r)) for r in calibrate if r["experiment"] == "train_step"
                  and r["hardware"] == hw.name]
         compute_hw, compute_fit = fit_compute(network_hw, train)

@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from moe_core.config import HardwareConfig, load_config, to_container
-from moe_core.sim.calibrate import calibration_split, fit_compute, fit_in_step_wait, fit_network
+from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -14,13 +14,16 @@ from moe_core.sim.topology import build_topology
 def truth():
     return OmegaConf.merge(OmegaConf.structured(HardwareConfig), dict(
         name="truth", nodes=2, devices_per_node=2, intra_node_GBps=3.0, nic_GBps=0.125,
-        collectives={"all_reduce": {"alpha_step_us": 200.0, "efficiency": 0.8},
-                     "all_to_all": {"alpha_step_us": 150.0, "efficiency": 1.0},
+        collectives={"all_reduce": {"alpha_step_us": 200.0, "efficiency": 1.0},  # the reference
+                     "all_to_all": {"alpha_step_us": 150.0, "efficiency": 0.8},
                      "all_to_all_v": {"alpha_step_us": 300.0, "efficiency": 0.9}}))
 
 
-def test_fit_recovers_the_profile_that_produced_the_measurements():
-    hw = truth()
+@pytest.mark.parametrize("emulation", [{"enabled": False}, {"enabled": True, "burst_kb": 256}])
+def test_fit_recovers_the_profile_that_produced_the_measurements(emulation):
+    """Also with tbf token buckets on the NIC links, which let the 64 KiB to 1 MiB points through
+    faster than the rate."""
+    hw = OmegaConf.merge(truth(), {"emulation": emulation})
     topo = build_topology(hw)
     rows = []
     for collective in ("all_reduce", "all_to_all", "all_to_all_v"):
@@ -30,7 +33,8 @@ def test_fit_recovers_the_profile_that_produced_the_measurements():
     start = OmegaConf.merge(hw, {"intra_node_GBps": 0.0, "nic_GBps": 0.0, "collectives": {}})
     fitted, stats = fit_network(start, pd.DataFrame(rows))
     assert stats["median_abs_rel_error"] < 1e-3
-    assert fitted.nic_GBps * fitted.collectives.all_to_all.efficiency == pytest.approx(0.125, rel=0.02)
+    assert fitted.nic_GBps == pytest.approx(0.125, rel=0.02)
+    assert fitted.collectives.all_to_all.efficiency == pytest.approx(0.8, rel=0.02)
     assert fitted.collectives.all_reduce.alpha_step_us == pytest.approx(200.0, rel=0.05)
 
 
@@ -45,6 +49,17 @@ def test_split_holds_out_pairs_and_other_layouts():
                {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}}]
     calibrate, validate = calibration_split(records)
     assert calibrate == [records[0], records[2]] and validate == [records[1], records[3], records[4]]
+
+
+def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times():
+    def rec(concurrent, time_ms, alone_ms=None, hardware="emu"):
+        metrics = {"time_ms": {"median": time_ms}, **({"alone_ms": {"median": alone_ms}} if alone_ms else {})}
+        return {"mode": "measured", "experiment": "collectives", "hardware": hardware, "metrics": metrics,
+                "params": {"collective": "all_to_all", "size_bytes": 1024, "concurrent": concurrent}}
+
+    records = [rec(None, 1.0), rec("all_reduce", 4.0, alone_ms=2.0), rec(None, 9.0, hardware="other")]
+    table = alone_times(records, "emu")
+    assert table["median"].tolist() == [1.0, 2.0] and table["concurrent"].isna().all()
 
 
 def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_steps():

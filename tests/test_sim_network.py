@@ -187,3 +187,63 @@ def test_a_tiny_transfer_late_in_a_long_timeline_finishes():
     ops = [Op("long", "dense", duration_s=1e7), Op("tiny", "comm", deps=[0], transfer=tiny)]
     res = simulate(ops, np.array([1e12]))
     assert res.end_s[1] == pytest.approx(1e7)
+
+
+# Token buckets (tc tbf on an emulated testbed): link 0 shaped to RATE with a BURST-byte bucket,
+# link 1 the host's faster path every byte also crosses.
+RATE, HOST, BURST = 1e9, 1e10, 1e6
+BUCKET_CAP, BUCKET_BURST = np.array([RATE, HOST]), np.array([BURST, 0.0])
+
+
+def shaped(nbytes: float) -> Transfer:
+    return Transfer(np.array([0, 1]), np.array([nbytes, nbytes]), 1, True)
+
+
+def test_a_message_within_the_bucket_crosses_at_host_speed():
+    res = simulate([Op("x", "comm", transfer=shaped(0.5 * BURST))], BUCKET_CAP, burst_bytes=BUCKET_BURST)
+    assert res.makespan_s == pytest.approx(0.5 * BURST / HOST)
+
+
+def test_a_long_message_pays_the_rate_for_all_but_the_bucket():
+    """Closed form: at host speed until the bucket is dry, then at the rate: (S - B) / r in all."""
+    S = 11 * BURST
+    res = simulate([Op("x", "comm", transfer=shaped(S))], BUCKET_CAP, burst_bytes=BUCKET_BURST)
+    assert res.makespan_s == pytest.approx((S - BURST) / RATE, rel=1e-9)
+    assert simulate([Op("x", "comm", transfer=shaped(S))], BUCKET_CAP).makespan_s == pytest.approx(S / RATE)
+
+
+def test_concurrent_messages_share_one_bucket():
+    S = 3 * BURST
+    ops = [Op("a", "comm", transfer=shaped(S)), Op("b", "comm", transfer=shaped(S))]
+    res = simulate(ops, BUCKET_CAP, burst_bytes=BUCKET_BURST)
+    assert res.end_s == pytest.approx([(2 * S - BURST) / RATE] * 2, rel=1e-9)
+
+
+def test_an_idle_link_refills_its_bucket_at_its_rate():
+    """After a long message empties the bucket, a gap of g seconds refills r * g bytes (at most the
+    bucket): a message of that size then crosses at host speed, a larger one pays for the rest."""
+    gap = 0.4 * BURST / RATE
+    for second, expected in ((0.4 * BURST, 0.4 * BURST / HOST), (2.4 * BURST, 2.0 * BURST / RATE)):
+        ops = [Op("long", "comm", transfer=shaped(5 * BURST)), Op("gap", "dense", deps=[0], duration_s=gap),
+               Op("next", "comm", deps=[1], transfer=shaped(second))]
+        res = simulate(ops, BUCKET_CAP, burst_bytes=BUCKET_BURST)
+        assert res.end_s[2] - res.start_s[2] == pytest.approx(expected, rel=1e-6)
+
+
+def test_emulated_profiles_put_their_tbf_bucket_on_the_nic_links_only():
+    topo = Cluster(hw(emulation={"enabled": True, "burst_kb": 256}))
+    assert (topo.burst_bytes[np.r_[topo.nic_out, topo.nic_in]] == 256 * 1024).all()
+    assert topo.burst_bytes.sum() == 256 * 1024 * 2 * topo.nodes * topo.nics_per_node
+    assert not Cluster(hw()).burst_bytes.any()
+
+
+def test_an_inefficient_transfer_is_rate_capped_and_leaves_the_rest_of_the_link():
+    """Efficiency e caps a transfer at e of its bottleneck (alone: S / (e C)); it does not load the
+    link with extra bytes, so a concurrent transfer gets the rest. Both at the same fraction y of
+    their stand-alone speeds until one ends: y (0.5 C) + y C = C, y = 2/3."""
+    S, C = 1e9, np.array([1e9])
+    slow, full = (Transfer(np.array([0]), np.array([S]), 1, False, efficiency=e) for e in (0.5, 1.0))
+    assert simulate([Op("slow", "c", transfer=slow)], C).makespan_s == pytest.approx(2.0)
+    res = simulate([Op("slow", "c", transfer=slow), Op("full", "c", transfer=full)], C)
+    # full: S at 2/3 C ends at 1.5 s; slow: 0.5 S by then, the other half at its cap 0.5 C, 1 s more.
+    assert res.end_s == pytest.approx([2.5, 1.5])

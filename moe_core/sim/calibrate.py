@@ -1,6 +1,6 @@
 """Calibrate a hardware profile on measured records: the simulator's own model, fitted by least squares.
 
-* Network: from collectives measured alone (experiments/collectives.py), fit one bandwidth per link
+* Network: from collectives measured alone (:func:`alone_times`), fit one bandwidth per link
   class (intra-node; NIC when the profile has several nodes; the host's copy throughput on CPU
   testbeds) and, per collective, a per-step
   latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
@@ -38,8 +38,14 @@ def _with(hw: DictConfig, **changes) -> DictConfig:
 def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[DictConfig, dict]:
     """Fit link bandwidths and per-collective terms to ``alone``: rows with collective, world_size,
     size_bytes, traffic_zipf and the measured ``median`` time_ms. Returns the fitted profile and the
-    fit's statistics."""
-    kinds = [c for c in COLLECTIVES if (alone["collective"] == c).any()]
+    fit's statistics.
+
+    A collective's efficiency caps its rate (Transfer.efficiency), so alone it takes bytes /
+    (bandwidth x efficiency): alone times cannot tell a fast link used at half its rate from a slow
+    one used fully, though a concurrent collective can use the unused half of the first only. The
+    reference collective (all-reduce when measured, nccl-tests' bus bandwidth convention) therefore
+    has efficiency 1: link bandwidths are what it reaches, other efficiencies relative to it."""
+    kinds = [c for c in COLLECTIVES if not alone.empty and (alone["collective"] == c).any()]
     if not kinds:
         raise ValueError("no collective measured alone to calibrate on; run experiments/collectives.py first")
     links = ["intra_node_GBps"] + ["nic_GBps"] * (hw.nodes > 1) + ["host_GBps"] * bool(hw.host_cores)
@@ -48,8 +54,10 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
 
     def profile(theta: np.ndarray) -> DictConfig:
         bw = 10 ** theta[: len(links)]
-        terms = theta[len(links):].reshape(len(kinds), 2)
-        fits = {k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)} for k, (a, e) in zip(kinds, terms)}
+        alphas = theta[len(links):len(links) + len(kinds)]
+        efficiencies = [1.0, *theta[len(links) + len(kinds):]]  # the reference collective's is 1
+        fits = {k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)}
+                for k, a, e in zip(kinds, alphas, efficiencies)}
         return _with(hw, collectives=fits, **{link: float(b) for link, b in zip(links, bw)})
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -61,9 +69,9 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
     # Start: the best achieved bandwidth of the largest messages, 100 us per step, full efficiency.
     biggest = alone[alone["size_bytes"] == alone["size_bytes"].max()]
     guess_GBps = float((biggest["size_bytes"] / (biggest["median"] * 1e-3) / 1e9).max())
-    theta0 = np.array([np.log10(guess_GBps)] * len(links) + [100.0, 1.0] * len(kinds))
-    lower = [-4.0] * len(links) + [0.0, 0.01] * len(kinds)
-    upper = [5.0] * len(links) + [1e6, 1.0] * len(kinds)
+    theta0 = np.array([np.log10(guess_GBps)] * len(links) + [100.0] * len(kinds) + [1.0] * (len(kinds) - 1))
+    lower = [-4.0] * len(links) + [0.0] * len(kinds) + [0.01] * (len(kinds) - 1)
+    upper = [5.0] * len(links) + [1e6] * len(kinds) + [1.0] * (len(kinds) - 1)
     # Bounded effort: noisy CPU measurements can leave the problem flat; the fit reports whether it
     # converged, and its errors say how good it is either way.
     result = least_squares(residuals, theta0, bounds=(lower, upper), x_scale="jac", max_nfev=MAX_EVALUATIONS)
@@ -129,8 +137,9 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
 
     Calibrate on collectives measured alone and on the training steps of the smallest layout
     (smallest world size, then fewest experts; every policy); hold out the concurrent pairs
-    (contention is predicted, never fitted) and every other training step (other world sizes,
-    expert counts and layouts).
+    (contention is predicted, never fitted: only their interleaved alone iterations calibrate, see
+    :func:`alone_times`) and every other training step (other world sizes, expert counts and
+    layouts).
     """
     def layout(record: dict) -> tuple[int, int]:
         return record["params"]["world_size"], record["params"]["num_experts"]
@@ -144,6 +153,22 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
         elif r["experiment"] == "train_step":
             (calibrate if layout(r) == smallest else validate).append(r)
     return calibrate, validate
+
+
+def alone_times(records: list[dict], hardware: str) -> pd.DataFrame:
+    """Every collective time measured on ``hardware`` with nothing running beside it: one row per
+    point (its params and ``median`` ms) from each alone record's ``time_ms``, and from each paired
+    record's ``alone_ms``, the alone iterations experiments/collectives.py interleaves with the
+    paired ones. Those see the host in the state the paired iterations see it (on a CPU testbed,
+    latency-bound times drift by tens of percent between loops), so the contention the paired
+    times add is what remains to predict; the paired times themselves stay held out."""
+    rows = []
+    for r in records:
+        if r["mode"] != "measured" or r["experiment"] != "collectives" or r["hardware"] != hardware:
+            continue
+        metric = "alone_ms" if r["params"].get("concurrent") else "time_ms"
+        rows.append({**r["params"], "concurrent": None, "median": r["metrics"][metric]["median"]})
+    return pd.DataFrame(rows)
 
 
 def medians(record: dict) -> dict[str, float]:

@@ -9,6 +9,8 @@ all-reduce), which calibration fits and validation checks.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from omegaconf import DictConfig
 
@@ -24,8 +26,7 @@ def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
     fit = hw.collectives.get(kind)
     if fit is None:
         return {"transfer": transfer, "latency_s": topo.latency_s(transfer)}
-    scaled = Transfer(transfer.links, transfer.nbytes / fit.efficiency, transfer.steps, transfer.crosses_nodes)
-    return {"transfer": scaled, "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6)}
+    return {"transfer": replace(transfer, efficiency=fit.efficiency), "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6)}
 
 
 def footprint(topo, collective: str, world_size: int, size_bytes: int, traffic_zipf: float = 0.0,
@@ -53,5 +54,5 @@ def simulate_collective(hw: DictConfig, topo, params: dict) -> float:
                                             footprint(topo, params["collective"], ws, size, zipf, seed)))]
     if params.get("concurrent") == "all_reduce":
         ops.append(Op("side", "comm", **collective_op(hw, topo, "all_reduce", footprint(topo, "all_reduce", ws, size))))
-    timeline = simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores))
+    timeline = simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores), burst_bytes=topo.burst_bytes)
     return float(timeline.end_s[0] - timeline.start_s[0]) * 1e3

@@ -3,11 +3,12 @@
 Operations, not flows: a collective is one fluid entity with a footprint (bytes per link,
 moe_core.sim.topology.Transfer). Concurrent transfers share links by weighted max-min fairness
 (progressive filling): every unfrozen transfer speeds up at the same pace, measured as the fraction
-of its stand-alone speed, until a link saturates; transfers crossing it freeze, the rest go on.
-Strict priority classes fill one after another, lower class numbers first, each on what the classes
-before it left (Lina's all-to-all-first rule). A transfer alone therefore takes exactly its
-bottleneck time, two equal transfers on one link take twice as long, and a high-priority transfer
-keeps the whole link.
+of its stand-alone speed, until a link saturates or it reaches that speed; transfers crossing a
+saturated link freeze, the rest go on. Strict priority classes fill one after another, lower class
+numbers first, each on what the classes before it left (Lina's all-to-all-first rule). A transfer
+alone therefore takes exactly its bottleneck time (over its calibrated efficiency, which caps its
+rate and leaves the rest of the link to others), two equal transfers on one link take twice as
+long, and a high-priority transfer keeps the whole link.
 
 Cost: rates are recomputed only when the set of active transfers changes, each time in
 O(active transfers x their links), so a step costs O(operations x links), independent of the
@@ -17,7 +18,7 @@ number of flows (peers.md §3: the gap between ASTRA-sim's FIFO links and SimAI'
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,20 +59,28 @@ def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, late
     """
     if count < 1:
         raise ValueError(f"micro-op count must be >= 1, got {count}")
-    part = Transfer(transfer.links, transfer.nbytes / count, transfer.steps, transfer.crosses_nodes)
+    part = replace(transfer, nbytes=transfer.nbytes / count)
     for k in range(count):
         ops.append(Op(f"{name}.{k}", phase, list(deps), transfer=part, latency_s=latency_s, priority=priority))
         deps = [len(ops) - 1]
     return len(ops) - 1
 
 
-def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) -> Timeline:
+def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
+             burst_bytes: np.ndarray | None = None) -> Timeline:
     """Run the DAG; every op starts when all its deps have ended. Returns start and end times.
 
     ``shared_latency``: the latency phases of concurrent transfers share one processor by max-min
     fairness instead of passing independently. That is a CPU testbed, where a collective's per-step
     latency is protocol work (copies, TCP) on the host's cores: two collectives at once each take
     about twice their latency, which a network-only model misses for small messages.
+
+    ``burst_bytes``: token buckets per link (0 where a link has none; ``tc tbf`` on an emulated
+    testbed's links, moe_core.testbed). A link holding tokens does not limit what crosses it (the
+    transfers' other links do) and its tokens drain by what passes beyond its rate; an empty bucket
+    holds the link to its rate; a link used below its rate refills at the difference, up to the
+    bucket's size. Buckets start full. So a message within the bucket crosses at host speed and a
+    long one at the link's rate, as on the testbed.
     """
     n = len(ops)
     children: list[list[int]] = [[] for _ in range(n)]
@@ -93,6 +102,7 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
                 latency_stage[i] = -1 - i
                 footprints[-1 - i] = (host, np.ones(1), op.latency_s)
 
+    buckets = _Buckets(capacity, burst_bytes, ops)
     timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
     active: dict[int, float] = {}  # stage (transfer op, or its shared latency phase) -> remaining fraction
     now = 0.0
@@ -108,13 +118,20 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
             heapq.heappush(timers, (now + op.latency_s, 1, i))
 
     def start_transfer(i: int) -> bool:
-        """Latency over: the transfer stage starts; False when nothing crosses a finite link."""
+        """Latency over: the transfer stage starts; False when nothing crosses a finite link (or a
+        link without tokens): then it passes at once, taking its bytes from the buckets."""
+        if i in buckets.ops:
+            footprints[i] = _footprint(ops[i].transfer, buckets.capacity())
         if footprints[i][0].size == 0:
+            buckets.take(i)
             return False
         active[i] = 1.0
         return True
 
     def current_rates() -> dict[int, float]:
+        if buckets.ops:  # footprints follow the buckets: a link with tokens limits nothing
+            caps = buckets.capacity()
+            footprints.update({i: _footprint(ops[i].transfer, caps) for i in active if i in buckets.ops})
         return fair_rates({i: footprints[i] for i in active},
                           {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links)
 
@@ -132,10 +149,12 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
             t = now + left / rates[i] if rates[i] > 0 else np.inf
             if t < next_finish:
                 next_finish, finisher = t, i
-        t_next = min(next_timer, next_finish)
+        next_empty = now + buckets.time_to_empty(active, rates)
+        t_next = min(next_timer, next_finish, next_empty)
         dt = t_next - now
         for i in active:
             active[i] -= rates[i] * dt
+        buckets.advance(dt)
         now = t_next
         finished: list[int] = []
         while timers and timers[0][0] <= now + EPS:
@@ -144,8 +163,9 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
                 finished.append(i)
         # The transfer that set this event is done, whatever rounding left of it (at large ``now``,
         # ``now + left / rate`` can round back to ``now``); others finishing together go too.
-        finished += [i for i, left in active.items() if left <= 1e-9 or (i == finisher and next_finish <= next_timer)]
-        changed = False
+        finished += [i for i, left in active.items()
+                     if left <= 1e-9 or (i == finisher and next_finish <= min(next_timer, next_empty))]
+        changed = t_next == next_empty  # a bucket ran dry: its link limits again
         for i in finished:
             if i in active:
                 del active[i]
@@ -166,12 +186,68 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False) 
     return Timeline(start, end)
 
 
+class _Buckets:
+    """The token buckets of :func:`simulate`: tokens per bucket link, and which ops cross one."""
+
+    TOKEN_EPS = 1.0  # bytes: a bucket with less is empty (rounding must not reopen a saturated link)
+
+    def __init__(self, capacity: np.ndarray, burst_bytes: np.ndarray | None, ops: list[Op]):
+        burst = np.zeros(len(capacity)) if burst_bytes is None else np.asarray(burst_bytes, dtype=float)
+        self.links = np.flatnonzero(burst > 0)
+        self.size = burst[self.links]
+        self.tokens = self.size.copy()
+        self.rate = capacity[self.links]  # bytes/s
+        self._capacity = capacity
+        self._drain = 0.0  # bytes/s beyond the rate, per bucket, at the current rates
+        index = np.full(len(capacity), -1)
+        index[self.links] = np.arange(len(self.links))
+        self.ops: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # op -> (its buckets, its bytes on each)
+        for i, op in enumerate(ops):
+            if op.transfer is not None and self.links.size:
+                where = index[op.transfer.links]
+                if (where >= 0).any():
+                    self.ops[i] = (where[where >= 0], op.transfer.nbytes[where >= 0])
+
+    def capacity(self) -> np.ndarray:
+        """Link capacities now: unlimited where a bucket holds tokens."""
+        caps = self._capacity.copy()
+        caps[self.links[self.tokens >= self.TOKEN_EPS]] = np.inf
+        return caps
+
+    def take(self, i: int) -> None:
+        """Op ``i`` passed at once: its bytes leave the buckets."""
+        if i in self.ops:
+            where, nbytes = self.ops[i]
+            np.subtract.at(self.tokens, where, nbytes)
+            np.clip(self.tokens, 0.0, None, out=self.tokens)
+
+    def time_to_empty(self, active: dict[int, float], rates: dict[int, float]) -> float:
+        """Seconds until the next bucket runs dry at the current rates (inf if none will)."""
+        if not self.ops:
+            return np.inf
+        through = np.zeros(len(self.links))
+        for i in active:
+            if i in self.ops:
+                where, nbytes = self.ops[i]
+                np.add.at(through, where, rates[i] * nbytes)
+        self._drain = through - self.rate
+        draining = (self._drain > 0) & (self.tokens >= self.TOKEN_EPS)
+        return float(np.min(self.tokens[draining] / self._drain[draining])) if draining.any() else np.inf
+
+    def advance(self, dt: float) -> None:
+        """``dt`` seconds at the current rates (a bucket that runs dry is left with less than
+        TOKEN_EPS: rounding is far below a byte)."""
+        if self.ops:
+            np.clip(self.tokens - self._drain * dt, 0.0, self.size, out=self.tokens)
+
+
 def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """(links, share of each link's capacity relative to the bottleneck, stand-alone seconds)."""
+    """(links, share of each link's capacity the transfer uses at its stand-alone speed, stand-alone
+    seconds). At that speed it fills ``efficiency`` of its bottleneck."""
     seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
     finite = seconds > 0
     links, seconds = transfer.links[finite], seconds[finite]
-    alone_s = float(seconds.max()) if seconds.size else 0.0
+    alone_s = float(seconds.max()) / transfer.efficiency if seconds.size else 0.0
     return links, (seconds / alone_s if alone_s else seconds), alone_s
 
 
@@ -179,8 +255,9 @@ def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], prio
                num_links: int) -> dict[int, float]:
     """Progress rates (fraction of the transfer per second) by weighted max-min fair sharing.
 
-    ``y`` is each transfer's speed as a fraction of its stand-alone speed; coefficients are the
-    fraction of each link's capacity the transfer uses at full speed (1 on its bottleneck).
+    ``y`` is each transfer's speed as a fraction of its stand-alone speed, at most 1; coefficients
+    are the fraction of each link's capacity the transfer uses at that speed (1 on its bottleneck,
+    or its efficiency when it cannot fill the link by itself).
     """
     residual = np.ones(num_links)
     y: dict[int, float] = {}
@@ -193,10 +270,10 @@ def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], prio
             coef = np.concatenate([footprints[i][1] for i in unfrozen])
             demand = np.bincount(idx, weights=coef, minlength=num_links)
             used = demand > 0
-            step = float(np.min(residual[used] / demand[used]))
+            step = min(float(np.min(residual[used] / demand[used])), 1.0 - max(y[i] for i in unfrozen))
             for i in unfrozen:
                 y[i] += step
             residual[used] -= step * demand[used]
             saturated = residual <= 1e-9
-            unfrozen = [i for i in unfrozen if not saturated[footprints[i][0]].any()]
+            unfrozen = [i for i in unfrozen if y[i] < 1.0 - 1e-12 and not saturated[footprints[i][0]].any()]
     return {i: y[i] / footprints[i][2] for i in footprints}

@@ -150,7 +150,8 @@ class StepModel:
             rows, a2a_bytes = self._moe_sizes()
             count = len(self._a2a_chunks())
             a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
-            a2a_s = simulate([Op("a2a", "x", **a2a)], self.topo.capacity).makespan_s if a2a else 0.0
+            a2a_s = simulate([Op("a2a", "x", **a2a)], self.topo.capacity,
+                             burst_bytes=self.topo.burst_bytes).makespan_s if a2a else 0.0
             return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
 
         max_factor = max_packing_factor(base.expert_parallel)
@@ -301,7 +302,7 @@ class StepModel:
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
         shared_latency = bool(self.cfg.hardware.host_cores)  # CPU testbed: latency is work on the host's cores
-        return StepSimulation(ops, simulate(ops, self.topo.capacity, shared_latency), backward_end)
+        return StepSimulation(ops, simulate(ops, self.topo.capacity, shared_latency, self.topo.burst_bytes), backward_end)
 
 
 def _block_of(param_name: str):

@@ -6,6 +6,9 @@ sequential algorithm steps (for the latency term) and the link class it crosses.
 ``max over links of bytes / capacity`` plus its latency, which is the worst-rank (bottleneck) rule
 of peers.md §5 for all-to-all(v) and the ring formula ``2(p-1)/p * S / B`` for all-reduce.
 
+On an emulated testbed (moe_core.testbed) the NIC links are ``tc tbf`` token buckets; the topology
+gives their sizes (``burst_bytes``) and the engine models them.
+
 Two topologies:
 
 * :class:`Cluster`: nodes of ``g`` devices. Inside a node every device has one egress and one
@@ -36,6 +39,9 @@ class Transfer:
     nbytes: np.ndarray  # (k,) float: bytes on each of those links
     steps: int  # sequential algorithm steps, for the latency term
     crosses_nodes: bool  # whether any byte leaves a node (selects the latency class)
+    # The share of its bottleneck's bandwidth the collective reaches by itself (calibrated): a cap on
+    # its rate, not extra bytes, so the share it leaves unused goes to concurrent transfers.
+    efficiency: float = 1.0
 
     @staticmethod
     def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> "Transfer":
@@ -85,6 +91,11 @@ class Cluster:
             cap[self.host] = hw.host_GBps * GB
         cap[cap <= 0] = np.inf  # links the profile leaves out (e.g. no intra links on a big switch)
         self.capacity = cap
+        # An emulated testbed shapes each node's links with tc tbf: token buckets on the NIC links
+        # (moe_core.sim.engine.simulate); tc's "kb" is 1024 bytes.
+        self.burst_bytes = np.zeros(self.num_links)
+        if hw.emulation.enabled:
+            self.burst_bytes[np.r_[self.nic_out, self.nic_in]] = hw.emulation.burst_kb * 1024
         self.node_of = np.arange(self.n) // self.g
         self.nic_of = self.node_of * self.nics_per_node + (np.arange(self.n) % self.g) * self.nics_per_node // self.g
         self.oversubscribed = hw.oversubscription > 1
@@ -207,6 +218,7 @@ class Torus2D:
         self.latency_hop_s = hw.intra_node_latency_us * 1e-6
         self.device_tflops = np.full(self.n, hw.peak_tflops)
         self.node_of = np.arange(self.n)
+        self.burst_bytes = np.zeros(self.num_links)  # no emulated torus
 
     def _coords(self, d):
         return d % self.X, d // self.X
