@@ -239,11 +239,14 @@ def test_emulated_profiles_put_their_tbf_bucket_on_the_nic_links_only():
 
 def test_an_inefficient_transfer_is_rate_capped_and_leaves_the_rest_of_the_link():
     """Efficiency e caps a transfer at e of its bottleneck (alone: S / (e C)); it does not load the
-    link with extra bytes, so a concurrent transfer gets the rest. Both at the same fraction y of
-    their stand-alone speeds until one ends: y (0.5 C) + y C = C, y = 2/3."""
+    link with extra bytes. Next to a transfer without cap, the link is shared equally except that the
+    capped one cannot take its half: it keeps its stand-alone speed and the other gets the rest."""
     S, C = 1e9, np.array([1e9])
-    slow, full = (Transfer(np.array([0]), np.array([S]), 1, False, efficiency=e) for e in (0.5, 1.0))
-    assert simulate([Op("slow", "c", transfer=slow)], C).makespan_s == pytest.approx(2.0)
+    slow, full = (Transfer(np.array([0]), np.array([S]), 1, False, efficiency=e) for e in (0.25, 1.0))
+    assert simulate([Op("slow", "c", transfer=slow)], C).makespan_s == pytest.approx(4.0)
     res = simulate([Op("slow", "c", transfer=slow), Op("full", "c", transfer=full)], C)
-    # full: S at 2/3 C ends at 1.5 s; slow: 0.5 S by then, the other half at its cap 0.5 C, 1 s more.
-    assert res.end_s == pytest.approx([2.5, 1.5])
+    # full: S at 0.75 C ends at 4/3 s; slow runs at its cap 0.25 C throughout.
+    assert res.end_s == pytest.approx([4.0, 4 / 3])
+    half, other = (Transfer(np.array([0]), np.array([S]), 1, False, efficiency=e) for e in (0.8, 1.0))
+    res = simulate([Op("half", "c", transfer=half), Op("other", "c", transfer=other)], C)
+    assert res.end_s == pytest.approx([2.0, 2.0])  # both below their caps: C / 2 each

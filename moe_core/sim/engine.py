@@ -3,12 +3,13 @@
 Operations, not flows: a collective is one fluid entity with a footprint (bytes per link,
 moe_core.sim.topology.Transfer). Concurrent transfers share links by weighted max-min fairness
 (progressive filling): every unfrozen transfer speeds up at the same pace, measured as the fraction
-of its stand-alone speed, until a link saturates or it reaches that speed; transfers crossing a
-saturated link freeze, the rest go on. Strict priority classes fill one after another, lower class
-numbers first, each on what the classes before it left (Lina's all-to-all-first rule). A transfer
-alone therefore takes exactly its bottleneck time (over its calibrated efficiency, which caps its
-rate and leaves the rest of the link to others), two equal transfers on one link take twice as
-long, and a high-priority transfer keeps the whole link.
+of the speed that fills its bottleneck, until a link saturates or it reaches its cap (its
+calibrated efficiency, 1 by default); transfers crossing a saturated link freeze, the rest go on.
+Strict priority classes fill one after another, lower class numbers first, each on what the classes
+before it left (Lina's all-to-all-first rule). A transfer alone therefore takes exactly its
+bottleneck time over its efficiency, two equal transfers on one link take twice as long, one capped
+below its fair share leaves the rest of the link to the others, and a high-priority transfer keeps
+the whole link.
 
 Cost: rates are recomputed only when the set of active transfers changes, each time in
 O(active transfers x their links), so a step costs O(operations x links), independent of the
@@ -100,7 +101,7 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
         for i, op in enumerate(ops):
             if op.transfer is not None and op.latency_s > 0:
                 latency_stage[i] = -1 - i
-                footprints[-1 - i] = (host, np.ones(1), op.latency_s)
+                footprints[-1 - i] = (host, np.ones(1), op.latency_s, 1.0)
 
     buckets = _Buckets(capacity, burst_bytes, ops)
     timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
@@ -241,23 +242,24 @@ class _Buckets:
             np.clip(self.tokens - self._drain * dt, 0.0, self.size, out=self.tokens)
 
 
-def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """(links, share of each link's capacity the transfer uses at its stand-alone speed, stand-alone
-    seconds). At that speed it fills ``efficiency`` of its bottleneck."""
+def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(links, share of each link's capacity the transfer uses when it fills its bottleneck, the
+    seconds it then takes, the cap on that speed: its efficiency)."""
     seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
     finite = seconds > 0
     links, seconds = transfer.links[finite], seconds[finite]
-    alone_s = float(seconds.max()) / transfer.efficiency if seconds.size else 0.0
-    return links, (seconds / alone_s if alone_s else seconds), alone_s
+    bottleneck_s = float(seconds.max()) if seconds.size else 0.0
+    return links, (seconds / bottleneck_s if bottleneck_s else seconds), bottleneck_s, transfer.efficiency
 
 
-def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], priority: dict[int, int],
+def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]], priority: dict[int, int],
                num_links: int) -> dict[int, float]:
-    """Progress rates (fraction of the transfer per second) by weighted max-min fair sharing.
+    """Progress rates (fraction of the transfer per second) by max-min fair sharing with rate caps.
 
-    ``y`` is each transfer's speed as a fraction of its stand-alone speed, at most 1; coefficients
-    are the fraction of each link's capacity the transfer uses at that speed (1 on its bottleneck,
-    or its efficiency when it cannot fill the link by itself).
+    ``y`` is each transfer's speed as a fraction of the speed that fills its bottleneck, at most its
+    cap (its efficiency: what it reaches alone); coefficients are the fraction of each link's
+    capacity the transfer uses at ``y = 1`` (1 on its bottleneck). Transfers sharing a bottleneck
+    thus get equal shares of it, except that one capped below its share leaves the rest to others.
     """
     residual = np.ones(num_links)
     y: dict[int, float] = {}
@@ -270,10 +272,11 @@ def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float]], prio
             coef = np.concatenate([footprints[i][1] for i in unfrozen])
             demand = np.bincount(idx, weights=coef, minlength=num_links)
             used = demand > 0
-            step = min(float(np.min(residual[used] / demand[used])), 1.0 - max(y[i] for i in unfrozen))
+            step = min(float(np.min(residual[used] / demand[used])), min(footprints[i][3] - y[i] for i in unfrozen))
             for i in unfrozen:
                 y[i] += step
             residual[used] -= step * demand[used]
             saturated = residual <= 1e-9
-            unfrozen = [i for i in unfrozen if y[i] < 1.0 - 1e-12 and not saturated[footprints[i][0]].any()]
+            unfrozen = [i for i in unfrozen
+                        if y[i] < footprints[i][3] - 1e-12 and not saturated[footprints[i][0]].any()]
     return {i: y[i] / footprints[i][2] for i in footprints}
