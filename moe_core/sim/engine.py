@@ -119,8 +119,9 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
             heapq.heappush(timers, (now + op.latency_s, 1, i))
 
     def start_transfer(i: int) -> bool:
-        """Latency over: the transfer stage starts; False when nothing crosses a finite link (or a
-        link without tokens): then it passes at once, taking its bytes from the buckets."""
+        """Latency over: the transfer stage starts; False when no link it crosses limits it (none
+        finite, or only links holding tokens): then it passes at once, taking its bytes from the
+        buckets."""
         if i in buckets.ops:
             footprints[i] = _footprint(ops[i].transfer, buckets.capacity())
         if footprints[i][0].size == 0:
