@@ -32,8 +32,11 @@ CONSISTENT, DIFFERS, NOT_REPRODUCED = "consistent", "differs", "not-reproduced"
 LINA_GPUS = 16  # Lina's testbed: 4 nodes x 4 A100
 
 
-def reproducer(fn: Reproducer) -> Reproducer:
-    """Register ``fn`` under its name, so published.yaml entries can refer to it."""
+def reproducer(fn: Reproducer, name: str | None = None) -> Reproducer:
+    """Register ``fn`` under its name (or ``name``, for functions made in a loop), so published.yaml
+    entries can refer to it."""
+    if name is not None:
+        fn.__name__ = name
     REPRODUCERS[fn.__name__] = fn
     return fn
 
@@ -164,8 +167,7 @@ def _aurora_speedup(records: pd.DataFrame, setting: str, baseline: str, reduce: 
 def _aurora_speedup_reproducer(figure: str, setting: str, baseline: str, reduce: str) -> None:
     def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
         return _aurora_speedup(records, setting, baseline, reduce)
-    reproduce.__name__ = f"aurora_fig{figure}_{reduce}_vs_{baseline}"
-    reproducer(reproduce)
+    reproducer(reproduce, f"aurora_fig{figure}_{reduce}_vs_{baseline}")
 
 
 # Fig 11: Aurora's speedup range per setting (published as "from min to max")
@@ -238,8 +240,7 @@ def _lina_speedup_reproducer(name: str, metric: str, experts: int) -> Reproducer
             return None
         return float(s["speedup"].iloc[0]), (f"{_where(s)}, {experts} experts = GPUs, {metric} of overlap / "
                                              f"lina, micro-ops {s['partition_mb'].iloc[0]:g} MB")
-    reproduce.__name__ = name
-    return reproducer(reproduce)
+    return reproducer(reproduce, name)
 
 
 for _experts in (2, 4, 8, 16):
@@ -283,11 +284,16 @@ LINA_PATH_LENGTH = 3  # Lina's default l; Figs 16-18 are measured with it (Table
 POINT_KEYS = ["world_size", "num_experts", "path_length", "seed", "a2a_policy"]  # one inference run; policy varies within
 
 
+def _of_experts(rows: pd.DataFrame, experts: int | None) -> pd.DataFrame:
+    """The rows of ``experts`` experts (all of them when None)."""
+    return rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+
+
 def _inference(records: pd.DataFrame, policy: str, metric: str, experts: int | None = None) -> pd.DataFrame:
     """lina/inference rows of ``metric`` for ``policy`` at path length 3 (and ``experts`` if given)."""
     rows = select(records, paper="lina", experiment="inference", policy=policy, metric=metric,
                   path_length=LINA_PATH_LENGTH)
-    return rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+    return _of_experts(rows, experts)
 
 
 def _our_inference(rows: pd.DataFrame, path_length: bool = True) -> str:
@@ -325,8 +331,7 @@ def _lina_inference_reproducer(name: str, num: str, den: str, metric: str, stat:
         ratio, rows = found
         setting = f"{_our_inference(rows)}, {stat} {what}, {num} / {den}"
         return (100 * (ratio - 1), setting) if as_percent_worse else (ratio, setting)
-    reproduce.__name__ = name
-    return reproducer(reproduce)
+    return reproducer(reproduce, name)
 
 
 # Fig 16: whole inference time, static over lina (the means: every expert count there is)
@@ -351,7 +356,7 @@ def layer_a2a(records: pd.DataFrame, policy: str, experts: int | None = None) ->
     """Per-layer all-to-all rows (``a2a_layer<i>_ms``) of ``policy`` with the layer as an int column."""
     rows = select(records, paper="lina", experiment="inference", policy=policy, path_length=LINA_PATH_LENGTH)
     rows = rows if rows.empty else rows[rows["metric"].str.fullmatch(r"a2a_layer\d+_ms")]
-    rows = rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+    rows = _of_experts(rows, experts)
     return rows.assign(layer=rows["metric"].str.extract(r"a2a_layer(\d+)_ms", expand=False).astype(int))
 
 
@@ -388,7 +393,7 @@ def _profile_statistic(records: pd.DataFrame, metric: str, experts: int | None, 
                        what: str) -> tuple[float, str] | None:
     """A statistic of the profiled gate choices (the same in every policy's record; static's is read)."""
     rows = select(records, paper="lina", experiment="inference", policy="static", metric=metric)
-    rows = rows if experts is None or rows.empty else rows[rows["num_experts"] == experts]
+    rows = _of_experts(rows, experts)
     if rows.empty:
         return None
     return scale * float(rows["value"].mean()), f"{_our_inference(rows, path_length=False)}; {what}"
@@ -397,8 +402,7 @@ def _profile_statistic(records: pd.DataFrame, metric: str, experts: int | None, 
 def _profile_reproducer(name: str, metric: str, experts: int | None, scale: float, what: str) -> Reproducer:
     def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
         return _profile_statistic(records, metric, experts, scale, what)
-    reproduce.__name__ = name
-    return reproducer(reproduce)
+    return reproducer(reproduce, name)
 
 
 for _experts in (4, 16):  # Fig 6

@@ -13,7 +13,7 @@ import argparse
 import time
 
 from moe_core.config import load_config
-from moe_core.sim.engine import simulate
+from moe_core.sim.collectives import simulate_on
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -28,10 +28,11 @@ def bench(gpus: int, hardware: str) -> dict:
     cfg = load_config(overrides=[*MODEL, f"hardware_profile={hardware}", f"parallel.world_size={gpus}",
                                  f"moe.num_experts={gpus}", "moe.experts_per_rank=1"])
     started = time.perf_counter()
-    topo = build_topology(sized_hardware(cfg))
+    hw = sized_hardware(cfg)
+    topo = build_topology(hw)
     ops, _ = StepModel(cfg, topo).build()
     built = time.perf_counter()
-    timeline = simulate(ops, topo.capacity)
+    timeline = simulate_on(hw, topo, ops)
     done = time.perf_counter()
     return {"gpus": gpus, "operations": len(ops), "links": topo.num_links, "build_s": built - started,
             "simulate_s": done - built, "total_s": done - started, "step_ms": timeline.makespan_s * 1e3}

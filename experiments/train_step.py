@@ -23,11 +23,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import (ConfigError, Layout, config_arg_parser, layout_of, load_config, point_name, point_params,
+from moe_core.config import (ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params,
                              to_container)
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.lina import LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packing_due, packing_factor
+from moe_core.lina import (LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packed_layout, packing_due,
+                           packing_factor)
 from moe_core.model import MoETransformer
 from moe_core.packing import repack
 from moe_core.parallel import ParallelGroups, build_groups, shard_experts
@@ -96,9 +97,8 @@ class ExpertPacking:
     def groups_at(self, factor: int) -> ParallelGroups:
         """The process groups of the layout with ``factor`` times the configured experts per rank."""
         if factor not in self.groups:
-            layout = Layout(self.base.world_size, self.base.num_experts, self.base.experts_per_rank * factor)
-            self.groups[factor] = build_groups(layout, self.env.device.type, self.env.timeout_s,
-                                               high_priority_ep=self.high_priority_ep)
+            self.groups[factor] = build_groups(packed_layout(self.base, factor), self.env.device.type,
+                                               self.env.timeout_s, high_priority_ep=self.high_priority_ep)
         return self.groups[factor]
 
     def before_step(self, iteration: int, model, optimizer, policy: CommPolicy) -> CommPolicy:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from .config import capacity
+from .config import Layout, capacity
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,11 @@ def max_packing_factor(expert_parallel: int) -> int:
     """The largest packing factor a layout allows: the largest power of two dividing its
     expert-parallel size (every expert local at most)."""
     return expert_parallel & -expert_parallel
+
+
+def packed_layout(layout: Layout, factor: int) -> Layout:
+    """``layout`` with ``factor`` times the experts per device (its expert-parallel groups shrink)."""
+    return Layout(layout.world_size, layout.num_experts, layout.experts_per_rank * factor)
 
 
 def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float], max_factor: int) -> int:

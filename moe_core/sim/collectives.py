@@ -15,7 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..workloads import zipf_traffic_matrix
-from .engine import Op, simulate
+from .engine import Op, Timeline, simulate
 from .topology import Transfer
 
 ELEMENT_BYTES = 4  # the microbenchmark's float32 buffers
@@ -27,6 +27,13 @@ def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
     if fit is None:
         return {"transfer": transfer, "latency_s": topo.latency_s(transfer)}
     return {"transfer": replace(transfer, efficiency=fit.efficiency), "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6)}
+
+
+def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
+    """Simulate ``ops`` on ``topo`` as hardware ``hw`` runs them: on a CPU testbed (``host_cores``)
+    concurrent latency phases share the host's cores; an emulated testbed's NIC links are token
+    buckets. Every executor of the simulator runs its operations through here."""
+    return simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores), burst_bytes=topo.burst_bytes)
 
 
 def footprint(topo, collective: str, world_size: int, size_bytes: int, traffic_zipf: float = 0.0,
@@ -54,5 +61,5 @@ def simulate_collective(hw: DictConfig, topo, params: dict) -> float:
                                             footprint(topo, params["collective"], ws, size, zipf, seed)))]
     if params.get("concurrent") == "all_reduce":
         ops.append(Op("side", "comm", **collective_op(hw, topo, "all_reduce", footprint(topo, "all_reduce", ws, size))))
-    timeline = simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores), burst_bytes=topo.burst_bytes)
+    timeline = simulate_on(hw, topo, ops)
     return float(timeline.end_s[0] - timeline.start_s[0]) * 1e3

@@ -23,12 +23,13 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..config import Layout, capacity, layout_of
-from ..lina import LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, max_packing_factor, packing_factor
+from ..lina import (LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, max_packing_factor, packed_layout,
+                    packing_factor)
 from ..model import shape_only_model
 from ..parallel import is_expert_param
 from ..policies import POLICIES, assign_buckets, backward_ordered_params
-from .collectives import collective_op
-from .engine import Op, Timeline, simulate
+from .collectives import collective_op, simulate_on
+from .engine import Op, Timeline
 from .topology import Transfer
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
@@ -140,23 +141,19 @@ class StepModel:
         """Lina's expert packing (lina.packing_factor) with this model's own micro-op costs."""
         base = self.layout
 
-        def packed(k: int) -> Layout:
-            return Layout(base.world_size, base.num_experts, base.experts_per_rank * k)
-
         @functools.cache
         def per_micro_op(k: int) -> tuple[float, float]:
             """(expert FFN seconds, all-to-all seconds) of one micro-op with k times the experts per rank."""
-            self._use_layout(packed(k))
+            self._use_layout(packed_layout(base, k))
             rows, a2a_bytes = self._moe_sizes()
             count = len(self._a2a_chunks())
             a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
-            a2a_s = simulate([Op("a2a", "x", **a2a)], self.topo.capacity,
-                             burst_bytes=self.topo.burst_bytes).makespan_s if a2a else 0.0
+            a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
 
         max_factor = max_packing_factor(base.expert_parallel)
         factor = packing_factor(lambda k: per_micro_op(k)[0], lambda k: per_micro_op(k)[1], max_factor)
-        return packed(factor)
+        return packed_layout(base, factor)
 
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
@@ -301,8 +298,7 @@ class StepModel:
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
-        shared_latency = bool(self.cfg.hardware.host_cores)  # CPU testbed: latency is work on the host's cores
-        return StepSimulation(ops, simulate(ops, self.topo.capacity, shared_latency, self.topo.burst_bytes), backward_end)
+        return StepSimulation(ops, simulate_on(self.cfg.hardware, self.topo, ops), backward_end)
 
 
 def _block_of(param_name: str):
