@@ -16,7 +16,8 @@ configfile: "configs/default.yaml"
 
 
 try:
-    # The structured schema is the single source of truth: bad keys or values stop here.
+    # The structured schema (the core's sections and every paper's) is the single source of truth:
+    # bad keys or values stop here, before any job.
     CFG = load_config(data=config)
 except ConfigError as err:
     raise ValueError(f"invalid configuration: {err}") from None
@@ -24,12 +25,12 @@ except ConfigError as err:
 RESULTS = CFG.results_dir
 
 
-include: "experiments/rules/train_step.smk"
+include: "experiments/rules/common.smk"
+include: "experiments/rules/gshard.smk"
 include: "experiments/rules/collectives.smk"
-include: "experiments/rules/simulate.smk"
-include: "experiments/rules/validate.smk"
+include: "experiments/rules/simulator.smk"
+include: "experiments/rules/lina.smk"
 include: "experiments/rules/aurora.smk"
-include: "experiments/rules/inference.smk"
 include: "experiments/rules/analysis.smk"
 
 

@@ -10,7 +10,7 @@ matrices; each is scaled so that every rank sends ``aurora.bytes_per_rank`` per 
 elements). For every workload and order one "forward pass" is the dispatch all-to-all of each of
 the ``aurora.moe_layers`` layers, barrier before each: ``library`` is ``all_to_all_single`` with the
 trace's uneven splits; ``aurora`` (Algorithm 1), ``sjf``, ``rcs`` and ``exact`` run
-moe_core.ordered_a2a.ordered_all_to_all_single in that moe_core.a2a_schedule order. After the
+moe_core.ordered_a2a.ordered_all_to_all_single in that moe_core.transmission order. After the
 warm-up every order's output is checked against the library's.
 
 Methodology as experiments/collectives.py: ``aurora.warmup_iters``, then ``aurora.iters`` timed
@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from experiments.aurora import PAPER, check_config, token_workloads
-from moe_core.a2a_schedule import lower_bound, make_schedule
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.ordered_a2a import ordered_all_to_all_single
+from moe_core.papers.aurora.study import token_workloads
+from moe_core.papers.aurora.system_model import PAPER
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.transmission import lower_bound, make_schedule
 
 EXPERIMENT = "aurora_a2a"
 ORDERS = ("library", "aurora", "sjf", "rcs", "exact")
@@ -143,7 +144,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        check_config(cfg)
         if not cfg.aurora.gating_zipf:
             raise ConfigError("config key 'aurora.gating_zipf': the measured run needs at least one gating trace")
     except ConfigError as err:

@@ -25,8 +25,8 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from moe_core.config import (ConfigError, config_arg_parser, load_config, point_params, sim_point_name, sim_points,
-                             to_container)
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.points import point_params, sim_point_name, sim_points
 from moe_core.results import make_record, record_path, write_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology

@@ -3,10 +3,10 @@
     torchrun --standalone --nproc-per-node=4 -m experiments.train_step \\
         --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
 
-Each iteration: barrier, forward, backward, gradient synchronisation (the policy), optimizer step;
-Lina's packing policies (``lina``, ``lina-pack``) re-decide their expert layout between steps
-(ExpertPacking) and move the experts when it changes. Phases are timed per rank
-(moe_core.timing); per iteration the worst rank is kept; the record holds median and p95 over the
+Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
+step; a plan that packs experts (Lina's ``lina``, ``lina-pack``) re-decides the expert layout
+between steps (moe_core.papers.lina.packing.ExpertPacking) and moves the experts when it changes.
+Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds median and p95 over the
 timed iterations. Rank 0 writes the record atomically once every rank has finished, then mirrors it
 to W&B. A bad config exits with code 2 before any process group is created; a failing or hung rank
 makes every rank exit non-zero within ``parallel.timeout_s``.
@@ -14,7 +14,6 @@ makes every rank exit non-zero within ``parallel.timeout_s``.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections import defaultdict
 from contextlib import nullcontext
@@ -23,16 +22,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import (ConfigError, config_arg_parser, layout_of, load_config, point_name, point_params,
-                             to_container)
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.lina import (LINA_POLICIES, layer_a2a_micro_ops, max_packing_factor, packed_layout, packing_due,
-                           packing_factor)
+from moe_core.layout import layout_of
 from moe_core.model import MoETransformer
-from moe_core.packing import repack
-from moe_core.parallel import ParallelGroups, build_groups, shard_experts
-from moe_core.policies import CommPolicy, make_policy
+from moe_core.papers.lina.packing import ExpertPacking
+from moe_core.parallel import build_groups, shard_experts
+from moe_core.points import point_name, point_params
+from moe_core.policies import build_plan, make_policy
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
@@ -59,115 +57,29 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     }
 
 
-class ExpertPacking:
-    """Lina's expert packing inside a training run (Li et al. §4; decision: moe_core.lina).
-
-    The run starts on the configured layout. After the warm-up steps, then every
-    ``comm.packing_interval_iters`` steps (lina.packing_due), the packing factor (experts per rank
-    relative to the configured layout) is decided by lina.packing_factor from this run's own times:
-
-    * FFN time of a micro-op: the median expert phase of the steps since the last decision, per MoE
-      layer, pass (backward = 2 forwards) and all-to-all micro-op (lina.layer_a2a_micro_ops). A rank
-      computes the rows it sends whatever the packing, so the current layout's time stands for
-      every candidate factor.
-    * All-to-all time of a micro-op at factor k: one micro-op's buffer exchanged by a real
-      all_to_all_single on the expert-parallel groups of the layout with k times the experts per
-      rank (median of 5, after one untimed exchange).
-
-    Both are the worst rank's (all_reduce MAX), so every rank takes the same decision. A changed
-    factor moves the experts and their optimizer state to the new layout (moe_core.packing.repack).
-    Each layout's process groups are built once and kept, since creating a group is collective and
-    costly: the candidates measured are the layouts a repack then trains on.
-    """
-
-    def __init__(self, cfg, env: Env, groups: ParallelGroups, moe_layers: int, high_priority_ep: bool):
-        self.env, self.high_priority_ep = env, high_priority_ep
-        self.warmup_iters, self.interval_iters = cfg.train.warmup_iters, cfg.comm.packing_interval_iters
-        self.base = groups.layout
-        self.groups = {1: groups}  # packing factor -> its layout's process groups
-        self.factor, self.repacks, self.exchange_ms = 1, 0, 0.0
-        self.expert_ms: list[float] = []  # this rank's expert phase per step since the last decision
-        dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
-        chunks = layer_a2a_micro_ops(cfg, dtype.itemsize)
-        self.micro_ops = len(chunks) * moe_layers * 3  # per step: forward + backward (2 forwards)
-        a, b = chunks[0]
-        self.micro_op = torch.zeros(cfg.moe.num_experts * (b - a) * cfg.model.d_model, device=env.device,
-                                    dtype=dtype)  # (E * rows, M) flattened: one micro-op's send buffer
-
-    def groups_at(self, factor: int) -> ParallelGroups:
-        """The process groups of the layout with ``factor`` times the configured experts per rank."""
-        if factor not in self.groups:
-            self.groups[factor] = build_groups(packed_layout(self.base, factor), self.env.device.type,
-                                               self.env.timeout_s, high_priority_ep=self.high_priority_ep)
-        return self.groups[factor]
-
-    def before_step(self, iteration: int, model, optimizer, policy: CommPolicy) -> CommPolicy:
-        """Before step ``iteration``: re-decide the factor when due and repack on a change; return the
-        policy to train with. Collective: every rank calls it before every step."""
-        if not packing_due(iteration, self.warmup_iters, self.interval_iters):
-            return policy
-        ffn_ms = self._worst_rank(statistics.median(self.expert_ms)) / self.micro_ops
-        self.expert_ms = []
-        factor = packing_factor(lambda k: ffn_ms, self._a2a_ms, max_packing_factor(self.base.expert_parallel))
-        if factor == self.factor:
-            return policy
-        groups = self.groups_at(factor)
-        clock = PhaseTimer(self.env.device)
-        with clock.region("exchange"):
-            policy = repack(model, optimizer, policy, groups)
-        self.exchange_ms += clock.elapsed_ms()["exchange"]
-        self.factor, self.repacks = factor, self.repacks + 1
-        return policy
-
-    def _a2a_ms(self, factor: int) -> float:
-        """The worst rank's time of one micro-op's all-to-all on the layout packed by ``factor``."""
-        group = self.groups_at(factor).ep_group
-        clock, received = PhaseTimer(self.env.device), torch.empty_like(self.micro_op)
-        times = []
-        for _ in range(6):
-            dist.barrier(group)
-            clock.reset()
-            with clock.region("a2a"):
-                dist.all_to_all_single(received, self.micro_op, group=group)
-            times.append(clock.elapsed_ms()["a2a"])
-        return self._worst_rank(statistics.median(times[1:]))
-
-    def _worst_rank(self, value: float) -> float:
-        """The maximum of ``value`` over all ranks (collective)."""
-        worst = torch.tensor(value, dtype=torch.float64, device=self.env.device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        return float(worst)
-
-    def metrics(self) -> dict[str, float]:
-        """The record's packing metrics: final factor, number of repacks, the worst rank's total
-        exchange time (collective)."""
-        return {"packing_factor": self.factor, "repacks": self.repacks,
-                "exchange_ms": self._worst_rank(self.exchange_ms)}
-
-
 def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
 
-    A packing Lina policy starts on the configured layout and re-decides its packing factor during
-    the run (ExpertPacking). Decisions and exchanges run between two steps, before the barrier
+    A plan that packs experts starts on the configured layout and re-decides it during the run
+    (ExpertPacking). Decisions and exchanges run between two steps, before the barrier
     that opens the next step's timed window, so no timed sample contains them (every iteration
     keeps its sample); the exchanges' time is recorded as ``exchange_ms``. Packing moves experts,
     never the math: the losses are the unpacked layout's (up to float reordering).
     """
-    lina = LINA_POLICIES.get(cfg.comm.policy)
-    high_priority_ep = bool(lina and lina.priority)  # Lina's all-to-alls on high-priority NCCL streams
-    groups = build_groups(layout_of(cfg), env.device.type, env.timeout_s, high_priority_ep=high_priority_ep)
+    layout = layout_of(cfg)
+    element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
+    plan = build_plan(cfg, layout, element_bytes)
+    groups = build_groups(layout, env.device.type, env.timeout_s, high_priority_ep=plan.gradients_yield_to_a2a)
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     shard_experts(model, groups)
     model.to(env.device)
     timer = PhaseTimer(env.device)
-    policy = make_policy(cfg.comm.policy, groups, timer, int(cfg.comm.bucket_mb * 2**20),
-                         int(cfg.comm.partition_mb * 2**20))
+    policy = make_policy(cfg, groups, timer, element_bytes)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    packing = (ExpertPacking(cfg, env, groups, len(model.moe_layers()), high_priority_ep)
-               if lina and lina.pack else None)
+    packing = (ExpertPacking(cfg, env, groups, len(model.moe_layers()), element_bytes)
+               if plan.choose_packing is not None else None)
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16"
                 else nullcontext())

@@ -3,7 +3,7 @@
 The backward of an all-to-all is the all-to-all with the split sizes swapped, so both MoE
 all-to-alls (dispatch and combine) appear twice per step: once in the forward pass and once in
 the backward pass, as Lina's problem model says. With a ``schedule`` (Aurora's transmission order,
-moe_core.a2a_schedule) the exchange runs as ordered point-to-point rounds (moe_core.ordered_a2a)
+moe_core.transmission) the exchange runs as ordered point-to-point rounds (moe_core.ordered_a2a)
 and the backward runs the transposed schedule.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .a2a_schedule import Schedule, transpose
+from .transmission import Schedule, transpose
 from .ordered_a2a import ordered_all_to_all_single
 from .timing import PhaseTimer
 

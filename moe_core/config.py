@@ -1,10 +1,11 @@
 """One structured configuration for every entry point, the workflow and the tests.
 
 Merge order: schema defaults <- YAML files (in the order given) <- command-line ``key=value``
-overrides. The schema (the dataclasses below) is the single source of truth: OmegaConf checks every
-key and type against it, and :func:`validate` adds the checks a type cannot express (ranges, layout
-divisibility). Every failure raises :class:`ConfigError` whose message names the full key, what was
-wrong and what is allowed, before any process is started.
+overrides. The schema is the single source of truth: the core's sections below plus the sections
+papers register (moe_core.sections, from moe_core/papers/<paper>/config.py). OmegaConf checks every
+key and type against it, and :func:`validate` adds the checks a type cannot express (ranges,
+layouts, names that must exist). Every failure raises :class:`ConfigError` whose message names the
+full key, what was wrong and what is allowed, before any process is started.
 
 The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml`` into
 ``cfg.hardware``.
@@ -13,24 +14,32 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
+from . import papers  # the registry: every paper registers its config section, policies and orders
+from .layout import layout_error
+from .points import sweep_points
+from .policies import POLICIES
+from .sections import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    SAFE_NAME,
+    SECTIONS,
+    ConfigError,
+    require,
+    require_at_least,
+    require_choices,
+    require_profile,
+)
 
-Policy = Literal["sequential", "overlap", "aurora", "aurora-sjf", "aurora-rcs",  # moe_core.policies.POLICIES
-                 "lina-priority", "lina-partition", "lina-pipeline", "lina", "lina-pack"]
-
-
-class ConfigError(ValueError):
-    """A configuration a user wrote is wrong; the message says which key and how to fix it."""
+__all__ = ["CONFIG_DIR", "REPO_ROOT", "ConfigError", "config_arg_parser", "load_config", "save_config", "to_container", "validate"]
 
 
 @dataclass
@@ -140,7 +149,7 @@ class MoEConfig:
     second_expert_policy: Literal["random", "always"] = "random"
     dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
     aux_loss_weight: float = 0.01  # GShard's k in L = l_nll + k * l_aux
-    # "paper": l_aux = (1/E) sum_e (c_e/S) m_e (uniform routing gives 1/E^2 * E = 1/E);
+    # "paper": l_aux = (1/E) sum_e (c_e/S) m_e (uniform routing gives 1/E^2);
     # "e2": E^2 times that, as lingvo/DeepSpeed/Tutel compute it (uniform routing gives ~1).
     aux_loss_scale: Literal["paper", "e2"] = "e2"
 
@@ -157,7 +166,7 @@ class ParallelConfig:
 class CommConfig:
     """Communication policy of a training step (see moe_core.policies)."""
 
-    policy: Policy = "sequential"
+    policy: str = "sequential"  # a registered policy (moe_core.policies.POLICIES)
     bucket_mb: float = 4.0  # gradient bucket size of the `overlap` policy (DDP default is 25 MB)
     partition_mb: float = 30.0  # Lina's micro-op size (paper default 30 MB, studied 10-100 MB)
     # Lina's expert packing (policies lina, lina-pack): steps between re-decisions of the packing
@@ -208,6 +217,9 @@ class SweepConfig:
     experts_per_rank: list[int] = field(default_factory=list)
     policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
     seed: list[int] = field(default_factory=lambda: [0])
+    # A point whose layout is impossible (e.g. 3 experts on 2 ranks) is an error, unless this says
+    # to leave such points out.
+    skip_impossible: bool = False
 
 
 @dataclass
@@ -229,114 +241,45 @@ class SimSweepConfig:
 
 
 @dataclass
-class LinaSweepConfig:
-    """Lina's experiments (experiments/rules/lina.smk).
-
-    Simulated on the paper's testbed (4 nodes x 4 A100, 100 Gb/s IB), experts = GPUs: every policy
-    at every expert count (Figs 10-14) and, at the largest count, policy ``lina`` at each partition
-    size (Fig 15). Measured on this testbed: ``measured_policy`` at the measured sweep's largest world
-    size with experts = ranks, micro-ops scaled to the small model (``measured_partition_mb``).
-    """
-
-    hardware: str = "lina-a100-4x4"
-    experts: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
-    policy: list[str] = field(default_factory=lambda: ["overlap", "lina-priority", "lina-partition",
-                                                        "lina-pipeline", "lina", "lina-pack"])
-    partition_mb: list[float] = field(default_factory=lambda: [10.0, 30.0, 50.0, 100.0])
-    overrides: list[str] = field(default_factory=list)  # the simulated model
-    measured_policy: list[str] = field(default_factory=lambda: ["lina-priority", "lina-pipeline", "lina"])
-    measured_partition_mb: float = 0.25
-
-
-@dataclass
-class AuroraConfig:
-    """Aurora's experiments: experiments/aurora.py (simulated) and experiments/aurora_a2a.py (measured).
-
-    Workloads are routing traces of our model (``aurora.moe_layers`` MoE layers of ``num_experts``
-    top-1 experts, trained ``train_steps`` steps on data of each skew) and parametric Zipf matrices.
-    """
-
-    gating_zipf: list[float] = field(default_factory=lambda: [1.0, 1.5, 2.0])  # train.data_zipf per trace
-    traffic_zipf: list[float] = field(default_factory=lambda: [0.8, 1.6])  # Zipf exponent per parametric workload
-    num_experts: int = 8  # experts per model = GPUs per model (Aurora Section 8)
-    moe_layers: int = 4  # MoE layers per model (Aurora Section 8)
-    train_steps: int = 20  # router training before the trace
-    trace_batch_size: int = 32  # sequences of the traced batch
-    # Per-token size of the served model in the system model: the traces say who sends how many
-    # tokens to whom, these give each token's bytes and FLOPs. Aurora serves LIMoE B/16 and B/32,
-    # ViT-B sized (768 / 3072); our traced model is far smaller than any served one.
-    d_model: int = 768
-    d_ff: int = 3072
-    element_bytes: int = 2  # bytes per activation element on the wire (bf16 inference)
-    homogeneous_hardware: str = "aurora-bigswitch-100g"
-    heterogeneous_hardware: str = "aurora-bigswitch-hetero"
-    random_draws: int = 5  # seeds of each random baseline (RCS, RGA, REC)
-    imprecision: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75])  # Fig 14's levels
-    gap_gpus: int = 4  # GPUs of the brute-force comparison (Fig 13; n! pairings)
-    # Measured ordered all-to-all (gloo/NCCL): the traces on world_size ranks, scaled so every rank
-    # sends bytes_per_rank per layer.
-    world_size: int = 4
-    bytes_per_rank: int = 4 * 2**20
-    warmup_iters: int = 2
-    iters: int = 10
-
-
-@dataclass
-class InferenceConfig:
-    """Lina's measured inference (experiments/inference.py; the workflow runs one job per expert
-    count and path length in ``experts`` x ``path_lengths``, on ``world_size`` ranks)."""
-
-    policies: list[str] = field(default_factory=lambda: ["static", "lina", "lina-no-estimation",
-                                                          "lina-no-finetune"])  # besides ideal, always run
-    train_steps: int = 100  # training on skewed data before inference (the gate's skew is learnt)
-    profile_batches: int = 8  # batches whose expert paths are profiled
-    warmup_batches: int = 3
-    batches: int = 30  # timed inference batches
-    top_k: int = 1  # Lina's inference gate
-    keep: int = 0  # experts kept per path estimate; 0 = top_k, as Lina
-    path_length: int = 3  # this run's l (Lina: 3; 1 and 6 studied)
-    # The token all-to-alls: all_to_all_single, or Aurora's ordered one in that policy's order
-    # (moe_core.policies.AURORA_ORDERS), planned from the traffic matrix every rank already has.
-    a2a_policy: Literal["library", "aurora", "aurora-sjf", "aurora-rcs"] = "library"
-    world_size: int = 4
-    experts: list[int] = field(default_factory=lambda: [4])
-    path_lengths: list[int] = field(default_factory=lambda: [3])
-    overrides: list[str] = field(default_factory=list)  # the inference model
-
-
-@dataclass
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
     entity: Optional[str] = None
 
 
-@dataclass
-class Config:
-    paper: str = "gshard"  # results/raw/<paper>/<experiment>/<point>.json
-    experiment: str = "train_step"
-    hardware_profile: str = "local-cpu"
-    results_dir: str = "results"
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    moe: MoEConfig = field(default_factory=MoEConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    comm: CommConfig = field(default_factory=CommConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    sim_sweep: SimSweepConfig = field(default_factory=SimSweepConfig)
-    lina: LinaSweepConfig = field(default_factory=LinaSweepConfig)
-    inference: InferenceConfig = field(default_factory=InferenceConfig)
-    aurora: AuroraConfig = field(default_factory=AuroraConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+def _root_schema() -> type:
+    """The root dataclass: run identity, the core's sections, then every registered paper section."""
+    core = [
+        ("paper", str, field(default="gshard")),  # results/raw/<paper>/<experiment>/<point>.json
+        ("experiment", str, field(default="train_step")),
+        ("hardware_profile", str, field(default="local-cpu")),
+        ("results_dir", str, field(default="results")),
+        ("hardware", HardwareConfig, field(default_factory=HardwareConfig)),
+        ("model", ModelConfig, field(default_factory=ModelConfig)),
+        ("moe", MoEConfig, field(default_factory=MoEConfig)),
+        ("parallel", ParallelConfig, field(default_factory=ParallelConfig)),
+        ("comm", CommConfig, field(default_factory=CommConfig)),
+        ("train", TrainConfig, field(default_factory=TrainConfig)),
+        ("collectives", CollectivesConfig, field(default_factory=CollectivesConfig)),
+        ("sweep", SweepConfig, field(default_factory=SweepConfig)),
+        ("sim_sweep", SimSweepConfig, field(default_factory=SimSweepConfig)),
+    ]
+    registered = [(s.name, s.schema, field(default_factory=s.schema)) for s in SECTIONS.values()]
+    return make_dataclass("Config", [*core, *registered, ("wandb", WandbConfig, field(default_factory=WandbConfig))])
+
+
+Config = _root_schema()
 
 
 def config_arg_parser(doc: str) -> argparse.ArgumentParser:
     """The command line every entry point shares: ``[--config FILE]... [key=value]...``."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. moe.num_experts=8)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"key=value config overrides (e.g. moe.num_experts=8 comm.policy=overlap; policies: {', '.join(POLICIES)})",
+    )
     return parser
 
 
@@ -344,28 +287,26 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
     """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``.
 
     Raises ConfigError naming the full key for unknown keys, bad types or values, impossible layouts
-    and missing files.
+    and missing or malformed files.
     """
-    user_layers = []
-    for path in files:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
-        user_layers.append(OmegaConf.load(path))
+    user_layers = [_load_yaml(Path(path)) for path in files]
     if data:
         user_layers.append(OmegaConf.create(data))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
     if overrides:
-        user_layers.append(OmegaConf.from_dotlist(list(overrides)))
+        try:
+            user_layers.append(OmegaConf.from_dotlist(list(overrides)))
+        except (OmegaConfBaseException, yaml.YAMLError) as err:
+            raise ConfigError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
     schema = OmegaConf.structured(Config)
     profile = _merge([schema, *user_layers]).hardware_profile
     # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
     # a layer's hardware section that names another profile (e.g. a saved resolved config, then
     # hardware_profile=...) belongs to that profile and is dropped.
     for layer in user_layers:
-        name = OmegaConf.select(layer, "hardware.name")
+        name = OmegaConf.select(layer, "hardware.name") if isinstance(layer, DictConfig) else None
         if name is not None and name != profile:
             layer.pop("hardware")
     cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
@@ -374,13 +315,44 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
     return cfg
 
 
+def _load_yaml(path: Path) -> DictConfig:
+    """A YAML config file; ConfigError naming the file (and line) if it is missing or malformed."""
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file '{path}'{where}: not valid YAML ({problem})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file '{path}': must hold a mapping of keys (e.g. 'moe: {{num_experts: 8}}')")
+    return loaded
+
+
 def _merge(layers: list) -> DictConfig:
     try:
         return OmegaConf.merge(*layers)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "?"
+        key = getattr(err, "full_key", None) or getattr(err, "key", None) or _root_key(layers)
         msg = str(err).splitlines()[0]
+        if isinstance(err, ConfigKeyError):
+            parent = key.rsplit(".", 1)[0] if "." in str(key) else ""
+            node = OmegaConf.select(layers[0], parent) if parent else layers[0]
+            if isinstance(node, DictConfig):
+                msg += f"; valid keys{' of ' + repr(parent) if parent else ''}: {sorted(node.keys())}"
         raise ConfigError(f"config key '{key}': {msg}") from None
+
+
+def _root_key(layers: list) -> str:
+    """The root of a layer that is not a mapping of sections (e.g. ``sweep=[1, 2]``): its first key."""
+    for layer in layers[1:]:
+        if isinstance(layer, DictConfig):
+            for key in layer.keys():
+                if not isinstance(layer[key], DictConfig) and isinstance(getattr(layers[0], key, None), DictConfig):
+                    return str(key)
+    return "?"
 
 
 def _load_hardware(profile: str) -> DictConfig:
@@ -388,204 +360,120 @@ def _load_hardware(profile: str) -> DictConfig:
     path = Path(profile) if profile.endswith((".yaml", ".yml")) else CONFIG_DIR / "hardware" / f"{profile}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
-        raise ConfigError(f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
-                          f"in configs/hardware/; allowed: {known} or a path to a .yaml file")
-    return OmegaConf.load(path)
+        raise ConfigError(
+            f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
+            f"in configs/hardware/; allowed: {known} or a path to a .yaml file"
+        )
+    return _load_yaml(path)
 
 
 COMPUTE_PHASES = ("dense", "gate", "expert")  # op classes of the step model with their own efficiency
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {message}")
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a collective timeout beyond a week is a typo (and overflows C++ timers)
+MAX_EMBEDDING_BYTES = 2**36  # 64 GiB: embedding + head beyond this is a typo, not a model we train
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks a type cannot express. Raises ConfigError naming the key."""
-    m, moe, par, tr = cfg.model, cfg.moe, cfg.parallel, cfg.train
-    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "moe_every"):
-        _require(m[key] >= 1, f"model.{key}", f"must be >= 1, got {m[key]}")
-    _require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
-    _require(moe.top_k in (1, 2), "moe.top_k", f"GShard gating supports 1 or 2, got {moe.top_k}")
-    _require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}")
-    _require(moe.capacity_factor > 0, "moe.capacity_factor", f"must be > 0, got {moe.capacity_factor}")
-    _require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
-    tokens = tr.batch_size * m.seq_len
-    _require(moe.group_size == 0 or tokens % moe.group_size == 0, "moe.group_size",
-             f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}")
-    _require(tr.batch_size >= 1 and tr.iters >= 1 and tr.warmup_iters >= 0, "train",
-             "batch_size and iters must be >= 1, warmup_iters >= 0")
-    _require(par.timeout_s > 0, "parallel.timeout_s", f"must be > 0, got {par.timeout_s}")
-    _require(cfg.comm.bucket_mb > 0, "comm.bucket_mb", f"must be > 0, got {cfg.comm.bucket_mb}")
-    _require(cfg.comm.partition_mb > 0, "comm.partition_mb", f"must be > 0, got {cfg.comm.partition_mb}")
-    _require(cfg.comm.packing_interval_iters >= 1, "comm.packing_interval_iters",
-             f"must be >= 1 step, got {cfg.comm.packing_interval_iters}")
+    """Checks a type cannot express, for the core's sections and every registered one. Raises
+    ConfigError naming the full key and what is allowed."""
+    _validate_run(cfg)
+    _validate_model(cfg)
+    _validate_training(cfg)
+    _validate_sweeps(cfg)
+    for section in SECTIONS.values():
+        section.validate(cfg)
+
+
+def _validate_run(cfg: DictConfig) -> None:
+    """Names that become path components or shell words, and the hardware's compute classes."""
+    require(cfg.paper in papers.PAPERS, "paper", f"'{cfg.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}")
+    for key in ("experiment", "sweep.name", "sim_sweep.name"):
+        value = OmegaConf.select(cfg, key)
+        require(
+            bool(SAFE_NAME.match(value)), key,
+            f"'{value}' must be a plain name (letters, digits, '_', '-', '.', '+'; no '/' or spaces)",
+        )
+    require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
     for phase, eff in cfg.hardware.phase_efficiency.items():
-        _require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}",
-                 f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
-        _require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
-    inf = cfg.inference
-    for key in ("batches", "profile_batches", "top_k", "path_length", "world_size"):
-        _require(inf[key] >= 1, f"inference.{key}", f"must be >= 1, got {inf[key]}")
-    _require(inf.train_steps >= 0 and inf.warmup_batches >= 0 and inf.keep >= 0, "inference",
-             "train_steps, warmup_batches and keep must be >= 0")
-    _require(inf.top_k <= 2, "inference.top_k", f"GShard gating supports 1 or 2, got {inf.top_k}")
-    layout_error = check_layout(par.world_size, moe.num_experts, moe.experts_per_rank)
-    if layout_error:
-        raise ConfigError(layout_error)
+        require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}", f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
+        require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    m, moe = cfg.model, cfg.moe
+    require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "moe_every"))
+    require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
+    require(
+        m.moe_every <= m.n_layers, "model.moe_every",
+        f"must be <= model.n_layers={m.n_layers} (every moe_every-th layer is MoE; the model needs one), got {m.moe_every}",
+    )
+    embedding_bytes = 2 * m.vocab_size * m.d_model * 4
+    require(
+        embedding_bytes <= MAX_EMBEDDING_BYTES, "model.vocab_size",
+        f"embedding and head of {m.vocab_size} x {m.d_model} take {embedding_bytes / 2**30:.0f} GiB "
+        f"(limit {MAX_EMBEDDING_BYTES / 2**30:.0f} GiB); use a smaller vocabulary",
+    )
+    require(moe.top_k in (1, 2), "moe.top_k", f"GShard gating supports 1 or 2, got {moe.top_k}")
+    require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}, got {moe.num_experts}")
+    require(math.isfinite(moe.capacity_factor) and moe.capacity_factor > 0, "moe.capacity_factor", f"must be > 0, got {moe.capacity_factor}")
+    require(moe.min_capacity >= 0, "moe.min_capacity", f"must be >= 0, got {moe.min_capacity}")
+    require(math.isfinite(moe.aux_loss_weight) and moe.aux_loss_weight >= 0, "moe.aux_loss_weight", f"must be >= 0, got {moe.aux_loss_weight}")
+    require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
+    tokens = cfg.train.batch_size * m.seq_len
+    require(
+        moe.group_size == 0 or tokens % moe.group_size == 0, "moe.group_size",
+        f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}",
+    )
+    error = layout_error(cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank)
+    if error:
+        raise ConfigError(error)
+
+
+def _validate_training(cfg: DictConfig) -> None:
+    tr, par, comm = cfg.train, cfg.parallel, cfg.comm
+    require_at_least(tr, "train", 1, ("batch_size", "iters", "data_branching"))
+    require_at_least(tr, "train", 0, ("warmup_iters", "seed"))
+    require(math.isfinite(tr.lr) and tr.lr > 0, "train.lr", f"must be a finite number > 0, got {tr.lr}")
+    require(math.isfinite(tr.data_zipf) and tr.data_zipf >= 0, "train.data_zipf", f"must be a finite number >= 0, got {tr.data_zipf}")
+    require(
+        tr.data_branching <= cfg.model.vocab_size, "train.data_branching",
+        f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
+    )
+    require(
+        math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S, "parallel.timeout_s",
+        f"must be between 1 and {MAX_TIMEOUT_S:.0f} seconds, got {par.timeout_s}",
+    )
+    require(comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}")
+    for key in ("bucket_mb", "partition_mb"):
+        require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")
+    require(comm.packing_interval_iters >= 1, "comm.packing_interval_iters", f"must be >= 1 step, got {comm.packing_interval_iters}")
     c = cfg.collectives
-    _require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", "must satisfy 0 < min_bytes <= max_bytes")
-    _require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")
-    _require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
-    _require(c.iters >= 1 and c.latency_iters >= 1 and c.warmup_iters >= 0, "collectives",
-             "iters and latency_iters must be >= 1, warmup_iters >= 0")
-    for pol in cfg.sweep.policy:
-        _require(pol in Policy.__args__, "sweep.policy", f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
-    for key in ("world_size", "num_experts", "seed"):
-        _require(len(cfg.sweep[key]) > 0, f"sweep.{key}", "must list at least one value")
-    for key in ("sim_sweep.policy", "lina.policy", "lina.measured_policy"):
-        for pol in OmegaConf.select(cfg, key):
-            _require(pol in Policy.__args__, key, f"invalid value '{pol}', expected one of {list(Policy.__args__)}")
-    _require(min(cfg.lina.partition_mb, default=1) > 0 and cfg.lina.measured_partition_mb > 0, "lina.partition_mb",
-             "partition sizes must be > 0 MB")
-    known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
-    for key, name in [("sim_sweep.hardware", n) for n in cfg.sim_sweep.hardware] + [("lina.hardware", cfg.lina.hardware)]:
-        _require(name in known, key, f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
+    require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", f"must satisfy 0 < min_bytes <= max_bytes={c.max_bytes}, got {c.min_bytes}")
+    require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")
+    require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
+    require_at_least(c, "collectives", 1, ("iters", "latency_iters"))
+    require_at_least(c, "collectives", 0, ("warmup_iters", "latency_bytes"))
+    require(math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0, "collectives.traffic_zipf", f"must be >= 0, got {c.traffic_zipf}")
 
 
-def check_layout(world_size: int, num_experts: int, experts_per_rank: int) -> str | None:
-    """Return why (world_size, num_experts, experts_per_rank) is not a valid layout, or None."""
-    if world_size < 1:
-        return f"config key 'parallel.world_size': must be >= 1, got {world_size}"
-    if experts_per_rank < 1 or num_experts % experts_per_rank:
-        return (f"config key 'moe.experts_per_rank': must divide moe.num_experts={num_experts}, "
-                f"got {experts_per_rank}")
-    ep = num_experts // experts_per_rank
-    if world_size % ep:
-        return (f"config key 'parallel.world_size': the expert-parallel size num_experts/experts_per_rank = "
-                f"{num_experts}/{experts_per_rank} = {ep} must divide world_size={world_size}; "
-                f"use experts_per_rank={max(1, num_experts // world_size)} or a world size that is a multiple of {ep}")
-    return None
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Data x expert parallel layout: ranks r = dp_index * expert_parallel + ep_index."""
-
-    world_size: int
-    num_experts: int
-    experts_per_rank: int
-
-    @property
-    def expert_parallel(self) -> int:
-        return self.num_experts // self.experts_per_rank
-
-    @property
-    def data_parallel(self) -> int:
-        return self.world_size // self.expert_parallel
-
-
-def layout_of(cfg: DictConfig) -> Layout:
-    return Layout(cfg.parallel.world_size, cfg.moe.num_experts, cfg.moe.experts_per_rank)
-
-
-def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
-    """Expand the sweep into points (dicts of swept values) and the reasons points were skipped.
-
-    ``experts_per_rank`` left empty means num_experts / world_size (at least 1).
-    """
-    s = cfg.sweep
-    points, skipped = [], []
-    for ws, ne, pol, seed in itertools.product(s.world_size, s.num_experts, s.policy, s.seed):
-        eprs = list(s.experts_per_rank) or [max(1, ne // ws)]
-        for epr in eprs:
-            why = check_layout(ws, ne, epr)
-            point = dict(world_size=ws, num_experts=ne, experts_per_rank=epr, policy=pol, seed=seed)
-            (skipped.append(f"{point}: {why}") if why else points.append(point))
-    return points, skipped
-
-
-def sim_point_name(hardware: str, params: dict[str, Any]) -> str:
-    """A simulated point's name: its hardware profile, then the measured points' name of its params."""
-    return f"{hardware}_{point_name(params)}"
-
-
-def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
-    """Every simulated training-step point of a run: name -> (paper, its complete overrides).
-
-    The paper-scale sweep (``sim_sweep``: hardware x world size x policy, experts = world size x
-    experts_per_rank) and Lina's (``lina``: experts = GPUs x policy, then the partition sweep at the
-    largest expert count). A point both sweeps name is simulated once.
-    """
-    points: dict[str, tuple[str, list[str]]] = {}
-
-    def add(hw: str, paper: str, ws: int, epr: int, policy: str, model: list[str], partition_mb: float) -> None:
-        params = dict(world_size=ws, num_experts=ws * epr, experts_per_rank=epr, policy=policy,
-                      seed=cfg.train.seed, partition_mb=partition_mb)
-        points[sim_point_name(hw, params)] = (paper, [
-            *model, f"hardware_profile={hw}", f"paper={paper}", f"comm.partition_mb={partition_mb:g}",
-            *point_overrides({k: v for k, v in params.items() if k != "partition_mb"})])
-
-    s, lina = cfg.sim_sweep, cfg.lina
-    for hw, ws, policy in itertools.product(s.hardware, s.world_size, s.policy):
-        add(hw, s.paper, ws, s.experts_per_rank, policy, list(s.overrides), cfg.comm.partition_mb)
-    for experts, policy in itertools.product(lina.experts, lina.policy):
-        add(lina.hardware, "lina", experts, 1, policy, list(lina.overrides), cfg.comm.partition_mb)
-    for partition_mb in lina.partition_mb:
-        add(lina.hardware, "lina", max(lina.experts), 1, "lina", list(lina.overrides), partition_mb)
-    return points
-
-
-def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Lina's measured points: ``lina.measured_policy`` at the measured sweep's largest world size
-    with experts = ranks (Lina's setting), micro-ops of ``lina.measured_partition_mb``; paper lina."""
-    ws = max(cfg.sweep.world_size)
-    return [dict(world_size=ws, num_experts=ws, experts_per_rank=1, policy=policy, seed=cfg.sweep.seed[0],
-                 partition_mb=cfg.lina.measured_partition_mb, paper="lina") for policy in cfg.lina.measured_policy]
-
-
-def point_overrides(point: dict[str, Any]) -> list[str]:
-    """The ``key=value`` overrides that turn the base config into one sweep point."""
-    keys = {"world_size": "parallel.world_size", "num_experts": "moe.num_experts",
-            "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed",
-            "partition_mb": "comm.partition_mb", "paper": "paper"}
-    return [f"{keys[k]}={v}" for k, v in point.items()]
-
-
-def point_params(cfg: DictConfig) -> dict[str, Any]:
-    """The parameters a training-step record carries (measured and simulated alike)."""
-    layout = layout_of(cfg)
-    return {"world_size": layout.world_size, "num_experts": layout.num_experts,
-            "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
-            "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
-            "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
-            "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype,
-            "partition_mb": cfg.comm.partition_mb}
-
-
-def point_name(point: dict[str, Any]) -> str:
-    """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for Lina's
-    partitioning policies, ``_dropless`` for dropless routing)."""
-    from .lina import LINA_POLICIES  # (moe_core.lina imports this module)
-
-    name = (f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
-            f"_{point['policy']}_s{point['seed']}")
-    lina = LINA_POLICIES.get(point["policy"])
-    if lina is not None and lina.partition and "partition_mb" in point:
-        name += f"_part{point['partition_mb']:g}"
-    return name + "_dropless" if point.get("dropless") else name
-
-
-def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
-    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
-
-    GShard's paper sets C = 2N/(G E) = top_k * S / E (capacity_factor 1). lingvo's
-    ``Top2GatingOnLogits`` uses int(S * cf / E) rounded up to a multiple of 4 (a TPU tiling
-    choice); we round up to the next integer so that capacity_factor=1 never drops a token under
-    perfectly balanced routing.
-    """
-    return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
+def _validate_sweeps(cfg: DictConfig) -> None:
+    s, sim = cfg.sweep, cfg.sim_sweep
+    for key in ("world_size", "num_experts", "policy", "seed"):
+        require(len(s[key]) > 0, f"sweep.{key}", "must list at least one value")
+    for key in ("world_size", "num_experts", "experts_per_rank"):
+        require(min(s[key], default=1) >= 1, f"sweep.{key}", f"values must be >= 1, got {list(s[key])}")
+    require_choices(s.policy, POLICIES, "sweep.policy")
+    _, impossible = sweep_points(cfg)
+    if impossible and not s.skip_impossible:
+        raise ConfigError(
+            f"config key 'sweep': {len(impossible)} point(s) can never run, e.g. {impossible[0]}; fix the "
+            "axes, or set sweep.skip_impossible=true to leave such points out"
+        )
+    require(sim.paper in papers.PAPERS, "sim_sweep.paper", f"'{sim.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}")
+    for hardware in sim.hardware:
+        require_profile(hardware, "sim_sweep.hardware")
+    require(min(sim.world_size, default=1) >= 1, "sim_sweep.world_size", f"values must be >= 1, got {list(sim.world_size)}")
+    require(sim.experts_per_rank >= 1, "sim_sweep.experts_per_rank", f"must be >= 1, got {sim.experts_per_rank}")
+    require_choices(sim.policy, POLICIES, "sim_sweep.policy")
 
 
 def save_config(cfg: DictConfig, path: str | Path) -> bool:

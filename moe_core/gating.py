@@ -13,7 +13,8 @@ Follows GShard Algorithm 1 (arXiv 2006.16668v1) and its reference code (lingvo
   lingvo, a rejected assignment takes no slot (the paper's pseudo-code counts it anyway).
 * Auxiliary load-balancing loss, per group l_aux = (1/E) sum_e (c_e/S) m_e, where c_e counts tokens
   whose top-1 is e and m_e is the mean gate of e; averaged over groups. ``aux_loss_scale="e2"``
-  multiplies by E^2 (lingvo, DeepSpeed, Tutel), so perfectly uniform routing gives 1 instead of 1/E.
+  multiplies by E^2 (lingvo, DeepSpeed, Tutel), so perfectly uniform routing gives 1 instead of 1/E^2
+  (c_e/S = m_e = 1/E for every e: (1/E) * E * (1/E^2)).
 * Dropless mode (``capacity=None``): every assignment is kept.
 
 The result is a dispatch plan, independent of how tokens are moved (all-to-all or local copy).
@@ -21,10 +22,23 @@ The result is a dispatch plan, independent of how tokens are moved (all-to-all o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+
+def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
+    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
+
+    GShard's paper sets C = 2N/(G E) = top_k * S / E (capacity_factor 1). lingvo's
+    ``Top2GatingOnLogits`` uses int(S * cf / E) rounded up to a multiple of 4 (a TPU tiling
+    choice); we round up to the next integer so that capacity_factor=1 never drops a token under
+    perfectly balanced routing.
+    """
+    return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
 
 
 @dataclass

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .config import capacity
+from .gating import GatingResult, capacity, gshard_gating
 from .experts import Experts
-from .gating import GatingResult, gshard_gating
 from .timing import PhaseTimer
 
 

@@ -1,10 +1,10 @@
-"""Ordered all-to-all: an Aurora transmission order (moe_core.a2a_schedule) run as point-to-point rounds.
+"""Ordered all-to-all: an Aurora transmission order (moe_core.transmission) run as point-to-point rounds.
 
 Aurora (Li et al., arXiv 2410.17043, Section 4.2) issues the all-to-all's sends and receives in a
 chosen order instead of letting every sender start everywhere at once. This is the measured executor
 of those orders: the same contract as ``torch.distributed.all_to_all_single`` with uneven splits, on
 any backend with point-to-point operations (gloo, NCCL). Each rank walks its own steps of the
-schedule (``a2a_schedule.rank_steps``): one ``batch_isend_irecv`` of at most one send and one receive
+schedule (``transmission.rank_steps``): one ``batch_isend_irecv`` of at most one send and one receive
 per step, waited for before the next. There is no barrier between rounds, so a rank waits only for
 its own peers (the ``async_time`` model); the result is exact whatever the order.
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .a2a_schedule import Schedule, rank_steps
+from .transmission import Schedule, rank_steps
 
 
 def _splits(splits: list[int] | None, rows: int, world: int) -> list[int]:

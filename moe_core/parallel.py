@@ -1,8 +1,8 @@
-"""Data x expert parallel layout on a ``DeviceMesh``, applied to a model from outside.
+"""The layout's ``DeviceMesh`` and process groups, and expert sharding applied to a model from outside.
 
-Mesh ("dp", "ep") in row-major order: rank r = dp_index * expert_parallel + ep_index. Ranks of one
-"ep" row hold all experts between them (``experts_per_rank`` each) and exchange tokens by
-all-to-all; ranks of one "dp" column hold replicas of the same experts. Every rank trains on its
+The mesh has the layout's named axes (moe_core.layout), today ("dp", "ep") in row-major order:
+rank r = dp_index * expert_parallel + ep_index. Ranks of one "ep" row hold all experts between
+them (``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold replicas of the same experts. Every rank trains on its
 own data, so dense parameters are replicated on all ranks.
 
 Gradient synchronisation (see moe_core.policies): dense gradients are summed over all ranks, expert
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .config import Layout
+from .layout import Layout
 from .layer import MoELayer
 
 
@@ -33,6 +33,7 @@ class ParallelGroups:
     ep_group: object  # all-to-all of tokens
     expert_grad_group: object  # all-reduce of expert gradients ("dp" column)
     dense_grad_group: object  # all-reduce of dense gradients (all ranks, its own communicator)
+    high_priority_ep: bool = False  # the "ep" groups run on high-priority NCCL streams
 
 
 def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priority_ep: bool = False) -> ParallelGroups:
@@ -42,20 +43,19 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
     minutes whatever the default group has, and a hung peer would stall the run that long.
     ``high_priority_ep``: on NCCL, the "ep" groups (the token all-to-alls) run on high-priority CUDA
     streams, so the GPU schedules their kernels ahead of the gradient all-reduces' (Lina's priority
-    rule; moe_core.lina). It has no effect on gloo, whose collectives run on host threads.
+    rule; moe_core/papers/lina). It has no effect on gloo, whose collectives run on host threads.
     """
     if dist.get_world_size() != layout.world_size:
         raise RuntimeError(f"process group has {dist.get_world_size()} ranks, layout expects {layout.world_size}")
     timeout = timedelta(seconds=timeout_s)
     backend = dist.get_backend()
-    mesh = init_device_mesh(device_type, (layout.data_parallel, layout.expert_parallel), mesh_dim_names=("dp", "ep"),
-                            backend_override={"dp": _group_options(backend, timeout),
-                                              "ep": _group_options(backend, timeout, high_priority_ep)})
+    options = {name: _group_options(backend, timeout, high_priority_ep and name == "ep") for name in layout.names}
+    mesh = init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.names, backend_override=options)
     # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
     # contend with) the token all-to-alls instead of queueing behind them on one communicator.
     dense_grad_group = dist.new_group(list(range(layout.world_size)), timeout=timeout)
     return ParallelGroups(layout, mesh, dist.get_rank(), mesh.get_local_rank("ep"), mesh.get_group("ep"),
-                          mesh.get_group("dp"), dense_grad_group)
+                          mesh.get_group("dp"), dense_grad_group, high_priority_ep)
 
 
 def _group_options(backend: str, timeout: timedelta, high_priority: bool = False):

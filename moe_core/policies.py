@@ -1,11 +1,11 @@
-"""Communication policies: every collective of a training step goes through one of these.
+"""Communication policies: the registry, the baselines, and the measured executor of a plan.
 
-A policy owns two decisions, which later mechanisms (Lina, MoNTA, Aurora) override:
-
-* ``all_to_all``: how the MoE layers' token exchanges run (here: one ``all_to_all_single``);
-* gradient synchronisation: when the data-parallel gradient all-reduces are launched
-  (``attach`` registers per-parameter hooks, ``finish_gradient_sync`` completes them; ``detach``
-  removes them, so Lina's expert packing can attach a policy on the groups of a new layout).
+A policy is registered once (:func:`register_policy`) with its decisions (a plan builder: step
+shapes -> moe_core.plan.CommPlan) and its measured executor (a :class:`CommPolicy` subclass that
+runs the plan on torch.distributed). The simulator reads the plan of the same builder
+(:func:`build_plan`), so both executors follow one set of decisions. The config's allowed policy
+names, the sweeps and the CLI help come from ``POLICIES``; the papers' policies register from
+moe_core/papers/<paper>.
 
 Baselines:
 
@@ -14,50 +14,118 @@ Baselines:
   as soon as all its gradients are ready, so it runs concurrently with (and contends with) the
   backward all-to-alls. This is the contention baseline Lina and Aurora compare against.
 
-Aurora (Li et al., arXiv 2410.17043): sequential gradient synchronisation, and every MoE all-to-all
-runs in a transmission order computed from the exchange's real traffic matrix
-(moe_core.a2a_schedule, executed by moe_core.ordered_a2a):
-
-* ``aurora``: the paper's Algorithm 1 (bottleneck GPU first, conflict-free);
-* ``aurora-sjf``: shortest flow first per sender; ``aurora-rcs``: random order per sender (the
-  paper's baselines).
-
-The matrix is all-gathered before each forward exchange; that collective is timed as part of the
-all-to-all (``<name>.fwd``). All policies reduce exactly the same buckets in the same arithmetic and
-move the same rows, so they produce the same loss.
+:class:`CommPolicy` executes every plan feature that needs no scheduling of its own: buckets or
+in-place micro-ops, launched after the backward pass or as soon as ready; all-to-alls whole,
+pipelined with the experts (moe_core.comm.pipelined_exchange) or in a transmission order
+(moe_core.ordered_a2a). Every policy reduces the same gradients over the same groups; buckets and
+micro-ops sum in different groupings, so losses agree to float rounding (tests use 1e-6), and the
+baselines agree bitwise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
 from . import comm
-from .a2a_schedule import make_schedule
-from .lina import LINA_POLICIES, a2a_micro_ops, gradient_micro_ops
+from .layout import Layout
+from .model import shape_only_model
 from .ordered_a2a import gather_traffic_matrix
 from .parallel import ParallelGroups, is_expert_param
+from .plan import CommPlan, GradientTensor, GradientUnit, a2a_micro_ops, bucket_units
 from .timing import PhaseTimer
+from .transmission import make_schedule
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is decided from: one rank's gradient tensors and the configured unit sizes."""
+
+    tensors: list[GradientTensor]  # in the order backward produces them
+    element_bytes: int  # of one gradient element as the executor reduces it
+    bucket_bytes: int  # comm.bucket_mb
+    micro_op_bytes: float  # comm.partition_mb
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered policy: its decisions and its measured executor.
+
+    ``a2a_order``: the transmission order its all-to-alls run in (None: the library's), also offered
+    to the measured inference (``inference.a2a_policy``). ``micro_op_size_in_name``: its results
+    depend on ``comm.partition_mb``, so the point's name carries it.
+    """
+
+    name: str
+    decide: Callable[[PlanInputs], CommPlan]
+    executor: type[CommPolicy]
+    a2a_order: str | None = None
+    micro_op_size_in_name: bool = False
+
+
+POLICIES: dict[str, PolicySpec] = {}
+
+
+def register_policy(spec: PolicySpec) -> PolicySpec:
+    if spec.name in POLICIES:
+        raise ValueError(f"communication policy '{spec.name}' is registered twice")
+    POLICIES[spec.name] = spec
+    return spec
+
+
+def policy_spec(name: str) -> PolicySpec:
+    if name not in POLICIES:
+        raise ValueError(f"unknown communication policy '{name}'; allowed: {sorted(POLICIES)}")
+    return POLICIES[name]
+
+
+def backward_ordered_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """Named parameters in the order backward produces their gradients (reverse definition order)."""
+    return list(reversed(list(model.named_parameters())))
+
+
+def gradient_tensors(cfg, layout: Layout) -> list[GradientTensor]:
+    """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
+    (meta device): dense tensors whole, expert tensors the rank's share of the expert stack."""
+    share = layout.experts_per_rank / cfg.moe.num_experts
+    tensors = []
+    for name, p in backward_ordered_params(shape_only_model(cfg)):
+        expert = is_expert_param(name)
+        tensors.append(GradientTensor(name, round(p.numel() * share) if expert else p.numel(), expert))
+    return tensors
+
+
+def build_plan(cfg, layout: Layout, element_bytes: int) -> CommPlan:
+    """The plan of ``cfg.comm.policy`` for ``cfg``'s model on ``layout``: the one decision both
+    executors follow (``element_bytes``: a gradient element's size as that executor reduces it)."""
+    inputs = PlanInputs(
+        gradient_tensors(cfg, layout), element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20
+    )
+    return replace(policy_spec(cfg.comm.policy).decide(inputs), tensors=tuple(inputs.tensors))
+
+
+# -- measured gradient units ---------------------------------------------------------------------
 class GradientBucket:
-    """Parameters whose gradients are flattened into one buffer and all-reduced together."""
+    """Whole gradient tensors flattened into one buffer and all-reduced together (a fused unit)."""
 
     def __init__(self, params: list[torch.nn.Parameter], group, world_size: int):
         self.params, self.group, self.world_size = params, group, world_size
-        self.ready = 0
         self.work = None
         self.buffer: torch.Tensor | None = None
 
     @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.params)
+    def launched(self) -> bool:
+        return self.buffer is not None
 
     def launch(self, async_op: bool) -> None:
         """Flatten the gradients and start their sum over ``group``."""
-        self.buffer = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                 for p in self.params])
+        self.buffer = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+        )
         if dist.get_world_size(self.group) > 1:
             self.work = dist.all_reduce(self.buffer, group=self.group, async_op=async_op)
 
@@ -72,167 +140,29 @@ class GradientBucket:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.grad = self.buffer[offset:offset + n].view_as(p).clone()
+            p.grad = self.buffer[offset : offset + n].view_as(p).clone()
             offset += n
-        self.ready, self.work, self.buffer = 0, None, None
-
-
-def assign_buckets(params: list[tuple[int, bool]], bucket_bytes: int) -> list[tuple[bool, list[int]]]:
-    """Group parameters into gradient buckets: the decision both executors share.
-
-    ``params`` are (bytes, is_expert) in the order backward produces their gradients (reverse
-    model order, as DDP assumes). Dense and expert parameters never share a bucket, since they are
-    reduced over different groups; a bucket closes once it holds ``bucket_bytes``. Returns
-    (is_expert, indices into ``params``) per bucket, in launch order.
-    """
-    open_buckets: dict[bool, list[int]] = {False: [], True: []}
-    size = {False: 0, True: 0}
-    closed: list[tuple[bool, list[int]]] = []
-    for i, (nbytes, expert) in enumerate(params):
-        open_buckets[expert].append(i)
-        size[expert] += nbytes
-        if size[expert] >= bucket_bytes:
-            closed.append((expert, open_buckets[expert]))
-            open_buckets[expert], size[expert] = [], 0
-    return closed + [(expert, b) for expert, b in open_buckets.items() if b]
-
-
-def backward_ordered_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """Named parameters in the order backward produces their gradients (reverse definition order)."""
-    return list(reversed(list(model.named_parameters())))
-
-
-def make_buckets(model: torch.nn.Module, groups: ParallelGroups, bucket_bytes: int) -> list[GradientBucket]:
-    """The model's gradient buckets (see :func:`assign_buckets`) on their process groups."""
-    named = backward_ordered_params(model)
-    plan = assign_buckets([(p.numel() * p.element_size(), is_expert_param(n)) for n, p in named], bucket_bytes)
-    group = {True: groups.expert_grad_group, False: groups.dense_grad_group}
-    return [GradientBucket([named[i][1] for i in idx], group[expert], groups.layout.world_size)
-            for expert, idx in plan]
-
-
-class CommPolicy:
-    """Base policy: plain all-to-all on the expert-parallel group; subclasses decide the all-reduces."""
-
-    name = "base"
-    # The launch rule both executors follow: a gradient bucket's all-reduce starts as soon as its
-    # gradients are ready (True) or after the whole backward pass (False); buckets go in order.
-    launch_when_ready = False
-
-    def __init__(self, groups: ParallelGroups, timer: PhaseTimer, bucket_bytes: int,
-                 partition_bytes: int = 30 * 2**20):
-        self.groups, self.timer = groups, timer
-        self.bucket_bytes, self.partition_bytes = bucket_bytes, partition_bytes  # unit sizes of gradient sync
-        self.buckets: list[GradientBucket] = []
-        self.hooks: list[RemovableHandle] = []  # what attach registered on the model
-
-    def attach(self, model: torch.nn.Module) -> None:
-        """Route the model's MoE all-to-alls through this policy and build its gradient buckets."""
-        for layer in model.moe_layers():
-            layer.comm, layer.timer = self, self.timer
-        self.buckets = make_buckets(model, self.groups, self.bucket_bytes)
-
-    def detach(self, model: torch.nn.Module) -> None:
-        """Undo :meth:`attach`: remove this policy's hooks and un-route the MoE layers, so another
-        policy (e.g. on the process groups of a new expert layout) can attach. Call between steps."""
-        for handle in self.hooks:
-            handle.remove()
-        for layer in model.moe_layers():
-            layer.comm, layer.timer = None, PhaseTimer(enabled=False)
-        self.hooks, self.buckets = [], []
-
-    def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        return comm.all_to_all(x, output_splits, input_splits, self.groups.ep_group, self.timer, name)
-
-    def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
-        """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
-        expert weights ``params``, combine all-to-all."""
-        received = self.all_to_all(buf, None, None, "dispatch_a2a")
-        return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
-
-    def finish_gradient_sync(self) -> None:
-        raise NotImplementedError
-
-
-class Sequential(CommPolicy):
-    name = "sequential"
-
-    def finish_gradient_sync(self) -> None:
-        for bucket in self.buckets:
-            bucket.launch(async_op=False)
-            bucket.finish()
-
-
-class Overlap(CommPolicy):
-    name = "overlap"
-    launch_when_ready = True
-
-    def attach(self, model: torch.nn.Module) -> None:
-        super().attach(model)
-        for bucket in self.buckets:
-            for p in bucket.params:
-                self.hooks.append(p.register_post_accumulate_grad_hook(lambda _p, b=bucket: self._grad_ready(b)))
-
-    def _grad_ready(self, bucket: GradientBucket) -> None:
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            bucket.launch(async_op=True)
-
-    def finish_gradient_sync(self) -> None:
-        for bucket in self.buckets:
-            if bucket.buffer is None:  # some gradient never arrived this step: launch what we have
-                bucket.launch(async_op=True)
-        for bucket in self.buckets:
-            bucket.finish()
-
-
-class Aurora(Sequential):
-    """Sequential gradient sync; each all-to-all in an order planned from its gathered traffic matrix."""
-
-    name = "aurora"
-    schedule_kind = "aurora"  # a moe_core.a2a_schedule.SCHEDULE_KINDS entry
-
-    def __init__(self, groups: ParallelGroups, timer: PhaseTimer, bucket_bytes: int, **sizes):
-        super().__init__(groups, timer, bucket_bytes, **sizes)
-        self.exchanges = 0  # seeds the random order of aurora-rcs; equal on all ranks (lockstep calls)
-
-    def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        group = self.groups.ep_group
-        with self.timer.region(f"{name}.fwd"):
-            matrix = gather_traffic_matrix(x, input_splits, group)  # (ep, ep) rows
-            schedule = make_schedule(self.schedule_kind, matrix, seed=self.exchanges)
-        self.exchanges += 1
-        return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name, schedule=schedule)
-
-
-class AuroraSJF(Aurora):
-    name = "aurora-sjf"
-    schedule_kind = "sjf"
-
-
-class AuroraRCS(Aurora):
-    name = "aurora-rcs"
-    schedule_kind = "rcs"
-
-
-# Aurora's orders by policy name; the measured inference offers the same choice (inference.a2a_policy).
-AURORA_ORDERS = {cls.name: cls.schedule_kind for cls in (Aurora, AuroraSJF, AuroraRCS)}
+        self.work, self.buffer = None, None
 
 
 class GradientMicroOp:
-    """One all-reduce micro-op of Lina's partitioning: elements [start, stop) of one gradient, summed
-    in place (the division by the world size happens once per tensor, after all its micro-ops)."""
+    """Elements [start, stop) of one gradient, summed in place (a micro-op; the division by the
+    world size happens once per tensor, after all its micro-ops: CommPolicy.finish_gradient_sync)."""
 
     def __init__(self, param: torch.nn.Parameter, start: int, stop: int, group):
         self.param, self.start, self.stop, self.group = param, start, stop, group
+        self.params = [param]
         self.work = None
+        self.launched = False
 
     def launch(self, async_op: bool) -> None:
         if self.param.grad is None:
             self.param.grad = torch.zeros_like(self.param)
+        self.launched = True
         if dist.get_world_size(self.group) > 1:
-            self.work = dist.all_reduce(self.param.grad.view(-1)[self.start:self.stop], group=self.group,
-                                        async_op=async_op)
+            self.work = dist.all_reduce(
+                self.param.grad.view(-1)[self.start : self.stop], group=self.group, async_op=async_op
+            )
 
     def done(self) -> bool:
         return self.work is None or self.work.is_completed()
@@ -240,131 +170,137 @@ class GradientMicroOp:
     def finish(self) -> None:
         if self.work is not None:
             self.work.wait()
-        self.work = None
+        self.work, self.launched = None, False
 
 
-class _BackwardSignal(torch.autograd.Function):
-    """Identity whose backward calls ``callback`` when the gradient passes through."""
+# -- the measured executor -----------------------------------------------------------------------
+class CommPolicy:
+    """Executes a :class:`CommPlan` on one rank: the MoE layers' all-to-alls and the gradient sync.
 
-    @staticmethod
-    def forward(ctx, x, callback):
-        ctx.callback = callback
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.callback()
-        return grad, None
-
-
-class Lina(CommPolicy):
-    """Lina's training scheduler on one rank (moe_core.lina; Li et al., ATC'23 §4).
-
-    Gradient units (DDP buckets, or per-tensor micro-ops with partitioning) become ready in backward
-    order and wait in a FIFO queue, so every rank launches them in the same order. Without priority
-    they launch at once (as ``overlap``). With priority one launches only while no all-to-all is
-    running or imminent (an MoE layer's backward start, its combine computation, blocks launching
-    until the layer's next all-to-all is over) and only once the previous one has completed, so an
-    all-to-all waits behind at most one. The queue is served on every gradient hook and at the end
-    of every backward all-to-all; ``finish_gradient_sync`` launches the rest. Same sums in the same
-    arithmetic as the baselines, so the same loss.
+    ``attach`` routes the model's MoE layers through this policy and builds the plan's gradient
+    units on the model's real parameters (their names and sizes must be the plan's); with
+    ``launch_when_ready`` it registers per-parameter hooks that launch a unit once all its
+    gradients have accumulated. ``finish_gradient_sync`` launches what is left and completes
+    everything; ``detach`` removes the hooks, so a policy on the process groups of another layout
+    (expert packing) can attach.
     """
 
-    launch_when_ready = True
-    features = LINA_POLICIES["lina"]
+    def __init__(self, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer):
+        self.plan, self.groups, self.timer = plan, groups, timer
+        self.units: list[GradientBucket | GradientMicroOp] = []
+        self.hooks: list[RemovableHandle] = []  # what attach registered on the model
+        self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
 
     def attach(self, model: torch.nn.Module) -> None:
-        super().attach(model)
-        self.a2a_busy = False
-        self.queue: list = []  # ready, not launched
-        self.launched: list = []
-        if self.features.partition:
-            named = backward_ordered_params(model)
-            group = {True: self.groups.expert_grad_group, False: self.groups.dense_grad_group}
-            ops = gradient_micro_ops([p.numel() for _, p in named], named[0][1].element_size(), self.partition_bytes)
-            self.units = [GradientMicroOp(named[i][1], start, stop, group[is_expert_param(named[i][0])])
-                          for i, start, stop in ops]
-            of_param: dict[int, list[GradientMicroOp]] = {}
-            for unit in self.units:
-                of_param.setdefault(id(unit.param), []).append(unit)
-            for _, p in named:
-                self.hooks.append(p.register_post_accumulate_grad_hook(lambda q: self._ready(of_param[id(q)])))
-        else:
-            self.units = self.buckets
-            for bucket in self.buckets:
-                for p in bucket.params:
-                    self.hooks.append(p.register_post_accumulate_grad_hook(
-                        lambda _p, b=bucket: self._bucket_grad_ready(b)))
-        if self.features.priority:
-            for layer in model.moe_layers():
-                self.hooks.append(layer.register_forward_hook(self._block_at_backward_start))
+        for layer in model.moe_layers():
+            layer.comm, layer.timer = self, self.timer
+        named = backward_ordered_params(model)
+        self.units = [self._unit(unit, named) for unit in self.plan.gradient_units]
+        if self.plan.launch_when_ready:
+            self._hook_units(named)
 
-    def _block_at_backward_start(self, _layer, _inputs, outputs) -> None:
-        if outputs[0].requires_grad:
-            outputs[0].register_hook(lambda _grad: setattr(self, "a2a_busy", True))
+    def _unit(self, unit: GradientUnit, named: list[tuple[str, torch.nn.Parameter]]):
+        group = self.groups.expert_grad_group if unit.expert else self.groups.dense_grad_group
+        for i, start, stop in unit.pieces:
+            name, p = named[i]
+            if is_expert_param(name) != unit.expert or (unit.fused and (start, stop) != (0, p.numel())):
+                raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
+        if unit.fused:
+            return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.world_size)
+        (i, start, stop), = unit.pieces
+        return GradientMicroOp(named[i][1], start, stop, group)
+
+    def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``."""
+        of_param: dict[int, list] = {}
+        for unit in self.units:
+            for p in unit.params:
+                of_param.setdefault(id(p), []).append(unit)
+        self.pending = {id(u): len(u.params) for u in self.units}
+
+        def grad_ready(p: torch.nn.Parameter) -> None:
+            ready = []
+            for unit in of_param.get(id(p), []):
+                self.pending[id(unit)] -= 1
+                if self.pending[id(unit)] == 0:
+                    ready.append(unit)
+            if ready:
+                self.units_ready(ready)
+
+        for _, p in named:
+            if id(p) in of_param:
+                self.hooks.append(p.register_post_accumulate_grad_hook(grad_ready))
+
+    def units_ready(self, units: list) -> None:
+        """Launch-when-ready: start the units' all-reduces at once."""
+        for unit in units:
+            unit.launch(async_op=True)
+
+    def detach(self, model: torch.nn.Module) -> None:
+        """Undo :meth:`attach`. Call between steps."""
+        for handle in self.hooks:
+            handle.remove()
+        for layer in model.moe_layers():
+            layer.comm, layer.timer = None, PhaseTimer(enabled=False)
+        self.hooks, self.units = [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        x = _BackwardSignal.apply(x, self._a2a_over)  # its gradient exists once the backward exchange is over
-        y = super().all_to_all(x, output_splits, input_splits, name)
-        return _BackwardSignal.apply(y, lambda: setattr(self, "a2a_busy", True))  # the exchange is next
+        """One MoE all-to-all on the expert-parallel group: the library's, or in the plan's order
+        (planned from the traffic matrix, all-gathered first and timed as part of ``<name>.fwd``)."""
+        group = self.groups.ep_group
+        if self.plan.a2a_order is None:
+            return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name)
+        with self.timer.region(f"{name}.fwd"):
+            matrix = gather_traffic_matrix(x, input_splits, group)  # (ep, ep) rows
+            schedule = make_schedule(self.plan.a2a_order, matrix, seed=self.exchanges)
+        self.exchanges += 1
+        return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name, schedule=schedule)
 
     def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
-        if not self.features.pipeline:
-            return super().exchange_compute_exchange(buf, rows_per_expert, compute, params)
+        """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
+        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so."""
+        if not self.plan.pipeline_experts:
+            received = self.all_to_all(buf, None, None, "dispatch_a2a")
+            return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
         experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
-        chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.partition_bytes)
-        buf = _BackwardSignal.apply(buf, self._a2a_over)
-        out = comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
-        return _BackwardSignal.apply(out, lambda: setattr(self, "a2a_busy", True))
-
-    def _a2a_over(self) -> None:
-        self.a2a_busy = False
-        self._serve()
-
-    def _bucket_grad_ready(self, bucket: GradientBucket) -> None:
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            self._ready([bucket])
-
-    def _ready(self, units: list) -> None:
-        self.queue += units
-        self._serve()
-
-    def _launch_next(self) -> None:
-        unit = self.queue.pop(0)
-        unit.launch(async_op=True)
-        self.launched.append(unit)
-
-    def _serve(self) -> None:
-        if not self.features.priority:
-            while self.queue:
-                self._launch_next()
-        elif self.queue and not self.a2a_busy and (not self.launched or self.launched[-1].done()):
-            self._launch_next()
+        chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.plan.a2a_micro_op_bytes)
+        return comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
 
     def finish_gradient_sync(self) -> None:
-        launched = {id(u) for u in self.launched}
-        self.queue += [u for u in self.units if id(u) not in launched and u not in self.queue]  # never ready
-        while self.queue:
-            self._launch_next()
-        for unit in self.launched:
-            unit.finish()
-        if self.features.partition:
-            for p in {id(u.param): u.param for u in self.units}.values():
-                p.grad /= self.groups.layout.world_size
-        self.launched, self.a2a_busy = [], False
+        """Complete the step's gradient sync: launch every unit not launched yet (all of them when
+        units launch after the backward pass), wait for all, and average the in-place micro-ops."""
+        if not self.plan.launch_when_ready:
+            for unit in self.units:
+                unit.launch(async_op=False)
+                unit.finish()
+        else:
+            for unit in self.units:
+                if not unit.launched:  # some gradient never arrived this step: launch what we have
+                    unit.launch(async_op=True)
+            for unit in self.units:
+                unit.finish()
+            self.pending = {id(u): len(u.params) for u in self.units}
+        self._average_micro_ops()
+
+    def _average_micro_ops(self) -> None:
+        sliced = {id(u.param): u.param for u in self.units if isinstance(u, GradientMicroOp)}
+        for p in sliced.values():
+            p.grad /= self.groups.layout.world_size
 
 
-def _lina_variant(name: str) -> type[Lina]:
-    return type(f"Lina_{name.replace('-', '_')}", (Lina,), {"name": name, "features": LINA_POLICIES[name]})
+def make_policy(cfg, groups: ParallelGroups, timer: PhaseTimer, element_bytes: int) -> CommPolicy:
+    """The measured executor of ``cfg.comm.policy``'s plan on ``groups``' layout."""
+    plan = build_plan(cfg, groups.layout, element_bytes)
+    return policy_spec(cfg.comm.policy).executor(plan, groups, timer)
 
 
-POLICIES: dict[str, type[CommPolicy]] = {p.name: p for p in (Sequential, Overlap, Aurora, AuroraSJF, AuroraRCS,
-                                                             *map(_lina_variant, LINA_POLICIES))}
+def sequential_plan(inputs: PlanInputs) -> CommPlan:
+    return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=False)
 
 
-def make_policy(name: str, groups: ParallelGroups, timer: PhaseTimer, bucket_bytes: int,
-                partition_bytes: int = 30 * 2**20) -> CommPolicy:
-    if name not in POLICIES:
-        raise ValueError(f"unknown communication policy '{name}'; allowed: {sorted(POLICIES)}")
-    return POLICIES[name](groups, timer, bucket_bytes, partition_bytes=partition_bytes)
+def overlap_plan(inputs: PlanInputs) -> CommPlan:
+    return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=True)
+
+
+register_policy(PolicySpec("sequential", sequential_plan, CommPolicy))
+register_policy(PolicySpec("overlap", overlap_plan, CommPolicy))

@@ -7,6 +7,7 @@ import pytest
 
 from analysis.collect import read_valid_record
 from experiments import aurora
+from moe_core.papers.aurora.study import aurora_points
 from experiments.aurora_a2a import ELEMENT_BYTES, measured_points, scaled
 from moe_core.config import load_config
 
@@ -22,7 +23,7 @@ def records(tmp_path_factory):
     assert aurora.main([*CONFIGS, *TINY, f"results_dir={out}"]) == 0
     found = {(p.parent.name, p.stem): read_valid_record(p) for p in (out / "raw" / "aurora").glob("*/*.json")}
     cfg = load_config(CONFIGS[1::2], [*TINY, f"results_dir={out}"])
-    expected = {(e, name) for e, names in aurora.aurora_points(cfg).items() for name in names}
+    expected = {(e, name) for e, names in aurora_points(cfg).items() for name in names}
     assert set(found) == expected  # exactly the points the workflow declares
     return found
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.aurora import trace_config
+from moe_core.papers.aurora.study import trace_config
 from moe_core.config import load_config
 from moe_core.workloads import (coarsen, gating_token_matrices, receiver_skew, traffic_bytes,
                                 zipf_token_matrices)

@@ -5,10 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from moe_core.colocation import (LayerStats, assign_exclusive, bottleneck_matching, brute_force_heterogeneous,
+from moe_core.papers.aurora.colocation import (LayerStats, assign_exclusive, bottleneck_matching, brute_force_heterogeneous,
                                  brute_force_matching, colocate_heterogeneous, colocated_inference,
                                  exclusive_inference, gbps_to_bytes_per_s, gpu_traffic, heterogeneous_bandwidth,
-                                 lina_inference, lina_pairing, pair_bottleneck, pair_cost_on_gpus, pair_sorted,
+                                 lina_pairing_inference, lina_pairing, pair_bottleneck, pair_cost_on_gpus, pair_sorted,
                                  pairing_weights, random_colocation)
 
 
@@ -123,7 +123,7 @@ def test_colocation_beats_lina_and_random_on_skewed_loads():
     for bandwidth in (gbps_to_bytes_per_s(100), heterogeneous_bandwidth(8)):
         partner, gpu_of = colocate_heterogeneous(a[0], b[0], bandwidth, 1.0)
         aurora, aurora_util = colocated_inference(a, b, partner, gpu_of, bandwidth)
-        lina, lina_util = lina_inference(a, b, bandwidth)
+        lina, lina_util = lina_pairing_inference(a, b, bandwidth)
         random = colocated_inference(a, b, random_colocation(8, 0), np.arange(8), bandwidth)[0]
         assert aurora < lina and aurora < random and aurora_util > lina_util
 

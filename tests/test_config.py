@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
-from moe_core.config import ConfigError, check_layout, load_config, point_name, sweep_points
+from moe_core.config import ConfigError, load_config
+from moe_core.layout import layout_error
+from moe_core.points import point_name, sweep_points
+from moe_core.policies import POLICIES
 
 
 def test_defaults_and_files_merge_with_overrides():
@@ -14,23 +17,104 @@ def test_defaults_and_files_merge_with_overrides():
     assert cfg.moe.num_experts == 8 and cfg.sweep.name == "ci" and cfg.hardware.name == "local-cpu"
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("moe.num_experts=abc", "moe.num_experts"),
-    ("comm.policy=lifo", "expected one of ['sequential', 'overlap', 'aurora'"),
-    ("moe.bogus=1", "moe.bogus"),
-    ("moe.top_k=3", "moe.top_k"),
-    ("moe.capacity_factor=0", "moe.capacity_factor"),
-    ("model.n_heads=3", "model.n_heads"),
-    ("moe.group_size=7", "moe.group_size"),
-    ("hardware_profile=nowhere", "allowed: ["),
-    ("sweep.policy=[sequential,fifo]", "sweep.policy"),
-    ("noequals", "key=value"),
-    ("comm.packing_interval_iters=0", "comm.packing_interval_iters"),
-])
-def test_bad_values_name_the_key(override, needle):
-    with pytest.raises(ConfigError, match=None) as err:
-        load_config(overrides=[override])
-    assert needle in str(err.value)
+# Bad input, one kind per row: (overrides, the full key the message must name). Every row fails in
+# load_config, i.e. before any process or job starts (the Snakefile and every entry point call it).
+BAD_INPUTS = [
+    # types and unknown keys
+    (["moe.num_experts=abc"], "moe.num_experts"),
+    (["moe.bogus=1"], "moe.bogus"),
+    (["sweep={polcy: [overlap]}"], "sweep.polcy"),
+    (["sweep=[1, 2]"], "sweep"),
+    (["noequals"], "noequals"),
+    # names that become paths or shell words
+    (["paper=../../escaped"], "paper"),
+    (["paper=a$(touch PWNED)"], "paper"),
+    (["experiment=a/b"], "experiment"),
+    (["sweep.name=x y"], "sweep.name"),
+    (["hardware_profile=nowhere"], "hardware_profile"),
+    # the model and its routing
+    (["model.n_heads=3"], "model.n_heads"),
+    (["model.moe_every=100"], "model.moe_every"),
+    (["model.vocab_size=1000000000000"], "model.vocab_size"),
+    (["model.d_model=0"], "model.d_model"),
+    (["moe.top_k=3"], "moe.top_k"),
+    (["moe.num_experts=1"], "moe.num_experts"),
+    (["moe.capacity_factor=0"], "moe.capacity_factor"),
+    (["moe.capacity_factor=nan"], "moe.capacity_factor"),
+    (["moe.group_size=7"], "moe.group_size"),
+    (["parallel.world_size=3"], "parallel.world_size"),
+    (["moe.experts_per_rank=3"], "moe.experts_per_rank"),
+    # training and communication
+    (["train.iters=-1"], "train.iters"),
+    (["train.warmup_iters=-1"], "train.warmup_iters"),
+    (["train.lr=nan"], "train.lr"),
+    (["train.lr=0"], "train.lr"),
+    (["train.data_zipf=nan"], "train.data_zipf"),
+    (["train.data_branching=0"], "train.data_branching"),
+    (["parallel.timeout_s=1e308"], "parallel.timeout_s"),
+    (["parallel.timeout_s=0.001"], "parallel.timeout_s"),
+    (["comm.policy=lifo"], "comm.policy"),
+    (["comm.bucket_mb=0"], "comm.bucket_mb"),
+    (["comm.partition_mb=-1"], "comm.partition_mb"),
+    (["comm.packing_interval_iters=0"], "comm.packing_interval_iters"),
+    (["hardware.phase_efficiency={bogus: 0.5}"], "hardware.phase_efficiency.bogus"),
+    (["collectives.step_factor=1"], "collectives.step_factor"),
+    (["collectives.world_size=1"], "collectives.world_size"),
+    (["collectives.min_bytes=0"], "collectives.min_bytes"),
+    # sweeps
+    (["sweep.world_size=[0]"], "sweep.world_size"),
+    (["sweep.policy=[]"], "sweep.policy"),
+    (["sweep.policy=[sequential,fifo]"], "sweep.policy"),
+    (["sweep.world_size=[2]", "sweep.num_experts=[3]"], "sweep"),
+    (["sim_sweep.hardware=[nowhere]"], "sim_sweep.hardware"),
+    (["sim_sweep.policy=[fifo]"], "sim_sweep.policy"),
+    (["sim_sweep.paper=nobody"], "sim_sweep.paper"),
+    # Lina's sections
+    (["lina.policy=[fifo]"], "lina.policy"),
+    (["lina.measured_policy=[fifo]"], "lina.measured_policy"),
+    (["lina.hardware=nowhere"], "lina.hardware"),
+    (["lina.partition_mb=[0]"], "lina.partition_mb"),
+    (["lina.experts=[]"], "lina.experts"),
+    (["inference.policies=[fifo]"], "inference.policies"),
+    (["inference.a2a_policy=fifo"], "inference.a2a_policy"),
+    (["inference.top_k=3"], "inference.top_k"),
+    (["inference.batches=0"], "inference.batches"),
+    (["inference.world_size=0"], "inference.world_size"),
+    # Aurora's section
+    (["aurora.world_size=0"], "aurora.world_size"),
+    (["aurora.homogeneous_hardware=nowhere"], "aurora.homogeneous_hardware"),
+    (["aurora.gap_gpus=9"], "aurora.gap_gpus"),
+    (["aurora.imprecision=[1.5]"], "aurora.imprecision"),
+    (["aurora.moe_layers=1"], "aurora.moe_layers"),
+    (["aurora.num_experts=7"], "aurora.num_experts"),
+    (["aurora.gating_zipf=[-1]"], "aurora.gating_zipf"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_values_name_the_full_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(["configs/default.yaml"], overrides)
+    message = str(err.value)
+    assert f"'{key}'" in message or f"{key}=" in message, message
+
+
+def test_unknown_keys_list_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"valid keys of 'moe': \[.*'num_experts'"):
+        load_config(overrides=["moe.bogus=1"])
+
+
+def test_policy_names_come_from_the_registry():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["comm.policy=lifo"])
+    assert all(name in str(err.value) for name in POLICIES) and "lina-pipeline" in POLICIES
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: 64\n  d_ff: [128\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml' line \d+, column \d+: not valid YAML"):
+        load_config([bad])
 
 
 def test_missing_config_file_is_an_error(tmp_path):
@@ -39,18 +123,21 @@ def test_missing_config_file_is_an_error(tmp_path):
 
 
 def test_impossible_layouts():
-    assert check_layout(4, 4, 1) is None and check_layout(4, 8, 2) is None and check_layout(4, 4, 2) is None
-    assert "must divide moe.num_experts" in check_layout(4, 6, 4)
-    assert "must divide world_size=4" in check_layout(4, 8, 1)
+    assert layout_error(4, 4, 1) is None and layout_error(4, 8, 2) is None and layout_error(4, 4, 2) is None
+    assert "must divide moe.num_experts" in layout_error(4, 6, 4)
+    assert "must divide world_size=4" in layout_error(4, 8, 1)
     with pytest.raises(ConfigError, match="parallel.world_size"):
         load_config(overrides=["parallel.world_size=3", "moe.num_experts=4", "moe.experts_per_rank=1"])
 
 
-def test_sweep_expansion_derives_experts_per_rank_and_skips_impossible_points():
+def test_sweep_expansion_derives_experts_per_rank_and_skips_impossible_points_on_request():
     cfg = load_config(overrides=["sweep.world_size=[4]", "sweep.num_experts=[4,8]", "sweep.policy=[overlap]"])
     points, skipped = sweep_points(cfg)
     assert [p["experts_per_rank"] for p in points] == [1, 2] and not skipped
-    cfg = load_config(overrides=["sweep.world_size=[4]", "sweep.num_experts=[8]", "sweep.experts_per_rank=[1,2]"])
+    impossible = ["sweep.world_size=[4]", "sweep.num_experts=[8]", "sweep.experts_per_rank=[1,2]"]
+    with pytest.raises(ConfigError, match="sweep.skip_impossible"):
+        load_config(overrides=impossible)
+    cfg = load_config(overrides=[*impossible, "sweep.skip_impossible=true"])
     points, skipped = sweep_points(cfg)
     assert len(points) == 2 and len(skipped) == 2  # experts_per_rank=1 needs 8 ranks
     assert point_name(points[0]) == "ws4_e8_epr2_sequential_s0"

@@ -11,16 +11,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core import comm
-from moe_core.config import Layout, layout_of, load_config
+from moe_core.config import load_config
+from moe_core.layout import expert_layout, layout_of
 from moe_core.data import MarkovTokens
 from moe_core.model import MoETransformer
-from moe_core.packing import repack
+from moe_core.papers.lina.packing import repack
+from moe_core.papers.lina.policy import LinaPriority
 from moe_core.parallel import build_groups, is_expert_param, shard_experts
-from moe_core.policies import Lina, make_policy
+from moe_core.policies import make_policy
 from moe_core.timing import PhaseTimer
 
+# 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up
 SMALL = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=48",
-         "model.seq_len=16", "train.batch_size=2", "moe.min_capacity=1", "moe.capacity_factor=1.0"]
+         "model.seq_len=16", "train.batch_size=2", "moe.min_capacity=1", "moe.capacity_factor=1.0",
+         f"comm.bucket_mb={4096 / 2**20}", f"comm.partition_mb={1024 / 2**20}"]
+ELEMENT_BYTES = 4  # float32 gradients
 
 
 def _config(world, experts, per_rank, extra=()):
@@ -52,7 +57,7 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     if uniform_gate:
         _force_uniform_gate(model)
     shard_experts(model, groups)
-    policy = make_policy(cfg.comm.policy, groups, PhaseTimer(), bucket_bytes=4096, partition_bytes=1024)
+    policy = make_policy(cfg, groups, PhaseTimer(), ELEMENT_BYTES)
     policy.attach(model)
     in_flight_at_exchange, launches = _watch_lina(policy)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -78,7 +83,7 @@ def _watch_lina(policy):
     """Record, for a Lina policy, how many all-reduce units are unfinished whenever an all-to-all
     exchange starts, and every unit launch."""
     in_flight, launches = [], []
-    if not isinstance(policy, Lina):
+    if not isinstance(policy, LinaPriority):
         return in_flight, launches
     def watched(exchange):
         def exchange_after_counting(*args):
@@ -195,26 +200,26 @@ def test_policies_give_identical_losses(tmp_path, sequential_run, policy):
 
 def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
     """One AdamW step per entry of ``factors``, the packing factor of that step: the model is
-    repacked (moe_core.packing.repack, as experiments.train_step does) whenever it changes. Saves
+    repacked (moe_core.papers.lina.packing.repack, as ExpertPacking does) whenever it changes. Saves
     the losses and, before every step, the layout and every parameter with its optimizer state."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     cfg = load_config(overrides=overrides)
     base = layout_of(cfg)
-    groups = {k: build_groups(Layout(base.world_size, base.num_experts, base.experts_per_rank * k), "cpu",
+    groups = {k: build_groups(expert_layout(base.world_size, base.num_experts, base.experts_per_rank * k), "cpu",
                               cfg.parallel.timeout_s, high_priority_ep=True)  # no effect on gloo
               for k in sorted(set(factors))}
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     shard_experts(model, groups[factors[0]])
-    policy = make_policy(cfg.comm.policy, groups[factors[0]], PhaseTimer(), bucket_bytes=4096, partition_bytes=1024)
+    policy = make_policy(cfg, groups[factors[0]], PhaseTimer(), ELEMENT_BYTES)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     losses, layouts, states = [], [], []
     for step, factor in enumerate(factors):
         if groups[factor] is not policy.groups:
-            old, policy = policy, repack(model, optimizer, policy, groups[factor])
-            assert not old.hooks and not old.buckets  # detached
+            old, policy = policy, repack(cfg, model, optimizer, policy, groups[factor], ELEMENT_BYTES)
+            assert not old.hooks and not old.units  # detached
         layouts.append((dist.get_world_size(policy.groups.ep_group),
                         dist.get_world_size(policy.groups.expert_grad_group), policy.groups.ep_rank))
         states.append({name: {"param": p.detach().clone(), **{k: v.clone() for k, v in optimizer.state[p].items()}}
@@ -275,7 +280,7 @@ def _nccl_priority_worker(rank, world, init_file, out_dir):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
-    groups = build_groups(Layout(world, world, 1), "cuda", 60.0, high_priority_ep=True)
+    groups = build_groups(expert_layout(world, world, 1), "cuda", 60.0, high_priority_ep=True)
     high_priority = {name: group._get_backend(torch.device("cuda")).options.is_high_priority_stream
                      for name, group in (("ep", groups.ep_group), ("dp", groups.expert_grad_group),
                                          ("dense", groups.dense_grad_group))}

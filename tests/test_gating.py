@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from moe_core.config import capacity
-from moe_core.gating import gshard_gating
+from moe_core.gating import capacity, gshard_gating
 
 # 4 tokens, 3 experts; logits = log(p) so that softmax returns p exactly.
 P = torch.tensor([[0.5, 0.3, 0.2],

@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 
 from moe_core.config import load_config
 from moe_core.data import MarkovTokens
-from moe_core.inference import Scheduler, attach, batch_metrics, layer_region, top1_choices, use_inference_gating
+from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, layer_region, top1_choices, use_inference_gating
 from moe_core.model import MoETransformer
-from moe_core.placement import Placement, profile_paths
+from moe_core.papers.lina.placement import Placement, profile_paths
 from moe_core.timing import PhaseTimer
 
 SMALL = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=4", "model.moe_every=1", "model.n_heads=2",

@@ -2,12 +2,13 @@
 
 import pytest
 
-from moe_core.lina import a2a_micro_ops, chunk_count, gradient_micro_ops, packing_due, packing_factor
+from moe_core.papers.lina.decisions import packing_due, packing_factor
+from moe_core.plan import a2a_micro_ops, chunk_count, gradient_micro_ops
 
 
 def test_gradient_micro_ops_cut_each_tensor_into_equal_chunks_never_fused():
     numels = [10, 3, 0, 8]
-    ops = gradient_micro_ops(numels, element_bytes=4, partition_bytes=16)  # at most 4 elements per op
+    ops = gradient_micro_ops(numels, element_bytes=4, micro_op_bytes=16)  # at most 4 elements per op
     for i, n in enumerate(numels):  # every element of every tensor exactly once, in order
         mine = [(a, b) for t, a, b in ops if t == i]
         assert [x for a, b in mine for x in range(a, b)] == list(range(n))
@@ -19,11 +20,11 @@ def test_gradient_micro_ops_cut_each_tensor_into_equal_chunks_never_fused():
 
 
 def test_a2a_micro_ops_split_the_token_dimension():
-    ops = a2a_micro_ops(10, row_bytes=100, partition_bytes=300)  # 1000 bytes: 4 near-equal micro-ops
+    ops = a2a_micro_ops(10, row_bytes=100, micro_op_bytes=300)  # 1000 bytes: 4 near-equal micro-ops
     assert len(ops) == 4 and ops[0][0] == 0 and ops[-1][1] == 10
     assert all(a < b and (b - a) * 100 <= 300 for a, b in ops) and all(x[1] == y[0] for x, y in zip(ops, ops[1:]))
-    assert a2a_micro_ops(3, row_bytes=10**9, partition_bytes=1) == [(0, 1), (1, 2), (2, 3)]  # at most a row each
-    assert a2a_micro_ops(10, row_bytes=1, partition_bytes=10**6) == [(0, 10)]
+    assert a2a_micro_ops(3, row_bytes=10**9, micro_op_bytes=1) == [(0, 1), (1, 2), (2, 3)]  # at most a row each
+    assert a2a_micro_ops(10, row_bytes=1, micro_op_bytes=10**6) == [(0, 10)]
 
 
 def test_packing_doubles_until_the_ffn_outweighs_the_all_to_all():
@@ -34,7 +35,7 @@ def test_packing_doubles_until_the_ffn_outweighs_the_all_to_all():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: chunk_count(10, 0), "partition size"),
+    (lambda: chunk_count(10, 0), "micro-op size"),
     (lambda: gradient_micro_ops([-1], 4, 16), "negative"),
     (lambda: packing_factor(lambda k: 1, lambda k: 1, 0), "max packing factor"),
     (lambda: packing_due(5, 3, 0), "packing interval"),

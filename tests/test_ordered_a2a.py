@@ -15,8 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core import comm
-from moe_core.a2a_schedule import SCHEDULE_KINDS, make_schedule
+from moe_core.transmission import ORDERS, make_schedule
 from moe_core.ordered_a2a import gather_traffic_matrix, ordered_all_to_all_single
+from moe_core.plan import CommPlan
 from moe_core.policies import POLICIES
 from moe_core.timing import PhaseTimer
 from test_expert_parallel import SMALL, run_parallel
@@ -50,7 +51,7 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
     assert (gather_traffic_matrix(x_ref, in_splits, group) == counts).all()
     ref = comm.all_to_all(x_ref, out_splits, in_splits, group, timer, "a2a")
     (ref * weight).sum().backward()
-    for kind in SCHEDULE_KINDS:
+    for kind in sorted(ORDERS):
         x = x_ref.detach().clone().requires_grad_()
         schedule = make_schedule(kind, counts, seed=tag)
         out = comm.all_to_all(x, out_splits, in_splits, group, timer, "a2a", schedule=schedule)
@@ -58,7 +59,8 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
         (out * weight).sum().backward()
         assert torch.equal(x.grad, x_ref.grad), kind
     for policy in ("aurora", "aurora-sjf", "aurora-rcs"):  # the policies plan from the gathered matrix
-        aurora = POLICIES[policy](SimpleNamespace(ep_group=group), timer, bucket_bytes=1)
+        plan = CommPlan((), launch_when_ready=False, a2a_order=POLICIES[policy].a2a_order)
+        aurora = POLICIES[policy].executor(plan, SimpleNamespace(ep_group=group), timer)
         assert torch.equal(aurora.all_to_all(x_ref.detach(), out_splits, in_splits, "a2a"), ref), policy
 
 

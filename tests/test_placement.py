@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moe_core.placement import (Placement, devices_per_expert, expected_tokens, first_fit_decreasing, needs_replan,
+from moe_core.papers.lina.placement import (Placement, devices_per_expert, expected_tokens, first_fit_decreasing, needs_replan,
                                 path_topk_share, phase1_placement, plan_layer, popularity_ratio, profile_paths,
                                 replica_token_counts, route_rows, schedule_rates, send_counts, static_placement)
 

@@ -8,11 +8,14 @@ import torch
 import torch.distributed as dist
 
 from experiments.simulate import main as simulate_main
-from moe_core.config import layout_of, load_config, sim_points
-from moe_core.lina import gradient_micro_ops
+from moe_core.config import load_config
+from moe_core.layout import layout_of
+from moe_core.plan import gradient_micro_ops
+from moe_core.points import sim_points
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
-from moe_core.policies import make_buckets
+from moe_core.policies import make_policy
+from moe_core.timing import PhaseTimer
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import GB, build_topology
 
@@ -27,7 +30,7 @@ def step(overrides):
 
 
 def test_buckets_are_the_measured_policys_buckets():
-    """One decision, two executors: the simulator all-reduces exactly make_buckets' buckets."""
+    """One decision, two executors: the simulator all-reduces exactly the measured policy's buckets."""
     common = ["moe.num_experts=4", "moe.experts_per_rank=4", "comm.bucket_mb=0.25", "hardware_profile=lina-a100-4x4"]
     measured_cfg = load_config(overrides=[*common, "parallel.world_size=1"])
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -35,7 +38,9 @@ def test_buckets_are_the_measured_policys_buckets():
         groups = build_groups(layout_of(measured_cfg), "cpu", 60.0)
         model = MoETransformer(measured_cfg)
         shard_experts(model, groups)
-        measured = [sum(p.numel() * 4 for p in b.params) for b in make_buckets(model, groups, int(0.25 * 2**20))]
+        policy = make_policy(measured_cfg, groups, PhaseTimer(), element_bytes=4)
+        policy.attach(model)
+        measured = [sum(p.numel() * 4 for p in unit.params) for unit in policy.units]
     finally:
         dist.destroy_process_group()
     # Two ranks holding all 4 experts each (data parallel 2): every bucket is all-reduced.

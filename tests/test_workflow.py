@@ -6,7 +6,9 @@ import subprocess
 import pytest
 
 from experiments.collectives import collective_points
-from moe_core.config import lina_measured_points, load_config, point_name, sim_points, sweep_points
+from moe_core.config import load_config
+from moe_core.papers.lina.sweeps import lina_measured_points
+from moe_core.points import point_name, sim_points, sweep_points
 
 
 def snakemake(*args, timeout=300):

@@ -2,9 +2,9 @@
 # simulated, one cheap local job) and its transmission orders measured with gloo/NCCL
 # (experiments/aurora_a2a.py, one torchrun job). Each job writes one record per point.
 
-from experiments.aurora import PAPER as AURORA_PAPER, aurora_points
-from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points
-from experiments.launch import slurm_resources
+from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
+from moe_core.papers.aurora.study import aurora_points
+from moe_core.papers.aurora.system_model import PAPER as AURORA_PAPER
 
 AURORA_SIM_RECORDS = [
     f"{RESULTS}/raw/{AURORA_PAPER}/{experiment}/{point}.json"
@@ -12,7 +12,7 @@ AURORA_SIM_RECORDS = [
     for point in points
 ]
 AURORA_A2A_RECORDS = expand(
-    f"{RESULTS}/raw/{AURORA_PAPER}/{AURORA_A2A}/{{point}}.json", point=measured_points(CFG)
+    f"{RESULTS}/raw/{AURORA_PAPER}/{AURORA_A2A}/{{point}}.json", point=aurora_measured_points(CFG)
 )
 
 
@@ -32,7 +32,7 @@ rule aurora_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.aurora --config {input.config} > {log} 2>&1"
+        "python -m experiments.aurora --config {input.config:q} > {log:q} 2>&1"
 
 
 rule aurora_a2a:
@@ -48,9 +48,8 @@ rule aurora_a2a:
     params:
         world_size=CFG.aurora.world_size,
     threads: CFG.aurora.world_size
-    # SLURM sizing (nodes, tasks, CPUs, memory, GPUs): experiments/launch.py; locally only threads matter.
     resources:
-        **slurm_resources(CFG, CFG.aurora.world_size),
+        **measured_resources(CFG.aurora.world_size),
     shell:
-        "python -m experiments.launch --config {input.config} --nproc {params.world_size} "
-        "-- -m experiments.aurora_a2a > {log} 2>&1"
+        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.aurora_a2a > {log:q} 2>&1"

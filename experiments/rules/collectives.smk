@@ -3,7 +3,6 @@
 
 from experiments.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
 from experiments.collectives import collective_points
-from experiments.launch import slurm_resources
 
 COLLECTIVE_RECORDS = expand(
     f"{RESULTS}/raw/{COLLECTIVES_PAPER}/{COLLECTIVES}/{{point}}.json",
@@ -24,9 +23,8 @@ rule collectives:
     params:
         world_size=CFG.collectives.world_size,
     threads: CFG.collectives.world_size
-    # SLURM sizing (nodes, tasks, CPUs, memory, GPUs): experiments/launch.py; locally only threads matter.
     resources:
-        **slurm_resources(CFG, CFG.collectives.world_size),
+        **measured_resources(CFG.collectives.world_size),
     shell:
-        "python -m experiments.launch --config {input.config} --nproc {params.world_size} "
-        "-- -m experiments.collectives > {log} 2>&1"
+        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.collectives > {log:q} 2>&1"

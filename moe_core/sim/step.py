@@ -1,16 +1,18 @@
 """A training step as a DAG of operations: the simulated executor of the measured train_step.
 
 Built from the same config as a measured run and through the same decisions: the layout
-(``config.layout_of``), the expert capacity (``config.capacity``), the gradient buckets
-(``policies.assign_buckets`` over the model's real parameters, instantiated on the meta device) and
-the policy's launch rule. Compute time is FLOPs / (peak x efficiency of the op class: dense, gate,
+(``layout.layout_of``), the expert capacity (``gating.capacity``) and the policy's communication
+plan (``policies.build_plan``: gradient units over the model's real parameters, instantiated on the
+meta device, their launch rule and priority, all-to-all micro-ops and pipelining, expert packing).
+The plan's transmission order (``a2a_order``) does not change a uniform all-to-all's time in this
+flow model, so it is not modelled here. Compute time is FLOPs / (peak x efficiency of the op class: dense, gate,
 expert) of the slowest device; every collective is an SPMD operation whose footprint sums all its
 groups (moe_core.sim.topology).
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order at twice the forward FLOPs, then gradient
-all-reduces per bucket: after the whole backward (``sequential``) or as soon as a bucket's last
-gradient is ready, one bucket after another on one communicator (``overlap``).
+all-reduces per plan unit: after the whole backward or as soon as a unit's last gradient is ready,
+one unit after another on one communicator.
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..config import Layout, capacity, layout_of
-from ..lina import (LINA_POLICIES, gradient_micro_ops, layer_a2a_micro_ops, max_packing_factor, packed_layout,
-                    packing_factor)
-from ..model import shape_only_model
-from ..parallel import is_expert_param
-from ..policies import POLICIES, assign_buckets, backward_ordered_params
+from ..gating import capacity
+from ..layout import Layout, layout_of
+from ..plan import layer_a2a_micro_ops
+from ..policies import build_plan
 from .collectives import collective_op, simulate_on
 from .engine import Op, Timeline
 from .topology import Transfer
@@ -116,8 +116,6 @@ class StepModel:
 
     def __init__(self, cfg: DictConfig, topo):
         self.cfg, self.topo = cfg, topo
-        self.lina = LINA_POLICIES.get(cfg.comm.policy)
-        self.partition_bytes = cfg.comm.partition_mb * 2**20
         self.elem = ELEMENT_BYTES[cfg.train.dtype]
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
@@ -129,31 +127,29 @@ class StepModel:
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.flop_rate = tflops * 1e12 * share
-        if self.lina and self.lina.pack:
-            self._use_layout(self._packed_layout())
+        self.plan = build_plan(cfg, self.layout, self.elem)
+        if self.plan.choose_packing is not None:
+            self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
+            self.plan = build_plan(cfg, self.layout, self.elem)  # gradient units of the packed layout
 
     def _use_layout(self, layout: Layout) -> None:
         self.layout = layout
-        ranks = np.arange(layout.world_size)
-        self.ep_groups = ranks.reshape(layout.data_parallel, layout.expert_parallel)  # rows
+        self.ep_groups = layout.groups("ep")  # rows: the ranks of one expert-parallel group
 
-    def _packed_layout(self) -> Layout:
-        """Lina's expert packing (lina.packing_factor) with this model's own micro-op costs."""
-        base = self.layout
+    def _micro_op_costs(self) -> Callable[[Layout], tuple[float, float]]:
+        """This model's (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on a
+        candidate layout: the simulated costs the plan's packing decision is taken from."""
 
         @functools.cache
-        def per_micro_op(k: int) -> tuple[float, float]:
-            """(expert FFN seconds, all-to-all seconds) of one micro-op with k times the experts per rank."""
-            self._use_layout(packed_layout(base, k))
+        def per_micro_op(layout: Layout) -> tuple[float, float]:
+            self._use_layout(layout)
             rows, a2a_bytes = self._moe_sizes()
             count = len(self._a2a_chunks())
             a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
 
-        max_factor = max_packing_factor(base.expert_parallel)
-        factor = packing_factor(lambda k: per_micro_op(k)[0], lambda k: per_micro_op(k)[1], max_factor)
-        return packed_layout(base, factor)
+        return per_micro_op
 
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
@@ -170,10 +166,10 @@ class StepModel:
         return rows, moe.num_experts * G * C * m.d_model * self.elem
 
     def _a2a_chunks(self) -> list[tuple[int, int]]:
-        """The all-to-all's micro-ops along the token dimension (one unless Lina pipelines)."""
-        if not (self.lina and self.lina.pipeline) or self.cfg.moe.dropless:
+        """The all-to-all's micro-ops along the token dimension (one unless the plan cuts it)."""
+        if self.plan.a2a_micro_op_bytes is None or self.cfg.moe.dropless:
             return [(0, 1)]
-        return layer_a2a_micro_ops(self.cfg, self.elem)
+        return layer_a2a_micro_ops(self.cfg, self.elem, self.plan.a2a_micro_op_bytes)
 
     def _seconds(self, flops: float, phase: str) -> float:
         hw = self.cfg.hardware
@@ -195,7 +191,7 @@ class StepModel:
         return cost
 
     def _all_reduce(self, nbytes: float, expert: bool) -> dict | None:
-        groups = self.ep_groups.T if expert else [np.arange(self.layout.world_size)]
+        groups = self.layout.groups("dp") if expert else [np.arange(self.layout.world_size)]
         if len(groups[0]) == 1:
             return None  # a group of one rank has nothing to exchange
         footprint = self._merged([self.topo.ring(g, nbytes, "all_reduce") for g in groups])
@@ -213,7 +209,7 @@ class StepModel:
         chunks = len(self._a2a_chunks())
         if a2a is not None:  # every micro-op carries its share of the bytes and pays the latency
             a2a["transfer"] = replace(a2a["transfer"], nbytes=a2a["transfer"].nbytes / chunks)
-        pipelined = self.lina is not None and self.lina.pipeline
+        pipelined = self.plan.pipeline_experts
         ops: list[Op] = []
 
         def add(name: str, phase: str, after: int | list[int] | None, **kw) -> int:
@@ -267,31 +263,17 @@ class StepModel:
         return ops, backward_end
 
     def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, backward_end: int) -> None:
-        """Gradient all-reduces, launched by the policy's rule, one after another on one communicator.
-
-        The units are the measured policy's: DDP buckets (policies.assign_buckets), or with Lina's
-        partitioning per-tensor micro-ops (lina.gradient_micro_ops). With Lina's priority they yield
-        the links to every all-to-all (a lower strict-priority class).
-        """
-        named = backward_ordered_params(shape_only_model(self.cfg))
-        share = self.layout.experts_per_rank / self.cfg.moe.num_experts  # a rank holds its experts only
-        expert = [is_expert_param(n) for n, _ in named]
-        numels = [round(p.numel() * (share if e else 1.0)) for (_, p), e in zip(named, expert)]
-        if self.lina and self.lina.partition:
-            units = [(expert[i], [i], (stop - start) * self.elem)
-                     for i, start, stop in gradient_micro_ops(numels, self.elem, self.partition_bytes)]
-        else:
-            plan = assign_buckets([(n * self.elem, e) for n, e in zip(numels, expert)],
-                                  int(self.cfg.comm.bucket_mb * 2**20))
-            units = [(e, idx, sum(numels[i] for i in idx) * self.elem) for e, idx in plan]
-        priority = 1 if self.lina and self.lina.priority else 0
+        """The plan's gradient all-reduces, launched by its rule, one after another on one
+        communicator; units that yield to the all-to-alls run in a lower strict-priority class."""
+        tensors = self.plan.tensors
+        priority = 1 if self.plan.gradients_yield_to_a2a else 0
         previous = None
-        for k, (is_expert, idx, nbytes) in enumerate(units):
-            cost = self._all_reduce(nbytes, is_expert)
+        for k, unit in enumerate(self.plan.gradient_units):
+            cost = self._all_reduce(unit.numel * self.elem, unit.expert)
             if cost is None:
                 continue
-            ready = grads_ready[_block_of(named[idx[-1]][0])]
-            launch_after = ready if POLICIES[self.cfg.comm.policy].launch_when_ready else backward_end
+            ready = grads_ready[_block_of(tensors[unit.last_tensor].name)]
+            launch_after = ready if self.plan.launch_when_ready else backward_end
             deps = [launch_after] + ([previous] if previous is not None else [])
             ops.append(Op(f"allreduce{k}", "allreduce", deps, priority=priority, **cost))
             previous = len(ops) - 1

@@ -1,8 +1,8 @@
 """Lina's training-time decisions (Li et al., USENIX ATC'23, §4), as pure functions.
 
-Both executors call these: the measured one (the policy moe_core.policies.Lina; expert packing in
-the training loop, experiments.train_step) and the step simulator (moe_core.sim.step). What each
-executor adds is only how time passes.
+They build Lina's communication plan (``lina_plan``, moe_core.plan), which both executors follow:
+the measured one (the policy in ``policy.py``; expert packing in the training loop, ``packing.py``)
+and the step simulator (moe_core.sim.step). What each executor adds is only how time passes.
 
 * Tensor partitioning: every gradient tensor is cut into equal micro-ops of at most the partition
   size (default 30 MB), never fused with another tensor. With pipelining, every all-to-all is also
@@ -25,13 +25,13 @@ packing alone on top of the ``overlap`` baseline, to isolate its share.
 
 from __future__ import annotations
 
-import math
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from omegaconf import DictConfig
-
-from .config import Layout, capacity
+from moe_core.layout import Layout
+from moe_core.plan import CommPlan, MicroOpCosts, bucket_units, micro_op_units
+from moe_core.policies import PlanInputs
 
 
 @dataclass(frozen=True)
@@ -51,51 +51,6 @@ LINA_POLICIES: dict[str, LinaFeatures] = {
 }
 
 
-def chunk_count(nbytes: float, partition_bytes: float) -> int:
-    """Equal micro-ops of at most ``partition_bytes`` that ``nbytes`` is cut into (at least one)."""
-    if partition_bytes <= 0:
-        raise ValueError(f"partition size must be > 0 bytes, got {partition_bytes}")
-    return max(1, math.ceil(nbytes / partition_bytes))
-
-
-def gradient_micro_ops(numels: list[int], element_bytes: int, partition_bytes: float) -> list[tuple[int, int, int]]:
-    """All-reduce micro-ops of gradient tensors: (tensor index, start, stop) element ranges.
-
-    Tensor i of ``numels[i]`` elements becomes ``chunk_count`` slices of equal length (the last one
-    shorter when it does not divide); slices never span two tensors. Order: tensor by tensor, in
-    the order given (the order backward produces the gradients).
-    """
-    ops = []
-    for i, n in enumerate(numels):
-        if n < 0:
-            raise ValueError(f"tensor {i} has a negative element count {n}")
-        if n == 0:
-            continue
-        length = math.ceil(n / chunk_count(n * element_bytes, partition_bytes))
-        ops += [(i, start, min(start + length, n)) for start in range(0, n, length)]
-    return ops
-
-
-def a2a_micro_ops(rows: int, row_bytes: int, partition_bytes: float) -> list[tuple[int, int]]:
-    """An all-to-all of ``rows`` token rows (per destination) cut along the token dimension into
-    micro-ops of at most ``partition_bytes``: (start, stop) row ranges, at most one per row."""
-    if rows <= 0:
-        return [(0, 0)]
-    count = min(rows, chunk_count(rows * row_bytes, partition_bytes))
-    bounds = [round(k * rows / count) for k in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def layer_a2a_micro_ops(cfg: DictConfig, element_bytes: int) -> list[tuple[int, int]]:
-    """The micro-ops of one MoE all-to-all of ``cfg``'s model in capacity mode: the E * G * C rows
-    buffer cut along its G * C rows per expert (what the pipelined exchange sends per chunk)."""
-    m, moe = cfg.model, cfg.moe
-    tokens = cfg.train.batch_size * m.seq_len
-    S = moe.group_size or tokens
-    rows = (tokens // S) * capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
-    return a2a_micro_ops(rows, moe.num_experts * m.d_model * element_bytes, cfg.comm.partition_mb * 2**20)
-
-
 def max_packing_factor(expert_parallel: int) -> int:
     """The largest packing factor a layout allows: the largest power of two dividing its
     expert-parallel size (every expert local at most)."""
@@ -103,8 +58,10 @@ def max_packing_factor(expert_parallel: int) -> int:
 
 
 def packed_layout(layout: Layout, factor: int) -> Layout:
-    """``layout`` with ``factor`` times the experts per device (its expert-parallel groups shrink)."""
-    return Layout(layout.world_size, layout.num_experts, layout.experts_per_rank * factor)
+    """``layout`` with ``factor`` times the experts per device: its expert-parallel groups shrink by
+    ``factor`` and its data-parallel axis grows by as much."""
+    sizes = {"dp": layout.data_parallel * factor, "ep": layout.expert_parallel // factor}
+    return Layout(tuple((name, sizes.get(name, size)) for name, size in layout.axes), layout.num_experts)
 
 
 def packing_factor(ffn_s: Callable[[int], float], a2a_s: Callable[[int], float], max_factor: int) -> int:
@@ -126,3 +83,33 @@ def packing_due(iteration: int, warmup_iters: int, interval_iters: int) -> bool:
     if interval_iters < 1:
         raise ValueError(f"packing interval must be >= 1 step, got {interval_iters}")
     return iteration > 0 and iteration >= warmup_iters and (iteration - warmup_iters) % interval_iters == 0
+
+
+def choose_packed_layout(base: Layout, micro_op_costs: MicroOpCosts) -> Layout:
+    """The layout Lina trains on: ``base`` packed by :func:`packing_factor`, from an executor's costs
+    of one all-to-all micro-op (expert FFN seconds, all-to-all seconds) on each candidate layout."""
+    costs = functools.cache(lambda k: micro_op_costs(packed_layout(base, k)))  # one measurement per candidate
+    factor = packing_factor(lambda k: costs(k)[0], lambda k: costs(k)[1], max_packing_factor(base.expert_parallel))
+    return packed_layout(base, factor)
+
+
+def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
+    """Lina's communication plan for one step: its features applied to the step's gradient tensors.
+
+    Partitioning replaces DDP buckets by per-tensor micro-ops of ``comm.partition_mb``; pipelining
+    also cuts every all-to-all into micro-ops of that size with the experts behind them; priority
+    makes the gradient units yield to the all-to-alls; packing adapts the experts per device.
+    Gradients launch as soon as they are ready, as in the ``overlap`` baseline Lina builds on.
+    """
+    if features.partition:
+        units = micro_op_units(inputs.tensors, inputs.element_bytes, inputs.micro_op_bytes)
+    else:
+        units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
+    return CommPlan(
+        units,
+        launch_when_ready=True,
+        gradients_yield_to_a2a=features.priority,
+        a2a_micro_op_bytes=inputs.micro_op_bytes if features.pipeline else None,
+        pipeline_experts=features.pipeline,
+        choose_packing=choose_packed_layout if features.pack else None,
+    )

@@ -5,7 +5,7 @@ reuses the layer's gate and experts and runs, per layer and batch:
 
 1. gate: GShard gating without capacity (top-1 in Lina's inference), tokens' rows = (token, choice);
 2. plan: one all-gather of [estimated tokens per expert, actual tokens per expert] from every rank
-   (Lina lets these ride on the first all-to-all), then the policy's placement (moe_core.placement,
+   (Lina lets these ride on the first all-to-all), then the policy's placement (``placement.py``,
    the same decision functions a simulator calls), identical on every rank because the inputs are;
 3. dispatch: uneven ``all_to_all_single``; a replicated expert's rows are dealt round-robin over its
    replicas, and every rank derives all split sizes from the gathered counts;
@@ -34,16 +34,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .a2a_schedule import Schedule, make_schedule
-from .comm import exchange
-from .gating import gshard_gating
-from .layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
+from moe_core.comm import exchange
+from moe_core.gating import gshard_gating
+from moe_core.layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
+from moe_core.policies import policy_spec
+from moe_core.timing import PhaseTimer
+from moe_core.transmission import Schedule, make_schedule
+
+from .config import INFERENCE_POLICIES
 from .placement import (PathProfile, Placement, devices_per_expert, expected_tokens, load_imbalance, needs_replan,
                         phase1_placement, plan_layer, replica_token_counts, route_rows, static_placement)
-from .policies import AURORA_ORDERS
-from .timing import PhaseTimer
 
-POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune", "ideal")
+POLICIES = (*INFERENCE_POLICIES, "ideal")
 PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")
 A2A_PHASES = ("dispatch_a2a", "combine_a2a")
 
@@ -69,7 +71,7 @@ def batch_metrics(ms: dict[str, float], num_layers: int) -> dict[str, float]:
 class Scheduler:
     """One inference policy's decisions and their statistics over a run.
 
-    * ``static``: the training layout (moe_core.placement.static_placement).
+    * ``static``: the training layout (placement.static_placement).
     * ``lina``: phase 1 from the path estimate, phase 2 re-plans when the top-2k sets differ.
     * ``lina-no-estimation``: phase 1 from the previous batch's actual popularity of the layer
       (the first batch uses the profiled marginal), then phase 2.
@@ -142,7 +144,7 @@ class PlacedMoE(nn.Module):
         self.index, self.top_k, self.timer, self.group = index, top_k, timer, group
         self.num_experts = layer.num_experts
         self.scheduler: Scheduler | None = None  # set by the caller before each forward
-        self.schedule_kind = None if a2a_policy == "library" else AURORA_ORDERS[a2a_policy]
+        self.schedule_kind = None if a2a_policy == "library" else policy_spec(a2a_policy).a2a_order
         self.exchanges = 0  # seeds aurora-rcs' random order; equal on all ranks (lockstep calls)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 Li et al., "Accelerating Distributed MoE Training and Inference with Lina", USENIX ATC'23, Section 5
 (reference/papers.md, Lina 1.2 "Inference scheduler"). Numpy only; the measured executor
-(moe_core.inference) and a simulator call the same functions.
+(``inference.py``) and a simulator call the same functions.
 
 * Profiling (``profile_paths``): tokens are grouped by their expert *path*, the top-1 experts of the
   previous ``path_length`` MoE layers (default 3; 1 and 6 were studied); per path and layer the

@@ -1,11 +1,11 @@
-"""Aurora's transmission order (moe_core.a2a_schedule): the paper's example, the exact bound, validity."""
+"""Transmission orders (moe_core.transmission and Aurora's, papers/aurora/transmission_order): the paper's example, the exact bound, validity."""
 
 import numpy as np
 import pytest
 
-from moe_core.a2a_schedule import (SCHEDULE_KINDS, algorithm1_schedule, async_time, delivered, exact_schedule,
-                                   lower_bound, make_schedule, order_schedule, rank_steps, rcs_orders,
-                                   rounds_time, sjf_orders, transpose)
+from moe_core.papers.aurora.transmission_order import algorithm1_schedule, rcs_orders, sjf_orders
+from moe_core.transmission import (ORDERS, async_time, delivered, exact_schedule, lower_bound, make_schedule,
+                                   order_schedule, rank_steps, rounds_time, transpose)
 
 # Fig. 4: GPU1 -> {2, 3}, GPU2 -> {1, 3}, one unit each (0-based here)
 FIG4 = [[0, 1, 1], [1, 0, 1], [0, 0, 0]]
@@ -43,7 +43,7 @@ def test_paper_example_three_gpus():
     assert rounds_time(order_schedule(FIG4, [[1, 2], [2, 0], []])) == 2
 
 
-@pytest.mark.parametrize("kind", SCHEDULE_KINDS)
+@pytest.mark.parametrize("kind", sorted(ORDERS))
 def test_every_schedule_is_conflict_free_and_complete(kind):
     for matrix in _random_matrices(40, seed=1):
         _assert_valid(make_schedule(kind, matrix, seed=3), matrix)
@@ -139,7 +139,7 @@ def test_bad_input_is_named(matrix, bandwidth, message):
 def test_bad_orders_and_kind():
     with pytest.raises(ValueError, match="every non-zero"):
         order_schedule(FIG4, [[1], [0, 2], []])
-    with pytest.raises(ValueError, match="unknown schedule kind"):
+    with pytest.raises(ValueError, match="unknown transmission order"):
         make_schedule("fastest", FIG4)
     with pytest.raises(ValueError, match="sending or receiving twice"):
         delivered([[(0, 1, 1.0), (2, 1, 1.0)]], 3)

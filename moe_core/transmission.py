@@ -1,46 +1,41 @@
-"""Aurora's all-to-all transmission order on a big switch: pure decision functions (numpy/scipy).
+"""Transmission schedules of an all-to-all on a big switch: representation, timing, and orders.
 
-Li et al., "Optimizing Mixture-of-Experts Inference Time Combining Model Deployment and
-Communication Scheduling" (Aurora), arXiv 2410.17043, Sections 4.2 and 5 (Theorems 4.2, 5.2,
-Algorithm 1, Fig. 4).
+The paper-neutral half of ordered all-to-alls (numpy/scipy). A transmission order is a decision a
+policy makes (Aurora's Algorithm 1 and its baselines register theirs in ``ORDERS`` from
+moe_core/papers/aurora); this module holds what every order shares.
 
 Model. ``traffic_matrix[i, j]`` is what GPU i sends to GPU j (bytes, or rows of equal size); the
 diagonal is local and free. Every GPU has a send cap and a receive cap of ``bandwidth`` (a scalar, or
 one value per GPU); a transfer i -> j runs at min(B_i, B_j). A GPU that receives from two senders at
-once shares its receive cap, so the order of transmissions matters (Fig. 4: 3 time units naive,
-2 with the right order).
+once shares its receive cap, so the order of transmissions matters.
 
 A schedule is an ordered list of rounds; a round is a list of transfers ``(src, dst, bytes)`` in
 which no GPU sends twice and no GPU receives twice. A flow may be split over several rounds.
 
 * ``lower_bound``: T* = max(max_i row_i / B_i, max_j col_j / B_j); no order beats it (exact).
-* ``exact_schedule``: Birkhoff-von Neumann decomposition of the padded matrix into perfect matchings
-  (the paper's proof construction). Exact: its round time equals T* on a homogeneous switch; with
-  per-GPU bandwidths it is optimal for rounds at pair rate min(B_i, B_j) (Theorem 5.2's scaling),
-  which can exceed the per-GPU bound T*.
-* ``algorithm1_schedule``: the paper's Algorithm 1, a heuristic: bottleneck GPU first, then the
-  others by traffic, each fixing its sending order around the receivers' already fixed busy times.
-  The paper orders unit tokens; here flows are split only where a receiver's free time ends.
-  At least T*; on random matrices about 1% above it on average, up to 1.4x on skewed ones.
-* baselines ``naive_orders``, ``sjf_orders``, ``rcs_orders``: per-sender orders (ascending
-  destination, shortest flow first, seeded random), packed into conflict-free rounds by
-  ``order_schedule``: a sender whose next receiver is taken waits a round, which is how receiver
-  contention costs time in the round model. ``make_schedule(kind, ...)`` picks any of them.
+* ``exact_schedule``: Birkhoff-von Neumann decomposition of the padded matrix into perfect matchings.
+  Exact: its round time equals T* on a homogeneous switch; with per-GPU bandwidths it is optimal
+  for rounds at pair rate min(B_i, B_j), which can exceed the per-GPU bound T*.
+* ``naive_orders`` + ``order_schedule``: per-sender orders (here ascending destination) packed into
+  conflict-free rounds: a sender whose next receiver is taken waits a round, which is how receiver
+  contention costs time in the round model.
+* ``make_schedule(kind, ...)`` builds the schedule of any registered order (``ORDERS``).
 
 Two time models of a schedule: ``rounds_time`` (rounds one after another with a barrier between
-them, the paper's time slots) and ``async_time`` (no barriers: a transfer starts when its sender and
-receiver have finished their previous transfers of the schedule; the measured executor,
+them, time slots) and ``async_time`` (no barriers: a transfer starts when its sender and receiver
+have finished their previous transfers of the schedule; the measured executor,
 moe_core.ordered_a2a, runs this way). Both executors get their per-rank work from ``rank_steps``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 Transfer = tuple[int, int, float]  # (src, dst, bytes)
 Schedule = list[list[Transfer]]
-SCHEDULE_KINDS = ("exact", "aurora", "naive", "sjf", "rcs")
 
 
 def check_traffic_matrix(traffic_matrix) -> np.ndarray:
@@ -68,7 +63,7 @@ def _bandwidths(bandwidth, n: int) -> np.ndarray:
     return b
 
 
-def _pair_rate(bandwidth, n: int) -> np.ndarray:
+def pair_rate(bandwidth, n: int) -> np.ndarray:
     """(n, n) rate of a lone transfer i -> j: min(B_i, B_j)."""
     b = _bandwidths(bandwidth, n)
     return np.minimum.outer(b, b)
@@ -109,7 +104,7 @@ def exact_schedule(traffic_matrix, bandwidth=1.0) -> Schedule:
     """
     m = check_traffic_matrix(traffic_matrix)
     n = m.shape[0]
-    rate = _pair_rate(bandwidth, n)
+    rate = pair_rate(bandwidth, n)
     real = m / rate  # time each flow needs alone
     b = max(real.sum(axis=1).max(initial=0.0), real.sum(axis=0).max(initial=0.0))
     padded = real + _padding(b - real.sum(axis=1), b - real.sum(axis=0))
@@ -131,98 +126,11 @@ def exact_schedule(traffic_matrix, bandwidth=1.0) -> Schedule:
     return rounds
 
 
-# -- the paper's Algorithm 1 ----------------------------------------------------------------------
-Busy = list[tuple[float, float]]  # one side (send or receive) of a GPU: occupied [start, end) intervals
-
-
-def _free_until(busy: Busy, t: float) -> float:
-    """End of the free window that contains ``t`` (inf if none ends); -1 if ``t`` is busy."""
-    if any(s <= t < e for s, e in busy):
-        return -1.0
-    return min((s for s, _ in busy if s > t), default=np.inf)
-
-
-def _place_sends(send: Busy, recv: dict[int, Busy], need: dict[int, float]) -> list[tuple[int, float, float]]:
-    """Fix one GPU's sending order: flows ``need`` (receiver -> time) around the busy times fixed so far.
-
-    Sweeping time from 0: among the receivers free now, send to the one whose free window closes
-    first (its scarce free time is used before it is gone; ties: most remaining, then lowest rank)
-    until the window closes or the flow is done. Returns (receiver, start, end) pieces.
-    """
-    pieces, t = [], 0.0
-    while need:
-        send_until = _free_until(send, t)
-        windows = {j: min(send_until, _free_until(recv[j], t)) for j in need}
-        free = [j for j, w in windows.items() if w > t]
-        if send_until < 0 or not free:  # wait for the next moment a side is released
-            t = min(e for busy in (send, *(recv[j] for j in need)) for _, e in busy if e > t)
-            continue
-        j = min(free, key=lambda j: (windows[j], -need[j], j))
-        end = min(t + need[j], windows[j])
-        send.append((t, end))
-        recv[j].append((t, end))
-        pieces.append((j, t, end))
-        if end == t + need[j]:
-            del need[j]
-        else:
-            need[j] -= end - t
-        t = end
-    return pieces
-
-
-def _slice_into_rounds(pieces: list[tuple[int, int, float, float]], rate: np.ndarray) -> Schedule:
-    """Cut a conflict-free timetable (src, dst, start, end) at every start and end; each busy slice is a round."""
-    cuts = sorted({t for _, _, s, e in pieces for t in (s, e)})
-    rounds: Schedule = []
-    for lo, hi in zip(cuts, cuts[1:]):
-        active = sorted((i, j, float((hi - lo) * rate[i, j])) for i, j, s, e in pieces if s <= lo and e >= hi)
-        if active:
-            rounds.append(active)
-    return rounds
-
-
-def algorithm1_schedule(traffic_matrix, bandwidth=1.0) -> Schedule:
-    """Aurora's Algorithm 1: bottleneck GPU first, then the others by traffic, no conflicts.
-
-    The bottleneck GPU (largest send or receive time) fixes its sending order first, then the others
-    by send time, descending, each around the receive times fixed before it (``_place_sends``); the
-    timetable is then cut into rounds. A greedy heuristic: at least T*, often T*, not always.
-    """
-    m = check_traffic_matrix(traffic_matrix)
-    n = m.shape[0]
-    rate = _pair_rate(bandwidth, n)
-    duration = m / rate  # time each flow needs alone
-    bottleneck = int(np.argmax(np.maximum(duration.sum(axis=1), duration.sum(axis=0))))
-    sends = duration.sum(axis=1)
-    order = [bottleneck] + sorted((g for g in range(n) if g != bottleneck), key=lambda g: (-sends[g], g))
-
-    send_busy: dict[int, Busy] = {g: [] for g in range(n)}
-    recv_busy: dict[int, Busy] = {g: [] for g in range(n)}
-    pieces: list[tuple[int, int, float, float]] = []
-    for g in order:
-        flows = {int(j): duration[g, j] for j in np.nonzero(duration[g])[0]}
-        pieces += [(g, j, s, e) for j, s, e in _place_sends(send_busy[g], recv_busy, flows)]
-    return _slice_into_rounds(pieces, rate)
-
-
 # -- baselines: per-sender orders ---------------------------------------------------------------------
 def naive_orders(traffic_matrix) -> list[list[int]]:
     """Each sender's destinations in ascending rank order (the paper's Fig. 4 naive order)."""
     m = check_traffic_matrix(traffic_matrix)
     return [[int(j) for j in np.nonzero(row)[0]] for row in m]
-
-
-def sjf_orders(traffic_matrix) -> list[list[int]]:
-    """Shortest flow first per sender (SJF); ties by destination."""
-    m = check_traffic_matrix(traffic_matrix)
-    return [sorted((int(j) for j in np.nonzero(row)[0]), key=lambda j: (row[j], j)) for row in m]
-
-
-def rcs_orders(traffic_matrix, seed: int) -> list[list[int]]:
-    """Random order per sender (RCS), drawn from ``seed`` so every rank draws the same."""
-    m = check_traffic_matrix(traffic_matrix)
-    rng = np.random.default_rng(seed)
-    return [[int(j) for j in rng.permutation(np.nonzero(row)[0])] for row in m]
 
 
 def order_schedule(traffic_matrix, orders: list[list[int]]) -> Schedule:
@@ -248,20 +156,34 @@ def order_schedule(traffic_matrix, orders: list[list[int]]) -> Schedule:
         rounds.append(transfers)
     return rounds
 
+# An order: (traffic_matrix, bandwidth, seed) -> Schedule. Papers register theirs (register_order).
+OrderFn = Callable[..., "Schedule"]
+ORDERS: dict[str, OrderFn] = {}
+
+
+def register_order(name: str) -> Callable[[OrderFn], OrderFn]:
+    """Register a transmission order under ``name`` (the name configs and records use)."""
+
+    def register(fn: OrderFn) -> OrderFn:
+        if name in ORDERS:
+            raise ValueError(f"transmission order '{name}' is registered twice")
+        ORDERS[name] = fn
+        return fn
+
+    return register
+
 
 def make_schedule(kind: str, traffic_matrix, bandwidth=1.0, seed: int = 0) -> Schedule:
-    """The schedule of ``kind`` (one of SCHEDULE_KINDS; ``aurora`` is Algorithm 1)."""
-    if kind == "exact":
-        return exact_schedule(traffic_matrix, bandwidth)
-    if kind == "aurora":
-        return algorithm1_schedule(traffic_matrix, bandwidth)
-    if kind == "naive":
-        return order_schedule(traffic_matrix, naive_orders(traffic_matrix))
-    if kind == "sjf":
-        return order_schedule(traffic_matrix, sjf_orders(traffic_matrix))
-    if kind == "rcs":
-        return order_schedule(traffic_matrix, rcs_orders(traffic_matrix, seed))
-    raise ValueError(f"unknown schedule kind '{kind}'; allowed: {list(SCHEDULE_KINDS)}")
+    """The schedule of the registered order ``kind`` (``seed`` feeds the random ones)."""
+    if kind not in ORDERS:
+        raise ValueError(f"unknown transmission order '{kind}'; allowed: {sorted(ORDERS)}")
+    return ORDERS[kind](traffic_matrix, bandwidth, seed)
+
+
+register_order("exact")(lambda traffic_matrix, bandwidth, seed: exact_schedule(traffic_matrix, bandwidth))
+register_order("naive")(
+    lambda traffic_matrix, bandwidth, seed: order_schedule(traffic_matrix, naive_orders(traffic_matrix))
+)
 
 
 # -- using a schedule ---------------------------------------------------------------------------------
@@ -298,7 +220,7 @@ def _schedule_rate(schedule: Schedule, bandwidth) -> np.ndarray:
     """Pair rates for the GPUs of ``schedule`` (all of ``bandwidth``'s when it is per GPU)."""
     n = np.size(bandwidth) if np.ndim(bandwidth) else 1 + max(
         (max(s, d) for transfers in schedule for s, d, _ in transfers), default=0)
-    return _pair_rate(bandwidth, n)
+    return pair_rate(bandwidth, n)
 
 
 def rounds_time(schedule: Schedule, bandwidth=1.0) -> float:

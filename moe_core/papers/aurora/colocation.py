@@ -21,7 +21,7 @@ popular expert with the least popular one of the *same* model).
 
 Inference-time model (Eqs. 1, 3, 4 and Table 2, as this suite reads them; see each function):
 all-to-alls are synchronous and take the time of Aurora's optimal order on the GPU-level traffic
-matrix (moe_core.a2a_schedule); GPU utilization = (gate + FFN + aggregation time) / inference time.
+matrix (moe_core.transmission); GPU utilization = (gate + FFN + aggregation time) / inference time.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from .a2a_schedule import async_time, check_traffic_matrix, make_schedule
+from moe_core.transmission import async_time, check_traffic_matrix, make_schedule
 
 # Section 8's big switch, in Gb/s as the paper states it; bytes/s = Gb/s * 1e9 / 8.
 HOMOGENEOUS_GBPS = 100.0
@@ -224,7 +224,7 @@ def gpu_traffic(traffic, gpu_of, n_gpus: int) -> np.ndarray:
 
 
 def a2a_time(traffic, bandwidth, kind: str = "exact", seed: int = 0) -> float:
-    """All-to-all time of the ``kind`` order (moe_core.a2a_schedule.SCHEDULE_KINDS), GPUs proceeding
+    """All-to-all time of the ``kind`` order (moe_core.transmission.ORDERS), GPUs proceeding
     without slot barriers (``async_time``). ``exact`` is Aurora's optimum: T* when homogeneous."""
     return async_time(make_schedule(kind, traffic, bandwidth, seed), bandwidth)
 
@@ -287,7 +287,7 @@ def colocated_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], 
     return float(total), float(compute.mean() / total)
 
 
-def lina_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], bandwidth,
+def lina_pairing_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], bandwidth,
                    speed=1.0) -> tuple[float, float]:
     """(inference time, GPU utilization) of Lina's deployment on the same n GPUs: each model packs
     its experts two per GPU (``lina_pairing`` on the first layer's loads) on its own half of the

@@ -1,0 +1,65 @@
+# The simulator: every simulated training step of the run (the paper-scale sweep and the points papers
+# register, moe_core.points) in one cheap local job, in the measured record schema (mode:
+# simulated); then calibration on this run's measured records and validation on the held-out ones
+# (moe_core.sim.calibrate.calibration_split decides which is which).
+
+from moe_core.points import sim_points
+
+SIM_POINTS = sim_points(CFG)  # name -> (paper, complete overrides)
+SIM_RECORDS = [f"{RESULTS}/raw/{paper}/sim_train_step/{name}.json" for name, (paper, _) in SIM_POINTS.items()]
+
+
+rule sim_train_step:
+    """Every simulated training step of the sweeps on its modelled cluster, in one process (no
+    ranks; a point takes a fraction of a second, less than starting Python with torch)."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        SIM_RECORDS,
+    log:
+        f"{RESULTS}/logs/sim_train_step.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.simulate --config {input.config:q} --sweep > {log:q} 2>&1"
+
+
+rule calibrate:
+    """Fit the measured testbed's profile (link bandwidths, collective terms, compute rate)."""
+    input:
+        config=RESOLVED_CONFIG,
+        records=[*TRAIN_RECORDS, *COLLECTIVE_RECORDS],
+    output:
+        f"{RESULTS}/calibration/{CFG.hardware.name}-calibrated.yaml",
+    log:
+        f"{RESULTS}/logs/calibrate.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q} > {log:q} 2>&1"
+
+
+rule validate:
+    """Predict every held-out measured point with the calibrated simulator."""
+    input:
+        calibrated=rules.calibrate.output[0],
+        records=[*TRAIN_RECORDS, *COLLECTIVE_RECORDS],
+    output:
+        report(
+            f"{RESULTS}/tables/sim_validation.csv",
+            caption="../../analysis/captions/sim_validation_table.rst",
+            category="Simulator validation",
+        ),
+    log:
+        f"{RESULTS}/logs/validate.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m experiments.validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
+        "> {log:q} 2>&1"

@@ -1,0 +1,11 @@
+"""The papers the suite reproduces, one folder each (the registry: importing it registers every
+paper's config sections, policies and transmission orders with the paper-neutral core).
+
+A new paper is a folder here with its config section, decisions, measured policy and system model,
+one line below, one rules file (experiments/rules/<paper>.smk) and one analysis module
+(analysis/papers/<paper>.py).
+"""
+
+from . import aurora, gshard, lina  # noqa: F401  (each registers itself)
+
+PAPERS = ("gshard", "lina", "aurora")

@@ -1,0 +1,10 @@
+"""Aurora (Li et al., arXiv 2410.17043): MoE inference time from transmission order and deployment.
+
+* ``config``: the ``aurora`` config section;
+* ``transmission_order``: Algorithm 1 and the SJF / RCS baselines (registered orders);
+* ``colocation``: expert-to-GPU assignment and two-model colocation;
+* ``policy``: the training policies ``aurora``, ``aurora-sjf``, ``aurora-rcs`` (registered);
+* ``system_model`` + ``study``: the big-switch model and the simulated experiments.
+"""
+
+from . import config, policy, transmission_order  # noqa: F401  (each registers itself)

@@ -1,0 +1,92 @@
+"""Lina's config sections: ``lina`` (its training experiments) and ``inference`` (its measured
+inference), registered with the schema (moe_core.sections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+from moe_core.policies import POLICIES
+from moe_core.sections import register_section, require, require_at_least, require_choices, require_profile
+
+# Lina's inference policies besides ``ideal`` (the normalisation, which always runs).
+INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune")
+
+
+@dataclass
+class LinaConfig:
+    """Lina's experiments (experiments/rules/lina.smk).
+
+    Simulated on the paper's testbed (4 nodes x 4 A100, 100 Gb/s IB), experts = GPUs: every policy
+    at every expert count (Figs 10-14) and, at the largest count, policy ``lina`` at each partition
+    size (Fig 15). Measured on this testbed: ``measured_policy`` at the measured sweep's largest world
+    size with experts = ranks, micro-ops scaled to the small model (``measured_partition_mb``).
+    """
+
+    hardware: str = "lina-a100-4x4"
+    experts: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    policy: list[str] = field(
+        default_factory=lambda: ["overlap", "lina-priority", "lina-partition", "lina-pipeline", "lina", "lina-pack"]
+    )
+    partition_mb: list[float] = field(default_factory=lambda: [10.0, 30.0, 50.0, 100.0])
+    overrides: list[str] = field(default_factory=list)  # the simulated model
+    measured_policy: list[str] = field(default_factory=lambda: ["lina-priority", "lina-pipeline", "lina"])
+    measured_partition_mb: float = 0.25
+
+
+@dataclass
+class InferenceConfig:
+    """Lina's measured inference (experiments/inference.py; the workflow runs one job per expert
+    count and path length in ``experts`` x ``path_lengths``, on ``world_size`` ranks)."""
+
+    policies: list[str] = field(default_factory=lambda: list(INFERENCE_POLICIES))  # besides ideal, always run
+    train_steps: int = 100  # training on skewed data before inference (the gate's skew is learnt)
+    profile_batches: int = 8  # batches whose expert paths are profiled
+    warmup_batches: int = 3
+    batches: int = 30  # timed inference batches
+    top_k: int = 1  # Lina's inference gate
+    keep: int = 0  # experts kept per path estimate; 0 = top_k, as Lina
+    path_length: int = 3  # this run's l (Lina: 3; 1 and 6 studied)
+    # The token all-to-alls: "library" (all_to_all_single), or the transmission order of a registered
+    # training policy that has one (e.g. Aurora's), planned from the traffic matrix every rank has.
+    a2a_policy: str = "library"
+    world_size: int = 4
+    experts: list[int] = field(default_factory=lambda: [4])
+    path_lengths: list[int] = field(default_factory=lambda: [3])
+    overrides: list[str] = field(default_factory=list)  # the inference model
+
+
+def validate_lina(cfg: DictConfig) -> None:
+    lina = cfg.lina
+    require_profile(lina.hardware, "lina.hardware")
+    require(len(lina.experts) > 0, "lina.experts", "must list at least one expert count")
+    require(min(lina.experts, default=1) >= 1, "lina.experts", f"expert counts must be >= 1, got {list(lina.experts)}")
+    require_choices(lina.policy, POLICIES, "lina.policy")
+    require_choices(lina.measured_policy, POLICIES, "lina.measured_policy")
+    require(
+        min(lina.partition_mb, default=1) > 0, "lina.partition_mb", f"must be > 0 MB, got {list(lina.partition_mb)}"
+    )
+    require(lina.measured_partition_mb > 0, "lina.measured_partition_mb", f"must be > 0 MB, got {lina.measured_partition_mb}")
+
+
+def validate_inference(cfg: DictConfig) -> None:
+    inference = cfg.inference
+    require_at_least(inference, "inference", 1, ("batches", "profile_batches", "top_k", "path_length", "world_size"))
+    require_at_least(inference, "inference", 0, ("train_steps", "warmup_batches", "keep"))
+    require(inference.top_k <= 2, "inference.top_k", f"GShard gating supports 1 or 2, got {inference.top_k}")
+    require_choices(inference.policies, INFERENCE_POLICIES, "inference.policies")
+    orders = ["library", *(name for name, spec in POLICIES.items() if spec.a2a_order)]
+    require_choices([inference.a2a_policy], orders, "inference.a2a_policy")
+    require(len(inference.experts) > 0, "inference.experts", "must list at least one expert count")
+    require(min(inference.experts, default=1) >= 1, "inference.experts", f"must be >= 1, got {list(inference.experts)}")
+    require(len(inference.path_lengths) > 0, "inference.path_lengths", "must list at least one path length")
+    require(
+        min(inference.path_lengths, default=1) >= 1,
+        "inference.path_lengths",
+        f"must be >= 1, got {list(inference.path_lengths)}",
+    )
+
+
+register_section("lina", LinaConfig, validate_lina)
+register_section("inference", InferenceConfig, validate_inference)

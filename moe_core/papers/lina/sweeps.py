@@ -1,0 +1,57 @@
+"""Lina's training-step points, added to the run's measured and simulated sweeps (moe_core.points).
+
+Training steps simulated on the paper's testbed (``lina.hardware``) with experts = GPUs: every ``lina.policy`` at
+every ``lina.experts`` count (Figs 10-14), then policy ``lina`` at each ``lina.partition_mb`` at the
+largest count (Fig 15). Measured: ``lina.measured_policy`` at the measured sweep's largest world
+size with experts = ranks and micro-ops of ``lina.measured_partition_mb``. Its measured inference:
+one job per ``inference.experts`` x ``inference.path_lengths`` point (experiments/rules/lina.smk).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from omegaconf import DictConfig
+
+from moe_core.points import register_measured_points, register_sim_points, sim_point
+
+
+@register_sim_points
+def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
+    lina, model = cfg.lina, list(cfg.lina.overrides)
+    points = [
+        sim_point(cfg, lina.hardware, "lina", experts, 1, policy, model, cfg.comm.partition_mb)
+        for experts, policy in itertools.product(lina.experts, lina.policy)
+    ]
+    points += [
+        sim_point(cfg, lina.hardware, "lina", max(lina.experts), 1, "lina", model, partition_mb)
+        for partition_mb in lina.partition_mb
+    ]
+    return dict(points)
+
+
+@register_measured_points
+def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
+    ws = max(cfg.sweep.world_size)
+    return [
+        dict(world_size=ws, num_experts=ws, experts_per_rank=1, policy=policy, seed=cfg.sweep.seed[0],
+             partition_mb=cfg.lina.measured_partition_mb, paper="lina")
+        for policy in cfg.lina.measured_policy
+    ]
+
+
+def inference_points(cfg: DictConfig) -> dict[str, list[str]]:
+    """Lina's measured inference jobs: point name -> the overrides of its run (the inference model,
+    its layout and path length)."""
+    inference = cfg.inference
+    points = {}
+    for experts, length in itertools.product(inference.experts, inference.path_lengths):
+        points[f"ws{inference.world_size}_e{experts}_k{inference.top_k}_l{length}"] = [
+            *inference.overrides,
+            f"parallel.world_size={inference.world_size}",
+            f"moe.num_experts={experts}",
+            f"moe.experts_per_rank={max(1, experts // inference.world_size)}",
+            f"inference.path_length={length}",
+        ]
+    return points

@@ -1,0 +1,168 @@
+"""The communication plan of a training step: what a policy decided, which both executors follow.
+
+A policy's decision functions (moe_core.policies for the baselines, moe_core/papers/<paper> for
+the papers' policies) turn the step's shapes into a :class:`CommPlan`: the gradient all-reduce
+units and their launch rule, their priority against the token all-to-alls, how each all-to-all is
+cut into micro-ops and whether the experts are pipelined behind them, the all-to-all's transmission
+order, and whether the expert layout is packed. The measured policy executes the plan on
+torch.distributed; the step simulator (moe_core.sim.step) reads the same plan and only models how
+time passes. A new mechanism adds a plan builder (and, where it needs one, a measured executor),
+not flags in either executor.
+
+The cutting functions here are the shared vocabulary of plans: gradient buckets (DDP's fusion of
+whole tensors) and micro-ops (equal slices of one tensor, or row ranges of one all-to-all).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .gating import capacity
+from .layout import Layout
+
+# (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
+MicroOpCosts = Callable[[Layout], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class GradientTensor:
+    """One gradient tensor as a rank holds it, in the order backward produces it."""
+
+    name: str
+    numel: int
+    expert: bool  # an expert weight: reduced over its "dp" column, not over all ranks
+
+
+@dataclass(frozen=True)
+class GradientUnit:
+    """One gradient all-reduce: element ranges of gradient tensors, summed together.
+
+    ``fused``: the pieces (whole tensors) are flattened into one buffer, as a DDP bucket; else the
+    unit is one slice of one tensor, reduced in place (a micro-op). A unit never mixes expert and
+    dense tensors, which are reduced over different groups.
+    """
+
+    pieces: tuple[tuple[int, int, int], ...]  # (tensor index, start, stop) elements
+    expert: bool
+    fused: bool
+
+    @property
+    def numel(self) -> int:
+        return sum(stop - start for _, start, stop in self.pieces)
+
+    @property
+    def last_tensor(self) -> int:
+        """The tensor whose gradient completes the unit (the last one backward produces)."""
+        return self.pieces[-1][0]
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    """A training step's communication as decided by its policy.
+
+    * ``gradient_units``: the gradient all-reduces, in launch order.
+    * ``launch_when_ready``: a unit starts as soon as its gradients are ready (else after the whole
+      backward pass); units start one after another in order either way.
+    * ``gradients_yield_to_a2a``: gradient all-reduces give way to the token all-to-alls (at most
+      one in flight, none while an all-to-all runs or is imminent; NCCL high-priority streams for
+      the all-to-alls; a lower strict-priority class in the simulator).
+    * ``a2a_micro_op_bytes``: every MoE all-to-all is cut along its token rows into micro-ops of at
+      most this many bytes (``a2a_micro_ops``); None keeps it whole.
+    * ``pipeline_experts``: the experts compute each micro-op as it arrives, and send it back at once.
+    * ``a2a_order``: the transmission order of every all-to-all (a moe_core.transmission.ORDERS
+      name, run as ordered point-to-point rounds), or None for the library's all_to_all_single.
+    * ``choose_packing``: the expert-packing decision, or None for a fixed layout: given the
+      configured layout and the executor's costs of one all-to-all micro-op on a candidate layout,
+      the layout to train on. The measured run calls it with measured times, the simulator with
+      simulated ones.
+    """
+
+    gradient_units: tuple[GradientUnit, ...]
+    launch_when_ready: bool
+    gradients_yield_to_a2a: bool = False
+    a2a_micro_op_bytes: float | None = None
+    pipeline_experts: bool = False
+    a2a_order: str | None = None
+    choose_packing: Callable[[Layout, MicroOpCosts], Layout] | None = None
+    tensors: tuple[GradientTensor, ...] = ()
+
+
+def assign_buckets(params: list[tuple[int, bool]], bucket_bytes: int) -> list[tuple[bool, list[int]]]:
+    """Group parameters into gradient buckets (DDP's rule).
+
+    ``params`` are (bytes, is_expert) in the order backward produces their gradients (reverse
+    model order, as DDP assumes). Dense and expert parameters never share a bucket, since they are
+    reduced over different groups; a bucket closes once it holds ``bucket_bytes``. Returns
+    (is_expert, indices into ``params``) per bucket, in launch order.
+    """
+    open_buckets: dict[bool, list[int]] = {False: [], True: []}
+    size = {False: 0, True: 0}
+    closed: list[tuple[bool, list[int]]] = []
+    for i, (nbytes, expert) in enumerate(params):
+        open_buckets[expert].append(i)
+        size[expert] += nbytes
+        if size[expert] >= bucket_bytes:
+            closed.append((expert, open_buckets[expert]))
+            open_buckets[expert], size[expert] = [], 0
+    return closed + [(expert, b) for expert, b in open_buckets.items() if b]
+
+
+def bucket_units(tensors: list[GradientTensor], element_bytes: int, bucket_bytes: int) -> tuple[GradientUnit, ...]:
+    """Gradient units as DDP buckets of whole tensors (:func:`assign_buckets`)."""
+    buckets = assign_buckets([(t.numel * element_bytes, t.expert) for t in tensors], bucket_bytes)
+    return tuple(
+        GradientUnit(tuple((i, 0, tensors[i].numel) for i in idx), expert, fused=True) for expert, idx in buckets
+    )
+
+
+def chunk_count(nbytes: float, micro_op_bytes: float) -> int:
+    """Equal micro-ops of at most ``micro_op_bytes`` that ``nbytes`` is cut into (at least one)."""
+    if micro_op_bytes <= 0:
+        raise ValueError(f"micro-op size must be > 0 bytes, got {micro_op_bytes}")
+    return max(1, math.ceil(nbytes / micro_op_bytes))
+
+
+def gradient_micro_ops(numels: list[int], element_bytes: int, micro_op_bytes: float) -> list[tuple[int, int, int]]:
+    """All-reduce micro-ops of gradient tensors: (tensor index, start, stop) element ranges.
+
+    Tensor i of ``numels[i]`` elements becomes ``chunk_count`` slices of equal length (the last one
+    shorter when it does not divide); slices never span two tensors. Order: tensor by tensor, in
+    the order given (the order backward produces the gradients).
+    """
+    ops = []
+    for i, n in enumerate(numels):
+        if n < 0:
+            raise ValueError(f"tensor {i} has a negative element count {n}")
+        if n == 0:
+            continue
+        length = math.ceil(n / chunk_count(n * element_bytes, micro_op_bytes))
+        ops += [(i, start, min(start + length, n)) for start in range(0, n, length)]
+    return ops
+
+
+def micro_op_units(tensors: list[GradientTensor], element_bytes: int, micro_op_bytes: float) -> tuple[GradientUnit, ...]:
+    """Gradient units as per-tensor micro-ops (:func:`gradient_micro_ops`), reduced in place."""
+    ops = gradient_micro_ops([t.numel for t in tensors], element_bytes, micro_op_bytes)
+    return tuple(GradientUnit(((i, start, stop),), tensors[i].expert, fused=False) for i, start, stop in ops)
+
+
+def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:
+    """An all-to-all of ``rows`` token rows (per destination) cut along the token dimension into
+    micro-ops of at most ``micro_op_bytes``: (start, stop) row ranges, at most one per row."""
+    if rows <= 0:
+        return [(0, 0)]
+    count = min(rows, chunk_count(rows * row_bytes, micro_op_bytes))
+    bounds = [round(k * rows / count) for k in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def layer_a2a_micro_ops(cfg, element_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:
+    """The micro-ops of one MoE all-to-all of ``cfg``'s model in capacity mode: the E * G * C rows
+    buffer cut along its G * C rows per expert (what a pipelined exchange sends per micro-op)."""
+    m, moe = cfg.model, cfg.moe
+    tokens = cfg.train.batch_size * m.seq_len
+    S = moe.group_size or tokens
+    rows = (tokens // S) * capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
+    return a2a_micro_ops(rows, moe.num_experts * m.d_model * element_bytes, micro_op_bytes)

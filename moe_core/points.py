@@ -1,0 +1,131 @@
+"""Sweep points: which training-step points a run measures and simulates, and how each is named.
+
+A point is a dict of swept values (``world_size``, ``num_experts``, ``experts_per_rank``,
+``policy``, ``seed``, optionally ``partition_mb`` and ``paper``). The measured sweep is the config's
+``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
+(e.g. Lina's policies at every expert count) with :func:`register_measured_points` and
+:func:`register_sim_points`, so the workflow and the simulator's ``--sweep`` mode see every point
+without naming a paper.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig
+
+from .layout import layout_error, layout_of
+from .policies import policy_spec
+
+# cfg -> extra measured points (each with its "paper"), cfg -> {name: (paper, overrides)}
+MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
+SIM_POINTS: list[Callable[[DictConfig], dict[str, tuple[str, list[str]]]]] = []
+
+
+def register_measured_points(fn: Callable[[DictConfig], list[dict[str, Any]]]) -> Callable:
+    MEASURED_POINTS.append(fn)
+    return fn
+
+
+def register_sim_points(fn: Callable[[DictConfig], dict[str, tuple[str, list[str]]]]) -> Callable:
+    SIM_POINTS.append(fn)
+    return fn
+
+
+def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
+    """Expand the measured sweep into points and the reasons points were skipped (impossible
+    layouts). ``experts_per_rank`` left empty means num_experts / world_size (at least 1)."""
+    s = cfg.sweep
+    points, skipped = [], []
+    for ws, ne, pol, seed in itertools.product(s.world_size, s.num_experts, s.policy, s.seed):
+        eprs = list(s.experts_per_rank) or [max(1, ne // ws)]
+        for epr in eprs:
+            why = layout_error(ws, ne, epr)
+            point = dict(world_size=ws, num_experts=ne, experts_per_rank=epr, policy=pol, seed=seed)
+            (skipped.append(f"{point}: {why}") if why else points.append(point))
+    return points, skipped
+
+
+def measured_points(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """Every measured training-step point of a run, by name: the sweep's (paper of the config),
+    then the papers' (:func:`register_measured_points`). Impossible sweep layouts are left out."""
+    points, _ = sweep_points(cfg)
+    extra = [p for fn in MEASURED_POINTS for p in fn(cfg)]
+    return {point_name(p): {"paper": cfg.paper, **p} for p in [*points, *extra]}
+
+
+def sim_point_name(hardware: str, params: dict[str, Any]) -> str:
+    """A simulated point's name: its hardware profile, then the measured points' name of its params."""
+    return f"{hardware}_{point_name(params)}"
+
+
+def sim_point(
+    cfg: DictConfig, hardware: str, paper: str, world_size: int, experts_per_rank: int, policy: str,
+    model: list[str], partition_mb: float,
+) -> tuple[str, tuple[str, list[str]]]:
+    """One simulated point, experts = world size x experts_per_rank: (name, (paper, its complete overrides))."""
+    params = dict(
+        world_size=world_size, num_experts=world_size * experts_per_rank, experts_per_rank=experts_per_rank,
+        policy=policy, seed=cfg.train.seed, partition_mb=partition_mb,
+    )
+    overrides = [
+        *model, f"hardware_profile={hardware}", f"paper={paper}", f"comm.partition_mb={partition_mb:g}",
+        *point_overrides({k: v for k, v in params.items() if k != "partition_mb"}),
+    ]
+    return sim_point_name(hardware, params), (paper, overrides)
+
+
+@register_sim_points
+def paper_scale_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
+    """The ``sim_sweep`` section: hardware x world size x policy."""
+    s = cfg.sim_sweep
+    return dict(
+        sim_point(cfg, hw, s.paper, ws, s.experts_per_rank, policy, list(s.overrides), cfg.comm.partition_mb)
+        for hw, ws, policy in itertools.product(s.hardware, s.world_size, s.policy)
+    )
+
+
+def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
+    """Every simulated training-step point of a run: name -> (paper, its complete overrides). A point
+    two sweeps name is simulated once."""
+    points: dict[str, tuple[str, list[str]]] = {}
+    for fn in SIM_POINTS:
+        points.update(fn(cfg))
+    return points
+
+
+def point_overrides(point: dict[str, Any]) -> list[str]:
+    """The ``key=value`` overrides that turn the base config into one sweep point."""
+    keys = {
+        "world_size": "parallel.world_size", "num_experts": "moe.num_experts",
+        "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed",
+        "partition_mb": "comm.partition_mb", "paper": "paper",
+    }
+    return [f"{keys[k]}={v}" for k, v in point.items()]
+
+
+def point_params(cfg: DictConfig) -> dict[str, Any]:
+    """The parameters a training-step record carries (measured and simulated alike)."""
+    layout = layout_of(cfg)
+    return {
+        "world_size": layout.world_size, "num_experts": layout.num_experts,
+        "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
+        "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+        "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
+        "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype,
+        "partition_mb": cfg.comm.partition_mb,
+    }
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for policies whose
+    results depend on the micro-op size, ``_dropless`` for dropless routing)."""
+    name = (
+        f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
+        f"_{point['policy']}_s{point['seed']}"
+    )
+    if policy_spec(point["policy"]).micro_op_size_in_name and "partition_mb" in point:
+        name += f"_part{point['partition_mb']:g}"
+    return name + "_dropless" if point.get("dropless") else name

@@ -1,0 +1,74 @@
+"""What every config section is built from: the error a user sees, the check helpers, and the
+registry through which papers add their sections to the schema (moe_core.config assembles it).
+
+A section is a dataclass of typed defaults (OmegaConf checks keys and types against it) plus a
+``validate(cfg)`` function for what a type cannot express (ranges, names that must exist). Papers
+register theirs from moe_core/papers/<paper>/config.py with :func:`register_section`; this module
+imports nothing of the suite, so a paper's section can be imported anywhere without a cycle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+# Names that become path components (papers, sweep names): no separators, no shell metacharacters.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is wrong; the message says which key and how to fix it."""
+
+
+def require(ok: bool, key: str, message: str) -> None:
+    """Raise ConfigError naming ``key`` with ``message`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def require_at_least(section: DictConfig, prefix: str, minimum: int | float, keys: tuple[str, ...]) -> None:
+    """Each of ``keys`` of ``section`` (full key ``prefix.key``) is >= ``minimum``."""
+    for key in keys:
+        require(section[key] >= minimum, f"{prefix}.{key}", f"must be >= {minimum}, got {section[key]}")
+
+
+def hardware_profiles() -> list[str]:
+    """The profile names configs/hardware/ holds."""
+    return sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
+
+
+def require_profile(name: str, key: str) -> None:
+    """``name`` is a profile of configs/hardware/."""
+    known = hardware_profiles()
+    require(name in known, key, f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
+
+
+def require_choices(values, allowed, key: str) -> None:
+    """Every value of ``values`` is one of ``allowed``."""
+    for value in values:
+        require(value in allowed, key, f"invalid value '{value}', expected one of {sorted(allowed)}")
+
+
+@dataclass(frozen=True)
+class Section:
+    """A top-level config section: its schema dataclass and its validation (given the whole config)."""
+
+    name: str
+    schema: type
+    validate: Callable[[DictConfig], None]
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def register_section(name: str, schema: type, validate: Callable[[DictConfig], None]) -> None:
+    """Add section ``name`` (a key of the config's root) to the schema."""
+    if name in SECTIONS:
+        raise ValueError(f"config section '{name}' is registered twice")
+    SECTIONS[name] = Section(name, schema, validate)
