@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import numbers
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.results import SCHEMA_VERSION
+from moe_core.results import MODES, SCHEMA_VERSION
 
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
+# What was measured on what: numbers of different testbeds are never pooled into one value or figure.
+TESTBED_COLUMNS = ["mode", "backend", "hardware"]
 STAT_COLUMNS = ("median", "p95", "mean", "min", "max", "n")
 RESERVED_COLUMNS = {*ID_COLUMNS, *STAT_COLUMNS, "metric", "value", "iteration"}
 
@@ -35,22 +40,27 @@ class RecordError(ValueError):
 
 
 def read_valid_record(path: str | Path) -> dict[str, Any]:
-    """Parse ``path`` and check it has the shape of moe_core.results.make_record's output."""
+    """Parse ``path`` and check it against the record schema (moe_core/results.py): the required keys,
+    and every metric statistic and sample a finite number, so that no NaN, infinity or text reaches the
+    tables, where it would silently drop out of (or poison) a mean and its point count."""
     try:
         with open(path) as f:
             record = json.load(f)
     except (OSError, ValueError) as err:  # missing or unreadable file, invalid JSON
-        raise RecordError(f"{path}: cannot read a JSON record ({err}); pass record files "
-                          "written by moe_core.results.write_record") from err
-    problem = _problem(record)
+        raise RecordError(
+            f"{path}: cannot read a JSON record ({err}); pass record files written by moe_core.results.write_record"
+        ) from err
+    problem = _record_problem(record)
     if problem:
-        raise RecordError(f"{path}: not a valid record: {problem}; pass record files written by "
-                          "moe_core.results.write_record (schema in moe_core/results.py)")
+        raise RecordError(
+            f"{path}: not a valid record: {problem}; pass record files written by "
+            "moe_core.results.write_record (schema in moe_core/results.py)"
+        )
     return record
 
 
-def _problem(record: Any) -> str | None:
-    """What makes ``record`` unusable, or None."""
+def _record_problem(record: Any) -> str | None:
+    """What makes ``record`` unusable, naming the key or field, or None."""
     if not isinstance(record, dict):
         return "the top level is not a JSON object"
     if record.get("schema_version") != SCHEMA_VERSION:
@@ -58,6 +68,8 @@ def _problem(record: Any) -> str | None:
     missing = [k for k in (*ID_COLUMNS, "params", "metrics") if k not in record]
     if missing:
         return f"missing keys {missing}"
+    if record["mode"] not in MODES:
+        return f"mode is {record['mode']!r}, expected one of {list(MODES)}"
     if not isinstance(record["params"], dict) or not isinstance(record["metrics"], dict):
         return "'params' and 'metrics' must be objects"
     clashes = sorted(RESERVED_COLUMNS & record["params"].keys())
@@ -66,10 +78,22 @@ def _problem(record: Any) -> str | None:
     for name, stats in record["metrics"].items():
         if not isinstance(stats, dict) or not ("value" in stats or set(STAT_COLUMNS) <= stats.keys()):
             return f"metric {name!r} has neither 'value' nor all of {list(STAT_COLUMNS)}"
+        for field in ("value", *STAT_COLUMNS):
+            if field in stats and not _is_finite_number(stats[field]):
+                return f"metrics.{name}.{field} is {stats[field]!r}; every metric statistic must be a finite number"
     samples = record.get("samples", {})
     if not isinstance(samples, dict) or not all(isinstance(v, list) for v in samples.values()):
         return "'samples' must map metric names to lists of numbers"
+    for name, values in samples.items():
+        for iteration, value in enumerate(values):
+            if not _is_finite_number(value):
+                return f"samples.{name}[{iteration}] is {value!r}; every sample must be a finite number"
     return None
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number that is neither NaN nor infinite (Python's json reads ``NaN`` and ``Infinity``)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -82,23 +106,25 @@ def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         record = read_valid_record(path)
         key = tuple(record[k] for k in ("paper", "experiment", "point", "mode"))
         if key in seen:
-            raise RecordError(f"{path}: same paper/experiment/point/mode {key} as {seen[key]}; "
-                              "pass each record once")
+            raise RecordError(f"{path}: same paper/experiment/point/mode {key} as {seen[key]}; pass each record once")
         seen[key] = path
         records.append(record)
     params = list(dict.fromkeys(name for r in records for name in r["params"]))
     metric_rows = [row for r in records for row in _metric_rows(r)]
     sample_rows = [row for r in records for row in _sample_rows(r)]
-    return (pd.DataFrame(metric_rows, columns=[*ID_COLUMNS, *params, "metric", *STAT_COLUMNS, "value"]),
-            pd.DataFrame(sample_rows, columns=[*ID_COLUMNS, *params, "metric", "iteration", "value"]))
+    return (
+        pd.DataFrame(metric_rows, columns=[*ID_COLUMNS, *params, "metric", *STAT_COLUMNS, "value"]),
+        pd.DataFrame(sample_rows, columns=[*ID_COLUMNS, *params, "metric", "iteration", "value"]),
+    )
 
 
-def _base(record: dict[str, Any]) -> dict[str, Any]:
+def _identity_and_params(record: dict[str, Any]) -> dict[str, Any]:
+    """The columns every row of ``record`` starts with: its identity, then its swept parameters."""
     return {**{k: record[k] for k in ID_COLUMNS}, **record["params"]}
 
 
 def _metric_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    base = _base(record)
+    base = _identity_and_params(record)
     for name, stats in record["metrics"].items():
         row = {**base, "metric": name, **{k: stats.get(k) for k in STAT_COLUMNS}}
         row["value"] = stats.get("value", stats.get("median"))
@@ -106,7 +132,7 @@ def _metric_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def _sample_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    base = _base(record)
+    base = _identity_and_params(record)
     for name, values in record.get("samples", {}).items():
         for iteration, value in enumerate(values):
             yield {**base, "metric": name, "iteration": iteration, "value": value}
@@ -136,8 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"analysis.collect: error: {err}")
     write_csv(records, args.out_records)
     write_csv(samples, args.out_samples)
-    print(f"{len(args.files)} records -> {args.out_records} ({len(records)} rows), "
-          f"{args.out_samples} ({len(samples)} rows)")
+    print(
+        f"{len(args.files)} records -> {args.out_records} ({len(records)} rows), "
+        f"{args.out_samples} ({len(samples)} rows)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ import yaml
 
 REGISTRY_PATH = Path(__file__).with_name("published.yaml")
 STATUSES = ("FT", "ABS", "CODE", "DER", "UNC")  # confirmation tags of shared/reference/papers.md
-REQUIRED_KEYS = ("id", "paper", "figure", "metric", "setting", "value", "unit", "source", "status",
-                 "reproducer")
+REQUIRED_KEYS = ("id", "paper", "figure", "metric", "setting", "value", "unit", "source", "status", "reproducer")
 DEFAULTS = {"tolerance": 0.25}
 
 
@@ -60,7 +59,7 @@ def _checked(entry: Any, where: str) -> dict[str, Any]:
         if not isinstance(entry[key], numbers.Real) or isinstance(entry[key], bool) or entry[key] <= 0:
             raise RegistryError(f"{where}: key {key!r} is {entry[key]!r}; it must be a positive number")
     if entry["reproducer"] is not None and not (isinstance(entry["reproducer"], str) and entry["reproducer"]):
-        raise RegistryError(f"{where}: key 'reproducer' must name a function in analysis/compare.py, or be null")
+        raise RegistryError(f"{where}: key 'reproducer' must name a reproducer of analysis/papers/, or be null")
     return entry
 
 

@@ -1,4 +1,11 @@
-"""Byte sizes written for people (``64 KiB``, ``16 MiB``), shared by tables and figures."""
+"""Numbers written for people (``64 KiB``, ``16 MiB``, ``4–16``), shared by the comparison and the figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
 
 KiB = 2**10
 MiB = 2**20
@@ -11,3 +18,10 @@ def format_bytes(n_bytes: float) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.3g} {unit}"
     return f"{n_bytes:.0f} B"
+
+
+def span(values: pd.Series, fmt: Callable[[Any], str] = "{:g}".format) -> str:
+    """The range of ``values`` as text, each end written by ``fmt``: ``"4"`` when all are equal, else
+    ``"4–16"`` (an en dash, as ranges are written in the papers)."""
+    lo, hi = values.min(), values.max()
+    return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -13,7 +18,7 @@ from analysis import compare as compare_mod
 from analysis import figures as figures_mod
 from analysis.collect import RecordError, collect
 from analysis.compare import CONSISTENT, DIFFERS, NOT_REPRODUCED, REPRODUCERS, compare
-from analysis.figures import FIGURES, FigureDataError, render
+from analysis.figures import FIGURE_REGISTRY, FigureDataError, render
 from analysis.published import RegistryError, load_registry
 from analysis.units import KiB, MiB
 from moe_core.results import make_record, record_path, write_record
@@ -21,6 +26,7 @@ from moe_core.results import make_record, record_path, write_record
 SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share
 SHARE_OF_MOE = 0.749  # Lina Fig 2's 74.9 %
 SLOWDOWNS = [1.5, 1.8, 1.9, 2.0, 2.5]  # median 1.9 (Lina 1.83: consistent), max 2.5 (Lina 4.14: differs)
+TABLE_FIGURES = sorted(name for name, fig in FIGURE_REGISTRY.items() if not fig.reads_validation)
 
 
 def _spread(x: float) -> list[float]:
@@ -41,40 +47,94 @@ def write_train_step(root, mode="measured", backend="gloo", hardware="local-cpu"
             for policy in ("sequential", "overlap"):
                 num_experts = world_size * experts_per_rank
                 a2a = 0.5 * num_experts
-                phases = {"gate_ms": 0.4, "dispatch_a2a_ms": a2a, "expert_ms": 2.0, "combine_a2a_ms": a2a,
-                          "dense_ms": 3.0, "allreduce_exposed_ms": 0.5 if policy == "overlap" else 1.5}
+                phases = {
+                    "gate_ms": 0.4,
+                    "dispatch_a2a_ms": a2a,
+                    "expert_ms": 2.0,
+                    "combine_a2a_ms": a2a,
+                    "dense_ms": 3.0,
+                    "allreduce_exposed_ms": 0.5 if policy == "overlap" else 1.5,
+                }
                 step = sum(phases.values())
                 samples = {name: _spread(v) for name, v in phases.items()}
-                samples |= {"step_ms": _spread(step), "a2a_ms": _spread(2 * a2a), "loss": [3.0, 2.9, 2.8],
-                            "a2a_share": _spread(SHARE), "a2a_share_of_moe": _spread(SHARE_OF_MOE)}
-                params = dict(world_size=world_size, num_experts=num_experts, experts_per_rank=experts_per_rank,
-                              policy=policy, seed=0, expert_parallel=world_size, data_parallel=1, top_k=2,
-                              capacity_factor=1.25, dropless=False, tokens_per_rank=512, dtype="float32")
-                paths.append(_write(root, paper="gshard", experiment="train_step",
-                                    point=f"ws{world_size}_e{num_experts}_{policy}_s0", mode=mode, backend=backend,
-                                    hardware=hardware, params=params, samples=samples,
-                                    extra_metrics={"a2a_bytes": 1e5 * num_experts, "tokens_per_s": 1e4}))
+                samples |= {
+                    "step_ms": _spread(step),
+                    "a2a_ms": _spread(2 * a2a),
+                    "loss": [3.0, 2.9, 2.8],
+                    "a2a_share": _spread(SHARE),
+                    "a2a_share_of_moe": _spread(SHARE_OF_MOE),
+                }
+                params = {
+                    "world_size": world_size,
+                    "num_experts": num_experts,
+                    "experts_per_rank": experts_per_rank,
+                    "policy": policy,
+                    "seed": 0,
+                    "expert_parallel": world_size,
+                    "data_parallel": 1,
+                    "top_k": 2,
+                    "capacity_factor": 1.25,
+                    "dropless": False,
+                    "tokens_per_rank": 512,
+                    "dtype": "float32",
+                }
+                paths.append(
+                    _write(
+                        root,
+                        paper="gshard",
+                        experiment="train_step",
+                        point=f"ws{world_size}_e{num_experts}_{policy}_s0",
+                        mode=mode,
+                        backend=backend,
+                        hardware=hardware,
+                        params=params,
+                        samples=samples,
+                        extra_metrics={"a2a_bytes": 1e5 * num_experts, "tokens_per_s": 1e4},
+                    )
+                )
     return paths
 
 
 def write_collectives(root, mode="measured", backend="gloo", hardware="local-cpu"):
     """Each collective alone at 4 sizes, and each all-to-all next to an all-reduce."""
     paths = []
-    for collective, concurrent in [("all_reduce", None), ("all_to_all", None), ("all_to_all_v", None),
-                                   ("all_to_all", "all_reduce"), ("all_to_all_v", "all_reduce")]:
+    for collective, concurrent in [
+        ("all_reduce", None),
+        ("all_to_all", None),
+        ("all_to_all_v", None),
+        ("all_to_all", "all_reduce"),
+        ("all_to_all_v", "all_reduce"),
+    ]:
         for size in (64 * KiB, MiB, 16 * MiB, 64 * MiB):
             time_ms = 0.05 + size / 1e6
-            samples = {"time_ms": _spread(time_ms), "algbw_GBps": _spread(size / time_ms / 1e6),
-                       "busbw_GBps": _spread(0.75 * size / time_ms / 1e6)}
+            samples = {
+                "time_ms": _spread(time_ms),
+                "algbw_GBps": _spread(size / time_ms / 1e6),
+                "busbw_GBps": _spread(0.75 * size / time_ms / 1e6),
+            }
             if concurrent:
                 # small messages: a huge slowdown that the >= 1 MiB filter must drop
                 slowdown = [10.0] if size < MiB else SLOWDOWNS
-                samples |= {"alone_ms": [time_ms] * len(slowdown), "concurrent_ms": [time_ms] * len(slowdown),
-                            "slowdown": slowdown}
-            params = dict(collective=collective, world_size=4, size_bytes=size, concurrent=concurrent)
+                samples |= {
+                    "alone_ms": [time_ms] * len(slowdown),
+                    "concurrent_ms": [time_ms] * len(slowdown),
+                    "slowdown": slowdown,
+                }
+            params = {"collective": collective, "world_size": 4, "size_bytes": size, "concurrent": concurrent}
             point = f"{collective}_{concurrent or 'alone'}_ws4_{size}"
-            paths.append(_write(root, paper="common", experiment="collectives", point=point, mode=mode,
-                                backend=backend, hardware=hardware, params=params, samples=samples))
+            paths.append(
+                _write(
+                    root,
+                    paper="common",
+                    experiment="collectives",
+                    point=point,
+                    mode=mode,
+                    backend=backend,
+                    hardware=hardware,
+                    params=params,
+                    samples=samples,
+                )
+            )
     return paths
 
 
@@ -93,11 +153,26 @@ def write_sim_train_step(root):
                 samples = {"step_ms": [100.0], "a2a_share": [0.3 + world_size / 100]}
                 if policy == "overlap":
                     samples["a2a_bwd_slowdown"] = [1.0, 1.2, 1.9, 2.4]
-                params = dict(world_size=world_size, num_experts=world_size, experts_per_rank=1, policy=policy,
-                              seed=0)
-                paths.append(_write(root, paper="lina", experiment="sim_train_step",
-                                    point=f"{hardware}_ws{world_size}_{policy}", mode="simulated", backend="sim",
-                                    hardware=hardware, params=params, samples=samples))
+                params = {
+                    "world_size": world_size,
+                    "num_experts": world_size,
+                    "experts_per_rank": 1,
+                    "policy": policy,
+                    "seed": 0,
+                }
+                paths.append(
+                    _write(
+                        root,
+                        paper="lina",
+                        experiment="sim_train_step",
+                        point=f"{hardware}_ws{world_size}_{policy}",
+                        mode="simulated",
+                        backend="sim",
+                        hardware=hardware,
+                        params=params,
+                        samples=samples,
+                    )
+                )
     return paths
 
 
@@ -105,38 +180,77 @@ def write_lina(root):
     """Lina's simulated policies at 4 and 8 experts (= GPUs) and the partition sweep at 8, on Lina's
     testbed; and its measured inference, one record per placement policy."""
     paths = []
-    sim = dict(paper="lina", experiment="sim_train_step", mode="simulated", backend="sim", hardware="lina-a100-4x4")
+    sim = {
+        "paper": "lina",
+        "experiment": "sim_train_step",
+        "mode": "simulated",
+        "backend": "sim",
+        "hardware": "lina-a100-4x4",
+    }
     runs = [(e, policy, 30.0) for e in (4, 8) for policy in ("overlap", "lina-priority", "lina-pipeline", "lina")]
     for experts, policy, partition in runs + [(8, "lina", 10.0), (8, "lina", 50.0)]:
         speed = 1.0 if policy == "overlap" else 1.2 + partition / 1000
-        params = dict(world_size=experts, num_experts=experts, experts_per_rank=1, policy=policy, seed=0,
-                      partition_mb=partition)
-        samples = {"step_ms": [100.0 / speed], "moe_layer_ms": [60.0 / speed], "a2a_bwd_ms": [20.0 / speed],
-                   "moe_layer_fwd_ms": [20.0 / speed], "moe_layer_bwd_ms": [40.0 / speed]}
-        paths.append(_write(root, **sim, point=f"lina_ws{experts}_{policy}_p{partition:g}", params=params,
-                            samples=samples))
+        params = {
+            "world_size": experts,
+            "num_experts": experts,
+            "experts_per_rank": 1,
+            "policy": policy,
+            "seed": 0,
+            "partition_mb": partition,
+        }
+        samples = {
+            "step_ms": [100.0 / speed],
+            "moe_layer_ms": [60.0 / speed],
+            "a2a_bwd_ms": [20.0 / speed],
+            "moe_layer_fwd_ms": [20.0 / speed],
+            "moe_layer_bwd_ms": [40.0 / speed],
+        }
+        paths.append(
+            _write(root, **sim, point=f"lina_ws{experts}_{policy}_p{partition:g}", params=params, samples=samples)
+        )
     for policy, norm in (("ideal", 1.0), ("static", 1.4), ("lina", 1.1), ("lina-no-estimation", 1.2)):
-        params = dict(world_size=4, num_experts=4, path_length=3, policy=policy, seed=0, moe_layers=2)
-        paths.append(_write(root, paper="lina", experiment="inference", point=f"inference_{policy}", mode="measured",
-                            backend="gloo", hardware="local-cpu", params=params,
-                            samples={"moe_layer_norm": [norm, norm * 1.1, norm * 1.3],
-                                     "moe_layer_ms": [10 * norm, 11 * norm, 13 * norm],
-                                     "forward_ms": [20 * norm, 21 * norm, 23 * norm],
-                                     "a2a_layer0_ms": [2 * norm] * 3, "a2a_layer1_ms": [3 * norm] * 3}))
+        params = {"world_size": 4, "num_experts": 4, "path_length": 3, "policy": policy, "seed": 0, "moe_layers": 2}
+        paths.append(
+            _write(
+                root,
+                paper="lina",
+                experiment="inference",
+                point=f"inference_{policy}",
+                mode="measured",
+                backend="gloo",
+                hardware="local-cpu",
+                params=params,
+                samples={
+                    "moe_layer_norm": [norm, norm * 1.1, norm * 1.3],
+                    "moe_layer_ms": [10 * norm, 11 * norm, 13 * norm],
+                    "forward_ms": [20 * norm, 21 * norm, 23 * norm],
+                    "a2a_layer0_ms": [2 * norm] * 3,
+                    "a2a_layer1_ms": [3 * norm] * 3,
+                },
+            )
+        )
     return paths
 
 
 def write_aurora(root):
     """Aurora's simulated experiments (two workloads, two networks) and its measured ordered all-to-all."""
     paths, workloads, pairs = [], ("gating-z1", "zipf-1"), ("gating-z1+zipf-1", "zipf-1+gating-z1")
-    sim = dict(paper="aurora", mode="simulated", backend="sim")
+    sim = {"paper": "aurora", "mode": "simulated", "backend": "sim"}
     hardware = {"homogeneous": "aurora-bigswitch-100g", "heterogeneous": "aurora-bigswitch-hetero"}
     for net, hw in hardware.items():
         for w in workloads:
             for policy in ("naive", "sjf", "aurora", "exact"):
-                paths.append(_write(root, **sim, experiment="aurora_order", point=f"{net}_{w}_{policy}", hardware=hw,
-                                    params=dict(network=net, workload=w, layer=1, policy=policy),
-                                    samples={"a2a_over_lower_bound": [1.0 if policy == "exact" else 1.2]}))
+                paths.append(
+                    _write(
+                        root,
+                        **sim,
+                        experiment="aurora_order",
+                        point=f"{net}_{w}_{policy}",
+                        hardware=hw,
+                        params={"network": net, "workload": w, "layer": 1, "policy": policy},
+                        samples={"a2a_over_lower_bound": [1.0 if policy == "exact" else 1.2]},
+                    )
+                )
         for deployment in ("exclusive", "colocated"):
             setting = f"{deployment}-{net}"
             for w in workloads if deployment == "exclusive" else pairs:
@@ -144,32 +258,86 @@ def write_aurora(root):
                     samples = {"inference_ms": [1.0], "gpu_utilisation": [0.1]}
                     if policy == "lina":
                         samples["aurora_speedup"] = [1.3, 1.5]
-                    params = dict(setting=setting, deployment=deployment, network=net, workload=w, policy=policy)
-                    paths.append(_write(root, **sim, experiment="aurora_deployment", point=f"{setting}_{w}_{policy}",
-                                        hardware=hw, params=params, samples=samples))
+                    params = {
+                        "setting": setting,
+                        "deployment": deployment,
+                        "network": net,
+                        "workload": w,
+                        "policy": policy,
+                    }
+                    paths.append(
+                        _write(
+                            root,
+                            **sim,
+                            experiment="aurora_deployment",
+                            point=f"{setting}_{w}_{policy}",
+                            hardware=hw,
+                            params=params,
+                            samples=samples,
+                        )
+                    )
                 for level in (0.0, 0.5):
-                    params = dict(setting=setting, workload=w, imprecision=level, baseline="rga", policy="aurora")
-                    paths.append(_write(root, **sim, experiment="aurora_imprecision", point=f"{setting}_{w}_p{level}",
-                                        hardware=hw, params=params, samples={"aurora_speedup": [1.4 - level / 2]}))
+                    params = {
+                        "setting": setting,
+                        "workload": w,
+                        "imprecision": level,
+                        "baseline": "rga",
+                        "policy": "aurora",
+                    }
+                    paths.append(
+                        _write(
+                            root,
+                            **sim,
+                            experiment="aurora_imprecision",
+                            point=f"{setting}_{w}_p{level}",
+                            hardware=hw,
+                            params=params,
+                            samples={"aurora_speedup": [1.4 - level / 2]},
+                        )
+                    )
     for w in pairs:
-        paths.append(_write(root, **sim, experiment="aurora_gap", point=w, hardware=hardware["heterogeneous"],
-                            params=dict(workload=w, layer=1, n_gpus=4, network="heterogeneous", policy="aurora"),
-                            samples={"gap_to_optimum": [1.05]}))
+        paths.append(
+            _write(
+                root,
+                **sim,
+                experiment="aurora_gap",
+                point=w,
+                hardware=hardware["heterogeneous"],
+                params={"workload": w, "layer": 1, "n_gpus": 4, "network": "heterogeneous", "policy": "aurora"},
+                samples={"gap_to_optimum": [1.05]},
+            )
+        )
         for policy in ("library", "aurora"):
-            paths.append(_write(root, paper="aurora", experiment="aurora_a2a", point=f"{w}_{policy}", mode="measured",
-                                backend="gloo", hardware="local-cpu",
-                                params=dict(workload=w, policy=policy, world_size=4), samples={"a2a_ms": _spread(5.0)}))
+            paths.append(
+                _write(
+                    root,
+                    paper="aurora",
+                    experiment="aurora_a2a",
+                    point=f"{w}_{policy}",
+                    mode="measured",
+                    backend="gloo",
+                    hardware="local-cpu",
+                    params={"workload": w, "policy": policy, "world_size": 4},
+                    samples={"a2a_ms": _spread(5.0)},
+                )
+            )
     return paths
 
 
 @pytest.fixture(scope="module")
 def figure_tables(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
-    return collect(write_train_step(root) + write_collectives(root) + write_sim_train_step(root) + write_aurora(root)
-                   + write_lina(root))
+    return collect(
+        write_train_step(root)
+        + write_collectives(root)
+        + write_sim_train_step(root)
+        + write_aurora(root)
+        + write_lina(root)
+    )
 
 
 # ---- collect ----------------------------------------------------------------------------------
+
 
 def test_collect_is_tidy(tables):
     records, samples = tables
@@ -202,6 +370,35 @@ def test_collect_rejects_bad_json(tmp_path):
         collect([])
 
 
+def _edited_record(tmp_path, edit):
+    """A valid train_step record file, changed by ``edit(record)`` and written back as JSON."""
+    path = write_train_step(tmp_path)[0]
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))  # NaN and inf are written as JSON's NaN and Infinity
+    return path
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda r: r["metrics"]["step_ms"].update(median=math.nan), "metrics.step_ms.median"),
+        (lambda r: r["metrics"]["a2a_bytes"].update(value=math.inf), "metrics.a2a_bytes.value"),
+        (lambda r: r["metrics"]["a2a_bytes"].update(value="4e5"), "metrics.a2a_bytes.value"),
+        (lambda r: r["metrics"]["step_ms"].update(p95=None), "metrics.step_ms.p95"),
+        (lambda r: r["samples"]["step_ms"].__setitem__(1, math.nan), r"samples.step_ms\[1\]"),
+        (lambda r: r["samples"]["a2a_ms"].__setitem__(0, "fast"), r"samples.a2a_ms\[0\]"),
+        (lambda r: r.pop("hardware"), r"missing keys \['hardware'\]"),
+        (lambda r: r.update(mode="guessed"), "mode is 'guessed'"),
+    ],
+)
+def test_collect_names_the_file_and_field_of_a_bad_metric(tmp_path, edit, field):
+    """A NaN, infinite or text metric would drop out of a mean, and its point count, unnoticed."""
+    path = _edited_record(tmp_path, edit)
+    with pytest.raises(RecordError, match=rf"{path.name}: not a valid record: {field}"):
+        collect([path])
+
+
 def test_collect_cli_writes_nothing_on_error(tmp_path, capsys):
     good = write_train_step(tmp_path)[0]
     bad = tmp_path / "broken.json"
@@ -218,6 +415,7 @@ def test_collect_cli_writes_nothing_on_error(tmp_path, capsys):
 
 # ---- registry and comparison ------------------------------------------------------------------
 
+
 def test_shipped_registry_is_valid():
     registry = load_registry()
     assert registry["lina-fig3-a2a-slowdown-median"]["value"] == 1.83
@@ -233,8 +431,18 @@ def _registry_file(tmp_path, entries):
 
 
 def _entry(entry_id, value, reproducer):
-    return dict(id=entry_id, paper="lina", figure="Fig 3", metric="m", setting="s", value=value, unit="x",
-                source="url", status="FT", reproducer=reproducer)
+    return {
+        "id": entry_id,
+        "paper": "lina",
+        "figure": "Fig 3",
+        "metric": "m",
+        "setting": "s",
+        "value": value,
+        "unit": "x",
+        "source": "url",
+        "status": "FT",
+        "reproducer": reproducer,
+    }
 
 
 def test_registry_validation(tmp_path):
@@ -249,12 +457,17 @@ def test_registry_validation(tmp_path):
 
 
 def test_compare_verdicts(tmp_path, tables):
-    registry = load_registry(_registry_file(tmp_path, [
-        _entry("near", 1.83, "lina_fig3_slowdown_median"),  # 1.9 / 1.83 = 1.04
-        _entry("far", 4.14, "lina_fig3_slowdown_worst"),  # 2.5 / 4.14 = 0.60
-        _entry("share", 34.1, "lina_table1_a2a_share"),
-        _entry("none", 1.71, None),
-    ]))
+    registry = load_registry(
+        _registry_file(
+            tmp_path,
+            [
+                _entry("near", 1.83, "lina_fig3_slowdown_median"),  # 1.9 / 1.83 = 1.04
+                _entry("far", 4.14, "lina_fig3_slowdown_worst"),  # 2.5 / 4.14 = 0.60
+                _entry("share", 34.1, "lina_table1_a2a_share"),
+                _entry("none", 1.71, None),
+            ],
+        )
+    )
     table = compare(registry, *tables).set_index("id")
     assert table.loc["near", "verdict"] == CONSISTENT and table.loc["near", "reproduced"] == 1.9
     assert "local-cpu gloo, 4 ranks, 1 MiB–64 MiB, 15 samples" == table.loc["near", "reproduced_setting"]
@@ -263,6 +476,32 @@ def test_compare_verdicts(tmp_path, tables):
     assert table.loc["share", "reproduced"] == pytest.approx(34.1) and table.loc["share", "mode"] == "measured"
     assert table.loc["none", "verdict"] == NOT_REPRODUCED
     assert table.loc[["none"], ["reproduced", "ratio", "mode"]].isna().all(axis=None)
+
+
+def test_compare_counts_the_points_it_used(tmp_path, tables):
+    """Points whose value is missing or not finite are not used, and the reproduced setting's count says so."""
+    records, samples = tables
+    registry = load_registry(
+        _registry_file(
+            tmp_path,
+            [_entry("share", 34.1, "lina_table1_a2a_share"), _entry("slow", 1.83, "lina_fig3_slowdown_median")],
+        )
+    )
+    nan_row, inf_row, missing_row, high_row = records.index[records["metric"] == "a2a_share"][:4]
+    records = records.copy()
+    records.loc[nan_row, "value"] = np.nan  # an empty cell of records.csv
+    records.loc[inf_row, "value"] = np.inf
+    records = records.drop(missing_row)  # a point without the metric
+    records.loc[high_row, "value"] = 0.5  # used: 4 points of 0.341, one of 0.5
+    slowdowns = samples[
+        (samples["metric"] == "slowdown") & (samples["size_bytes"] >= MiB) & (samples["collective"] == "all_to_all")
+    ].index
+    samples = samples.copy()
+    samples.loc[slowdowns[:2], "value"] = np.nan
+    table = compare(registry, records, samples).set_index("id")
+    assert table.loc["share", "reproduced"] == pytest.approx(100 * (4 * SHARE + 0.5) / 5)
+    assert ", 5 points, " in table.loc["share", "reproduced_setting"]
+    assert table.loc["slow", "reproduced_setting"].endswith(", 13 samples")
 
 
 def test_compare_keeps_testbeds_apart(tmp_path):
@@ -282,7 +521,44 @@ def test_compare_rejects_unknown_reproducer(tmp_path, tables):
 
 # ---- figures ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(FIGURES))
+
+def test_figures_register_with_their_paper():
+    """Each figure's paper is its folder results/figures/<paper>/ in the workflow; each has a report caption."""
+    papers = {name: fig.paper for name, fig in FIGURE_REGISTRY.items()}
+    assert papers == {
+        "step_breakdown": "gshard",
+        "busbw_vs_size": "common",
+        "sim_validation": "common",
+        **dict.fromkeys(
+            [
+                "a2a_share_vs_experts",
+                "a2a_slowdown_cdf",
+                "sim_a2a_share_vs_cluster_size",
+                "sim_a2a_slowdown_cdf",
+                "lina_step_speedup",
+                "lina_moe_speedup",
+                "lina_partition_sweep",
+                "lina_inference",
+            ],
+            "lina",
+        ),
+        **dict.fromkeys(
+            [
+                "aurora_order_speedup",
+                "aurora_gpu_utilisation",
+                "aurora_gap_to_optimum",
+                "aurora_imprecision",
+                "aurora_ordered_vs_library",
+            ],
+            "aurora",
+        ),
+    }
+    assert [name for name, fig in FIGURE_REGISTRY.items() if fig.reads_validation] == ["sim_validation"]
+    captions = Path(figures_mod.__file__).with_name("captions")
+    assert all((captions / f"{name}.rst").is_file() for name in FIGURE_REGISTRY)
+
+
+@pytest.mark.parametrize("name", TABLE_FIGURES)
 def test_figure_renders_png_and_pdf(tmp_path, figure_tables, name):
     outputs = render(name, *figure_tables, tmp_path / "fig" / f"{name}.png")
     assert [p.name for p in outputs] == [f"{name}.png", f"{name}.pdf"]
@@ -290,28 +566,49 @@ def test_figure_renders_png_and_pdf(tmp_path, figure_tables, name):
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == sorted(p.name for p in outputs)
 
 
-NEEDS = {"step_breakdown": "train_step", "a2a_share_vs_experts": "train_step", "a2a_slowdown_cdf": "collectives",
-         "busbw_vs_size": "collectives", "sim_a2a_share_vs_cluster_size": "sim_train_step",
-         "sim_a2a_slowdown_cdf": "sim_train_step", "aurora_order_speedup": "aurora_deployment",
-         "aurora_gpu_utilisation": "aurora_deployment", "aurora_gap_to_optimum": "aurora_gap",
-         "aurora_imprecision": "aurora_imprecision", "aurora_ordered_vs_library": "aurora_a2a",
-         "lina_step_speedup": "sim_train_step", "lina_moe_speedup": "sim_train_step",
-         "lina_partition_sweep": "sim_train_step", "lina_inference": "inference"}
+NEEDS = {
+    "step_breakdown": "train_step",
+    "a2a_share_vs_experts": "train_step",
+    "a2a_slowdown_cdf": "collectives",
+    "busbw_vs_size": "collectives",
+    "sim_a2a_share_vs_cluster_size": "sim_train_step",
+    "sim_a2a_slowdown_cdf": "sim_train_step",
+    "aurora_order_speedup": "aurora_deployment",
+    "aurora_gpu_utilisation": "aurora_deployment",
+    "aurora_gap_to_optimum": "aurora_gap",
+    "aurora_imprecision": "aurora_imprecision",
+    "aurora_ordered_vs_library": "aurora_a2a",
+    "lina_step_speedup": "sim_train_step",
+    "lina_moe_speedup": "sim_train_step",
+    "lina_partition_sweep": "sim_train_step",
+    "lina_inference": "inference",
+}
 
 
-@pytest.mark.parametrize("name", sorted(FIGURES))
+@pytest.mark.parametrize("name", TABLE_FIGURES)
 def test_figure_without_data_raises_and_writes_nothing(tmp_path, figure_tables, name):
     records, samples = figure_tables
     with pytest.raises(FigureDataError):
-        render(name, records[records["experiment"] != NEEDS[name]], samples[samples["experiment"] != NEEDS[name]],
-               tmp_path / f"{name}.png")
+        render(
+            name,
+            records[records["experiment"] != NEEDS[name]],
+            samples[samples["experiment"] != NEEDS[name]],
+            tmp_path / f"{name}.png",
+        )
     assert not any(tmp_path.iterdir())
 
 
 def test_validation_figure_renders_and_needs_its_table(tmp_path, figure_tables):
-    validation = pd.DataFrame({"experiment": ["collectives", "train_step"], "setting": ["a", "b"],
-                               "hardware": ["local-cpu"] * 2, "measured_ms": [10.0, 200.0],
-                               "predicted_ms": [11.0, 180.0], "rel_error": [0.1, -0.1]})
+    validation = pd.DataFrame(
+        {
+            "experiment": ["collectives", "train_step"],
+            "setting": ["a", "b"],
+            "hardware": ["local-cpu"] * 2,
+            "measured_ms": [10.0, 200.0],
+            "predicted_ms": [11.0, 180.0],
+            "rel_error": [0.1, -0.1],
+        }
+    )
     outputs = render("sim_validation", *figure_tables, tmp_path / "v.png", validation)
     assert all(p.stat().st_size > 1000 for p in outputs)
     with pytest.raises(ValueError, match="validation table"):
@@ -339,37 +636,69 @@ def test_cli_pipeline_through_csv(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
         figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
     assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()
+    # as the workflow runs it: `python -m` runs a second copy of the module, which must still see the papers'
+    # reproducers (registered with analysis.compare)
+    subprocess.run(
+        [sys.executable, "-m", "analysis.compare", *tables, "--out", str(tmp_path / "m.csv")],
+        check=True,
+        capture_output=True,
+        cwd=Path(compare_mod.__file__).parents[1],
+    )
+    assert pd.read_csv(tmp_path / "m.csv").equals(pd.read_csv(tmp_path / "comparison.csv"))
 
 
 # ---- Lina's reproducers on known synthetic inputs ----------------------------------------------
+
 
 def _lina_sim_tables(root, experts=(2, 4, 8, 16), with_pass_times=True):
     """Simulated overlap and lina at each expert count on Lina's testbed; lina is 1.25x faster per
     step, 1.5x in the MoE forward, 2x in the backward, and its compute share is 0.6 vs overlap's 0.5."""
     paths = []
-    sim = dict(paper="lina", experiment="sim_train_step", mode="simulated", backend="sim", hardware="lina-a100-4x4")
+    sim = {
+        "paper": "lina",
+        "experiment": "sim_train_step",
+        "mode": "simulated",
+        "backend": "sim",
+        "hardware": "lina-a100-4x4",
+    }
     for n in experts:
         for policy, step, fwd, bwd, share in (("overlap", 100.0, 30.0, 80.0, 0.5), ("lina", 80.0, 20.0, 40.0, 0.6)):
             samples = {"step_ms": [step]}
             if with_pass_times:
                 samples |= {"moe_layer_fwd_ms": [fwd], "moe_layer_bwd_ms": [bwd], "moe_compute_share": [share]}
-            params = dict(world_size=n, num_experts=n, experts_per_rank=1, policy=policy, seed=0, partition_mb=30.0)
+            params = {
+                "world_size": n,
+                "num_experts": n,
+                "experts_per_rank": 1,
+                "policy": policy,
+                "seed": 0,
+                "partition_mb": 30.0,
+            }
             paths.append(_write(root, **sim, point=f"ws{n}_{policy}", params=params, samples=samples))
     return collect(paths)
 
 
 def test_lina_training_reproducers_give_known_ratios(tmp_path):
     records, samples = _lina_sim_tables(tmp_path)
-    for name, expected in [("lina_fig11_moe_fwd_speedup_2e", 1.5), ("lina_fig11_moe_fwd_speedup_8e", 1.5),
-                           ("lina_fig12_moe_bwd_speedup_2e", 2.0), ("lina_fig12_moe_bwd_speedup_8e", 2.0),
-                           ("lina_fig10_step_speedup_mean", 1.25), ("lina_fig12_moe_utilisation_gain_16e", 20.0)]:
+    for name, expected in [
+        ("lina_fig11_moe_fwd_speedup_2e", 1.5),
+        ("lina_fig11_moe_fwd_speedup_8e", 1.5),
+        ("lina_fig12_moe_bwd_speedup_2e", 2.0),
+        ("lina_fig12_moe_bwd_speedup_8e", 2.0),
+        ("lina_fig10_step_speedup_mean", 1.25),
+        ("lina_fig12_moe_utilisation_gain_16e", 20.0),
+    ]:
         value, setting = REPRODUCERS[name](records, samples)
         assert value == pytest.approx(expected), name
         assert "lina-a100-4x4 sim" in setting
     # no per-pass times (older records), or not every expert count of Fig 10's mean: no row
     records, samples = _lina_sim_tables(tmp_path / "old", experts=(2, 4, 8), with_pass_times=False)
-    for name in ("lina_fig11_moe_fwd_speedup_2e", "lina_fig12_moe_bwd_speedup_8e", "lina_fig10_step_speedup_mean",
-                 "lina_fig12_moe_utilisation_gain_16e"):
+    for name in (
+        "lina_fig11_moe_fwd_speedup_2e",
+        "lina_fig12_moe_bwd_speedup_8e",
+        "lina_fig10_step_speedup_mean",
+        "lina_fig12_moe_utilisation_gain_16e",
+    ):
         assert REPRODUCERS[name](records, samples) is None, name
 
 
@@ -383,31 +712,56 @@ def _inference_tables(root, experts=16):
     layers = {"static": (4.0, 9.0), "lina": (2.0, 3.0)}
     paths = []
     for path_length in (3, 1):
-        for policy in forward:
+        for policy, forward_ms in forward.items():
             scale = 1.0 if path_length == 3 else 5.0 if policy == "static" else 1.0
-            samples = {"forward_ms": [scale * forward[policy]] * 3, "moe_layer_ms": [scale * moe[policy]] * 3}
+            samples = {"forward_ms": [scale * forward_ms] * 3, "moe_layer_ms": [scale * moe[policy]] * 3}
             for i, t in enumerate(layers.get(policy, (1.0, 1.0))):
                 samples[f"a2a_layer{i}_ms"] = [scale * t] * 3
             extra = {"popularity_ratio": 5.0, "path_topk_share_k1": 0.4, "path_topk_share_k2": 0.55}
             if policy.startswith("lina"):
                 extra |= {"replan_rate": 0.25, "schedule_decision_ms": 0.2, "phase2_check_ms": 0.05}
-            params = dict(world_size=4, num_experts=experts, policy=policy, path_length=path_length, seed=0,
-                          moe_layers=2, data_zipf=1.5)
-            paths.append(_write(root, paper="lina", experiment="inference", point=f"e{experts}_l{path_length}_{policy}",
-                                mode="measured", backend="gloo", hardware="local-cpu", params=params,
-                                samples=samples, extra_metrics=extra))
+            params = {
+                "world_size": 4,
+                "num_experts": experts,
+                "policy": policy,
+                "path_length": path_length,
+                "seed": 0,
+                "moe_layers": 2,
+                "data_zipf": 1.5,
+            }
+            paths.append(
+                _write(
+                    root,
+                    paper="lina",
+                    experiment="inference",
+                    point=f"e{experts}_l{path_length}_{policy}",
+                    mode="measured",
+                    backend="gloo",
+                    hardware="local-cpu",
+                    params=params,
+                    samples=samples,
+                    extra_metrics=extra,
+                )
+            )
     return collect(paths)
 
 
 INFERENCE_EXPECTED = {  # name: value at 16 experts
-    "lina_fig16_median_reduction": 2.0, "lina_fig16_p95_reduction": 2.0,  # whole forward, not MoE layers (1.5)
-    "lina_fig16_median_reduction_16e": 2.0, "lina_fig16_p95_reduction_16e": 2.0,
-    "lina_fig16_no_estimation_median_worse_16e": 20.0, "lina_fig16_no_finetune_p95_worse_16e": 30.0,
+    "lina_fig16_median_reduction": 2.0,
+    "lina_fig16_p95_reduction": 2.0,  # whole forward, not MoE layers (1.5)
+    "lina_fig16_median_reduction_16e": 2.0,
+    "lina_fig16_p95_reduction_16e": 2.0,
+    "lina_fig16_no_estimation_median_worse_16e": 20.0,
+    "lina_fig16_no_finetune_p95_worse_16e": 30.0,
     "lina_fig17_moe_p95_reduction_16e": 1.5,
-    "lina_fig18_tail_a2a_reduction_mean": 2.5, "lina_fig18_tail_a2a_reduction_max": 3.0,  # layers: 2x, 3x
-    "lina_fig6_popularity_ratio_16e": 5.0, "lina_fig9_next_layer_top1_share": 40.0,
-    "lina_fig9_next_layer_top2_share": 55.0, "lina_inference_replan_rate": 25.0,
-    "lina_s52_schedule_decision_ms": 0.2, "lina_s52_phase2_check_ms": 0.05,
+    "lina_fig18_tail_a2a_reduction_mean": 2.5,
+    "lina_fig18_tail_a2a_reduction_max": 3.0,  # layers: 2x, 3x
+    "lina_fig6_popularity_ratio_16e": 5.0,
+    "lina_fig9_next_layer_top1_share": 40.0,
+    "lina_fig9_next_layer_top2_share": 55.0,
+    "lina_inference_replan_rate": 25.0,
+    "lina_s52_schedule_decision_ms": 0.2,
+    "lina_s52_phase2_check_ms": 0.05,
 }
 
 
@@ -443,9 +797,13 @@ def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():
     assert len(lina) == 48
     reproduced = {e["reproducer"] for e in lina.values()} - {None}
     assert reproduced <= set(REPRODUCERS) and set(INFERENCE_EXPECTED) <= reproduced
-    for entry_id in ("lina-fig2-sm-efficiency-during-a2a", "lina-fig15-partition-overhead",
-                     "lina-fig15-micro-op-transmission-overhead", "lina-fig6-least-popular-idle-share",
-                     "lina-expert-packing-speedup-secondary"):
+    for entry_id in (
+        "lina-fig2-sm-efficiency-during-a2a",
+        "lina-fig15-partition-overhead",
+        "lina-fig15-micro-op-transmission-overhead",
+        "lina-fig6-least-popular-idle-share",
+        "lina-expert-packing-speedup-secondary",
+    ):
         assert lina[entry_id]["reproducer"] is None
     assert lina["lina-fig17-moe-p95-reduction-16e-bert"]["value"] == 1.81
     assert lina["lina-fig18-tail-a2a-reduction-max"]["value"] == 2.5

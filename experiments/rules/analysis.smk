@@ -1,25 +1,9 @@
 # Raw records -> tidy tables -> published-vs-reproduced comparison -> figures (with report captions).
 
-# Figure name (analysis/figures.py) -> the paper whose figure it mirrors (results/figures/<paper>/).
-FIGURE_PAPERS = {
-    "step_breakdown": "gshard",
-    "a2a_share_vs_experts": "lina",
-    "a2a_slowdown_cdf": "lina",
-    "busbw_vs_size": "common",
-    "sim_a2a_share_vs_cluster_size": "lina",
-    "sim_a2a_slowdown_cdf": "lina",
-    "sim_validation": "common",
-    "lina_step_speedup": "lina",
-    "lina_moe_speedup": "lina",
-    "lina_partition_sweep": "lina",
-    "lina_inference": "lina",
-    "aurora_order_speedup": "aurora",
-    "aurora_gpu_utilisation": "aurora",
-    "aurora_gap_to_optimum": "aurora",
-    "aurora_imprecision": "aurora",
-    "aurora_ordered_vs_library": "aurora",
-}
-FIGURES = [f"{RESULTS}/figures/{paper}/{name}.png" for name, paper in FIGURE_PAPERS.items()]
+from analysis.figures import FIGURE_REGISTRY
+
+# Every figure that analysis/papers/<paper>.py registers with @figure(paper=...), in its paper's folder.
+FIGURES = [f"{RESULTS}/figures/{fig.paper}/{name}.png" for name, fig in FIGURE_REGISTRY.items()]
 
 
 rule collect:
@@ -67,7 +51,7 @@ rule compare:
 
 
 # One rule per figure (a loop, not copies): report captions cannot take wildcards.
-for _name, _paper in FIGURE_PAPERS.items():
+for _name, _figure in FIGURE_REGISTRY.items():
 
     rule:
         name:
@@ -75,15 +59,15 @@ for _name, _paper in FIGURE_PAPERS.items():
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
-            validation=rules.validate.output[0] if _name == "sim_validation" else [],
+            validation=rules.validate.output[0] if _figure.reads_validation else [],
         output:
             png=report(
-                f"{RESULTS}/figures/{_paper}/{_name}.png",
+                f"{RESULTS}/figures/{_figure.paper}/{_name}.png",
                 caption=f"../../analysis/captions/{_name}.rst",
                 category="Figures",
-                subcategory=_paper,
+                subcategory=_figure.paper,
             ),
-            pdf=f"{RESULTS}/figures/{_paper}/{_name}.pdf",
+            pdf=f"{RESULTS}/figures/{_figure.paper}/{_name}.pdf",
         params:
             name=_name,
             validation=lambda wc, input: f"--validation {input.validation}" if input.validation else "",

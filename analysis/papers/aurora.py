@@ -1,0 +1,300 @@
+"""Aurora (arXiv 2410.17043): its reproducers and figures (results/figures/aurora/), from the simulated
+big-switch experiments (experiments/aurora.py) and the measured ordered all-to-all (experiments/aurora_a2a.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from analysis.collect import select
+from analysis.compare import describe_testbeds, reproducer
+from analysis.figures import FigureDataError, figure, one_testbed
+from analysis.published import load_registry, published_value
+from analysis.units import span
+
+# ---- reproducers ------------------------------------------------------------------------------
+
+
+def _fig4_time_units(records: pd.DataFrame, policy: str) -> tuple[float, str] | None:
+    """Fig. 4's 3-GPU example in the paper's time units: our time over T*, times T* in units (each
+    flow of FIG4_TOY_TOKENS is one unit), in barrier-separated rounds as the paper's slots are."""
+    from moe_core.transmission import lower_bound
+    from moe_core.workloads import FIG4_TOY_TOKENS
+
+    rows = select(
+        records,
+        paper="aurora",
+        experiment="aurora_order",
+        workload="fig4-toy",
+        policy=policy,
+        metric="rounds_over_lower_bound",
+    )
+    if rows.empty:
+        return None
+    time_units = float(rows["value"].iloc[0]) * lower_bound(FIG4_TOY_TOKENS)
+    return time_units, f"{describe_testbeds(rows)}, Fig 4's matrix, {policy} order"
+
+
+@reproducer
+def aurora_fig4_naive(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig4_time_units(records, "naive")
+
+
+@reproducer
+def aurora_fig4_ordered(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    return _fig4_time_units(records, "aurora")
+
+
+def _deployment_rows(records: pd.DataFrame, setting: str, policy: str, metric: str) -> pd.DataFrame:
+    """Per-workload medians of ``metric`` of one policy in one deployment setting."""
+    return select(
+        records, paper="aurora", experiment="aurora_deployment", setting=setting, policy=policy, metric=metric
+    )
+
+
+def _deployment_per_workload(records: pd.DataFrame, setting: str, policy: str, metric: str) -> pd.Series:
+    """``_deployment_rows``'s values indexed by workload (empty when the tables have none)."""
+    rows = _deployment_rows(records, setting, policy, metric)
+    return pd.Series(dtype=float) if rows.empty else rows.set_index("workload")["value"]
+
+
+def _aurora_speedup(records: pd.DataFrame, setting: str, baseline: str, reduce: str) -> tuple[float, str] | None:
+    """min or max over workloads of Aurora's median speedup over ``baseline`` (inference time)."""
+    rows = _deployment_rows(records, setting, baseline, "aurora_speedup")
+    if rows.empty:
+        return None
+    value = float(rows["value"].agg(reduce))
+    return value, (
+        f"{describe_testbeds(rows)}, {setting}, vs {baseline}, {reduce} over {len(rows)} workloads "
+        f"({', '.join(sorted(rows['workload']))})"
+    )
+
+
+def _aurora_speedup_reproducer(paper_figure: str, setting: str, baseline: str, reduce: str) -> None:
+    """Register ``aurora_fig<paper_figure>_<reduce>_vs_<baseline>``: ``_aurora_speedup`` in that setting."""
+
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        return _aurora_speedup(records, setting, baseline, reduce)
+
+    reproducer(reproduce, f"aurora_fig{paper_figure}_{reduce}_vs_{baseline}")
+
+
+# Fig 11: Aurora's speedup range per setting (published as "from min to max")
+for _paper_figure, _setting, _baseline, _reduces in [
+    ("11a", "exclusive-homogeneous", "sjf", ("max",)),
+    ("11b", "exclusive-heterogeneous", "rga", ("min", "max")),
+    ("11c", "colocated-homogeneous", "lina", ("min", "max")),
+    ("11d", "colocated-heterogeneous", "lina", ("min", "max")),
+]:
+    for _reduce in _reduces:
+        _aurora_speedup_reproducer(_paper_figure, _setting, _baseline, _reduce)
+
+
+@reproducer
+def aurora_fig11a_sjf_over_rcs(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Mean over workloads of SJF's inference time over RCS's (median over RCS's draws): "SJF ≈ RCS"."""
+    sjf, rcs = (_deployment_per_workload(records, "exclusive-homogeneous", p, "inference_ms") for p in ("sjf", "rcs"))
+    ratio = (sjf / rcs).dropna()
+    if ratio.empty:
+        return None
+    return float(ratio.mean()), f"{describe_testbeds(records)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
+
+
+@reproducer
+def aurora_fig12_utilisation_gain_max(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Largest ratio of GPU utilisation, Aurora's colocation over Lina, over workloads of a colocated setting."""
+    gains = []
+    for setting in ("colocated-homogeneous", "colocated-heterogeneous"):
+        aurora, lina = (_deployment_per_workload(records, setting, p, "gpu_utilisation") for p in ("aurora", "lina"))
+        gains.append((aurora / lina).dropna())
+    gain = pd.concat(gains)
+    if gain.empty:
+        return None
+    return float(gain.max()), f"{describe_testbeds(records)}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
+
+
+@reproducer
+def aurora_fig13_gap_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    rows = select(records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum")
+    if rows.empty:
+        return None
+    return float(rows["value"].mean()), (
+        f"{describe_testbeds(rows)}, colocated heterogeneous, {span(rows['n_gpus'])} GPUs, "
+        f"mean over {len(rows)} (model pair, layer) instances"
+    )
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+AURORA_SETTINGS = (
+    "exclusive-homogeneous",
+    "exclusive-heterogeneous",
+    "colocated-homogeneous",
+    "colocated-heterogeneous",
+)
+# Fig 11's published speedup range per setting (registry ids: lower end or None for "up to", upper end).
+AURORA_FIG11_PUBLISHED_RANGES = {
+    "exclusive-homogeneous": ("Fig 11a, vs SJF", None, "aurora-fig11a-speedup-vs-sjf-max"),
+    "exclusive-heterogeneous": (
+        "Fig 11b, vs RGA",
+        "aurora-fig11b-speedup-vs-rga-min",
+        "aurora-fig11b-speedup-vs-rga-max",
+    ),
+    "colocated-homogeneous": (
+        "Fig 11c, vs Lina",
+        "aurora-fig11c-speedup-vs-lina-min",
+        "aurora-fig11c-speedup-vs-lina-max",
+    ),
+    "colocated-heterogeneous": (
+        "Fig 11d, vs Lina",
+        "aurora-fig11d-speedup-vs-lina-min",
+        "aurora-fig11d-speedup-vs-lina-max",
+    ),
+}
+
+
+def _figure_rows(records: pd.DataFrame, experiment: str, metric: str, mode: str = "simulated") -> pd.DataFrame:
+    """aurora/<experiment> rows of ``metric`` in ``mode`` (simulated records come from two network
+    profiles, homogeneous and heterogeneous, of one system model, so they are shown together)."""
+    df = select(records, paper="aurora", experiment=experiment, metric=metric, mode=mode)
+    if df.empty:
+        raise FigureDataError(
+            f"the records table has no {mode} aurora/{experiment} rows of {metric}; run "
+            f"experiments/aurora{'_a2a' if mode == 'measured' else ''}.py and collect its records"
+        )
+    return df
+
+
+def _published_band(ax, registry: dict, low_id: str | None, high_id: str, label: str) -> None:
+    """Shade a published speedup range (from 1x for an "up to" number)."""
+    low = published_value(registry, low_id) if low_id else 1.0
+    high = published_value(registry, high_id)
+    ax.axhspan(low, high, color="0.85", zorder=0, label=f"published {label}: {low:g}–{high:g}×")
+
+
+@figure(paper="aurora")
+def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Transmission orders over T*, then Aurora's speedup over each baseline in the four settings (Fig 11)."""
+    order = _figure_rows(records, "aurora_order", "a2a_over_lower_bound")
+    order = order[order["workload"] != "fig4-toy"]
+    speedup = _figure_rows(records, "aurora_deployment", "aurora_speedup")
+    registry = load_registry()
+    fig.set_size_inches(15, 8)
+    axes = fig.subplots(2, 3).flat
+    sns.boxplot(
+        order, x="policy", y="value", hue="network", order=["naive", "sjf", "rcs", "aurora", "exact"], ax=axes[0]
+    )
+    axes[0].axhline(1.0, color="black", lw=0.8)
+    axes[0].set(
+        xlabel="transmission order (aurora = Algorithm 1, exact = BvN)",
+        ylabel="dispatch all-to-all time / T*",
+        title="Orders vs the lower bound (all workloads, layers)",
+    )
+    for ax, setting in zip(axes[1:], AURORA_SETTINGS):
+        label, low_id, high_id = AURORA_FIG11_PUBLISHED_RANGES[setting]
+        panel = speedup[speedup["setting"] == setting]
+        _published_band(ax, registry, low_id, high_id, label)
+        if panel.empty:
+            ax.set_title(f"{setting}: no data")
+            continue
+        sns.barplot(panel, x="workload", y="value", hue="policy", errorbar=None, ax=ax)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
+        ax.set(
+            xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (x, inference time)", title=setting
+        )
+        ax.set_ylim(0, 1.4 * max(panel["value"].max(), published_value(registry, high_id)))  # room for the legend
+        ax.legend(fontsize="x-small", title="baseline", title_fontsize="x-small", loc="upper left", ncol=2)
+    axes[5].set_axis_off()
+    fig.suptitle("Aurora on its big-switch model: transmission order and deployment speedups (simulated)")
+
+
+@figure(paper="aurora")
+def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """GPU utilisation of Aurora's colocation vs Aurora exclusive vs Lina (Fig 12a/b)."""
+    df = _figure_rows(records, "aurora_deployment", "gpu_utilisation")
+    df = df[df["deployment"] == "colocated"].assign(pct=lambda d: 100 * d["value"])
+    axes = fig.subplots(1, 2, sharey=True)
+    fig.set_size_inches(11, 4.5)
+    for ax, net in zip(axes, ("homogeneous", "heterogeneous")):
+        panel = df[df["network"] == net]
+        sns.barplot(
+            panel,
+            x="workload",
+            y="pct",
+            hue="policy",
+            errorbar=None,
+            ax=ax,
+            hue_order=[
+                p for p in ("aurora", "aurora-exclusive", "lina", "rec", "rga+rec") if p in set(panel["policy"])
+            ],
+        )
+        ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
+        ax.set(
+            xlabel="models a+b",
+            ylabel="GPU utilisation (%, compute / inference time)",
+            title=f"colocated, {net} (Fig 12{'a' if net == 'homogeneous' else 'b'})",
+        )
+        ax.legend(fontsize="x-small")
+
+
+@figure(paper="aurora")
+def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Section 7's colocation heuristic over the brute-force optimum, per instance (Fig 13)."""
+    df = _figure_rows(records, "aurora_gap", "gap_to_optimum").astype({"layer": int, "n_gpus": int})
+    ax = fig.subplots()
+    sns.stripplot(df, x="workload", y="value", hue="layer", ax=ax, size=6, jitter=0.15)
+    mean = df["value"].mean()
+    ax.axhline(mean, color="black", ls="--", label=f"mean here {mean:.3f}×")
+    published = published_value(load_registry(), "aurora-fig13-gap-to-optimum-mean")
+    ax.axhline(published, color="black", ls=":", label=f"published mean {published:g}×")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
+    ax.set(
+        xlabel="models a+b",
+        ylabel="heuristic / optimum (busiest GPU's time)",
+        title=f"Gap to the brute-force optimum, colocated heterogeneous, {span(df['n_gpus'])} GPUs",
+    )
+    ax.legend(fontsize="x-small", ncol=2, title="MoE layer", title_fontsize="x-small")
+
+
+@figure(paper="aurora")
+def aurora_imprecision(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Aurora's speedup over the random baselines when it plans on imprecise traffic (Fig 14)."""
+    df = _figure_rows(records, "aurora_imprecision", "aurora_speedup").assign(pct=lambda d: 100 * d["imprecision"])
+    axes = fig.subplots(1, 2, sharey=True)
+    fig.set_size_inches(11, 4.5)
+    for ax, (setting, panel) in zip(axes, df.groupby("setting")):
+        sns.lineplot(panel, x="pct", y="value", hue="workload", marker="o", ax=ax)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set(
+            xlabel="traffic imprecision (%): plan on (1-p) D_l + p D_l+1",
+            ylabel="Aurora's speedup (x)",
+            title=f"{setting} vs {panel['baseline'].iloc[0].upper()}",
+        )
+        ax.legend(fontsize="x-small")
+
+
+@figure(paper="aurora")
+def aurora_ordered_vs_library(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Measured dispatch all-to-alls of a forward pass: all_to_all_single vs each Aurora order."""
+    df = one_testbed(_figure_rows(records, "aurora_a2a", "a2a_ms", mode="measured"))
+    ax = fig.subplots()
+    order = [p for p in ("library", "aurora", "exact", "sjf", "rcs") if p in set(df["policy"])]
+    sns.barplot(df, x="workload", y="value", hue="policy", hue_order=order, errorbar=None, ax=ax)
+    workloads = list(dict.fromkeys(df["workload"]))
+    width = 0.8 / len(order)
+    for i, policy in enumerate(order):
+        rows = df[df["policy"] == policy].set_index("workload").reindex(workloads)
+        x = np.arange(len(workloads)) - 0.4 + width * (i + 0.5)
+        ax.scatter(x, rows["p95"], marker="_", s=120, color="black", zorder=3, label="p95" if i == 0 else None)
+    ws, backend, hw = df["world_size"].iloc[0], df["backend"].iloc[0], df["hardware"].iloc[0]
+    ax.set(
+        xlabel="gating trace",
+        ylabel="dispatch all-to-alls per forward (ms, median, worst rank)",
+        title=f"Ordered all-to-all vs library, {int(ws)} ranks, {backend} on {hw}",
+    )
+    ax.legend(fontsize="small")

@@ -1,0 +1,79 @@
+"""Paper-neutral figures (results/figures/common/): bus bandwidth of the collectives measured alone,
+and the simulator against held-out measurements. No reproducers: no paper publishes these numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from analysis.collect import select
+from analysis.figures import FigureDataError, figure, one_testbed
+from analysis.units import format_bytes
+
+
+def _collectives(records: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Collectives measured alone (no concurrent all-reduce)."""
+    df = select(records, paper="common", experiment="collectives", metric=metric)
+    df = df if df.empty else df[df["concurrent"].isna()]
+    if df.empty:
+        raise FigureDataError(
+            f"the records table has no common/collectives rows of {metric} measured alone; "
+            "collect results/raw/common/collectives/*.json into it first"
+        )
+    return one_testbed(df).astype({"size_bytes": int, "world_size": int})
+
+
+@figure(paper="common")
+def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Bus bandwidth vs message size per collective, measured alone (nccl-tests style)."""
+    df = _collectives(records, "busbw_GBps")
+    ax = fig.subplots()
+    sns.lineplot(
+        df,
+        x="size_bytes",
+        y="value",
+        hue="collective",
+        style="world_size",
+        markers=True,
+        estimator="median",
+        errorbar=None,
+        ax=ax,
+    )
+    ax.set(
+        xlabel="message size per rank",
+        ylabel="bus bandwidth (GB/s, median)",
+        title="Bus bandwidth vs message size (collectives alone)",
+    )
+    ax.set_xscale("log", base=2)
+    sizes = sorted(df["size_bytes"].unique())
+    ticks = sizes[:: -(-len(sizes) // 8)]  # at most 8 labels
+    ax.set_xticks(ticks, [format_bytes(n) for n in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.legend(fontsize="small")
+
+
+@figure(paper="common", reads_validation=True)
+def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
+    """Predicted vs measured time of every held-out point, with the +-10% target band."""
+    if validation.empty:
+        raise FigureDataError("the validation table is empty; run experiments/validate.py on measured records")
+    ax = fig.subplots()
+    lo = 0.8 * min(validation["measured_ms"].min(), validation["predicted_ms"].min())
+    hi = 1.25 * max(validation["measured_ms"].max(), validation["predicted_ms"].max())
+    line = np.geomspace(lo, hi, 50)
+    ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="±10%")
+    ax.plot(line, line, color="black", lw=0.8, label="predicted = measured")
+    errors = validation.groupby("experiment")["rel_error"].apply(lambda e: e.abs().median())
+    hue = validation["experiment"].map(lambda e: f"{e} (median |error| {errors[e]:.0%})")
+    sns.scatterplot(validation, x="measured_ms", y="predicted_ms", hue=hue, ax=ax)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="measured (ms, median)",
+        ylabel="simulated (ms)",
+        title=f"Simulator vs held-out measurements ({', '.join(sorted(validation['hardware'].unique()))})",
+    )
+    ax.legend(fontsize="small")
