@@ -36,15 +36,15 @@ from moe_core.papers.aurora.system_model import PAPER
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.transmission import lower_bound, make_schedule
+from moe_core.workloads import ELEMENT_BYTES
 
 EXPERIMENT = "aurora_a2a"
-ORDERS = ("library", "aurora", "sjf", "rcs", "exact")
-ELEMENT_BYTES = 4  # float32 buffers
+MEASURED_ORDERS = ("library", "aurora", "sjf", "rcs", "exact")
 
 
 def measured_points(cfg: DictConfig) -> list[str]:
     """Every point name one run writes (pure; the workflow declares them as outputs)."""
-    return [f"ws{cfg.aurora.world_size}_gating-z{z:g}_{order}" for z in cfg.aurora.gating_zipf for order in ORDERS]
+    return [f"ws{cfg.aurora.world_size}_gating-z{z:g}_{order}" for z in cfg.aurora.gating_zipf for order in MEASURED_ORDERS]
 
 
 def scaled(tokens: np.ndarray, bytes_per_rank: int) -> np.ndarray:
@@ -63,7 +63,7 @@ class Exchange:
         # value = source rank * 1e6 + position: a misplaced element cannot go unnoticed
         self.input = (torch.arange(sum(self.in_splits), dtype=torch.float32) + env.rank * 1e6).to(env.device)
         self.output = torch.empty(sum(self.out_splits), dtype=torch.float32, device=env.device)
-        self.schedules = {order: make_schedule(order, elements, seed=seed) for order in ORDERS if order != "library"}
+        self.schedules = {order: make_schedule(order, elements, seed=seed) for order in MEASURED_ORDERS if order != "library"}
 
     def run(self, order: str) -> None:
         if order == "library":
@@ -123,7 +123,7 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
         elements = scaled(tokens, cfg.aurora.bytes_per_rank)  # (layers, n, n)
         layers = [Exchange(m, env, cfg.train.seed) for m in elements]
         check_orders(layers)
-        for order in ORDERS:
+        for order in MEASURED_ORDERS:
             samples = measure(layers, order, cfg, timer)
             if env.rank != 0:
                 continue

@@ -40,10 +40,9 @@ from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shu
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
-from moe_core.workloads import zipf_traffic_matrix
+from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 
 PAPER, EXPERIMENT = "common", "collectives"
-ELEMENT_BYTES = 4  # every buffer is float32
 # (collective, concurrent): each collective alone, then each all-to-all next to an all-reduce.
 CASES = [("all_reduce", None), ("all_to_all", None), ("all_to_all_v", None),
          ("all_to_all", "all_reduce"), ("all_to_all_v", "all_reduce")]
@@ -78,7 +77,7 @@ def sizes_bytes(cfg: DictConfig) -> list[int]:
     return sizes
 
 
-def format_bytes(size_bytes: int) -> str:
+def size_label(size_bytes: int) -> str:
     """1024 -> '1KiB', 64 * 2**20 -> '64MiB'; sizes that are no whole KiB stay in bytes ('1000B')."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if size_bytes % scale == 0:
@@ -86,16 +85,16 @@ def format_bytes(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
-def point_name(collective: str, concurrent: str | None, world_size: int, size_bytes: int) -> str:
+def collective_point_name(collective: str, concurrent: str | None, world_size: int, size_bytes: int) -> str:
     """Record name: ``all_reduce_ws4_4KiB``, ``all_to_all_v+all_reduce_ws4_1MiB``."""
     pair = f"+{concurrent}" if concurrent else ""
-    return f"{collective}{pair}_ws{world_size}_{format_bytes(size_bytes)}"
+    return f"{collective}{pair}_ws{world_size}_{size_label(size_bytes)}"
 
 
 def collective_points(cfg: DictConfig) -> list[str]:
     """Every point name one run with ``cfg`` writes, in run order."""
     ws = cfg.collectives.world_size
-    return [point_name(coll, conc, ws, size) for coll, conc in CASES for size in sizes_bytes(cfg)]
+    return [collective_point_name(coll, conc, ws, size) for coll, conc in CASES for size in sizes_bytes(cfg)]
 
 
 def check_sizes(cfg: DictConfig) -> None:
@@ -290,7 +289,7 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
         if name == "all_to_all_v":
             params["traffic_zipf"] = cfg.collectives.traffic_zipf
         records.append(make_record(
-            paper=PAPER, experiment=EXPERIMENT, point=point_name(name, concurrent, env.world_size, size),
+            paper=PAPER, experiment=EXPERIMENT, point=collective_point_name(name, concurrent, env.world_size, size),
             mode="measured", backend=cfg.hardware.backend, hardware=cfg.hardware.name, params=params,
             samples=samples, config=to_container(cfg), extra_metrics={"algo_bytes": algo_bytes},
             device=cfg.hardware.device))

@@ -32,15 +32,12 @@ from moe_core.parallel import build_groups, shard_experts
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan, make_policy
 from moe_core.results import make_record, record_path, write_record
-from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.timing import STEP_PHASES, PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
-
-PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
-
 
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
     """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
-    ms = {p: phases_ms.get(f"{p}.fwd", 0.0) + phases_ms.get(f"{p}.bwd", 0.0) for p in PHASES}
+    ms = {p: phases_ms.get(f"{p}.fwd", 0.0) + phases_ms.get(f"{p}.bwd", 0.0) for p in STEP_PHASES}
     a2a = ms["dispatch_a2a"] + ms["combine_a2a"]
     moe = ms["gate"] + a2a + ms["expert"]
     step, exposed = phases_ms["step"], phases_ms["allreduce_exposed"]
@@ -125,10 +122,10 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     a2a_bytes = samples.pop("a2a_bytes")
     tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
-    extra = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
+    single_metrics = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
              "tokens_per_s": tokens_per_step / (step_median / 1e3),
              **(packing.metrics() if packing else {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0})}
-    return samples, extra
+    return samples, single_metrics
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(cfg)
     try:
         with naming_failed_ranks(env):
-            samples, extra = train(cfg, env)
+            samples, single_metrics = train(cfg, env)
         if env.rank == 0:
             params = point_params(cfg)
             point = point_name(params)
             record = make_record(paper=cfg.paper, experiment=cfg.experiment, point=point, mode="measured",
                                  backend=env.backend, hardware=cfg.hardware.name, params=params, samples=samples,
-                                 config=to_container(cfg), extra_metrics=extra, device=env.device.type)
+                                 config=to_container(cfg), extra_metrics=single_metrics, device=env.device.type)
             path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
             print(f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
                   f"a2a share {record['metrics']['a2a_share']['median']:.1%}", file=sys.stderr)

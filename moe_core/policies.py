@@ -187,7 +187,7 @@ class CommPolicy:
 
     def __init__(self, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer):
         self.plan, self.groups, self.timer = plan, groups, timer
-        self.units: list[GradientBucket | GradientMicroOp] = []
+        self.gradient_units: list[GradientBucket | GradientMicroOp] = []
         self.hooks: list[RemovableHandle] = []  # what attach registered on the model
         self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
 
@@ -195,7 +195,7 @@ class CommPolicy:
         for layer in model.moe_layers():
             layer.comm, layer.timer = self, self.timer
         named = backward_ordered_params(model)
-        self.units = [self._unit(unit, named) for unit in self.plan.gradient_units]
+        self.gradient_units = [self._unit(unit, named) for unit in self.plan.gradient_units]
         if self.plan.launch_when_ready:
             self._hook_units(named)
 
@@ -213,10 +213,10 @@ class CommPolicy:
     def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
         """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``."""
         of_param: dict[int, list] = {}
-        for unit in self.units:
+        for unit in self.gradient_units:
             for p in unit.params:
                 of_param.setdefault(id(p), []).append(unit)
-        self.pending = {id(u): len(u.params) for u in self.units}
+        self.pending = {id(u): len(u.params) for u in self.gradient_units}
 
         def grad_ready(p: torch.nn.Parameter) -> None:
             ready = []
@@ -242,7 +242,7 @@ class CommPolicy:
             handle.remove()
         for layer in model.moe_layers():
             layer.comm, layer.timer = None, PhaseTimer(enabled=False)
-        self.hooks, self.units = [], []
+        self.hooks, self.gradient_units = [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
         """One MoE all-to-all on the expert-parallel group: the library's, or in the plan's order
@@ -270,20 +270,20 @@ class CommPolicy:
         """Complete the step's gradient sync: launch every unit not launched yet (all of them when
         units launch after the backward pass), wait for all, and average the in-place micro-ops."""
         if not self.plan.launch_when_ready:
-            for unit in self.units:
+            for unit in self.gradient_units:
                 unit.launch(async_op=False)
                 unit.finish()
         else:
-            for unit in self.units:
+            for unit in self.gradient_units:
                 if not unit.launched:  # some gradient never arrived this step: launch what we have
                     unit.launch(async_op=True)
-            for unit in self.units:
+            for unit in self.gradient_units:
                 unit.finish()
-            self.pending = {id(u): len(u.params) for u in self.units}
+            self.pending = {id(u): len(u.params) for u in self.gradient_units}
         self._average_micro_ops()
 
     def _average_micro_ops(self) -> None:
-        sliced = {id(u.param): u.param for u in self.units if isinstance(u, GradientMicroOp)}
+        sliced = {id(u.param): u.param for u in self.gradient_units if isinstance(u, GradientMicroOp)}
         for p in sliced.values():
             p.grad /= self.groups.layout.world_size
 

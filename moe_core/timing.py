@@ -20,6 +20,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+# The timed phases of an MoE layer in a training step, each recorded as ``<phase>.fwd`` and
+# ``<phase>.bwd`` (measured) and as ops of these phases (simulated); both report ``<phase>_ms``.
+STEP_PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
+
 
 class PhaseTimer:
     """Accumulates time per named phase (``"expert.fwd"``, ``"dispatch_a2a.bwd"``...) for one step."""

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+# The measured collectives' and ordered all-to-alls' buffers are float32: their traffic matrices
+# count whole elements of this size (experiments/collectives.py, experiments/aurora_a2a.py, and
+# the simulator's mirror of the microbenchmark, moe_core.sim.collectives).
+ELEMENT_BYTES = 4
+
 
 def zipf_traffic_matrix(world_size: int, bytes_per_rank: int, zipf: float, seed: int,
-                        element_bytes: int = 4) -> np.ndarray:
+                        element_bytes: int = ELEMENT_BYTES) -> np.ndarray:
     """Skewed all-to-all(v) traffic: every rank sends ``bytes_per_rank``, a few ranks receive most.
 
     MoE gating sends more tokens to some experts than to others, and the ranks that hold the

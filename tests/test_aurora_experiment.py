@@ -8,7 +8,8 @@ import pytest
 from analysis.collect import read_valid_record
 from experiments import aurora
 from moe_core.papers.aurora.study import aurora_points
-from experiments.aurora_a2a import ELEMENT_BYTES, measured_points, scaled
+from experiments.aurora_a2a import measured_points, scaled
+from moe_core.workloads import ELEMENT_BYTES
 from moe_core.config import load_config
 
 TINY = ["aurora.gating_zipf=[2.0]", "aurora.traffic_zipf=[1.0]", "aurora.num_experts=4", "aurora.moe_layers=2",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.collectives import (CASES, Collective, bottleneck_bytes, bus_bandwidth_factor, check_sizes, collective_points, point_name,
+from experiments.collectives import (CASES, Collective, bottleneck_bytes, bus_bandwidth_factor, check_sizes, collective_points, collective_point_name,
                                      sizes_bytes)
 from moe_core.config import REPO_ROOT, ConfigError, load_config
 from moe_core.results import read_record, record_path
@@ -62,11 +62,11 @@ def test_bad_arguments_raise():
 
 
 def test_point_name():
-    assert point_name("all_reduce", None, 4, 4096) == "all_reduce_ws4_4KiB"
-    assert point_name("all_to_all_v", "all_reduce", 4, 2**20) == "all_to_all_v+all_reduce_ws4_1MiB"
-    assert point_name("all_to_all", None, 8, 64 * 2**20) == "all_to_all_ws8_64MiB"
-    assert point_name("all_to_all", None, 2, 3 * 2**30) == "all_to_all_ws2_3GiB"
-    assert point_name("all_reduce", None, 2, 1000) == "all_reduce_ws2_1000B"
+    assert collective_point_name("all_reduce", None, 4, 4096) == "all_reduce_ws4_4KiB"
+    assert collective_point_name("all_to_all_v", "all_reduce", 4, 2**20) == "all_to_all_v+all_reduce_ws4_1MiB"
+    assert collective_point_name("all_to_all", None, 8, 64 * 2**20) == "all_to_all_ws8_64MiB"
+    assert collective_point_name("all_to_all", None, 2, 3 * 2**30) == "all_to_all_ws2_3GiB"
+    assert collective_point_name("all_reduce", None, 2, 1000) == "all_reduce_ws2_1000B"
 
 
 def test_default_sizes_and_points():

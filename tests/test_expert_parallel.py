@@ -219,7 +219,7 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
     for step, factor in enumerate(factors):
         if groups[factor] is not policy.groups:
             old, policy = policy, repack(cfg, model, optimizer, policy, groups[factor], ELEMENT_BYTES)
-            assert not old.hooks and not old.units  # detached
+            assert not old.hooks and not old.gradient_units  # detached
         layouts.append((dist.get_world_size(policy.groups.ep_group),
                         dist.get_world_size(policy.groups.expert_grad_group), policy.groups.ep_rank))
         states.append({name: {"param": p.detach().clone(), **{k: v.clone() for k, v in optimizer.state[p].items()}}

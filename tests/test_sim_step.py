@@ -40,7 +40,7 @@ def test_buckets_are_the_measured_policys_buckets():
         shard_experts(model, groups)
         policy = make_policy(measured_cfg, groups, PhaseTimer(), element_bytes=4)
         policy.attach(model)
-        measured = [sum(p.numel() * 4 for p in unit.params) for unit in policy.units]
+        measured = [sum(p.numel() * 4 for p in unit.params) for unit in policy.gradient_units]
     finally:
         dist.destroy_process_group()
     # Two ranks holding all 4 experts each (data parallel 2): every bucket is all-reduced.

@@ -14,11 +14,10 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..workloads import zipf_traffic_matrix
+from ..workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
 
-ELEMENT_BYTES = 4  # the microbenchmark's float32 buffers
 
 
 def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:

@@ -28,12 +28,12 @@ from ..gating import capacity
 from ..layout import Layout, layout_of
 from ..plan import layer_a2a_micro_ops
 from ..policies import build_plan
+from ..timing import STEP_PHASES
 from .collectives import collective_op, simulate_on
 from .engine import Op, Timeline
 from .topology import Transfer
 
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
-PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per element
 
 
 @dataclass
@@ -68,7 +68,7 @@ class StepSimulation:
         moe_wall = span["fwd"] + span["bwd"]
         # the compute stream's busy share of the MoE layers' wall time (Lina Fig 11-12's GPU utilisation)
         compute_share = (by_phase["gate"] + by_phase["expert"]) / moe_wall if moe_wall else 0.0
-        return {"step_ms": step, **{f"{p}_ms": by_phase[p] for p in PHASES}, "a2a_ms": a2a,
+        return {"step_ms": step, **{f"{p}_ms": by_phase[p] for p in STEP_PHASES}, "a2a_ms": a2a,
                 "a2a_fwd_ms": a2a_dir[".fwd"], "a2a_bwd_ms": a2a_dir[".bwd"], "moe_layer_ms": moe,
                 "moe_layer_fwd_ms": span["fwd"], "moe_layer_bwd_ms": span["bwd"],
                 "moe_compute_share": compute_share,
@@ -99,7 +99,7 @@ class StepSimulation:
         pipelined behind an all-to-all once, so it is the time the layer holds up the step."""
         spans: dict[tuple[str, str], tuple[float, float]] = {}
         for op, start, end in zip(self.ops, self.timeline.start_s, self.timeline.end_s):
-            if op.phase in PHASES:
+            if op.phase in STEP_PHASES:
                 key = (op.name.split(".", 1)[0], op.name.rsplit(".", 1)[1])  # ("L3", "fwd")
                 lo, hi = spans.get(key, (start, end))
                 spans[key] = (min(lo, start), max(hi, end))
@@ -116,7 +116,7 @@ class StepModel:
 
     def __init__(self, cfg: DictConfig, topo):
         self.cfg, self.topo = cfg, topo
-        self.elem = ELEMENT_BYTES[cfg.train.dtype]
+        self.elem = DTYPE_BYTES[cfg.train.dtype]
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
             raise ValueError(f"world_size {self.layout.world_size} exceeds the {topo.n} devices of '{topo.name}'")
@@ -202,7 +202,7 @@ class StepModel:
         m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
         T, M, H, E = tr.batch_size * m.seq_len, m.d_model, m.d_ff, moe.num_experts
         rows, a2a_bytes = self._moe_sizes()
-        t = {"attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
+        op_seconds = {"attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
              "ffn": self._seconds(4 * T * M * H, "dense"), "gate": self._seconds(2 * T * M * E, "gate"),
              "expert": self._seconds(4 * rows * M * H, "expert"), "head": self._seconds(2 * T * M * m.vocab_size, "dense")}
         a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
@@ -242,21 +242,21 @@ class StepModel:
         moe_layers = {i for i in range(m.n_layers) if i % m.moe_every == m.moe_every - 1}
         last = None
         for i in range(m.n_layers):
-            last = add(f"L{i}.attn.fwd", "dense", last, duration_s=t["attn"])
+            last = add(f"L{i}.attn.fwd", "dense", last, duration_s=op_seconds["attn"])
             if i in moe_layers:
-                last = add(f"L{i}.gate.fwd", "gate", last, duration_s=t["gate"])
-                last = exchange_compute_exchange(i, "dispatch", "combine", t["expert"], last, "fwd")
+                last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"])
+                last = exchange_compute_exchange(i, "dispatch", "combine", op_seconds["expert"], last, "fwd")
             else:
-                last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=t["ffn"])
-        last = add("head.fwd_bwd", "dense", last, duration_s=3 * t["head"])
+                last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=op_seconds["ffn"])
+        last = add("head.fwd_bwd", "dense", last, duration_s=3 * op_seconds["head"])
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
             if i in moe_layers:
-                last = exchange_compute_exchange(i, "combine", "dispatch", 2 * t["expert"], last, "bwd")
-                last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * t["gate"])
+                last = exchange_compute_exchange(i, "combine", "dispatch", 2 * op_seconds["expert"], last, "bwd")
+                last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * op_seconds["gate"])
             else:
-                last = add(f"L{i}.ffn.bwd", "dense", last, duration_s=2 * t["ffn"])
-            last = add(f"L{i}.attn.bwd", "dense", last, duration_s=2 * t["attn"])
+                last = add(f"L{i}.ffn.bwd", "dense", last, duration_s=2 * op_seconds["ffn"])
+            last = add(f"L{i}.attn.bwd", "dense", last, duration_s=2 * op_seconds["attn"])
             grads_ready[i] = last
         backward_end = grads_ready["embed"] = last
         self._add_gradient_sync(ops, grads_ready, backward_end)

@@ -40,9 +40,9 @@ from .system_model import (
     DEPLOYMENT_POLICIES,
     IMPRECISION_BASELINE,
     NETWORKS,
-    ORDERS,
+    STUDIED_ORDERS,
     SETTINGS,
-    cluster_of,
+    big_switch_of,
     colocated,
     costs_of,
     draws,
@@ -107,9 +107,9 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
     """Experiment -> point names one run writes (pure; the workflow declares them as outputs)."""
     a, names = cfg.aurora, workload_names(cfg)
     pairs = [pair_name(p) for p in model_pairs(cfg)]
-    order = [f"homogeneous_fig4-toy_l1_{k}" for k in ORDERS]
+    order = [f"homogeneous_fig4-toy_l1_{k}" for k in STUDIED_ORDERS]
     order += [f"{net}_{w}_l{l + 1}_{k}" for net in NETWORKS for w in names for l in range(a.moe_layers)
-              for k in ORDERS]
+              for k in STUDIED_ORDERS]
     deployment = [f"{s}_{w}_{p}" for s in SETTINGS for w in (names if s.startswith("exclusive") else pairs)
                   for p in DEPLOYMENT_POLICIES[s]]
     gap = [f"{pair}_l{l + 1}" for pair in pairs for l in range(a.moe_layers)]
@@ -124,7 +124,7 @@ def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[st
     a = cfg.aurora
     n, seed = a.num_experts, cfg.train.seed
     costs = costs_of(cfg, hardware["homogeneous"])
-    clusters = {net: cluster_of(hardware[net], n, costs.reference_flops) for net in NETWORKS}
+    clusters = {net: big_switch_of(hardware[net], n, costs.reference_flops) for net in NETWORKS}
     tokens = token_workloads(cfg, n)
     progress(f"workloads: {', '.join(tokens)}")
     stats = {w: [costs.stats(t) for t in layers] for w, layers in tokens.items()}
@@ -172,7 +172,7 @@ def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[st
 
     # (c) gap of Section 7's heuristic to the brute-force optimum
     g = a.gap_gpus
-    small = cluster_of(hardware["heterogeneous"], g, costs.reference_flops)
+    small = big_switch_of(hardware["heterogeneous"], g, costs.reference_flops)
     for w_a, w_b in model_pairs(cfg):
         for l in range(a.moe_layers):
             la, lb = (costs.stats(coarsen(tokens[w][l], g)) for w in (w_a, w_b))

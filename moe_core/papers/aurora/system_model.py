@@ -18,10 +18,10 @@ from moe_core.transmission import async_time, lower_bound, make_schedule, rounds
 from moe_core.workloads import receiver_skew, traffic_bytes
 
 from . import colocation
-from . import transmission_order  # noqa: F401  (registers the orders of ORDERS)
+from . import transmission_order  # noqa: F401  (registers the orders of STUDIED_ORDERS)
 
 PAPER = "aurora"
-ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.transmission.ORDERS names, baselines first
+STUDIED_ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.transmission.ORDERS names, baselines first
 NETWORKS = ("homogeneous", "heterogeneous")
 SETTINGS = ("exclusive-homogeneous", "exclusive-heterogeneous", "colocated-homogeneous", "colocated-heterogeneous")
 # Policies per setting; the first is Aurora, the others its baselines (papers.md §5.4). Orders are the
@@ -40,14 +40,14 @@ DEPLOYMENT_ORDER = "exact"
 
 
 @dataclass(frozen=True)
-class Cluster:
+class BigSwitch:
     """n GPUs on a big switch: per-GPU bandwidth (bytes/s) and speed (relative to the reference GPU)."""
 
     bandwidth: np.ndarray  # (n,)
     speed: np.ndarray  # (n,)
 
 
-def cluster_of(hardware: DictConfig, n: int, reference_flops: float) -> Cluster:
+def big_switch_of(hardware: DictConfig, n: int, reference_flops: float) -> BigSwitch:
     """The profile's devices scaled to ``n`` GPUs: its GPU classes in equal proportion, fastest first."""
     classes = hardware.gpu_classes or [{"count": 1, "nic_GBps": hardware.nic_GBps, "peak_tflops": hardware.peak_tflops}]
     total = sum(c["count"] for c in classes)
@@ -61,7 +61,7 @@ def cluster_of(hardware: DictConfig, n: int, reference_flops: float) -> Cluster:
     if (bandwidth <= 0).any() or (flops <= 0).any():
         raise ConfigError(f"hardware profile '{hardware.name}' (aurora.*_hardware) needs positive nic_GBps and "
                           "peak_tflops for Aurora's system model")
-    return Cluster(bandwidth, flops / reference_flops)
+    return BigSwitch(bandwidth, flops / reference_flops)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def order_points(traffic: np.ndarray, bandwidth: np.ndarray, seed: int) -> dict[
     rounds and the matrix's receiver skew."""
     bound = lower_bound(traffic, bandwidth)
     out = {}
-    for kind in ORDERS:
+    for kind in STUDIED_ORDERS:
         schedule = make_schedule(kind, traffic, bandwidth, seed)
         a2a, rounds = async_time(schedule, bandwidth), rounds_time(schedule, bandwidth)
         out[kind] = {"a2a_ms": 1e3 * a2a, "rounds_ms": 1e3 * rounds, "lower_bound_ms": 1e3 * bound,
@@ -118,7 +118,7 @@ def order_points(traffic: np.ndarray, bandwidth: np.ndarray, seed: int) -> dict[
 
 # ---- (b) deployment ----
 
-def exclusive(layers: list[colocation.LayerStats], cluster: Cluster, policy: str, seed: int) -> tuple[float, float]:
+def exclusive(layers: list[colocation.LayerStats], cluster: BigSwitch, policy: str, seed: int) -> tuple[float, float]:
     """One model on its own GPUs; each layer assigned from its own statistics."""
     n = len(cluster.bandwidth)
     results = []
@@ -134,7 +134,7 @@ def exclusive(layers: list[colocation.LayerStats], cluster: Cluster, policy: str
     return over_layers(results)
 
 
-def colocated(layers_a: list[colocation.LayerStats], layers_b: list[colocation.LayerStats], cluster: Cluster, policy: str,
+def colocated(layers_a: list[colocation.LayerStats], layers_b: list[colocation.LayerStats], cluster: BigSwitch, policy: str,
               seed: int, plan_a: list[colocation.LayerStats] | None = None,
               plan_b: list[colocation.LayerStats] | None = None) -> tuple[float, float]:
     """Two models sharing the GPUs; Aurora decides each layer from ``plan_*`` (default: the true stats)."""

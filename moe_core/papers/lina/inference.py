@@ -45,8 +45,8 @@ from .config import INFERENCE_POLICIES
 from .placement import (PathProfile, Placement, devices_per_expert, expected_tokens, load_imbalance, needs_replan,
                         phase1_placement, plan_layer, replica_token_counts, route_rows, static_placement)
 
-POLICIES = (*INFERENCE_POLICIES, "ideal")
-PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")
+SCHEDULER_POLICIES = (*INFERENCE_POLICIES, "ideal")
+INFERENCE_PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")
 A2A_PHASES = ("dispatch_a2a", "combine_a2a")
 
 
@@ -61,8 +61,8 @@ def batch_metrics(ms: dict[str, float], num_layers: int) -> dict[str, float]:
     ``<phase>_ms`` summed over the MoE layers; ``moe_layer_ms``, all phases of all MoE layers;
     ``a2a_layer<i>_ms``, both all-to-alls of MoE layer i (Lina Fig 18's per-layer all-to-all time).
     """
-    out = {f"{p}_ms": sum(ms.get(layer_region(p, i), 0.0) for i in range(num_layers)) for p in PHASES}
-    out["moe_layer_ms"] = sum(out[f"{p}_ms"] for p in PHASES)
+    out = {f"{p}_ms": sum(ms.get(layer_region(p, i), 0.0) for i in range(num_layers)) for p in INFERENCE_PHASES}
+    out["moe_layer_ms"] = sum(out[f"{p}_ms"] for p in INFERENCE_PHASES)
     for i in range(num_layers):
         out[f"a2a_layer{i}_ms"] = sum(ms.get(layer_region(p, i), 0.0) for p in A2A_PHASES)
     return out
@@ -81,8 +81,8 @@ class Scheduler:
     """
 
     def __init__(self, policy: str, profile: PathProfile, num_devices: int, top_k: int, keep: int | None):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in SCHEDULER_POLICIES:
+            raise ValueError(f"policy must be one of {SCHEDULER_POLICIES}, got {policy!r}")
         self.policy, self.profile, self.num_devices, self.top_k, self.keep = policy, profile, num_devices, top_k, keep
         E = profile.num_experts
         self.balanced_gate = policy == "ideal"

@@ -85,12 +85,12 @@ class LinaPriority(CommPolicy):
     def finish_gradient_sync(self) -> None:
         launched = {id(u) for u in self.launched}
         queued = {id(u) for u in self.queue}
-        self.queue += [u for u in self.units if id(u) not in launched and id(u) not in queued]  # never ready
+        self.queue += [u for u in self.gradient_units if id(u) not in launched and id(u) not in queued]  # never ready
         while self.queue:
             self._launch_next()
         for unit in self.launched:
             unit.finish()
-        self.pending = {id(u): len(u.params) for u in self.units}
+        self.pending = {id(u): len(u.params) for u in self.gradient_units}
         self._average_micro_ops()
         self.launched, self.a2a_busy = [], False
 
