@@ -1,8 +1,23 @@
 """moe_core: a compact MoE/SPMD code base for measuring and simulating MoE communication.
 
-Modules, one job each: ``config`` (schema and validation), ``gating`` (GShard routing),
-``experts``, ``layer`` (the MoE layer), ``model`` (a small decoder transformer), ``data``
-(synthetic learnable tokens), ``parallel`` (data x expert mesh), ``comm`` (differentiable
-all-to-all), ``policies`` (when and how collectives run), ``timing``, ``results`` (records),
-``tracking`` (W&B), ``workloads`` (traffic matrices), ``distributed`` (process-group start-up).
+The paper-neutral core, one job per module:
+
+* configuration: ``config`` (schema root, load, validate, save), ``sections`` (the error type, the
+  check helpers and the registry papers add their config sections to), ``points`` (sweep points
+  and their names);
+* the MoE model: ``gating`` (GShard routing and capacity), ``experts``, ``layer`` (the MoE layer),
+  ``model`` (a small decoder transformer), ``data`` (synthetic learnable tokens);
+* parallelism and communication: ``layout`` (named mesh axes), ``parallel`` (DeviceMesh, process
+  groups, expert sharding), ``comm`` (differentiable, pipelined and ordered all-to-alls),
+  ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
+  (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
+  follow), ``policies`` (the policy registry, the baselines, the measured executor of a plan);
+* running and recording: ``distributed`` (process-group start-up, failing ranks), ``timing``,
+  ``results`` (records), ``tracking`` (W&B), ``testbed`` (an emulated multi-node cluster),
+  ``workloads`` (traffic matrices);
+* ``sim/``: the network and step simulator (topology, engine, collectives, step, calibrate); it
+  reads plans, never paper names.
+
+``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model
+(gshard, lina, aurora); importing ``moe_core.papers`` registers them with the core.
 """

@@ -168,9 +168,11 @@ class CommConfig:
 
     policy: str = "sequential"  # a registered policy (moe_core.policies.POLICIES)
     bucket_mb: float = 4.0  # gradient bucket size of the `overlap` policy (DDP default is 25 MB)
-    partition_mb: float = 30.0  # Lina's micro-op size (paper default 30 MB, studied 10-100 MB)
-    # Lina's expert packing (policies lina, lina-pack): steps between re-decisions of the packing
-    # factor; the first decision follows the train.warmup_iters warm-up steps (paper: every 4 steps).
+    # Micro-op size of policies that cut their communication into micro-ops (e.g. Lina's tensor
+    # partitioning: 30 MB by default, 10-100 MB studied).
+    partition_mb: float = 30.0
+    # Plans that pack experts (e.g. Lina's lina, lina-pack): steps between re-decisions of the
+    # expert layout; the first follows the train.warmup_iters warm-up steps (Lina: every 4 steps).
     packing_interval_iters: int = 4
 
 
@@ -213,7 +215,7 @@ class SweepConfig:
     name: str = "default"
     world_size: list[int] = field(default_factory=lambda: [2, 4])
     num_experts: list[int] = field(default_factory=lambda: [4, 8, 16])
-    # Empty: num_experts / world_size per rank (every rank holds experts, Lina's experts = GPUs).
+    # Empty: num_experts / world_size per rank (every rank holds experts; experts = GPUs).
     experts_per_rank: list[int] = field(default_factory=list)
     policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
     seed: list[int] = field(default_factory=lambda: [0])
@@ -226,14 +228,14 @@ class SweepConfig:
 class SimSweepConfig:
     """Simulated training-step sweep (experiments/simulate.py): paper-scale clusters, one point each.
 
-    num_experts = world_size * experts_per_rank (Lina: experts = GPUs). ``overrides`` set the
+    num_experts = world_size * experts_per_rank (experts = GPUs, as in Lina). ``overrides`` set the
     simulated model (a paper-scale model, unlike the small measured one); the hardware profile is
     grown to world_size with more nodes of its kind.
     """
 
     name: str = "paper-scale"
-    paper: str = "lina"
-    hardware: list[str] = field(default_factory=lambda: ["lina-a100-4x4", "h100-ndr-cluster"])
+    paper: str = "gshard"  # the paper whose figures the points belong to (configs/default.yaml: lina)
+    hardware: list[str] = field(default_factory=lambda: ["h100-ndr-cluster"])
     world_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
     experts_per_rank: int = 1
     policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
@@ -445,7 +447,11 @@ def _validate_training(cfg: DictConfig) -> None:
     require(comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}")
     for key in ("bucket_mb", "partition_mb"):
         require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")
-    require(comm.packing_interval_iters >= 1, "comm.packing_interval_iters", f"must be >= 1 step, got {comm.packing_interval_iters}")
+    require(
+        comm.packing_interval_iters >= 1,
+        "comm.packing_interval_iters",
+        f"must be >= 1 step, got {comm.packing_interval_iters}",
+    )
     c = cfg.collectives
     require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", f"must satisfy 0 < min_bytes <= max_bytes={c.max_bytes}, got {c.min_bytes}")
     require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")

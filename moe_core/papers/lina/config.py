@@ -16,7 +16,8 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 
 @dataclass
 class LinaConfig:
-    """Lina's experiments (experiments/rules/lina.smk).
+    """Lina's training experiments (points: ``sweeps.py``; run by experiments/rules/gshard.smk and
+    simulator.smk).
 
     Simulated on the paper's testbed (4 nodes x 4 A100, 100 Gb/s IB), experts = GPUs: every policy
     at every expert count (Figs 10-14) and, at the largest count, policy ``lina`` at each partition

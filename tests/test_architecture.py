@@ -1,0 +1,64 @@
+"""The code's shape: no import cycles, a paper-neutral core, and every paper in its own folder."""
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import moe_core
+
+CORE = Path(moe_core.__file__).parent
+MODULES = sorted(m.name for m in pkgutil.walk_packages([str(CORE)], prefix="moe_core."))
+# The core modules that import moe_core.papers: the registry of papers and the schema root that
+# assembles their config sections.
+REGISTRIES = {"moe_core.config"}
+
+
+def test_every_module_imports_alone_in_sorted_order():
+    """Each module is imported first in a fresh module table (moe_core.* dropped in between), so an
+    import cycle that only bites when some module is imported first cannot hide."""
+    script = (
+        "import importlib, sys\n"
+        f"for name in {MODULES!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'moe_core' or m.startswith('moe_core.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert len(MODULES) > 30 and "moe_core.papers.lina.policy" in MODULES
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Absolute names of the moe_core modules ``path`` (module ``module``) imports."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base]) if base else ".".join(parts)
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return {n for n in names if n.startswith("moe_core")}
+
+
+def test_the_core_never_imports_a_paper_except_through_the_registry():
+    for path in sorted(CORE.rglob("*.py")):
+        module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
+        if module.startswith("moe_core.papers") or module in REGISTRIES:
+            continue
+        assert not any(name.startswith("moe_core.papers") for name in _imports(path, module)), module
+
+
+def test_papers_import_no_other_paper():
+    papers = [p for p in (CORE / "papers").iterdir() if p.is_dir() and not p.name.startswith("_")]
+    assert {p.name for p in papers} >= {"gshard", "lina", "aurora"}
+    for paper in papers:
+        for path in sorted(paper.rglob("*.py")):
+            module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
+            others = {n for n in _imports(path, module) if n.startswith("moe_core.papers.")}
+            assert all(n.startswith(f"moe_core.papers.{paper.name}") for n in others), (module, others)
