@@ -21,6 +21,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -116,6 +117,7 @@ def render(
     if out_png.suffix != ".png":
         raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
     sns.set_theme(style="whitegrid", context="paper")
+    np.random.seed(0)  # seaborn's jitter (strip plots) draws from numpy's global generator: same figure every run
     fig = plt.figure(figsize=(7, 4.5))
     try:
         if registered.reads_validation:

@@ -124,6 +124,8 @@ def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[
         if (step + 1) % HEARTBEAT_STEPS == 0:
             dist.barrier()
     torch.set_num_threads(threads)
+    if steps == 0:  # an untrained gate: no training loss to record (records hold finite numbers only)
+        return {}
     print(f"trained {steps} steps in {time.perf_counter() - start:.1f} s: nll {nll_first:.3f} -> {nll:.3f}",
           file=sys.stderr)
     return {"train_nll_first": nll_first, "train_nll_last": nll}
