@@ -46,33 +46,79 @@ node whichever node joins first. For a multi-node job the launcher runs once, in
 and starts the only ``srun`` step: inside a step (``SLURM_STEP_ID`` set) it never calls ``srun``
 again, and refuses a multi-node job there (a nested srun would wait for resources its own step holds).
 
-Exit code: the job's (the first failing node's when emulated), 2 for bad input before any launch.
+Exit code: the job's (the first failing node's when emulated); 128 + the signal when interrupted;
+2 for bad input before any launch: a bad config, a ``--nproc`` that differs from the world size the
+entry point runs with (``parallel.world_size`` for experiments.train_step, see
+ENTRY_WORLD_SIZE_KEYS), a ``results_dir`` that cannot be written.
+
+Failures. Every node's stderr passes through the launcher, and when the job fails its last line
+names the rank that failed first and how (:func:`failure_summary`, from torchrun's failure
+summary and the ranks' own reports, moe_core.distributed): ``error: rank 2 was killed by signal 9
+(SIGKILL)``, ``error: rank 1 exited with code 1``, or for a hung rank what the others found,
+``error: rank 1 stopped responding: its heartbeat stopped: ...``. How long that takes:
+
+* a killed rank: a few seconds (torchrun notices the dead process and stops the others);
+* a hung rank: within ``parallel.timeout_s + 10 s`` (typically + 4 to 6 s): the other ranks'
+  collectives time out after ``parallel.timeout_s``, they take HEALTH_WINDOW_S (3 s) to name it,
+  kill it if it is a stopped process on their host (SIGSTOP: torchrun's SIGTERM cannot end it),
+  and exit; torchrun then stops the rest at once, and exits, and the launcher with it.
+
 When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped
 (srun's ``--kill-on-bad-exit`` does the same for SLURM tasks).
+
+Interrupts. SIGINT, SIGTERM and SIGHUP stop torchrun and every rank, and the launcher exits with
+128 + the signal; only a run that finished writes its record. Under Snakemake, Ctrl-C (SIGINT to
+the whole foreground process group, as ``kill -INT -- -<pgid>``) reaches the launcher, so the job
+stops with Snakemake without writing its record, and the same command later runs it again (no
+``--rerun-incomplete`` needed). ``kill -INT <snakemake pid>`` alone never reaches the job:
+Snakemake's local executor waits for its running jobs to finish (they write their records) and
+exits leaving their outputs marked incomplete, so the next run needs ``--rerun-incomplete``.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from moe_core.config import ConfigError, config_arg_parser, load_config
+from moe_core.distributed import FAILED_RANK_EXIT_CODE, proc_stat
+from moe_core.results import ResultsDirError, check_writable
 from moe_core.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# torchrun's wait for its ranks after it passes on a stop signal (SIGTERM, SIGINT: the launcher
+# stopping it), before it kills them; its default, 30 s, only ever matters for a rank that cannot
+# run (SIGSTOP, uninterruptible sleep). Read by torch >= 2.12 (TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
+TORCHRUN_SHUTDOWN_S = 3
 # Each node's namespace is fresh, so a fixed rendezvous port cannot collide with anything.
 RENDEZVOUS_PORT = 29500
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The config key each measured entry point takes its world size from (the world_size_key it passes
+# to moe_core.distributed.init_distributed), so that --nproc is checked before anything starts.
+ENTRY_WORLD_SIZE_KEYS = {
+    "experiments.train_step": "parallel.world_size",
+    "experiments.inference": "parallel.world_size",
+    "experiments.collectives": "collectives.world_size",
+    "experiments.aurora_a2a": "aurora.world_size",
+}
 # SLURM c10d rendezvous port: derived from the job id, so two jobs sharing a first node do not
 # collide; below Linux's ephemeral range (32768-) so outgoing connections do not take it first.
 SLURM_RENDEZVOUS_PORT_BASE, SLURM_RENDEZVOUS_PORTS = 20000, 10000
 # What a measured job asks of SLURM per rank: a GPU rank gets a few cores for its host-side work
-# (kernel launches, gloo health group), a CPU rank one core (the ranks share the node, see
+# (kernel launches, heartbeat thread), a CPU rank one core (the ranks share the node, see
 # moe_core.distributed.cpu_threads_per_rank). Host memory: a CUDA context alone holds a few GB.
 CPUS_PER_RANK = {"cpu": 1, "cuda": 4}
 MEM_MB_PER_RANK = {"cpu": 1500, "cuda": 8000}
@@ -110,29 +156,60 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
     """Run ``(argv, env)`` commands concurrently; return the first failure's exit code, else 0.
 
     Once one fails, the rest get ``grace_s`` to finish (normally they notice the lost peer within
-    seconds and report it), then are stopped. Each command runs in its own session, so stopping it
-    stops its whole process tree (torchrun and its workers). SIGINT and SIGTERM stop everything.
+    seconds and report it), then are stopped. Each command's stderr is copied to ours as it comes;
+    when the job failed, one last line names the rank that failed first and how
+    (:func:`failure_summary`). SIGINT, SIGTERM and SIGHUP stop everything (:func:`_stop`) and
+    return 128 + the signal.
     """
-    previous_sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    procs = []
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    procs, relays, code, interrupted = [], [], 0, False
     try:
-        procs = [subprocess.Popen(argv, env=env, start_new_session=True) for argv, env in commands]
-        first_failure, deadline = 0, None
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [_exit_code(code) for code in codes if code not in (None, 0)]
-            if failed and deadline is None:
-                first_failure, deadline = failed[0], time.monotonic() + grace_s
-            if None not in codes:
-                return first_failure
-            if deadline is not None and time.monotonic() > deadline:
-                print(f"error: a node failed with exit code {first_failure} and the others did not stop "
-                      f"within {grace_s:g} s; stopping them", file=sys.stderr)
-                return first_failure
-            time.sleep(0.2)
+        for argv, env in commands:
+            procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True))
+            relays.append(StderrRelay(procs[-1].stderr))
+        code = _wait(procs, grace_s)
+    except _Interrupted as stop:
+        code, interrupted = 128 + stop.signum, True
+        print(f"error: interrupted by {signal.Signals(stop.signum).name}: stopping torchrun and its ranks",
+              file=sys.stderr, flush=True)
     finally:
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
         _stop(procs)
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    outputs = [relay.text(timeout_s=2.0) for relay in relays]
+    summary = failure_summary(outputs) if code and not interrupted else None
+    if summary:
+        print(f"error: {summary}", file=sys.stderr, flush=True)
+    return code
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):
+    raise _Interrupted(signum)
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
+    """Wait for every process; once one fails, the others get ``grace_s``. The first failure's code."""
+    first_failure, deadline = 0, None
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [_exit_code(code) for code in codes if code not in (None, 0)]
+        if failed and deadline is None:
+            first_failure, deadline = failed[0], time.monotonic() + grace_s
+        if None not in codes:
+            return first_failure
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"error: a node failed with exit code {first_failure} and the others did not stop "
+                  f"within {grace_s:g} s; stopping them", file=sys.stderr)
+            return first_failure
+        time.sleep(0.2)
 
 
 def _exit_code(returncode: int) -> int:
@@ -141,19 +218,140 @@ def _exit_code(returncode: int) -> int:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM the process groups still running, SIGKILL them after STOP_GRACE_S."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
-        running = [p for p in procs if p.poll() is None]
-        for p in running:
+    """Stop the commands still running: SIGTERM to each one's process group (torchrun passes it on
+    to its ranks), after STOP_GRACE_S SIGKILL to the group, then to every process it had started
+    that still runs.
+
+    NOTE: torchrun starts each rank in a session of its own, out of reach of its group's signals;
+    a rank that torchrun could not stop (SIGSTOP) would outlive it without the last step.
+    """
+    running = [p for p in procs if p.poll() is None]
+    started = [child for p in running for child in _descendants(p.pid)]
+    for p in running:
+        _signal_group(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in running:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p.pid, signal.SIGKILL)
+            p.wait()
+    for pid, start_time in started:
+        if (proc_stat(pid) or [None] * 20)[19] == start_time:  # still the same process
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of every process below ``pid`` (empty without /proc)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in (Path("/proc").iterdir() if Path("/proc").is_dir() else ()):
+        stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat:
+            children.setdefault(int(stat[1]), []).append((int(entry.name), stat[19]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+class StderrRelay:
+    """Copies a child's stderr to ours as it comes, keeping its last TAIL_BYTES to name failures."""
+
+    TAIL_BYTES = 1 << 16
+
+    def __init__(self, stream):
+        self._tail = bytearray()
+        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
+        while chunk := os.read(stream.fileno(), 1 << 16):
+            self._tail += chunk
+            del self._tail[:-self.TAIL_BYTES]
             try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
+                sys.stderr.write(decoder.decode(chunk))
+                sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr is gone; keep draining, or the ranks block on a full pipe
                 pass
-        for p in running:
-            try:
-                p.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                pass
+        stream.close()
+
+    def text(self, timeout_s: float) -> str:
+        """The tail, once the child's stderr is closed (or after ``timeout_s``)."""
+        self._thread.join(timeout_s)
+        return bytes(self._tail).decode(errors="replace")
+
+
+# torchrun's failure summary (torch.distributed.elastic's ChildFailedError): one entry per failed rank.
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+# A rank's own report (moe_core.distributed.Health.exit_naming_failed_ranks).
+_RANK_REPORT = re.compile(r"error: rank (\d+) (?:stopped|could not start): .*? \| (.*)")
+_UNRESPONSIVE = re.compile(r"rank (\d+) did not respond: ([^;]*)")
+_KILLED_BY_A_RANK = re.compile(r"so rank \d+ kills it")
+
+
+def failure_summary(outputs: list[str]) -> str | None:
+    """Which rank failed first and how, from the stderr of a failed job (one text per torchrun).
+
+    In order: torchrun's first observed failure ("rank 2 was killed by signal 9 (SIGKILL)"), unless
+    it is a rank that only reported a failed peer (FAILED_RANK_EXIT_CODE) or a stopped rank that
+    such a rank killed; else the ranks that the others found unresponsive (a hung rank, which never
+    fails by itself); else torchrun's other failures that are neither such reports nor the SIGTERMs
+    it stops ranks with. None when nothing is known.
+    """
+    roots, others, reported = [], [], {}
+    for text in outputs:
+        head, marker, tail = text.rpartition(_ROOT_CAUSE)
+        if marker:
+            roots += [(int(r), int(c)) for r, c in _TORCHRUN_FAILURE.findall(tail)[:1]]
+            start = head.rfind("Failures:")
+            others += [(int(r), int(c)) for r, c in _TORCHRUN_FAILURE.findall(head[start:] if start >= 0 else "")]
+        for line in text.replace("\r", "\n").splitlines():
+            report = _RANK_REPORT.search(line)
+            for rank, why in _UNRESPONSIVE.findall(report.group(2)) if report else ():
+                reported.setdefault(int(rank), f"{why.strip()} (found by rank {report.group(1)})")
+    killed_by_a_rank = {r for r, why in reported.items() if _KILLED_BY_A_RANK.search(why)}
+    first = [(r, c) for r, c in roots if c != FAILED_RANK_EXIT_CODE and r not in killed_by_a_rank]
+    if first:
+        return "; ".join(f"rank {r} {_how(c)}" for r, c in first)
+    if reported:
+        return "; ".join(f"rank {r} stopped responding: {why}" for r, why in sorted(reported.items()))
+    rest = [(r, c) for r, c in roots + others if c not in (FAILED_RANK_EXIT_CODE, -signal.SIGTERM)]
+    return "; ".join(f"rank {r} {_how(c)}" for r, c in rest) or None
+
+
+def _how(exitcode: int) -> str:
+    """torchrun's exit code of a rank (negative: the signal that killed it) in words."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-exitcode} ({name})"
+    return f"exited with code {exitcode}"
+
+
+def torchrun_env(environ) -> dict[str, str]:
+    """``environ`` for a torchrun, with its shutdown timeout TORCHRUN_SHUTDOWN_S unless one is set."""
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TORCHRUN_SHUTDOWN_S), **environ}
+
+
+def check_world_size(nproc: int, entry: list[str], cfg) -> None:
+    """Raise ConfigError when ``--nproc`` differs from the world size the entry point runs with."""
+    key = ENTRY_WORLD_SIZE_KEYS.get(entry[1]) if entry[0] == "-m" else None
+    expected = OmegaConf.select(cfg, key) if key else nproc
+    if expected != nproc:
+        raise ConfigError(f"--nproc {nproc} differs from {key}={expected}, the world size {entry[1]} runs "
+                          f"with: pass --nproc {expected} or {key}={nproc}")
 
 
 def standalone_command(nproc: int, entry: list[str]) -> list[str]:
@@ -222,7 +420,7 @@ class SlurmJob:
     hosts: tuple[str, ...]  # the allocation's nodes, first node first
 
     @classmethod
-    def query(cls, job_id: str) -> "SlurmJob":
+    def query(cls, job_id: str) -> SlurmJob:
         """Ask the controller about job ``job_id``; raises ConfigError when scontrol fails."""
         show = _scontrol("show", "job", "--oneliner", job_id)
         fields = dict(item.split("=", 1) for item in show.split() if "=" in item)
@@ -273,7 +471,7 @@ def slurm_command(nproc: int, agents: int, job: SlurmJob, entry: list[str],
             f"--rdzv-endpoint={job.hosts[0]}:{port}", f"--rdzv-id={job.job_id}", *entry]
     # A task's cores are shared by its ranks; torchrun would pass on the OMP_NUM_THREADS that
     # Snakemake exported for the whole job.
-    return argv, {**environ, "OMP_NUM_THREADS": str(max(1, job.cpus_per_task // per_agent))}
+    return argv, {**torchrun_env(environ), "OMP_NUM_THREADS": str(max(1, job.cpus_per_task // per_agent))}
 
 
 def run_emulated(cfg, entry: list[str]) -> int:
@@ -287,7 +485,7 @@ def run_emulated(cfg, entry: list[str]) -> int:
     """
     hw = cfg.hardware
     emu = hw.emulation
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0",
+    env = {**torchrun_env(os.environ), "GLOO_SOCKET_IFNAME": "eth0",
            # All nodes share this host's cores, but moe_core.distributed.cpu_threads_per_rank divides them
            # by the ranks of one node only (LOCAL_WORLD_SIZE); cap the threads by the ranks of all nodes.
            "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // (hw.nodes * hw.devices_per_node)))}
@@ -313,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     hw = cfg.hardware
     overrides = list(args.overrides)
     try:
+        check_world_size(args.nproc, entry, cfg)
+        check_writable(cfg.results_dir)
         job = SlurmJob.query(os.environ["SLURM_JOB_ID"]) if "SLURM_JOB_ID" in os.environ else None
         agents = slurm_agents(job, in_step="SLURM_STEP_ID" in os.environ)
         if agents and hw.emulation.enabled:
@@ -320,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"but SLURM job {job.job_id} has {agents} tasks; run it as a one-task job")
         slurm = slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides),
                               os.environ) if agents else None
-    except ConfigError as err:
+    except (ConfigError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if slurm:
@@ -339,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
               f"inter-node links are NOT rate-limited", file=sys.stderr, flush=True)
         overrides += ["hardware.emulation.enabled=false", f"hardware.name={hw.name}-loopback-fallback"]
     command = standalone_command(args.nproc, entry_command(entry, args.config, overrides))
-    return run_all([(command, dict(os.environ))], grace_s=cfg.parallel.timeout_s)
+    return run_all([(command, torchrun_env(os.environ))], grace_s=cfg.parallel.timeout_s)
 
 
 if __name__ == "__main__":

@@ -15,23 +15,88 @@ Schema (version 1)::
 
 Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
+
+Records are strict JSON: every number is finite. A metric or sample that is NaN or infinite (a
+diverged training run, a failed measurement) is refused with NonFiniteMetricError naming it,
+before anything is written, so the run fails instead of recording a success. experiments.launch
+and moe_core.distributed.init_distributed check that ``results_dir`` can be written before any
+work starts (:func:`check_writable`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
+
+
+class NonFiniteMetricError(ValueError):
+    """A record's metric or sample is NaN or infinite: the run diverged or a measurement failed."""
+
+
+class ResultsDirError(OSError):
+    """``results_dir`` cannot be created or written."""
+
+
+def check_writable(results_dir: str | Path) -> Path:
+    """Create ``results_dir`` if needed and prove it can be written (a file is created and removed).
+
+    Called before any work (experiments.launch, moe_core.distributed.check_launch), so an
+    unwritable directory fails the run at once rather than after it. Raises ResultsDirError
+    naming the directory.
+    """
+    path = Path(results_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ResultsDirError(f"results_dir '{results_dir}' cannot be written ({err.strerror or err}); "
+                              f"set results_dir=<a writable directory>") from err
+    return path
+
+
+def check_finite(samples: dict[str, Iterable[float]], extra_metrics: dict[str, float] | None = None) -> None:
+    """Raise NonFiniteMetricError naming the first metric with a NaN or infinite value."""
+    values = {**{name: [float(v) for v in vals] for name, vals in samples.items()},
+              **{name: [float(value)] for name, value in (extra_metrics or {}).items()}}
+    for name, vals in values.items():
+        bad = [i for i, v in enumerate(vals) if not math.isfinite(v)]
+        if bad:
+            raise _non_finite(name, f"non-finite values ({len(bad)} of {len(vals)}, the first {vals[bad[0]]} "
+                                    f"at sample {bad[0]})")
+
+
+def _non_finite(name: str, what: str) -> NonFiniteMetricError:
+    loss = "loss" in name or "nll" in name
+    advice = "lower train.lr" if loss else "the measurement failed, see the run's log"
+    return NonFiniteMetricError(f"{'losses diverged: ' if loss else ''}metric '{name}' has {what}; "
+                                f"no record is written; {advice}")
+
+
+def _first_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
+    """The first (dotted key path, value) in ``obj`` whose number is NaN or infinite, or None."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (path, obj)
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 def summarize(samples: Iterable[float]) -> dict[str, float]:
@@ -48,10 +113,12 @@ def make_record(*, paper: str, experiment: str, point: str, mode: str, backend: 
                 extra_metrics: dict[str, float] | None = None, device: str = "cpu") -> dict[str, Any]:
     """Assemble a record; ``samples`` are per-iteration values (worst rank), summarized here.
 
-    ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}.
+    ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. Raises
+    NonFiniteMetricError when a sample or metric is NaN or infinite.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_finite(samples, extra_metrics)
     metrics = {name: summarize(vals) for name, vals in samples.items()}
     for name, value in (extra_metrics or {}).items():
         metrics[name] = {"value": float(value)}
@@ -90,18 +157,35 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 
 def write_record(record: dict[str, Any], path: str | Path) -> Path:
-    """Write ``record`` as JSON atomically."""
-    with atomic_output(path) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+    """Write ``record`` as strict JSON atomically; a NaN or infinite number anywhere in it raises
+    NonFiniteMetricError, naming its key path, before anything is written."""
+    found = _first_non_finite(record)
+    if found:
+        where, value = found
+        section, _, rest = where.partition(".")
+        if section in ("samples", "metrics") and rest:
+            raise _non_finite(rest.split(".")[0], f"the non-finite value {value} (at {where})")
+        raise NonFiniteMetricError(f"record field '{where}' is {value}, which strict JSON cannot hold; "
+                                   f"no record is written")
+    text = json.dumps(record, indent=1, allow_nan=False)
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     return Path(path)
 
 
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not strict JSON")
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
+    """Read a record; raises ValueError for a wrong schema version or a non-finite number."""
     with open(path) as f:
-        record = json.load(f)
+        try:
+            record = json.load(f, parse_constant=_refuse_constant)
+        except ValueError as err:
+            raise ValueError(f"{path}: not a record ({err})") from err
     if record.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {record.get('schema_version')} != {SCHEMA_VERSION}")
     return record

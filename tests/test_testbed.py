@@ -84,13 +84,13 @@ def launched(monkeypatch):
 
 
 def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_config(launched):
-    rc = launch.main(["--config", "configs/default.yaml", "comm.policy=overlap", "--nproc", "2",
-                      "--", "-m", "experiments.train_step", "--out", "x.json"])
+    rc = launch.main(["--config", "configs/default.yaml", "comm.policy=overlap", "parallel.world_size=2", "moe.num_experts=2",
+                      "--nproc", "2", "--", "-m", "experiments.train_step", "--out", "x.json"])
     assert rc == 0
     ((argv, _env),) = launched[0]
     assert argv == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     "-m", "experiments.train_step", "--config", "configs/default.yaml", "--out", "x.json",
-                    "comm.policy=overlap"]
+                    "comm.policy=overlap", "parallel.world_size=2", "moe.num_experts=2"]
 
 
 def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, capsys):
