@@ -181,3 +181,14 @@ def test_saving_the_same_config_leaves_the_file_alone(tmp_path):
     assert not save_config(load_config(["configs/default.yaml"]), path) and path.stat().st_mtime == 1.0
     assert save_config(load_config(["configs/default.yaml"], ["train.iters=11"]), path)
     assert path.stat().st_mtime > 1.0 and load_config([path]).train.iters == 11
+
+
+@pytest.mark.parametrize("entry", ["experiments.train_step", "experiments.simulate"])
+def test_no_record_resolves_outside_results_dir(tmp_path, entry):
+    """``paper`` becomes a path component of every record: a value that climbs out of results_dir
+    is refused before anything starts, and nothing is written anywhere."""
+    results = tmp_path / "a" / "results"
+    proc = subprocess.run([sys.executable, "-m", entry, "--config", "configs/default.yaml", f"results_dir={results}",
+                           "paper=../../escaped"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "config key 'paper'" in proc.stderr
+    assert not any(tmp_path.rglob("*.json")) and not (tmp_path / "escaped").exists()

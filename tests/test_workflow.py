@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +44,10 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
 
 @pytest.mark.parametrize("override,needle", [("moe={top_k: 5}", "moe.top_k"),
                                              ("comm={policy: fifo}", "comm.policy"),
-                                             ("sweep={polcy: [overlap]}", "sweep.polcy")])
+                                             ("sweep={polcy: [overlap]}", "sweep.polcy"),
+                                             ("aurora={world_size: 0}", "aurora.world_size"),
+                                             ("inference={policies: [fifo]}", "inference.policies"),
+                                             ("paper=a$(touch PWNED)", "paper")])
 def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle):
     proc = snakemake("--cores", "2", "--config", f"results_dir={tmp_path}", override)
     assert proc.returncode != 0
@@ -72,3 +76,16 @@ def test_a_changed_config_re_measures_even_without_snakemake_metadata(tmp_path):
     assert changed.returncode == 0, changed.stderr
     assert "rule collectives:" in changed.stdout + changed.stderr
     assert "iters: 11" in resolved.read_text()
+
+
+def test_commands_quote_every_value(tmp_path):
+    """A results directory with spaces and shell syntax reaches the job's command line quoted: the
+    shell sees one word, runs nothing (no PWNED file), and the job would write where it was told."""
+    results = tmp_path / "we ird$(touch PWNED)"
+    target = results / "raw/gshard/train_step/ws2_e2_epr1_sequential_s0.json"
+    proc = subprocess.run(["snakemake", str(target), "-n", "-p", "--cores", "2", "--configfile", "configs/ci.yaml",
+                           "--config", f"results_dir={results}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    command = next(line for line in proc.stdout.splitlines() if "experiments.train_step" in line)
+    assert f"--out '{target}'" in command and f"--config '{results}/config/resolved.yaml'" in command
+    assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()
