@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # Last, because the paper modules import this one: importing them registers every paper's figures.
-import analysis.papers  # noqa: F401
+import analysis.papers  # noqa: E402, F401
 
 if __name__ == "__main__":
     # `python -m` runs this file as a second module, __main__; the papers registered their figures with

@@ -29,7 +29,6 @@ def hardware_of(cfg: DictConfig, args_config: list[str], overrides: list[str], p
     return load_config(args_config, [*overrides, f"hardware_profile={profile}"]).hardware
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
     args = parser.parse_intermixed_args(argv)
@@ -37,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one small model and small matrices: threads only contend (results do not depend on it)
     try:
         cfg = load_config(args.config, args.overrides)
-        hardware = {net: hardware_of(cfg, args.config, args.overrides, cfg.aurora[f"{net}_hardware"])
-                    for net in NETWORKS}
-        points = run(cfg, hardware, lambda msg: print(f"aurora: {msg} ({time.perf_counter() - started:.1f} s)",
-                                                      file=sys.stderr))
+        hardware = {
+            net: hardware_of(cfg, args.config, args.overrides, cfg.aurora[f"{net}_hardware"]) for net in NETWORKS
+        }
+        points = run(
+            cfg, hardware, lambda msg: print(f"aurora: {msg} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
+        )
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -49,14 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     config = to_container(cfg)
     for p in points:
         hw = cfg.aurora[f"{p.params['network']}_hardware"]
-        record = make_record(paper=PAPER, experiment=p.experiment, point=p.name, mode="simulated", backend="sim",
-                             hardware=hw, params=p.params, samples=p.samples, config=config, extra_metrics=p.extra)
+        record = make_record(
+            paper=PAPER,
+            experiment=p.experiment,
+            point=p.name,
+            mode="simulated",
+            backend="sim",
+            hardware=hw,
+            params=p.params,
+            samples=p.samples,
+            config=config,
+            extra_metrics=p.extra,
+        )
         write_record(record, record_path(cfg.results_dir, PAPER, p.experiment, p.name))
-    print(f"aurora: wrote {len(points)} records under {cfg.results_dir}/raw/{PAPER}/ in "
-          f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
+    print(
+        f"aurora: wrote {len(points)} records under {cfg.results_dir}/raw/{PAPER}/ in "
+        f"{time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -44,7 +44,9 @@ MEASURED_ORDERS = ("library", "aurora", "sjf", "rcs", "exact")
 
 def measured_points(cfg: DictConfig) -> list[str]:
     """Every point name one run writes (pure; the workflow declares them as outputs)."""
-    return [f"ws{cfg.aurora.world_size}_gating-z{z:g}_{order}" for z in cfg.aurora.gating_zipf for order in MEASURED_ORDERS]
+    return [
+        f"ws{cfg.aurora.world_size}_gating-z{z:g}_{order}" for z in cfg.aurora.gating_zipf for order in MEASURED_ORDERS
+    ]
 
 
 def scaled(tokens: np.ndarray, bytes_per_rank: int) -> np.ndarray:
@@ -63,7 +65,9 @@ class Exchange:
         # value = source rank * 1e6 + position: a misplaced element cannot go unnoticed
         self.input = (torch.arange(sum(self.in_splits), dtype=torch.float32) + env.rank * 1e6).to(env.device)
         self.output = torch.empty(sum(self.out_splits), dtype=torch.float32, device=env.device)
-        self.schedules = {order: make_schedule(order, elements, seed=seed) for order in MEASURED_ORDERS if order != "library"}
+        self.schedules = {
+            order: make_schedule(order, elements, seed=seed) for order in MEASURED_ORDERS if order != "library"
+        }
 
     def run(self, order: str) -> None:
         if order == "library":
@@ -85,8 +89,10 @@ def check_orders(layers: list[Exchange]) -> None:
     all_ok = torch.tensor([int(ok)], device=layers[0].input.device)
     dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
     if not all_ok.item():
-        raise RuntimeError(f"an ordered all-to-all delivered other data than all_to_all_single "
-                           f"(this rank {'correct' if ok else 'wrong'})")
+        raise RuntimeError(
+            f"an ordered all-to-all delivered other data than all_to_all_single "
+            f"(this rank {'correct' if ok else 'wrong'})"
+        )
 
 
 def measure(layers: list[Exchange], order: str, cfg: DictConfig, timer: PhaseTimer) -> dict[str, list[float]]:
@@ -129,13 +135,28 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
                 continue
             # T* in bytes at unit bandwidth: the busiest rank's off-rank bytes, summed over layers
             bottleneck = sum(lower_bound(m) for m in elements) * ELEMENT_BYTES
-            params = {"workload": workload, "policy": order, "world_size": env.world_size,
-                      "moe_layers": len(layers), "bytes_per_rank": cfg.aurora.bytes_per_rank}
-            records.append(make_record(
-                paper=PAPER, experiment=EXPERIMENT, point=f"ws{env.world_size}_{workload}_{order}",
-                mode="measured", backend=cfg.hardware.backend, hardware=cfg.hardware.name, params=params,
-                samples=samples, config=to_container(cfg), extra_metrics={"bottleneck_bytes": bottleneck},
-                device=cfg.hardware.device))
+            params = {
+                "workload": workload,
+                "policy": order,
+                "world_size": env.world_size,
+                "moe_layers": len(layers),
+                "bytes_per_rank": cfg.aurora.bytes_per_rank,
+            }
+            records.append(
+                make_record(
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=f"ws{env.world_size}_{workload}_{order}",
+                    mode="measured",
+                    backend=cfg.hardware.backend,
+                    hardware=cfg.hardware.name,
+                    params=params,
+                    samples=samples,
+                    config=to_container(cfg),
+                    extra_metrics={"bottleneck_bytes": bottleneck},
+                    device=cfg.hardware.device,
+                )
+            )
     return records
 
 

@@ -39,23 +39,30 @@ def main(argv: list[str] | None = None) -> int:
         if hw.device == "cpu" and not hw.host_cores:  # CPU ranks share this host's cores
             hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
         network_hw, network_fit = fit_network(hw, alone_times(records, hw.name), seed=cfg.collectives.seed)
-        train = [(r["config"], medians(r)) for r in calibrate if r["experiment"] == "train_step"
-                 and r["hardware"] == hw.name]
+        train = [
+            (r["config"], medians(r)) for r in calibrate if r["experiment"] == "train_step" and r["hardware"] == hw.name
+        ]
         compute_hw, compute_fit = fit_compute(network_hw, train)
         fitted, wait_fit = fit_in_step_wait(compute_hw, train)
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    fitted = OmegaConf.merge(fitted, {"name": f"{hw.name}-calibrated",
-                                      "description": f"{hw.name} calibrated on {len(calibrate)} measured records"})
-    header = (f"# Calibrated by experiments/calibrate.py on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.\n"
-              f"# network fit: {json.dumps(network_fit)}\n# compute fit: {json.dumps(compute_fit)}\n"
-              f"# in-step wait fit: {json.dumps(wait_fit)}\n")
+    fitted = OmegaConf.merge(
+        fitted,
+        {"name": f"{hw.name}-calibrated", "description": f"{hw.name} calibrated on {len(calibrate)} measured records"},
+    )
+    header = (
+        f"# Calibrated by experiments/calibrate.py on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.\n"
+        f"# network fit: {json.dumps(network_fit)}\n# compute fit: {json.dumps(compute_fit)}\n"
+        f"# in-step wait fit: {json.dumps(wait_fit)}\n"
+    )
     with atomic_output(args.out) as tmp:
         Path(tmp).write_text(header + OmegaConf.to_yaml(fitted))
-    print(f"wrote {args.out}: intra {fitted.intra_node_GBps:.3g} GB/s, nic {fitted.nic_GBps:.3g} GB/s, "
-          f"{fitted.peak_tflops:.3g} TFLOP/s; network fit median error {network_fit['median_abs_rel_error']:.1%}",
-          file=sys.stderr)
+    print(
+        f"wrote {args.out}: intra {fitted.intra_node_GBps:.3g} GB/s, nic {fitted.nic_GBps:.3g} GB/s, "
+        f"{fitted.peak_tflops:.3g} TFLOP/s; network fit median error {network_fit['median_abs_rel_error']:.1%}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -16,7 +16,8 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
   compares numbers taken under the same conditions.
 
 Methodology (reference/peers.md §4): warm-up iterations, then per timed iteration a barrier and
-one timed call (more iterations for latency-bound sizes, :func:`timed_iterations`) (``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
+one timed call (more iterations for latency-bound sizes, :func:`timed_iterations`) (``perf_counter``
+on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
 (:func:`bus_bandwidth_factor`); GB/s are 1e9 bytes/s. Rank 0 writes one record per (collective,
 concurrent, size) to ``results/raw/common/collectives/<point>.json``, all of them at the end, so
@@ -44,12 +45,18 @@ from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 
 PAPER, EXPERIMENT = "common", "collectives"
 # (collective, concurrent): each collective alone, then each all-to-all next to an all-reduce.
-CASES = [("all_reduce", None), ("all_to_all", None), ("all_to_all_v", None),
-         ("all_to_all", "all_reduce"), ("all_to_all_v", "all_reduce")]
+CASES = [
+    ("all_reduce", None),
+    ("all_to_all", None),
+    ("all_to_all_v", None),
+    ("all_to_all", "all_reduce"),
+    ("all_to_all_v", "all_reduce"),
+]
 
 
 # ----------------------------------------------------------------------------------------------
 # What the run produces (pure; used by the Snakemake rule to declare outputs)
+
 
 def bus_bandwidth_factor(collective: str, n: int) -> float:
     """nccl-tests busbw/algbw factor for ``n`` ranks (doc/PERFORMANCE.md).
@@ -104,12 +111,15 @@ def check_sizes(cfg: DictConfig) -> None:
     """
     multiple = ELEMENT_BYTES * cfg.collectives.world_size
     if cfg.collectives.min_bytes % multiple:
-        raise ConfigError(f"config key 'collectives.min_bytes': must be a multiple of 4 bytes * "
-                          f"collectives.world_size = {multiple}, got {cfg.collectives.min_bytes}")
+        raise ConfigError(
+            f"config key 'collectives.min_bytes': must be a multiple of 4 bytes * "
+            f"collectives.world_size = {multiple}, got {cfg.collectives.min_bytes}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
 # One collective at one size: buffers, launch, correctness check
+
 
 @dataclass
 class Collective:
@@ -135,8 +145,7 @@ class Collective:
             return dist.all_reduce(self.send, group=self.group, async_op=async_op)
         in_splits = self.splits[self.rank] if self.uneven else None
         out_splits = [row[self.rank] for row in self.splits] if self.uneven else None
-        return dist.all_to_all_single(self.recv, self.send, out_splits, in_splits, group=self.group,
-                                      async_op=async_op)
+        return dist.all_to_all_single(self.recv, self.send, out_splits, in_splits, group=self.group, async_op=async_op)
 
     def fill(self) -> None:
         """Reset the send buffer to the rank id (all-reduce accumulates in place)."""
@@ -187,6 +196,7 @@ def bottleneck_bytes(coll: Collective, size_bytes: int) -> int:
 # ----------------------------------------------------------------------------------------------
 # Timing
 
+
 def run_iteration(op: Collective, side: Collective | None, timer: PhaseTimer) -> dict[str, float]:
     """One barrier-aligned iteration of ``op``; returns this rank's ``time_ms`` of ``op``.
 
@@ -221,8 +231,10 @@ def run_check(op: Collective, side: Collective | None) -> None:
     dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
     if not all_ok.item():
         pair = f"+{side.name}" if side else ""
-        raise RuntimeError(f"--check failed: {op.name}{pair} of {op.send.numel() * ELEMENT_BYTES} bytes per rank "
-                           f"delivered wrong data (this rank {'correct' if ok else 'wrong'})")
+        raise RuntimeError(
+            f"--check failed: {op.name}{pair} of {op.send.numel() * ELEMENT_BYTES} bytes per rank "
+            f"delivered wrong data (this rank {'correct' if ok else 'wrong'})"
+        )
 
 
 def timed_iterations(size_bytes: int, c: DictConfig) -> int:
@@ -231,8 +243,9 @@ def timed_iterations(size_bytes: int, c: DictConfig) -> int:
     return c.latency_iters if size_bytes <= c.latency_bytes else c.iters
 
 
-def measure(op: Collective, side: Collective | None, cfg: DictConfig, timer: PhaseTimer,
-            check: bool) -> dict[str, list[float]]:
+def measure(
+    op: Collective, side: Collective | None, cfg: DictConfig, timer: PhaseTimer, check: bool
+) -> dict[str, list[float]]:
     """Warm-up, optional check, timed iterations; per-iteration samples of the worst rank.
 
     Alone: ``time_ms``. Paired: alone and paired iterations alternate; ``alone_ms`` is the alone
@@ -288,11 +301,21 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
         params = dict(collective=name, world_size=env.world_size, size_bytes=size, concurrent=concurrent)
         if name == "all_to_all_v":
             params["traffic_zipf"] = cfg.collectives.traffic_zipf
-        records.append(make_record(
-            paper=PAPER, experiment=EXPERIMENT, point=collective_point_name(name, concurrent, env.world_size, size),
-            mode="measured", backend=cfg.hardware.backend, hardware=cfg.hardware.name, params=params,
-            samples=samples, config=to_container(cfg), extra_metrics={"algo_bytes": algo_bytes},
-            device=cfg.hardware.device))
+        records.append(
+            make_record(
+                paper=PAPER,
+                experiment=EXPERIMENT,
+                point=collective_point_name(name, concurrent, env.world_size, size),
+                mode="measured",
+                backend=cfg.hardware.backend,
+                hardware=cfg.hardware.name,
+                params=params,
+                samples=samples,
+                config=to_container(cfg),
+                extra_metrics={"algo_bytes": algo_bytes},
+                device=cfg.hardware.device,
+            )
+        )
     return records
 
 
@@ -309,8 +332,14 @@ def save(records: list[dict], cfg: DictConfig) -> None:
     for record in records:
         p = record["params"]
         if p["concurrent"] or p["size_bytes"] == max_bytes:
-            log_point(record, sweep=f"collectives-{cfg.sweep.name}", mode=cfg.wandb.mode,
-                      project=cfg.wandb.project, entity=cfg.wandb.entity, results_dir=cfg.results_dir)
+            log_point(
+                record,
+                sweep=f"collectives-{cfg.sweep.name}",
+                mode=cfg.wandb.mode,
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                results_dir=cfg.results_dir,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:

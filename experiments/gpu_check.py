@@ -45,10 +45,10 @@ PROFILE = {"cuda": "h200-single", "cpu": "local-cpu"}  # configs/hardware/<profi
 # Full sizes keep every GEMM large (expert GEMMs: 4096 x 2048 x 8192 per expert) so an H200 is
 # compute-bound; E*C = top_k * tokens at capacity_factor 1, so padded MoE FLOPs = dense FLOPs.
 SIZES = {
-    "full": dict(batch=8, seq_len=2048, d_model=2048, d_ff=8192, num_experts=8, matmul_n=8192,
-                 warmup_iters=5, timed_iters=20),
-    "quick": dict(batch=2, seq_len=64, d_model=32, d_ff=64, num_experts=8, matmul_n=128,
-                  warmup_iters=1, timed_iters=3),
+    "full": dict(
+        batch=8, seq_len=2048, d_model=2048, d_ff=8192, num_experts=8, matmul_n=8192, warmup_iters=5, timed_iters=20
+    ),
+    "quick": dict(batch=2, seq_len=64, d_model=32, d_ff=64, num_experts=8, matmul_n=128, warmup_iters=1, timed_iters=3),
 }
 TOP_K = 2
 
@@ -78,11 +78,13 @@ def time_loop(step, device: torch.device, warmup_iters: int, timed_iters: int) -
 
 def fwd_bwd_step(module: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor):
     """A training step's FFN work: forward, then backward for input and weight gradients."""
+
     def step():
         module.zero_grad(set_to_none=True)
         x.grad = None
         y, _aux = module(x)  # the aux loss's backward is negligible next to the GEMMs
         y.backward(dy)
+
     return step
 
 
@@ -104,9 +106,20 @@ def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
     torch.manual_seed(0)
     tokens, M, H, E = s["batch"] * s["seq_len"], s["d_model"], s["d_ff"], s["num_experts"]
     with torch.device(device):  # initialise weights on the device (fast at full size)
-        moe = MoELayer(d_model=M, d_ff=H, num_experts=E, top_k=TOP_K, capacity_factor=1.0, min_capacity=4,
-                       group_size=0, second_expert_policy="always", dropless=False, aux_loss_scale="e2",
-                       layer_id=0, seed=0)
+        moe = MoELayer(
+            d_model=M,
+            d_ff=H,
+            num_experts=E,
+            top_k=TOP_K,
+            capacity_factor=1.0,
+            min_capacity=4,
+            group_size=0,
+            second_expert_policy="always",
+            dropless=False,
+            aux_loss_scale="e2",
+            layer_id=0,
+            seed=0,
+        )
         dense = DenseFFN(M, TOP_K * H)
         x = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16).requires_grad_()
         dy = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16)
@@ -125,21 +138,35 @@ def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
         return 3 * 2 * rows * 2 * M * hidden
 
     moe_med, dense_med = statistics.median(moe_ms), statistics.median(dense_ms)
-    moe_tflops = {"routed": tflops(train_flop(routed_pairs, H), moe_med),
-                  "padded": tflops(train_flop(capacity_slots, H), moe_med)}
+    moe_tflops = {
+        "routed": tflops(train_flop(routed_pairs, H), moe_med),
+        "padded": tflops(train_flop(capacity_slots, H), moe_med),
+    }
     dense_tflops = tflops(train_flop(tokens, TOP_K * H), dense_med)
     return {
-        "moe": {"ms_median": moe_med, "tokens_per_s": tokens / (moe_med * 1e-3),
-                "routed_pairs": routed_pairs, "capacity_slots": capacity_slots,
-                "dropped_fraction": float(plan.dropped_fraction),
-                "tflops_routed": moe_tflops["routed"], "tflops_padded": moe_tflops["padded"],
-                "fraction_of_h200_peak_routed": moe_tflops["routed"] / H200_BF16_PEAK_TFLOPS,
-                "fraction_of_h200_peak_padded": moe_tflops["padded"] / H200_BF16_PEAK_TFLOPS},
-        "dense": {"ms_median": dense_med, "tokens_per_s": tokens / (dense_med * 1e-3), "tflops": dense_tflops,
-                  "fraction_of_h200_peak": dense_tflops / H200_BF16_PEAK_TFLOPS},
+        "moe": {
+            "ms_median": moe_med,
+            "tokens_per_s": tokens / (moe_med * 1e-3),
+            "routed_pairs": routed_pairs,
+            "capacity_slots": capacity_slots,
+            "dropped_fraction": float(plan.dropped_fraction),
+            "tflops_routed": moe_tflops["routed"],
+            "tflops_padded": moe_tflops["padded"],
+            "fraction_of_h200_peak_routed": moe_tflops["routed"] / H200_BF16_PEAK_TFLOPS,
+            "fraction_of_h200_peak_padded": moe_tflops["padded"] / H200_BF16_PEAK_TFLOPS,
+        },
+        "dense": {
+            "ms_median": dense_med,
+            "tokens_per_s": tokens / (dense_med * 1e-3),
+            "tflops": dense_tflops,
+            "fraction_of_h200_peak": dense_tflops / H200_BF16_PEAK_TFLOPS,
+        },
         "moe_over_dense_tokens_per_s": dense_med / moe_med,
-        "timing": {"cuda_events_ms": sum(moe_ms), "wall_ms": moe_wall_ms,
-                   "wall_over_events": moe_wall_ms / sum(moe_ms)},
+        "timing": {
+            "cuda_events_ms": sum(moe_ms),
+            "wall_ms": moe_wall_ms,
+            "wall_over_events": moe_wall_ms / sum(moe_ms),
+        },
     }
 
 
@@ -156,8 +183,11 @@ def check_collectives(device: torch.device, backend: str) -> tuple[dict, dict]:
         uneven = torch.empty_like(x[:5])
         dist.all_to_all_single(uneven, x[:5], output_split_sizes=[5], input_split_sizes=[5])
         dist.barrier()
-        exact = {"all_reduce": torch.equal(reduced, x), "all_to_all_equal": torch.equal(equal, x),
-                 "all_to_all_uneven": torch.equal(uneven, x[:5])}
+        exact = {
+            "all_reduce": torch.equal(reduced, x),
+            "all_to_all_equal": torch.equal(equal, x),
+            "all_to_all_uneven": torch.equal(uneven, x[:5]),
+        }
     finally:
         dist.destroy_process_group()
     version = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
@@ -168,8 +198,12 @@ def device_properties(device: torch.device) -> dict:
     if device.type != "cuda":
         return {}
     p = torch.cuda.get_device_properties(device)
-    return {"name": p.name, "sm_count": p.multi_processor_count, "memory_GiB": p.total_memory / 2**30,
-            "compute_capability": f"{p.major}.{p.minor}"}
+    return {
+        "name": p.name,
+        "sm_count": p.multi_processor_count,
+        "memory_GiB": p.total_memory / 2**30,
+        "compute_capability": f"{p.major}.{p.minor}",
+    }
 
 
 def print_summary(checks: dict, passed: dict) -> None:
@@ -178,14 +212,27 @@ def print_summary(checks: dict, passed: dict) -> None:
     rows = [
         (f"bf16 matmul {m['n']}^3", f"{m['tflops']:.1f} TFLOP/s ({m['fraction_of_h200_peak']:.1%} of H200 peak)", ""),
         ("dense FFN fwd+bwd", f"{dense['tokens_per_s']:,.0f} tok/s, {dense['tflops']:.1f} TFLOP/s", ""),
-        ("MoE fwd+bwd", f"{moe['tokens_per_s']:,.0f} tok/s, {moe['tflops_routed']:.1f} routed / "
-                        f"{moe['tflops_padded']:.1f} padded TFLOP/s, {moe['dropped_fraction']:.1%} dropped", ""),
-        ("MoE / dense tokens/s", f"{checks['moe_over_dense_tokens_per_s']:.3f} (target >= {TARGET_MOE_OVER_DENSE})",
-         ok[passed["moe_over_dense"]]),
-        ("wall / CUDA events", f"{t['wall_ms']:.1f} / {t['cuda_events_ms']:.1f} ms = {t['wall_over_events']:.3f}",
-         ok[passed["timing_agreement"]]),
-        (f"{checks['collectives']['backend']} world size 1", f"version {checks['collectives']['nccl_version']}",
-         ok[passed["collectives_exact"]]),
+        (
+            "MoE fwd+bwd",
+            f"{moe['tokens_per_s']:,.0f} tok/s, {moe['tflops_routed']:.1f} routed / "
+            f"{moe['tflops_padded']:.1f} padded TFLOP/s, {moe['dropped_fraction']:.1%} dropped",
+            "",
+        ),
+        (
+            "MoE / dense tokens/s",
+            f"{checks['moe_over_dense_tokens_per_s']:.3f} (target >= {TARGET_MOE_OVER_DENSE})",
+            ok[passed["moe_over_dense"]],
+        ),
+        (
+            "wall / CUDA events",
+            f"{t['wall_ms']:.1f} / {t['cuda_events_ms']:.1f} ms = {t['wall_over_events']:.3f}",
+            ok[passed["timing_agreement"]],
+        ),
+        (
+            f"{checks['collectives']['backend']} world size 1",
+            f"version {checks['collectives']['nccl_version']}",
+            ok[passed["collectives_exact"]],
+        ),
     ]
     for name, value, verdict in rows:
         print(f"{name:<24} {value:<72} {verdict}")
@@ -207,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}
     checks["collectives"], exact = check_collectives(device, hardware.backend)
     t = checks["timing"]
-    passed = {"moe_over_dense": checks["moe_over_dense_tokens_per_s"] >= TARGET_MOE_OVER_DENSE,
-              "timing_agreement": abs(t["wall_over_events"] - 1) <= MAX_TIMING_DISAGREEMENT,
-              "collectives_exact": all(exact.values()), **{f"{k}_exact": v for k, v in exact.items()}}
+    passed = {
+        "moe_over_dense": checks["moe_over_dense_tokens_per_s"] >= TARGET_MOE_OVER_DENSE,
+        "timing_agreement": abs(t["wall_over_events"] - 1) <= MAX_TIMING_DISAGREEMENT,
+        "collectives_exact": all(exact.values()),
+        **{f"{k}_exact": v for k, v in exact.items()},
+    }
     record = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hardware": hardware.name,

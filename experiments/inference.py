@@ -9,7 +9,8 @@
    ``--checkpoint``, and sends the weights to every rank.
 2. Rank 0 profiles the expert paths (top-``inference.top_k`` gate, path length ``inference.path_length``) on
    ``inference.profile_batches`` further batches and sends the profile to every rank.
-3. ``inference.warmup_batches`` + ``inference.batches`` inference batches: every rank draws its own batch, and every policy
+3. ``inference.warmup_batches`` + ``inference.batches`` inference batches: every rank draws its own
+batch, and every policy
    runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
    Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
    kept per batch (moe_core.timing).
@@ -46,8 +47,8 @@ import torch.distributed as dist
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.model import MoETransformer
+from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
 from moe_core.results import atomic_output, make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
@@ -80,8 +81,10 @@ def trained_model(cfg, args, env: Env) -> tuple[MoETransformer, dict[str, float]
     if env.rank == 0 and ckpt is not None and ckpt.is_file():
         saved = torch.load(ckpt, map_location=env.device)
         if saved["fingerprint"] != fingerprint:
-            raise RuntimeError(f"--checkpoint {ckpt} was trained with another model/moe/train config or "
-                               f"inference.train_steps; delete it or pass another path")
+            raise RuntimeError(
+                f"--checkpoint {ckpt} was trained with another model/moe/train config or "
+                f"inference.train_steps; delete it or pass another path"
+            )
     must_train = [saved is None]
     dist.broadcast_object_list(must_train, 0)
     info = {}
@@ -126,8 +129,10 @@ def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[
     torch.set_num_threads(threads)
     if steps == 0:  # an untrained gate: no training loss to record (records hold finite numbers only)
         return {}
-    print(f"trained {steps} steps in {time.perf_counter() - start:.1f} s: nll {nll_first:.3f} -> {nll:.3f}",
-          file=sys.stderr)
+    print(
+        f"trained {steps} steps in {time.perf_counter() - start:.1f} s: nll {nll_first:.3f} -> {nll:.3f}",
+        file=sys.stderr,
+    )
     return {"train_nll_first": nll_first, "train_nll_last": nll}
 
 
@@ -140,8 +145,10 @@ def profile(model: MoETransformer, cfg, env: Env, data: MarkovTokens):
     """
     box, stats = [None], {}
     if env.rank == 0:
-        batches = [data.batch(cfg.train.batch_size, cfg.model.seq_len, cfg.inference.train_steps + b, 0)
-                   for b in range(cfg.inference.profile_batches)]
+        batches = [
+            data.batch(cfg.train.batch_size, cfg.model.seq_len, cfg.inference.train_steps + b, 0)
+            for b in range(cfg.inference.profile_batches)
+        ]
         choices = np.concatenate([top1_choices(model, x.to(env.device), y.to(env.device)) for x, y in batches], axis=1)
         box[0] = profile_paths(choices, cfg.moe.num_experts, cfg.inference.path_length)
         one_back = profile_paths(choices, cfg.moe.num_experts, 1)
@@ -152,8 +159,7 @@ def profile(model: MoETransformer, cfg, env: Env, data: MarkovTokens):
     return box[0], stats
 
 
-def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env, data: MarkovTokens,
-                 timer: PhaseTimer):
+def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env, data: MarkovTokens, timer: PhaseTimer):
     """Every batch through every policy; returns worst-rank samples per policy."""
     local = {p: defaultdict(list) for p in schedulers}
     names = list(schedulers)
@@ -163,7 +169,7 @@ def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env,
         if b == cfg.inference.warmup_batches:
             for sched in schedulers.values():
                 sched.reset_stats()
-        for policy in names[b % len(names):] + names[:b % len(names)]:
+        for policy in names[b % len(names) :] + names[: b % len(names)]:
             sched = schedulers[policy]
             for layer in placed:
                 layer.scheduler = sched
@@ -222,38 +228,75 @@ def main(argv: list[str] | None = None) -> int:
             timer = PhaseTimer(env.device)
             placed = attach(model, cfg.inference.top_k, timer, a2a_policy=cfg.inference.a2a_policy)
             keep = cfg.inference.keep or cfg.inference.top_k
-            schedulers = {p: Scheduler(p, path_profile, env.world_size, cfg.inference.top_k, keep)
-                          for p in ["ideal", *cfg.inference.policies]}
+            schedulers = {
+                p: Scheduler(p, path_profile, env.world_size, cfg.inference.top_k, keep)
+                for p in ["ideal", *cfg.inference.policies]
+            }
             samples = run_policies(model, placed, schedulers, cfg, env, data, timer)
         if env.rank == 0:
             ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
             for policy, sched in schedulers.items():
                 extra = info | profile_stats | policy_metrics(samples[policy], ideal_median, sched)
-                params = {"world_size": env.world_size, "num_experts": cfg.moe.num_experts, "policy": policy,
-                          "top_k": cfg.inference.top_k, "path_length": cfg.inference.path_length, "keep": keep,
-                          "seed": cfg.train.seed, "data_zipf": cfg.train.data_zipf,
-                          "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
-                          "moe_layers": len(placed), "train_steps": cfg.inference.train_steps,
-                          "a2a_policy": cfg.inference.a2a_policy}
+                params = {
+                    "world_size": env.world_size,
+                    "num_experts": cfg.moe.num_experts,
+                    "policy": policy,
+                    "top_k": cfg.inference.top_k,
+                    "path_length": cfg.inference.path_length,
+                    "keep": keep,
+                    "seed": cfg.train.seed,
+                    "data_zipf": cfg.train.data_zipf,
+                    "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
+                    "moe_layers": len(placed),
+                    "train_steps": cfg.inference.train_steps,
+                    "a2a_policy": cfg.inference.a2a_policy,
+                }
                 a2a = "" if cfg.inference.a2a_policy == "library" else f"_a2a-{cfg.inference.a2a_policy}"
-                point = (f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
-                         f"_{policy}_s{cfg.train.seed}{a2a}")
+                point = (
+                    f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
+                    f"_{policy}_s{cfg.train.seed}{a2a}"
+                )
                 config = to_container(cfg)
-                record = make_record(paper=PAPER, experiment=EXPERIMENT, point=point, mode="measured",
-                                     backend=env.backend, hardware=cfg.hardware.name, params=params,
-                                     samples=samples[policy], config=config, extra_metrics=extra,
-                                     device=env.device.type)
-                path = write_record(record, Path(args.out_dir) / f"{point}.json" if args.out_dir
-                                    else record_path(cfg.results_dir, PAPER, EXPERIMENT, point))
+                record = make_record(
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=point,
+                    mode="measured",
+                    backend=env.backend,
+                    hardware=cfg.hardware.name,
+                    params=params,
+                    samples=samples[policy],
+                    config=config,
+                    extra_metrics=extra,
+                    device=env.device.type,
+                )
+                path = write_record(
+                    record,
+                    Path(args.out_dir) / f"{point}.json"
+                    if args.out_dir
+                    else record_path(cfg.results_dir, PAPER, EXPERIMENT, point),
+                )
                 m = record["metrics"]
-                rates = (f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate "
-                         f"{extra['replan_rate']:.0%}" if "replan_rate" in extra else "")
-                print(f"wrote {path}: MoE layers {m['moe_layer_ms']['median']:.2f} ms median "
-                      f"({m['moe_layer_norm']['median']:.2f}x ideal), p95 {m['moe_layer_norm']['p95']:.2f}x ideal, "
-                      f"imbalance {m['load_imbalance']['median']:.2f}{rates}", file=sys.stderr)
-                log_point(record, sweep=cfg.sweep.name, mode=cfg.wandb.mode, project=cfg.wandb.project,
-                          entity=cfg.wandb.entity, results_dir=cfg.results_dir,
-                          step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")})
+                rates = (
+                    f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate {extra['replan_rate']:.0%}"
+                    if "replan_rate" in extra
+                    else ""
+                )
+                print(
+                    f"wrote {path}: MoE layers {m['moe_layer_ms']['median']:.2f} ms median "
+                    f"({m['moe_layer_norm']['median']:.2f}x ideal), p95 {m['moe_layer_norm']['p95']:.2f}x ideal, "
+                    f"imbalance {m['load_imbalance']['median']:.2f}{rates}",
+                    file=sys.stderr,
+                )
+                log_point(
+                    record,
+                    sweep=cfg.sweep.name,
+                    mode=cfg.wandb.mode,
+                    project=cfg.wandb.project,
+                    entity=cfg.wandb.entity,
+                    results_dir=cfg.results_dir,
+                    step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")},
+                )
     finally:
         shutdown()
     return 0

@@ -136,7 +136,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("missing `-- -m <module> [args]`: what to launch")
     split = argv.index("--")
     args = parser.parse_intermixed_args(argv[:split])
-    entry = argv[split + 1:]
+    entry = argv[split + 1 :]
     target = 2 if entry[:1] == ["-m"] else 1
     if len(entry) < target or entry[target - 1].startswith("-"):
         parser.error(f"after `--` expected `-m <module>` or a script, got {entry}")
@@ -170,8 +170,11 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
         code = _wait(procs, grace_s)
     except _Interrupted as stop:
         code, interrupted = 128 + stop.signum, True
-        print(f"error: interrupted by {signal.Signals(stop.signum).name}: stopping torchrun and its ranks",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: interrupted by {signal.Signals(stop.signum).name}: stopping torchrun and its ranks",
+            file=sys.stderr,
+            flush=True,
+        )
     finally:
         for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stop short
             signal.signal(sig, signal.SIG_IGN)
@@ -206,8 +209,11 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
         if None not in codes:
             return first_failure
         if deadline is not None and time.monotonic() > deadline:
-            print(f"error: a node failed with exit code {first_failure} and the others did not stop "
-                  f"within {grace_s:g} s; stopping them", file=sys.stderr)
+            print(
+                f"error: a node failed with exit code {first_failure} and the others did not stop "
+                f"within {grace_s:g} s; stopping them",
+                file=sys.stderr,
+            )
             return first_failure
         time.sleep(0.2)
 
@@ -250,7 +256,7 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _descendants(pid: int) -> list[tuple[int, str]]:
     """``(pid, start time)`` of every process below ``pid`` (empty without /proc)."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for entry in (Path("/proc").iterdir() if Path("/proc").is_dir() else ()):
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
         if stat:
             children.setdefault(int(stat[1]), []).append((int(entry.name), stat[19]))
@@ -276,7 +282,7 @@ class StderrRelay:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
         while chunk := os.read(stream.fileno(), 1 << 16):
             self._tail += chunk
-            del self._tail[:-self.TAIL_BYTES]
+            del self._tail[: -self.TAIL_BYTES]
             try:
                 sys.stderr.write(decoder.decode(chunk))
                 sys.stderr.flush()
@@ -350,8 +356,10 @@ def check_world_size(nproc: int, entry: list[str], cfg) -> None:
     key = ENTRY_WORLD_SIZE_KEYS.get(entry[1]) if entry[0] == "-m" else None
     expected = OmegaConf.select(cfg, key) if key else nproc
     if expected != nproc:
-        raise ConfigError(f"--nproc {nproc} differs from {key}={expected}, the world size {entry[1]} runs "
-                          f"with: pass --nproc {expected} or {key}={nproc}")
+        raise ConfigError(
+            f"--nproc {nproc} differs from {key}={expected}, the world size {entry[1]} runs "
+            f"with: pass --nproc {expected} or {key}={nproc}"
+        )
 
 
 def standalone_command(nproc: int, entry: list[str]) -> list[str]:
@@ -373,9 +381,11 @@ def job_layout(hw, world_size: int) -> tuple[int, int]:
     if hw.emulation.enabled or world_size <= per_node:
         return 1, world_size
     if world_size % per_node:
-        raise ConfigError(f"world size {world_size} spans several nodes of hardware profile '{hw.name}' "
-                          f"(hardware.devices_per_node={per_node}) and must then fill whole nodes: "
-                          f"use a multiple of {per_node}")
+        raise ConfigError(
+            f"world size {world_size} spans several nodes of hardware profile '{hw.name}' "
+            f"(hardware.devices_per_node={per_node}) and must then fill whole nodes: "
+            f"use a multiple of {per_node}"
+        )
     return world_size // per_node, per_node
 
 
@@ -392,8 +402,13 @@ def slurm_resources(cfg, world_size: int) -> dict[str, int | str]:
     """
     nodes, per_node = job_layout(cfg.hardware, world_size)
     device = cfg.hardware.device
-    resources = {"nodes": nodes, "tasks": nodes, "cpus_per_task": per_node * CPUS_PER_RANK[device],
-                 "mem_mb": per_node * MEM_MB_PER_RANK[device], "runtime": JOB_RUNTIME_MIN}
+    resources = {
+        "nodes": nodes,
+        "tasks": nodes,
+        "cpus_per_task": per_node * CPUS_PER_RANK[device],
+        "mem_mb": per_node * MEM_MB_PER_RANK[device],
+        "runtime": JOB_RUNTIME_MIN,
+    }
     if nodes > 1:
         resources["mpi"] = "srun"
     if device == "cuda":
@@ -428,9 +443,13 @@ class SlurmJob:
         # A job submitted without --ntasks / --cpus-per-task may report them as N/A.
         tasks = fields.get("NumTasks", "")
         cpus = fields.get("CPUs/Task", "")
-        return cls(job_id=job_id, nodes=nodes, tasks=int(tasks) if tasks.isdigit() else nodes,
-                   cpus_per_task=int(cpus) if cpus.isdigit() else 1,
-                   hosts=tuple(_scontrol("show", "hostnames", fields["NodeList"]).split()))
+        return cls(
+            job_id=job_id,
+            nodes=nodes,
+            tasks=int(tasks) if tasks.isdigit() else nodes,
+            cpus_per_task=int(cpus) if cpus.isdigit() else 1,
+            hosts=tuple(_scontrol("show", "hostnames", fields["NodeList"]).split()),
+        )
 
 
 def _scontrol(*args: str) -> str:
@@ -451,24 +470,39 @@ def slurm_agents(job: SlurmJob | None, in_step: bool) -> int:
         return 0
     if in_step:
         if job.nodes > 1:
-            raise ConfigError(f"inside a job step of {job.nodes}-node SLURM job {job.job_id}: run the launcher "
-                              f"once in the batch script (Snakemake: resource mpi='srun', as "
-                              f"experiments.launch.slurm_resources sets), not under srun")
+            raise ConfigError(
+                f"inside a job step of {job.nodes}-node SLURM job {job.job_id}: run the launcher "
+                f"once in the batch script (Snakemake: resource mpi='srun', as "
+                f"experiments.launch.slurm_resources sets), not under srun"
+            )
         return 0
     return job.tasks if job.tasks > 1 else 0
 
 
-def slurm_command(nproc: int, agents: int, job: SlurmJob, entry: list[str],
-                  environ) -> tuple[list[str], dict[str, str]]:
+def slurm_command(
+    nproc: int, agents: int, job: SlurmJob, entry: list[str], environ
+) -> tuple[list[str], dict[str, str]]:
     """``srun`` starting one torchrun agent per SLURM task, rendezvous (c10d) on the first node."""
     if nproc % agents:
-        raise ConfigError(f"--nproc {nproc} cannot be split evenly over the {agents} tasks of SLURM job "
-                          f"{job.job_id}; ask one task per node and whole nodes")
+        raise ConfigError(
+            f"--nproc {nproc} cannot be split evenly over the {agents} tasks of SLURM job "
+            f"{job.job_id}; ask one task per node and whole nodes"
+        )
     per_agent = nproc // agents
     port = SLURM_RENDEZVOUS_PORT_BASE + int(job.job_id) % SLURM_RENDEZVOUS_PORTS
-    argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={agents}", f"--cpus-per-task={job.cpus_per_task}",
-            *TORCHRUN, f"--nnodes={agents}", f"--nproc-per-node={per_agent}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={job.hosts[0]}:{port}", f"--rdzv-id={job.job_id}", *entry]
+    argv = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--ntasks={agents}",
+        f"--cpus-per-task={job.cpus_per_task}",
+        *TORCHRUN,
+        f"--nnodes={agents}",
+        f"--nproc-per-node={per_agent}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={job.hosts[0]}:{port}",
+        f"--rdzv-id={job.job_id}",
+        *entry,
+    ]
     # A task's cores are shared by its ranks; torchrun would pass on the OMP_NUM_THREADS that
     # Snakemake exported for the whole job.
     return argv, {**torchrun_env(environ), "OMP_NUM_THREADS": str(max(1, job.cpus_per_task // per_agent))}
@@ -485,18 +519,35 @@ def run_emulated(cfg, entry: list[str]) -> int:
     """
     hw = cfg.hardware
     emu = hw.emulation
-    env = {**torchrun_env(os.environ), "GLOO_SOCKET_IFNAME": "eth0",
-           # All nodes share this host's cores, but moe_core.distributed.cpu_threads_per_rank divides them
-           # by the ranks of one node only (LOCAL_WORLD_SIZE); cap the threads by the ranks of all nodes.
-           "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // (hw.nodes * hw.devices_per_node)))}
+    env = {
+        **torchrun_env(os.environ),
+        "GLOO_SOCKET_IFNAME": "eth0",
+        # All nodes share this host's cores, but moe_core.distributed.cpu_threads_per_rank divides them
+        # by the ranks of one node only (LOCAL_WORLD_SIZE); cap the threads by the ranks of all nodes.
+        "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // (hw.nodes * hw.devices_per_node))),
+    }
     with EmulatedTestbed(hw.nodes, emu.rate_mbit, emu.burst_kb, emu.latency_ms) as testbed:
-        print(f"emulated testbed {testbed.prefix}: {hw.nodes} nodes x {hw.devices_per_node} ranks, "
-              f"links {emu.rate_mbit:g} Mbit/s per direction", file=sys.stderr, flush=True)
+        print(
+            f"emulated testbed {testbed.prefix}: {hw.nodes} nodes x {hw.devices_per_node} ranks, "
+            f"links {emu.rate_mbit:g} Mbit/s per direction",
+            file=sys.stderr,
+            flush=True,
+        )
         commands = []
         for node in range(hw.nodes):
-            argv = ["ip", "netns", "exec", testbed.netns(node), *TORCHRUN, f"--nnodes={hw.nodes}",
-                    f"--node-rank={node}", f"--nproc-per-node={hw.devices_per_node}",
-                    f"--master-addr={testbed.address(0)}", f"--master-port={RENDEZVOUS_PORT}", *entry]
+            argv = [
+                "ip",
+                "netns",
+                "exec",
+                testbed.netns(node),
+                *TORCHRUN,
+                f"--nnodes={hw.nodes}",
+                f"--node-rank={node}",
+                f"--nproc-per-node={hw.devices_per_node}",
+                f"--master-addr={testbed.address(0)}",
+                f"--master-port={RENDEZVOUS_PORT}",
+                *entry,
+            ]
             commands.append((argv, env))
         return run_all(commands, grace_s=cfg.parallel.timeout_s)
 
@@ -516,10 +567,15 @@ def main(argv: list[str] | None = None) -> int:
         job = SlurmJob.query(os.environ["SLURM_JOB_ID"]) if "SLURM_JOB_ID" in os.environ else None
         agents = slurm_agents(job, in_step="SLURM_STEP_ID" in os.environ)
         if agents and hw.emulation.enabled:
-            raise ConfigError(f"hardware profile '{cfg.hardware_profile}' emulates its nodes on one host, "
-                              f"but SLURM job {job.job_id} has {agents} tasks; run it as a one-task job")
-        slurm = slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides),
-                              os.environ) if agents else None
+            raise ConfigError(
+                f"hardware profile '{cfg.hardware_profile}' emulates its nodes on one host, "
+                f"but SLURM job {job.job_id} has {agents} tasks; run it as a one-task job"
+            )
+        slurm = (
+            slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides), os.environ)
+            if agents
+            else None
+        )
     except (ConfigError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -528,15 +584,22 @@ def main(argv: list[str] | None = None) -> int:
         return run_all([slurm], grace_s=cfg.parallel.timeout_s)
     if hw.emulation.enabled:
         if args.nproc != hw.nodes * hw.devices_per_node:
-            print(f"error: --nproc {args.nproc} does not fill hardware profile '{cfg.hardware_profile}': "
-                  f"hardware.nodes * hardware.devices_per_node = {hw.nodes} * {hw.devices_per_node} = "
-                  f"{hw.nodes * hw.devices_per_node}", file=sys.stderr)
+            print(
+                f"error: --nproc {args.nproc} does not fill hardware profile '{cfg.hardware_profile}': "
+                f"hardware.nodes * hardware.devices_per_node = {hw.nodes} * {hw.devices_per_node} = "
+                f"{hw.nodes * hw.devices_per_node}",
+                file=sys.stderr,
+            )
             return 2
         reason = emulation_unavailable()
         if reason is None:
             return run_emulated(cfg, entry_command(entry, args.config, overrides))
-        print(f"emulated testbed unavailable ({reason}); falling back to plain loopback: "
-              f"inter-node links are NOT rate-limited", file=sys.stderr, flush=True)
+        print(
+            f"emulated testbed unavailable ({reason}); falling back to plain loopback: "
+            f"inter-node links are NOT rate-limited",
+            file=sys.stderr,
+            flush=True,
+        )
         overrides += ["hardware.emulation.enabled=false", f"hardware.name={hw.name}-loopback-fallback"]
     command = standalone_command(args.nproc, entry_command(entry, args.config, overrides))
     return run_all([(command, torchrun_env(os.environ))], grace_s=cfg.parallel.timeout_s)

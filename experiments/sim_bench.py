@@ -12,21 +12,37 @@ from __future__ import annotations
 import argparse
 import time
 
+from experiments.simulate import sized_hardware
 from moe_core.config import load_config
 from moe_core.sim.collectives import simulate_on
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
-from experiments.simulate import sized_hardware
-
-MODEL = ["model.n_layers=32", "model.moe_every=1", "model.d_model=2048", "model.n_heads=16", "model.d_ff=8192",
-         "model.seq_len=2048", "model.vocab_size=32000", "train.batch_size=4", "train.dtype=bfloat16",
-         "comm.policy=overlap", "comm.bucket_mb=25"]
+MODEL = [
+    "model.n_layers=32",
+    "model.moe_every=1",
+    "model.d_model=2048",
+    "model.n_heads=16",
+    "model.d_ff=8192",
+    "model.seq_len=2048",
+    "model.vocab_size=32000",
+    "train.batch_size=4",
+    "train.dtype=bfloat16",
+    "comm.policy=overlap",
+    "comm.bucket_mb=25",
+]
 
 
 def bench(gpus: int, hardware: str) -> dict:
-    cfg = load_config(overrides=[*MODEL, f"hardware_profile={hardware}", f"parallel.world_size={gpus}",
-                                 f"moe.num_experts={gpus}", "moe.experts_per_rank=1"])
+    cfg = load_config(
+        overrides=[
+            *MODEL,
+            f"hardware_profile={hardware}",
+            f"parallel.world_size={gpus}",
+            f"moe.num_experts={gpus}",
+            "moe.experts_per_rank=1",
+        ]
+    )
     started = time.perf_counter()
     hw = sized_hardware(cfg)
     topo = build_topology(hw)
@@ -34,8 +50,15 @@ def bench(gpus: int, hardware: str) -> dict:
     built = time.perf_counter()
     timeline = simulate_on(hw, topo, ops)
     done = time.perf_counter()
-    return {"gpus": gpus, "operations": len(ops), "links": topo.num_links, "build_s": built - started,
-            "simulate_s": done - built, "total_s": done - started, "step_ms": timeline.makespan_s * 1e3}
+    return {
+        "gpus": gpus,
+        "operations": len(ops),
+        "links": topo.num_links,
+        "build_s": built - started,
+        "simulate_s": done - built,
+        "total_s": done - started,
+        "step_ms": timeline.makespan_s * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,12 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--hardware", default="h100-ndr-cluster")
     args = parser.parse_args(argv)
-    print(f"{'GPUs':>6} {'operations':>10} {'links':>7} {'build s':>8} {'simulate s':>10} {'total s':>8} "
-          f"{'step ms':>9}")
+    print(
+        f"{'GPUs':>6} {'operations':>10} {'links':>7} {'build s':>8} {'simulate s':>10} {'total s':>8} {'step ms':>9}"
+    )
     for gpus in args.gpus:
         r = bench(gpus, args.hardware)
-        print(f"{r['gpus']:>6} {r['operations']:>10} {r['links']:>7} {r['build_s']:>8.3f} {r['simulate_s']:>10.3f} "
-              f"{r['total_s']:>8.3f} {r['step_ms']:>9.1f}")
+        print(
+            f"{r['gpus']:>6} {r['operations']:>10} {r['links']:>7} {r['build_s']:>8.3f} {r['simulate_s']:>10.3f} "
+            f"{r['total_s']:>8.3f} {r['step_ms']:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

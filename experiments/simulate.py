@@ -41,8 +41,10 @@ def sized_hardware(cfg: DictConfig) -> DictConfig:
     if cfg.parallel.world_size <= devices or hw.topology != "cluster":
         return hw
     if hw.gpu_classes:
-        raise ConfigError(f"config key 'parallel.world_size': {cfg.parallel.world_size} exceeds the {devices} "
-                          f"devices of heterogeneous profile '{hw.name}'")
+        raise ConfigError(
+            f"config key 'parallel.world_size': {cfg.parallel.world_size} exceeds the {devices} "
+            f"devices of heterogeneous profile '{hw.name}'"
+        )
     grown = OmegaConf.to_container(hw)
     grown["nodes"] = math.ceil(cfg.parallel.world_size / hw.devices_per_node)
     return OmegaConf.create(grown)
@@ -58,17 +60,25 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
         alone_cfg = OmegaConf.merge(cfg, {"comm": {"policy": "sequential"}})
         alone = StepModel(alone_cfg, topo).run()
         samples["a2a_bwd_slowdown"] = list(result.durations_ms(".bwd") / alone.durations_ms(".bwd"))
-    extra = {"operations": len(result.ops), "links": topo.num_links,
-             "simulation_s": time.perf_counter() - started}
+    extra = {"operations": len(result.ops), "links": topo.num_links, "simulation_s": time.perf_counter() - started}
     return samples, extra
 
 
 def simulated_record(cfg: DictConfig, point: str) -> dict:
     """The record of one simulated point."""
     samples, extra = simulate_point(cfg)
-    return make_record(paper=cfg.paper, experiment=EXPERIMENT, point=point, mode="simulated", backend="sim",
-                       hardware=cfg.hardware.name, params=point_params(cfg), samples=samples,
-                       config=to_container(cfg), extra_metrics=extra)
+    return make_record(
+        paper=cfg.paper,
+        experiment=EXPERIMENT,
+        point=point,
+        mode="simulated",
+        backend="sim",
+        hardware=cfg.hardware.name,
+        params=point_params(cfg),
+        samples=samples,
+        config=to_container(cfg),
+        extra_metrics=extra,
+    )
 
 
 def point_configs(args) -> dict[str, DictConfig]:
@@ -77,21 +87,27 @@ def point_configs(args) -> dict[str, DictConfig]:
         cfg = load_config(args.config, args.overrides)
         return {sim_point_name(cfg.hardware.name, point_params(cfg)): cfg}
     base = load_config(args.config, args.overrides)
-    return {name: load_config(args.config, [*args.overrides, *overrides])
-            for name, (_, overrides) in sim_points(base).items()}
+    return {
+        name: load_config(args.config, [*args.overrides, *overrides])
+        for name, (_, overrides) in sim_points(base).items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
-    parser.add_argument("--out", help="record path of a single point (default: results/raw/<paper>/sim_train_step/<point>.json)")
+    parser.add_argument(
+        "--out", help="record path of a single point (default: results/raw/<paper>/sim_train_step/<point>.json)"
+    )
     parser.add_argument("--sweep", action="store_true", help="simulate every point of the config's simulated sweeps")
     args = parser.parse_intermixed_args(argv)
     if args.sweep and args.out:
         parser.error("--out names one record; --sweep writes one per point under results_dir")
     try:
         configs = point_configs(args)
-        records = {name: simulated_record(cfg, name)
-                   for name, cfg in tqdm(configs.items(), desc="simulate", file=sys.stderr, disable=len(configs) == 1)}
+        records = {
+            name: simulated_record(cfg, name)
+            for name, cfg in tqdm(configs.items(), desc="simulate", file=sys.stderr, disable=len(configs) == 1)
+        }
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -99,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configs[name]
         path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, EXPERIMENT, name))
         m = record["metrics"]
-        print(f"wrote {path}: step {m['step_ms']['median']:.2f} ms, a2a share {m['a2a_share']['median']:.1%}, "
-              f"{m['operations']['value']:.0f} ops in {m['simulation_s']['value']:.3f} s", file=sys.stderr)
+        print(
+            f"wrote {path}: step {m['step_ms']['median']:.2f} ms, a2a share {m['a2a_share']['median']:.1%}, "
+            f"{m['operations']['value']:.0f} ops in {m['simulation_s']['value']:.3f} s",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -6,7 +6,8 @@
 Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
 step; a plan that packs experts (Lina's ``lina``, ``lina-pack``) re-decides the expert layout
 between steps (moe_core.papers.lina.packing.ExpertPacking) and moves the experts when it changes.
-Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds median and p95 over the
+Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds
+median and p95 over the
 timed iterations. Rank 0 writes the record atomically once every rank has finished, then mirrors it
 to W&B. A bad config exits with code 2 before any process group is created; a failing or hung rank
 makes every rank exit non-zero within ``parallel.timeout_s``.
@@ -34,6 +35,7 @@ from moe_core.policies import build_plan, make_policy
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import STEP_PHASES, PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
+
 
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
     """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
@@ -75,17 +77,20 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     policy = make_policy(cfg, groups, timer, element_bytes)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    packing = (ExpertPacking(cfg, env, groups, len(model.moe_layers()), element_bytes)
-               if plan.choose_packing is not None else None)
+    packing = (
+        ExpertPacking(cfg, env, groups, len(model.moe_layers()), element_bytes)
+        if plan.choose_packing is not None
+        else None
+    )
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
-    autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16"
-                else nullcontext())
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16" else nullcontext()
 
     local: dict[str, list[float]] = defaultdict(list)
     losses = []
     total = cfg.train.warmup_iters + cfg.train.iters
-    for it in tqdm(range(total), desc=f"train_step {cfg.comm.policy}", disable=env.rank != 0,
-                   file=sys.stderr, mininterval=1.0):
+    for it in tqdm(
+        range(total), desc=f"train_step {cfg.comm.policy}", disable=env.rank != 0, file=sys.stderr, mininterval=1.0
+    ):
         if packing:
             policy = packing.before_step(it, model, optimizer, policy)
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, env.rank))
@@ -116,15 +121,19 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
             gating = [layer.last_gating for layer in model.moe_layers()]
             local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / len(gating))
     samples = gather_worst_rank(local)
-    samples["loss"] = losses[cfg.train.warmup_iters:]
+    samples["loss"] = losses[cfg.train.warmup_iters :]
     samples["a2a_share"] = [a / s for a, s in zip(samples["a2a_ms"], samples["step_ms"])]
     samples["a2a_share_of_moe"] = [a / m if m else 0.0 for a, m in zip(samples["a2a_ms"], samples["moe_layer_ms"])]
     a2a_bytes = samples.pop("a2a_bytes")
     tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
-    single_metrics = {"loss_first": losses[0], "loss_last": losses[-1], "a2a_bytes": max(a2a_bytes),
-             "tokens_per_s": tokens_per_step / (step_median / 1e3),
-             **(packing.metrics() if packing else {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0})}
+    single_metrics = {
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "a2a_bytes": max(a2a_bytes),
+        "tokens_per_s": tokens_per_step / (step_median / 1e3),
+        **(packing.metrics() if packing else {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0}),
+    }
     return samples, single_metrics
 
 
@@ -145,15 +154,34 @@ def main(argv: list[str] | None = None) -> int:
         if env.rank == 0:
             params = point_params(cfg)
             point = point_name(params)
-            record = make_record(paper=cfg.paper, experiment=cfg.experiment, point=point, mode="measured",
-                                 backend=env.backend, hardware=cfg.hardware.name, params=params, samples=samples,
-                                 config=to_container(cfg), extra_metrics=single_metrics, device=env.device.type)
+            record = make_record(
+                paper=cfg.paper,
+                experiment=cfg.experiment,
+                point=point,
+                mode="measured",
+                backend=env.backend,
+                hardware=cfg.hardware.name,
+                params=params,
+                samples=samples,
+                config=to_container(cfg),
+                extra_metrics=single_metrics,
+                device=env.device.type,
+            )
             path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
-            print(f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
-                  f"a2a share {record['metrics']['a2a_share']['median']:.1%}", file=sys.stderr)
-            log_point(record, sweep=cfg.sweep.name, mode=cfg.wandb.mode, project=cfg.wandb.project,
-                      entity=cfg.wandb.entity, results_dir=cfg.results_dir,
-                      step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")})
+            print(
+                f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
+                f"a2a share {record['metrics']['a2a_share']['median']:.1%}",
+                file=sys.stderr,
+            )
+            log_point(
+                record,
+                sweep=cfg.sweep.name,
+                mode=cfg.wandb.mode,
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                results_dir=cfg.results_dir,
+                step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")},
+            )
     finally:
         shutdown()
     return 0

@@ -16,14 +16,13 @@ import sys
 
 import pandas as pd
 
+from analysis.files import write_csv
 from moe_core.config import ConfigError, load_config
 from moe_core.results import read_record
 from moe_core.sim.calibrate import calibration_split
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
-
-from analysis.files import write_csv
 
 
 def predict(record: dict, calibrated: str) -> tuple[str, float, float]:
@@ -49,8 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for record in held_out:
             setting, measured, predicted = predict(record, args.calibrated)
-            rows.append({"experiment": record["experiment"], "setting": setting, "hardware": record["hardware"],
-                         "measured_ms": measured, "predicted_ms": predicted, "rel_error": predicted / measured - 1})
+            rows.append(
+                {
+                    "experiment": record["experiment"],
+                    "setting": setting,
+                    "hardware": record["hardware"],
+                    "measured_ms": measured,
+                    "predicted_ms": predicted,
+                    "rel_error": predicted / measured - 1,
+                }
+            )
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -59,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     table = pd.DataFrame(rows)
     write_csv(table, args.out)
-    summary = table.assign(abs_error=table["rel_error"].abs()).groupby("experiment")["abs_error"].agg(["median", "max", "count"])
+    summary = (
+        table.assign(abs_error=table["rel_error"].abs())
+        .groupby("experiment")["abs_error"]
+        .agg(["median", "max", "count"])
+    )
     print(summary.to_string(float_format=lambda x: f"{x:.1%}" if x < 10 else f"{x:g}"))
     return 0
 

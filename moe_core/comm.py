@@ -12,13 +12,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .transmission import Schedule, transpose
 from .ordered_a2a import ordered_all_to_all_single
 from .timing import PhaseTimer
+from .transmission import Schedule, transpose
 
 
-def all_to_all(x: torch.Tensor, output_splits: list[int] | None, input_splits: list[int] | None, group,
-               timer: PhaseTimer, name: str, schedule: Schedule | None = None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor,
+    output_splits: list[int] | None,
+    input_splits: list[int] | None,
+    group,
+    timer: PhaseTimer,
+    name: str,
+    schedule: Schedule | None = None,
+) -> torch.Tensor:
     """Exchange rows of ``x`` (dim 0) with the ranks of ``group``; autograd flows back the same way.
 
     ``None`` splits mean equal chunks. Time goes to ``<name>.fwd`` and ``<name>.bwd`` in ``timer``.
@@ -42,7 +49,13 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, output_splits, input_splits, group, timer, name, schedule):
         ctx.output_splits, ctx.input_splits, ctx.group, ctx.timer, ctx.name, ctx.schedule = (
-            output_splits, input_splits, group, timer, name, schedule)
+            output_splits,
+            input_splits,
+            group,
+            timer,
+            name,
+            schedule,
+        )
         timer.count(f"{name}.bytes", x.numel() * x.element_size())
         with timer.region(f"{name}.fwd"):
             return exchange(x, output_splits, input_splits, group, schedule)
@@ -56,8 +69,15 @@ class _AllToAll(torch.autograd.Function):
         return grad_in, None, None, None, None, None, None
 
 
-def pipelined_exchange(buf: torch.Tensor, rows_per_expert: int, chunks: list[tuple[int, int]], compute,
-                       params: tuple[torch.nn.Parameter, ...], group, timer: PhaseTimer) -> torch.Tensor:
+def pipelined_exchange(
+    buf: torch.Tensor,
+    rows_per_expert: int,
+    chunks: list[tuple[int, int]],
+    compute,
+    params: tuple[torch.nn.Parameter, ...],
+    group,
+    timer: PhaseTimer,
+) -> torch.Tensor:
     """Dispatch all-to-all -> ``compute`` -> combine all-to-all, pipelined over token chunks (Lina).
 
     ``buf`` is (E*R, M) in expert order; chunk (a, b) takes rows a..b of every expert, so each chunk
@@ -97,8 +117,9 @@ class _PipelinedExchange(torch.autograd.Function):
         shape = (buf.shape[0] // rows_per_expert, rows_per_expert, buf.shape[1])
         split = buf.view(shape)
         with timer.region("dispatch_a2a.fwd"):
-            arriving = _exchange_chunks([split[:, a:b].reshape(-1, shape[2]) for a, b in chunks], group, timer,
-                                        "dispatch_a2a")
+            arriving = _exchange_chunks(
+                [split[:, a:b].reshape(-1, shape[2]) for a, b in chunks], group, timer, "dispatch_a2a"
+            )
         ctx.graphs, leaving = [], []
         for (received, work), (a, b) in zip(arriving, chunks):
             with timer.region("dispatch_a2a.fwd"):
@@ -119,8 +140,12 @@ class _PipelinedExchange(torch.autograd.Function):
         shape, timer = ctx.shape, ctx.timer
         split = grad.contiguous().view(shape)
         with timer.region("combine_a2a.bwd"):
-            arriving = _exchange_chunks([split[:, a:b].reshape(-1, shape[2]).contiguous() for a, b in ctx.chunks],
-                                        ctx.group, timer, "combine_a2a")
+            arriving = _exchange_chunks(
+                [split[:, a:b].reshape(-1, shape[2]).contiguous() for a, b in ctx.chunks],
+                ctx.group,
+                timer,
+                "combine_a2a",
+            )
         leaving, param_grads = [], [torch.zeros_like(p) for p in ctx.params]
         for (received, work), (x, y) in zip(arriving, ctx.graphs):
             with timer.region("combine_a2a.bwd"):

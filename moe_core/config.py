@@ -17,7 +17,7 @@ import argparse
 import math
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -39,7 +39,16 @@ from .sections import (
     require_profile,
 )
 
-__all__ = ["CONFIG_DIR", "REPO_ROOT", "ConfigError", "config_arg_parser", "load_config", "save_config", "to_container", "validate"]
+__all__ = [
+    "CONFIG_DIR",
+    "REPO_ROOT",
+    "ConfigError",
+    "config_arg_parser",
+    "load_config",
+    "save_config",
+    "to_container",
+    "validate",
+]
 
 
 @dataclass
@@ -246,7 +255,7 @@ class SimSweepConfig:
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
-    entity: Optional[str] = None
+    entity: str | None = None
 
 
 def _root_schema() -> type:
@@ -280,7 +289,8 @@ def config_arg_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "overrides",
         nargs="*",
-        help=f"key=value config overrides (e.g. moe.num_experts=8 comm.policy=overlap; policies: {', '.join(POLICIES)})",
+        help=f"key=value config overrides (e.g. moe.num_experts=8 comm.policy=overlap; "
+        f"policies: {', '.join(POLICIES)})",
     )
     return parser
 
@@ -351,7 +361,7 @@ def _root_key(layers: list) -> str:
     """The root of a layer that is not a mapping of sections (e.g. ``sweep=[1, 2]``): its first key."""
     for layer in layers[1:]:
         if isinstance(layer, DictConfig):
-            for key in layer.keys():
+            for key in layer:
                 if not isinstance(layer[key], DictConfig) and isinstance(getattr(layers[0], key, None), DictConfig):
                     return str(key)
     return "?"
@@ -387,16 +397,25 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_run(cfg: DictConfig) -> None:
     """Names that become path components or shell words, and the hardware's compute classes."""
-    require(cfg.paper in papers.PAPERS, "paper", f"'{cfg.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}")
+    require(
+        cfg.paper in papers.PAPERS,
+        "paper",
+        f"'{cfg.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}",
+    )
     for key in ("experiment", "sweep.name", "sim_sweep.name"):
         value = OmegaConf.select(cfg, key)
         require(
-            bool(SAFE_NAME.match(value)), key,
+            bool(SAFE_NAME.match(value)),
+            key,
             f"'{value}' must be a plain name (letters, digits, '_', '-', '.', '+'; no '/' or spaces)",
         )
     require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
     for phase, eff in cfg.hardware.phase_efficiency.items():
-        require(phase in COMPUTE_PHASES, f"hardware.phase_efficiency.{phase}", f"unknown op class; expected one of {list(COMPUTE_PHASES)}")
+        require(
+            phase in COMPUTE_PHASES,
+            f"hardware.phase_efficiency.{phase}",
+            f"unknown op class; expected one of {list(COMPUTE_PHASES)}",
+        )
         require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
 
 
@@ -405,24 +424,36 @@ def _validate_model(cfg: DictConfig) -> None:
     require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "moe_every"))
     require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
     require(
-        m.moe_every <= m.n_layers, "model.moe_every",
-        f"must be <= model.n_layers={m.n_layers} (every moe_every-th layer is MoE; the model needs one), got {m.moe_every}",
+        m.moe_every <= m.n_layers,
+        "model.moe_every",
+        f"must be <= model.n_layers={m.n_layers} (every moe_every-th layer is MoE; the model needs one), "
+        f"got {m.moe_every}",
     )
     embedding_bytes = 2 * m.vocab_size * m.d_model * 4
     require(
-        embedding_bytes <= MAX_EMBEDDING_BYTES, "model.vocab_size",
+        embedding_bytes <= MAX_EMBEDDING_BYTES,
+        "model.vocab_size",
         f"embedding and head of {m.vocab_size} x {m.d_model} take {embedding_bytes / 2**30:.0f} GiB "
         f"(limit {MAX_EMBEDDING_BYTES / 2**30:.0f} GiB); use a smaller vocabulary",
     )
     require(moe.top_k in (1, 2), "moe.top_k", f"GShard gating supports 1 or 2, got {moe.top_k}")
     require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}, got {moe.num_experts}")
-    require(math.isfinite(moe.capacity_factor) and moe.capacity_factor > 0, "moe.capacity_factor", f"must be > 0, got {moe.capacity_factor}")
+    require(
+        math.isfinite(moe.capacity_factor) and moe.capacity_factor > 0,
+        "moe.capacity_factor",
+        f"must be > 0, got {moe.capacity_factor}",
+    )
     require(moe.min_capacity >= 0, "moe.min_capacity", f"must be >= 0, got {moe.min_capacity}")
-    require(math.isfinite(moe.aux_loss_weight) and moe.aux_loss_weight >= 0, "moe.aux_loss_weight", f"must be >= 0, got {moe.aux_loss_weight}")
+    require(
+        math.isfinite(moe.aux_loss_weight) and moe.aux_loss_weight >= 0,
+        "moe.aux_loss_weight",
+        f"must be >= 0, got {moe.aux_loss_weight}",
+    )
     require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
     tokens = cfg.train.batch_size * m.seq_len
     require(
-        moe.group_size == 0 or tokens % moe.group_size == 0, "moe.group_size",
+        moe.group_size == 0 or tokens % moe.group_size == 0,
+        "moe.group_size",
         f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}",
     )
     error = layout_error(cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank)
@@ -435,16 +466,24 @@ def _validate_training(cfg: DictConfig) -> None:
     require_at_least(tr, "train", 1, ("batch_size", "iters", "data_branching"))
     require_at_least(tr, "train", 0, ("warmup_iters", "seed"))
     require(math.isfinite(tr.lr) and tr.lr > 0, "train.lr", f"must be a finite number > 0, got {tr.lr}")
-    require(math.isfinite(tr.data_zipf) and tr.data_zipf >= 0, "train.data_zipf", f"must be a finite number >= 0, got {tr.data_zipf}")
     require(
-        tr.data_branching <= cfg.model.vocab_size, "train.data_branching",
+        math.isfinite(tr.data_zipf) and tr.data_zipf >= 0,
+        "train.data_zipf",
+        f"must be a finite number >= 0, got {tr.data_zipf}",
+    )
+    require(
+        tr.data_branching <= cfg.model.vocab_size,
+        "train.data_branching",
         f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
     )
     require(
-        math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S, "parallel.timeout_s",
+        math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
+        "parallel.timeout_s",
         f"must be between 1 and {MAX_TIMEOUT_S:.0f} seconds, got {par.timeout_s}",
     )
-    require(comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}")
+    require(
+        comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}"
+    )
     for key in ("bucket_mb", "partition_mb"):
         require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")
     require(
@@ -453,12 +492,20 @@ def _validate_training(cfg: DictConfig) -> None:
         f"must be >= 1 step, got {comm.packing_interval_iters}",
     )
     c = cfg.collectives
-    require(0 < c.min_bytes <= c.max_bytes, "collectives.min_bytes", f"must satisfy 0 < min_bytes <= max_bytes={c.max_bytes}, got {c.min_bytes}")
+    require(
+        0 < c.min_bytes <= c.max_bytes,
+        "collectives.min_bytes",
+        f"must satisfy 0 < min_bytes <= max_bytes={c.max_bytes}, got {c.min_bytes}",
+    )
     require(c.step_factor >= 2, "collectives.step_factor", f"must be >= 2, got {c.step_factor}")
     require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
     require_at_least(c, "collectives", 1, ("iters", "latency_iters"))
     require_at_least(c, "collectives", 0, ("warmup_iters", "latency_bytes"))
-    require(math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0, "collectives.traffic_zipf", f"must be >= 0, got {c.traffic_zipf}")
+    require(
+        math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0,
+        "collectives.traffic_zipf",
+        f"must be >= 0, got {c.traffic_zipf}",
+    )
 
 
 def _validate_sweeps(cfg: DictConfig) -> None:
@@ -474,10 +521,16 @@ def _validate_sweeps(cfg: DictConfig) -> None:
             f"config key 'sweep': {len(impossible)} point(s) can never run, e.g. {impossible[0]}; fix the "
             "axes, or set sweep.skip_impossible=true to leave such points out"
         )
-    require(sim.paper in papers.PAPERS, "sim_sweep.paper", f"'{sim.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}")
+    require(
+        sim.paper in papers.PAPERS,
+        "sim_sweep.paper",
+        f"'{sim.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}",
+    )
     for hardware in sim.hardware:
         require_profile(hardware, "sim_sweep.hardware")
-    require(min(sim.world_size, default=1) >= 1, "sim_sweep.world_size", f"values must be >= 1, got {list(sim.world_size)}")
+    require(
+        min(sim.world_size, default=1) >= 1, "sim_sweep.world_size", f"values must be >= 1, got {list(sim.world_size)}"
+    )
     require(sim.experts_per_rank >= 1, "sim_sweep.experts_per_rank", f"must be >= 1, got {sim.experts_per_rank}")
     require_choices(sim.policy, POLICIES, "sim_sweep.policy")
 

@@ -18,8 +18,9 @@ class MarkovTokens:
         ranks = torch.randperm(vocab_size, generator=g).float() + 1
         self.popularity = ranks.pow(-zipf) / ranks.pow(-zipf).sum()  # (V,) Zipf over a random token order
         # Successors are drawn by popularity, so popular tokens stay popular along the chain.
-        self.successors = torch.multinomial(self.popularity.expand(vocab_size, -1), branching,
-                                            replacement=True, generator=g)  # (V, b)
+        self.successors = torch.multinomial(
+            self.popularity.expand(vocab_size, -1), branching, replacement=True, generator=g
+        )  # (V, b)
         probs = torch.rand(vocab_size, branching, generator=g).pow(3)  # peaked: low-entropy transitions
         self.successor_probs = probs / probs.sum(dim=1, keepdim=True)  # (V, b)
         self.seed = seed

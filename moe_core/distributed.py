@@ -106,9 +106,14 @@ def init_distributed(cfg: DictConfig, world_size_key: str = "parallel.world_size
     health = _health = Health(rank, world_size, timeout)
     inject_fault("init", rank)
     try:
-        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
-                                world_size=world_size, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("default_pg", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
     except RuntimeError as err:  # DistStoreError: some rank never registered, after timeout_s
         health.exit_naming_failed_ranks("could not start", err)
     health.set_state("running")
@@ -127,9 +132,11 @@ def check_launch(cfg: DictConfig, world_size_key: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     problem = None
     if world_size != expected:
-        problem = (f"launched with WORLD_SIZE={world_size} ranks but the config says {world_size_key}={expected}; "
-                   f"launch {expected} ranks (torchrun --nproc-per-node={expected}) or set "
-                   f"{world_size_key}={world_size}")
+        problem = (
+            f"launched with WORLD_SIZE={world_size} ranks but the config says {world_size_key}={expected}; "
+            f"launch {expected} ranks (torchrun --nproc-per-node={expected}) or set "
+            f"{world_size_key}={world_size}"
+        )
     elif rank == 0:
         try:
             check_writable(cfg.results_dir)
@@ -167,8 +174,9 @@ class Health:
 
     def __init__(self, rank: int, world_size: int, connect_timeout: timedelta):
         self.rank, self.world_size = rank, world_size
-        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                               timeout=connect_timeout)
+        client = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=connect_timeout
+        )
         client.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         self.store = dist.PrefixStore("moe_bench", client)
         start_time = (proc_stat(os.getpid()) or [""] * 20)[19] or "?"  # tells a reused pid apart
@@ -236,8 +244,10 @@ class Health:
         try:
             self.set_state("failed")
             culprits, stopped_pids = self.unresponsive_ranks()
-            diagnosis = ("; ".join(f"rank {k} did not respond: {why}" for k, why in culprits.items())
-                         or "every other rank still responds, so the failure is local to this rank")
+            diagnosis = (
+                "; ".join(f"rank {k} did not respond: {why}" for k, why in culprits.items())
+                or "every other rank still responds, so the failure is local to this rank"
+            )
         except RuntimeError as store_err:
             diagnosis = f"the launcher's store does not answer ({_first_line(store_err)}): cannot name the failed rank"
         if not culprits:
@@ -267,9 +277,10 @@ def _process_state(proc: str, me: int) -> tuple[str, int | None]:
         return f"its process {pid} has exited", None
     if stat[0] == "T":
         return f"its process {pid} is stopped (SIGSTOP), so rank {me} kills it", int(pid)
-    return {"t": f"its process {pid} is stopped by a debugger",
-            "D": f"its process {pid} is stuck in the kernel (uninterruptible sleep, e.g. I/O)",
-            }.get(stat[0], f"its process {pid} runs, but not its heartbeat thread"), None
+    return {
+        "t": f"its process {pid} is stopped by a debugger",
+        "D": f"its process {pid} is stuck in the kernel (uninterruptible sleep, e.g. I/O)",
+    }.get(stat[0], f"its process {pid} runs, but not its heartbeat thread"), None
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -313,11 +324,15 @@ def inject_fault(point: str, rank: int) -> None:
     name, _, where = spec.partition("@")
     fault_point, _, fault_rank = where.partition(":")
     if name not in signal.Signals.__members__ or fault_point not in FAULT_POINTS or not fault_rank.isdigit():
-        raise ValueError(f"{FAULT_ENV}={spec!r}: expected SIGNAL@POINT:RANK with POINT one of {FAULT_POINTS}, "
-                         f"e.g. SIGSTOP@work:1")
+        raise ValueError(
+            f"{FAULT_ENV}={spec!r}: expected SIGNAL@POINT:RANK with POINT one of {FAULT_POINTS}, e.g. SIGSTOP@work:1"
+        )
     if fault_point == point and int(fault_rank) == rank:
-        print(f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}",
-              file=sys.stderr, flush=True)
+        print(
+            f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.Signals[name])
 
 

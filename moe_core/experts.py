@@ -12,7 +12,9 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, d_model: int, d_ff: int):
         super().__init__()
-        self.w_in = nn.Parameter(nn.init.normal_(torch.empty(num_experts, d_model, d_ff), std=d_model**-0.5))  # (E, M, H)
+        self.w_in = nn.Parameter(
+            nn.init.normal_(torch.empty(num_experts, d_model, d_ff), std=d_model**-0.5)
+        )  # (E, M, H)
         self.w_out = nn.Parameter(nn.init.normal_(torch.empty(num_experts, d_ff, d_model), std=d_ff**-0.5))  # (E, H, M)
 
     @property
@@ -25,8 +27,8 @@ class Experts(nn.Module):
         Weights are created for all experts with the same seed on every rank and then sliced, so an
         expert-parallel model starts identical to the single-process one.
         """
-        self.w_in = nn.Parameter(self.w_in.detach()[first:first + count].clone())
-        self.w_out = nn.Parameter(self.w_out.detach()[first:first + count].clone())
+        self.w_in = nn.Parameter(self.w_in.detach()[first : first + count].clone())
+        self.w_out = nn.Parameter(self.w_out.detach()[first : first + count].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Equal token counts per expert (capacity mode): (e, n, M) -> (e, n, M), one batched GEMM pair."""

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
     """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
 
@@ -52,8 +51,13 @@ class GatingResult:
     dropped_fraction: torch.Tensor  # () float: share of wanted assignments dropped by capacity
 
 
-def gshard_gating(logits: torch.Tensor, top_k: int, capacity: int | None, noise: torch.Tensor | None = None,
-                  aux_loss_scale: str = "e2") -> GatingResult:
+def gshard_gating(
+    logits: torch.Tensor,
+    top_k: int,
+    capacity: int | None,
+    noise: torch.Tensor | None = None,
+    aux_loss_scale: str = "e2",
+) -> GatingResult:
     """Route tokens of G groups to experts.
 
     Args:

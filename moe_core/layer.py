@@ -17,15 +17,28 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .gating import GatingResult, capacity, gshard_gating
 from .experts import Experts
+from .gating import GatingResult, capacity, gshard_gating
 from .timing import PhaseTimer
 
 
 class MoELayer(nn.Module):
-    def __init__(self, *, d_model: int, d_ff: int, num_experts: int, top_k: int, capacity_factor: float,
-                 min_capacity: int, group_size: int, second_expert_policy: str, dropless: bool,
-                 aux_loss_scale: str, layer_id: int, seed: int):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        d_ff: int,
+        num_experts: int,
+        top_k: int,
+        capacity_factor: float,
+        min_capacity: int,
+        group_size: int,
+        second_expert_policy: str,
+        dropless: bool,
+        aux_loss_scale: str,
+        layer_id: int,
+        seed: int,
+    ):
         super().__init__()
         self.num_experts, self.top_k, self.group_size = num_experts, top_k, group_size
         self.capacity_factor, self.min_capacity, self.dropless = capacity_factor, min_capacity, dropless
@@ -51,8 +64,11 @@ class MoELayer(nn.Module):
         with timer.region("gate.fwd"):
             logits = self.gate(tokens_g).view(G, S, self.num_experts)  # (G, S, E)
             noise = self._routing_noise(G, S, x.device) if self.top_k == 2 and self.random_routing else None
-            C = None if self.dropless else capacity(S, self.num_experts, self.top_k, self.capacity_factor,
-                                                    self.min_capacity)
+            C = (
+                None
+                if self.dropless
+                else capacity(S, self.num_experts, self.top_k, self.capacity_factor, self.min_capacity)
+            )
             plan = gshard_gating(logits, self.top_k, C, noise, self.aux_loss_scale)
         combine_weight = timer.mark_backward(plan.combine_weight, "gate", "out")
         self.last_gating = plan
@@ -87,8 +103,9 @@ class MoELayer(nn.Module):
         """
         if self.comm is None:
             return self._compute_received(buf, rows_per_expert)
-        return self.comm.exchange_compute_exchange(buf, rows_per_expert, self._compute_received,
-                                                    tuple(self.experts.parameters()))
+        return self.comm.exchange_compute_exchange(
+            buf, rows_per_expert, self._compute_received, tuple(self.experts.parameters())
+        )
 
     def _compute_received(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
         """Rows received from every expert-parallel rank, (ep_src * e_local * R, M), through this
@@ -162,6 +179,9 @@ def _block_transpose_index(counts: list[list[int]], device) -> torch.Tensor:
         for e, n in enumerate(row):
             starts[s, e] = offset
             offset += n
-    pieces = [torch.arange(starts[s, e], starts[s, e] + counts[s][e])
-              for e in range(len(counts[0])) for s in range(len(counts))]
+    pieces = [
+        torch.arange(starts[s, e], starts[s, e] + counts[s][e])
+        for e in range(len(counts[0]))
+        for s in range(len(counts))
+    ]
     return torch.cat(pieces).to(device) if pieces else torch.empty(0, dtype=torch.long, device=device)

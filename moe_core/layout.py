@@ -76,10 +76,7 @@ def layout_error(world_size: int, num_experts: int, experts_per_rank: int) -> st
     if world_size < 1:
         return f"config key 'parallel.world_size': must be >= 1, got {world_size}"
     if experts_per_rank < 1 or num_experts % experts_per_rank:
-        return (
-            f"config key 'moe.experts_per_rank': must divide moe.num_experts={num_experts}, "
-            f"got {experts_per_rank}"
-        )
+        return f"config key 'moe.experts_per_rank': must divide moe.num_experts={num_experts}, got {experts_per_rank}"
     ep = num_experts // experts_per_rank
     if world_size % ep:
         return (

@@ -64,11 +64,20 @@ class MoETransformer(nn.Module):
         blocks = []
         for i in range(m.n_layers):
             if i % m.moe_every == m.moe_every - 1:
-                ffn = MoELayer(d_model=m.d_model, d_ff=m.d_ff, num_experts=moe.num_experts, top_k=moe.top_k,
-                               capacity_factor=moe.capacity_factor, min_capacity=moe.min_capacity,
-                               group_size=moe.group_size, second_expert_policy=moe.second_expert_policy,
-                               dropless=moe.dropless, aux_loss_scale=moe.aux_loss_scale, layer_id=i,
-                               seed=cfg.train.seed)
+                ffn = MoELayer(
+                    d_model=m.d_model,
+                    d_ff=m.d_ff,
+                    num_experts=moe.num_experts,
+                    top_k=moe.top_k,
+                    capacity_factor=moe.capacity_factor,
+                    min_capacity=moe.min_capacity,
+                    group_size=moe.group_size,
+                    second_expert_policy=moe.second_expert_policy,
+                    dropless=moe.dropless,
+                    aux_loss_scale=moe.aux_loss_scale,
+                    layer_id=i,
+                    seed=cfg.train.seed,
+                )
             else:
                 ffn = DenseFFN(m.d_model, m.d_ff)
             blocks.append(Block(m.d_model, m.n_heads, ffn))

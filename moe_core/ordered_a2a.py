@@ -48,8 +48,14 @@ def gather_traffic_matrix(input: torch.Tensor, input_splits: list[int] | None, g
     return everyone.view(world, world).cpu().numpy()
 
 
-def ordered_all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_splits: list[int] | None,
-                              input_splits: list[int] | None, schedule: Schedule, group=None) -> None:
+def ordered_all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_splits: list[int] | None,
+    input_splits: list[int] | None,
+    schedule: Schedule,
+    group=None,
+) -> None:
     """``dist.all_to_all_single(output, input, output_splits, input_splits, group)`` in ``schedule``'s order.
 
     Args:
@@ -75,13 +81,17 @@ def ordered_all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_
         ops = []
         if send is not None and send[1] > 0:
             peer, rows = send[0], int(send[1])
-            ops.append(dist.P2POp(dist.isend, input.narrow(0, in_start[peer] + sent[peer], rows),
-                                  group=group, group_peer=peer))
+            ops.append(
+                dist.P2POp(dist.isend, input.narrow(0, in_start[peer] + sent[peer], rows), group=group, group_peer=peer)
+            )
             sent[peer] += rows
         if recv is not None and recv[1] > 0:
             peer, rows = recv[0], int(recv[1])
-            ops.append(dist.P2POp(dist.irecv, output.narrow(0, out_start[peer] + received[peer], rows),
-                                  group=group, group_peer=peer))
+            ops.append(
+                dist.P2POp(
+                    dist.irecv, output.narrow(0, out_start[peer] + received[peer], rows), group=group, group_peer=peer
+                )
+            )
             received[peer] += rows
         if ops:
             for work in dist.batch_isend_irecv(ops):
@@ -100,5 +110,7 @@ def _check_steps(steps, rank: int, in_splits: list[int], out_splits: list[int]) 
                 total[peer] += int(rows)
     sends[rank], receives[rank] = in_splits[rank], out_splits[rank]
     if sends != in_splits or receives != out_splits:
-        raise ValueError(f"rank {rank}: the schedule sends {sends} and receives {receives} rows per rank, "
-                         f"but the splits are {in_splits} and {out_splits}")
+        raise ValueError(
+            f"rank {rank}: the schedule sends {sends} and receives {receives} rows per rank, "
+            f"but the splits are {in_splits} and {out_splits}"
+        )

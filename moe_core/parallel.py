@@ -2,8 +2,9 @@
 
 The mesh has the layout's named axes (moe_core.layout), today ("dp", "ep") in row-major order:
 rank r = dp_index * expert_parallel + ep_index. Ranks of one "ep" row hold all experts between
-them (``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold replicas of the same experts. Every rank trains on its
-own data, so dense parameters are replicated on all ranks.
+them (``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold
+replicas of the same experts. Every rank trains on its own data, so dense parameters are
+replicated on all ranks.
 
 Gradient synchronisation (see moe_core.policies): dense gradients are summed over all ranks, expert
 gradients over their "dp" column (the all-to-all backward already summed over the "ep" row), and
@@ -20,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .layout import Layout
 from .layer import MoELayer
+from .layout import Layout
 
 
 @dataclass
@@ -54,8 +55,16 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
     # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
     # contend with) the token all-to-alls instead of queueing behind them on one communicator.
     dense_grad_group = dist.new_group(list(range(layout.world_size)), timeout=timeout)
-    return ParallelGroups(layout, mesh, dist.get_rank(), mesh.get_local_rank("ep"), mesh.get_group("ep"),
-                          mesh.get_group("dp"), dense_grad_group, high_priority_ep)
+    return ParallelGroups(
+        layout,
+        mesh,
+        dist.get_rank(),
+        mesh.get_local_rank("ep"),
+        mesh.get_group("ep"),
+        mesh.get_group("dp"),
+        dense_grad_group,
+        high_priority_ep,
+    )
 
 
 def _group_options(backend: str, timeout: timedelta, high_priority: bool = False):

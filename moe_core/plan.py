@@ -142,7 +142,9 @@ def gradient_micro_ops(numels: list[int], element_bytes: int, micro_op_bytes: fl
     return ops
 
 
-def micro_op_units(tensors: list[GradientTensor], element_bytes: int, micro_op_bytes: float) -> tuple[GradientUnit, ...]:
+def micro_op_units(
+    tensors: list[GradientTensor], element_bytes: int, micro_op_bytes: float
+) -> tuple[GradientUnit, ...]:
     """Gradient units as per-tensor micro-ops (:func:`gradient_micro_ops`), reduced in place."""
     ops = gradient_micro_ops([t.numel for t in tensors], element_bytes, micro_op_bytes)
     return tuple(GradientUnit(((i, start, stop),), tensors[i].expert, fused=False) for i, start, stop in ops)

@@ -62,16 +62,29 @@ def sim_point_name(hardware: str, params: dict[str, Any]) -> str:
 
 
 def sim_point(
-    cfg: DictConfig, hardware: str, paper: str, world_size: int, experts_per_rank: int, policy: str,
-    model: list[str], partition_mb: float,
+    cfg: DictConfig,
+    hardware: str,
+    paper: str,
+    world_size: int,
+    experts_per_rank: int,
+    policy: str,
+    model: list[str],
+    partition_mb: float,
 ) -> tuple[str, tuple[str, list[str]]]:
     """One simulated point, experts = world size x experts_per_rank: (name, (paper, its complete overrides))."""
     params = dict(
-        world_size=world_size, num_experts=world_size * experts_per_rank, experts_per_rank=experts_per_rank,
-        policy=policy, seed=cfg.train.seed, partition_mb=partition_mb,
+        world_size=world_size,
+        num_experts=world_size * experts_per_rank,
+        experts_per_rank=experts_per_rank,
+        policy=policy,
+        seed=cfg.train.seed,
+        partition_mb=partition_mb,
     )
     overrides = [
-        *model, f"hardware_profile={hardware}", f"paper={paper}", f"comm.partition_mb={partition_mb:g}",
+        *model,
+        f"hardware_profile={hardware}",
+        f"paper={paper}",
+        f"comm.partition_mb={partition_mb:g}",
         *point_overrides({k: v for k, v in params.items() if k != "partition_mb"}),
     ]
     return sim_point_name(hardware, params), (paper, overrides)
@@ -99,9 +112,13 @@ def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
 def point_overrides(point: dict[str, Any]) -> list[str]:
     """The ``key=value`` overrides that turn the base config into one sweep point."""
     keys = {
-        "world_size": "parallel.world_size", "num_experts": "moe.num_experts",
-        "experts_per_rank": "moe.experts_per_rank", "policy": "comm.policy", "seed": "train.seed",
-        "partition_mb": "comm.partition_mb", "paper": "paper",
+        "world_size": "parallel.world_size",
+        "num_experts": "moe.num_experts",
+        "experts_per_rank": "moe.experts_per_rank",
+        "policy": "comm.policy",
+        "seed": "train.seed",
+        "partition_mb": "comm.partition_mb",
+        "paper": "paper",
     }
     return [f"{keys[k]}={v}" for k, v in point.items()]
 
@@ -110,11 +127,18 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
     """The parameters a training-step record carries (measured and simulated alike)."""
     layout = layout_of(cfg)
     return {
-        "world_size": layout.world_size, "num_experts": layout.num_experts,
-        "experts_per_rank": layout.experts_per_rank, "policy": cfg.comm.policy, "seed": cfg.train.seed,
-        "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
-        "top_k": cfg.moe.top_k, "capacity_factor": cfg.moe.capacity_factor, "dropless": cfg.moe.dropless,
-        "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len, "dtype": cfg.train.dtype,
+        "world_size": layout.world_size,
+        "num_experts": layout.num_experts,
+        "experts_per_rank": layout.experts_per_rank,
+        "policy": cfg.comm.policy,
+        "seed": cfg.train.seed,
+        "expert_parallel": layout.expert_parallel,
+        "data_parallel": layout.data_parallel,
+        "top_k": cfg.moe.top_k,
+        "capacity_factor": cfg.moe.capacity_factor,
+        "dropless": cfg.moe.dropless,
+        "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
+        "dtype": cfg.train.dtype,
         "partition_mb": cfg.comm.partition_mb,
     }
 

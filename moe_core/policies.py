@@ -207,7 +207,7 @@ class CommPolicy:
                 raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
         if unit.fused:
             return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.world_size)
-        (i, start, stop), = unit.pieces
+        ((i, start, stop),) = unit.pieces
         return GradientMicroOp(named[i][1], start, stop, group)
 
     def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:

@@ -64,27 +64,33 @@ def check_writable(results_dir: str | Path) -> Path:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as err:
-        raise ResultsDirError(f"results_dir '{results_dir}' cannot be written ({err.strerror or err}); "
-                              f"set results_dir=<a writable directory>") from err
+        raise ResultsDirError(
+            f"results_dir '{results_dir}' cannot be written ({err.strerror or err}); "
+            f"set results_dir=<a writable directory>"
+        ) from err
     return path
 
 
 def check_finite(samples: dict[str, Iterable[float]], extra_metrics: dict[str, float] | None = None) -> None:
     """Raise NonFiniteMetricError naming the first metric with a NaN or infinite value."""
-    values = {**{name: [float(v) for v in vals] for name, vals in samples.items()},
-              **{name: [float(value)] for name, value in (extra_metrics or {}).items()}}
+    values = {
+        **{name: [float(v) for v in vals] for name, vals in samples.items()},
+        **{name: [float(value)] for name, value in (extra_metrics or {}).items()},
+    }
     for name, vals in values.items():
         bad = [i for i, v in enumerate(vals) if not math.isfinite(v)]
         if bad:
-            raise _non_finite(name, f"non-finite values ({len(bad)} of {len(vals)}, the first {vals[bad[0]]} "
-                                    f"at sample {bad[0]})")
+            raise _non_finite(
+                name, f"non-finite values ({len(bad)} of {len(vals)}, the first {vals[bad[0]]} at sample {bad[0]})"
+            )
 
 
 def _non_finite(name: str, what: str) -> NonFiniteMetricError:
     loss = "loss" in name or "nll" in name
     advice = "lower train.lr" if loss else "the measurement failed, see the run's log"
-    return NonFiniteMetricError(f"{'losses diverged: ' if loss else ''}metric '{name}' has {what}; "
-                                f"no record is written; {advice}")
+    return NonFiniteMetricError(
+        f"{'losses diverged: ' if loss else ''}metric '{name}' has {what}; no record is written; {advice}"
+    )
 
 
 def _first_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
@@ -104,13 +110,30 @@ def summarize(samples: Iterable[float]) -> dict[str, float]:
     x = np.asarray(list(samples), dtype=float)
     if x.size == 0:
         raise ValueError("cannot summarize an empty list of samples")
-    return {"median": float(np.median(x)), "p95": float(np.percentile(x, 95)), "mean": float(x.mean()),
-            "min": float(x.min()), "max": float(x.max()), "n": int(x.size)}
+    return {
+        "median": float(np.median(x)),
+        "p95": float(np.percentile(x, 95)),
+        "mean": float(x.mean()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "n": int(x.size),
+    }
 
 
-def make_record(*, paper: str, experiment: str, point: str, mode: str, backend: str, hardware: str,
-                params: dict[str, Any], samples: dict[str, list[float]], config: dict[str, Any],
-                extra_metrics: dict[str, float] | None = None, device: str = "cpu") -> dict[str, Any]:
+def make_record(
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    mode: str,
+    backend: str,
+    hardware: str,
+    params: dict[str, Any],
+    samples: dict[str, list[float]],
+    config: dict[str, Any],
+    extra_metrics: dict[str, float] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """Assemble a record; ``samples`` are per-iteration values (worst rank), summarized here.
 
     ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. Raises
@@ -124,8 +147,12 @@ def make_record(*, paper: str, experiment: str, point: str, mode: str, backend: 
         metrics[name] = {"value": float(value)}
     return {
         "schema_version": SCHEMA_VERSION,
-        "paper": paper, "experiment": experiment, "point": point,
-        "mode": mode, "backend": backend, "hardware": hardware,
+        "paper": paper,
+        "experiment": experiment,
+        "point": point,
+        "mode": mode,
+        "backend": backend,
+        "hardware": hardware,
         "params": _plain(params),
         "metrics": metrics,
         "samples": {k: [float(v) for v in vals] for k, vals in samples.items()},
@@ -165,8 +192,9 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
         section, _, rest = where.partition(".")
         if section in ("samples", "metrics") and rest:
             raise _non_finite(rest.split(".")[0], f"the non-finite value {value} (at {where})")
-        raise NonFiniteMetricError(f"record field '{where}' is {value}, which strict JSON cannot hold; "
-                                   f"no record is written")
+        raise NonFiniteMetricError(
+            f"record field '{where}' is {value}, which strict JSON cannot hold; no record is written"
+        )
     text = json.dumps(record, indent=1, allow_nan=False)
     with atomic_output(path) as tmp, open(tmp, "w") as f:
         f.write(text)
@@ -213,8 +241,13 @@ def environment(device: str = "cpu") -> dict[str, Any]:
 
 def _git_sha() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

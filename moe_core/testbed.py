@@ -27,6 +27,7 @@ Needs root and iproute2 (``ip``, ``tc``); :func:`emulation_unavailable` says why
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import itertools
 import os
@@ -74,8 +75,25 @@ def emulation_unavailable() -> str | None:
         _run("ip", "netns", "add", probe)
         try:
             _run("ip", "-n", probe, "link", "set", "lo", "up")
-            _run("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
-                 "rate", "1gbit", "burst", "256kb", "latency", "50ms")
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                probe,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                "1gbit",
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            )
         finally:
             _run("ip", "netns", "del", probe)
     except TestbedError as err:
@@ -112,10 +130,8 @@ def _pid_alive(pid: int) -> bool:
 def _delete_netns(name: str) -> None:
     """Kill what still runs inside namespace ``name`` (it would keep it alive), then delete it."""
     for pid in _run("ip", "netns", "pids", name).split():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _run("ip", "netns", "del", name)
 
 
@@ -129,13 +145,15 @@ class EmulatedTestbed:
     and SIGTERM; an atexit hook catches the rest, :func:`remove_stale_testbeds` a SIGKILLed creator.
     """
 
-    def __init__(self, nodes: int, rate_mbit: float, burst_kb: int = 256, latency_ms: float = 50.0,
-                 prefix: str | None = None):
+    def __init__(
+        self, nodes: int, rate_mbit: float, burst_kb: int = 256, latency_ms: float = 50.0, prefix: str | None = None
+    ):
         if nodes < 1 or nodes > SUBNET.num_addresses - 2:
             raise ValueError(f"nodes must be in 1..{SUBNET.num_addresses - 2}, got {nodes}")
         if rate_mbit <= 0 or burst_kb <= 0 or latency_ms <= 0:
-            raise ValueError(f"rate_mbit, burst_kb and latency_ms must be > 0, got {rate_mbit}, {burst_kb}, "
-                             f"{latency_ms}")
+            raise ValueError(
+                f"rate_mbit, burst_kb and latency_ms must be > 0, got {rate_mbit}, {burst_kb}, {latency_ms}"
+            )
         self.nodes = nodes
         self.tbf = ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms:g}ms"]
         self.prefix = prefix or f"mt{os.getpid()}-{next(_instances)}"

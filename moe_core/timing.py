@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -110,8 +110,10 @@ def worst_rank(per_rank_iters: list[dict[str, list[float]]]) -> dict[str, list[f
     ``per_rank_iters[r][name][i]`` is rank r's value of ``name`` at iteration i.
     """
     names = per_rank_iters[0].keys()
-    return {name: [max(rank[name][i] for rank in per_rank_iters) for i in range(len(per_rank_iters[0][name]))]
-            for name in names}
+    return {
+        name: [max(rank[name][i] for rank in per_rank_iters) for i in range(len(per_rank_iters[0][name]))]
+        for name in names
+    }
 
 
 def gather_worst_rank(local: dict[str, list[float]], group=None) -> dict[str, list[float]]:

@@ -11,8 +11,16 @@ import os
 from typing import Any
 
 
-def log_point(record: dict[str, Any], *, sweep: str, mode: str, project: str, entity: str | None,
-              results_dir: str, step_columns: dict[str, list[float]] | None = None) -> str | None:
+def log_point(
+    record: dict[str, Any],
+    *,
+    sweep: str,
+    mode: str,
+    project: str,
+    entity: str | None,
+    results_dir: str,
+    step_columns: dict[str, list[float]] | None = None,
+) -> str | None:
     """Log one finished sweep point as a W&B run; return the run directory (None when disabled)."""
     mode = os.environ.get("WANDB_MODE", mode)
     if mode == "disabled":
@@ -21,11 +29,23 @@ def log_point(record: dict[str, Any], *, sweep: str, mode: str, project: str, en
 
     wandb_dir = os.path.join(results_dir, "wandb")
     os.makedirs(wandb_dir, exist_ok=True)
-    run = wandb.init(project=project, entity=entity, mode=mode, dir=results_dir, group=sweep,
-                     job_type=record["experiment"], name=f"{record['experiment']}/{record['point']}",
-                     config={"params": record["params"], "hardware": record["hardware"],
-                             "backend": record["backend"], "resolved": record["config"]},
-                     tags=[record["paper"], record["mode"]], settings=wandb.Settings(silent=True))
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        mode=mode,
+        dir=results_dir,
+        group=sweep,
+        job_type=record["experiment"],
+        name=f"{record['experiment']}/{record['point']}",
+        config={
+            "params": record["params"],
+            "hardware": record["hardware"],
+            "backend": record["backend"],
+            "resolved": record["config"],
+        },
+        tags=[record["paper"], record["mode"]],
+        settings=wandb.Settings(silent=True),
+    )
     try:
         summary = {}
         for name, stats in record["metrics"].items():
@@ -35,8 +55,9 @@ def log_point(record: dict[str, Any], *, sweep: str, mode: str, project: str, en
         if step_columns:
             columns = list(step_columns)
             rows = [list(r) for r in zip(*step_columns.values())]
-            run.log({"per_step": wandb.Table(columns=["iteration", *columns],
-                                             data=[[i, *r] for i, r in enumerate(rows)])})
+            run.log(
+                {"per_step": wandb.Table(columns=["iteration", *columns], data=[[i, *r] for i, r in enumerate(rows)])}
+            )
         return run.dir
     finally:
         run.finish()

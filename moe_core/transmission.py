@@ -156,6 +156,7 @@ def order_schedule(traffic_matrix, orders: list[list[int]]) -> Schedule:
         rounds.append(transfers)
     return rounds
 
+
 # An order: (traffic_matrix, bandwidth, seed) -> Schedule. Papers register theirs (register_order).
 OrderFn = Callable[..., "Schedule"]
 ORDERS: dict[str, OrderFn] = {}
@@ -218,8 +219,11 @@ def delivered(schedule: Schedule, n: int) -> np.ndarray:
 
 def _schedule_rate(schedule: Schedule, bandwidth) -> np.ndarray:
     """Pair rates for the GPUs of ``schedule`` (all of ``bandwidth``'s when it is per GPU)."""
-    n = np.size(bandwidth) if np.ndim(bandwidth) else 1 + max(
-        (max(s, d) for transfers in schedule for s, d, _ in transfers), default=0)
+    n = (
+        np.size(bandwidth)
+        if np.ndim(bandwidth)
+        else 1 + max((max(s, d) for transfers in schedule for s, d, _ in transfers), default=0)
+    )
     return pair_rate(bandwidth, n)
 
 

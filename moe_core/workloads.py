@@ -19,8 +19,9 @@ import numpy as np
 ELEMENT_BYTES = 4
 
 
-def zipf_traffic_matrix(world_size: int, bytes_per_rank: int, zipf: float, seed: int,
-                        element_bytes: int = ELEMENT_BYTES) -> np.ndarray:
+def zipf_traffic_matrix(
+    world_size: int, bytes_per_rank: int, zipf: float, seed: int, element_bytes: int = ELEMENT_BYTES
+) -> np.ndarray:
     """Skewed all-to-all(v) traffic: every rank sends ``bytes_per_rank``, a few ranks receive most.
 
     MoE gating sends more tokens to some experts than to others, and the ranks that hold the
@@ -40,8 +41,9 @@ def zipf_traffic_matrix(world_size: int, bytes_per_rank: int, zipf: float, seed:
     if zipf < 0:
         raise ValueError(f"zipf must be >= 0, got {zipf}")
     if element_bytes < 1 or bytes_per_rank < 0 or bytes_per_rank % element_bytes:
-        raise ValueError(f"bytes_per_rank={bytes_per_rank} must be a non-negative multiple of "
-                         f"element_bytes={element_bytes}")
+        raise ValueError(
+            f"bytes_per_rank={bytes_per_rank} must be a non-negative multiple of element_bytes={element_bytes}"
+        )
     elements = bytes_per_rank // element_bytes
     by_popularity = np.random.default_rng(seed).permutation(world_size)  # by_popularity[k] = k-th hottest rank
     weights = 1.0 / np.arange(1, world_size + 1) ** zipf  # (world,), in popularity order
@@ -57,9 +59,7 @@ def zipf_traffic_matrix(world_size: int, bytes_per_rank: int, zipf: float, seed:
 
 # Aurora's Fig. 4 example (arXiv 2410.17043): GPU 1 sends one unit to GPUs 2 and 3, GPU 2 one unit to
 # GPUs 1 and 3 (0-based here). The naive order takes 3 units, the right order 2 = T*.
-FIG4_TOY_TOKENS = np.array([[0, 1, 1],
-                            [1, 0, 1],
-                            [0, 0, 0]], dtype=np.int64)
+FIG4_TOY_TOKENS = np.array([[0, 1, 1], [1, 0, 1], [0, 0, 0]], dtype=np.int64)
 
 
 # -- traffic from real gating (Aurora's "historical statistics", arXiv 2410.17043 Section 3) ------------
@@ -86,8 +86,10 @@ def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: 
     m, moe, tr = cfg.model, cfg.moe, cfg.train
     tokens = trace_batch_size * m.seq_len
     if n_gpus < 1 or moe.num_experts % n_gpus or tokens % n_gpus:
-        raise ValueError(f"n_gpus ({n_gpus}) must divide moe.num_experts ({moe.num_experts}) and the traced "
-                         f"tokens (trace_batch_size * model.seq_len = {tokens})")
+        raise ValueError(
+            f"n_gpus ({n_gpus}) must divide moe.num_experts ({moe.num_experts}) and the traced "
+            f"tokens (trace_batch_size * model.seq_len = {tokens})"
+        )
     if train_steps < 0 or trace_batch_size < 1:
         raise ValueError(f"train_steps must be >= 0 and trace_batch_size >= 1, got {train_steps}, {trace_batch_size}")
     torch.manual_seed(tr.seed)
@@ -123,8 +125,9 @@ def zipf_token_matrices(n_gpus: int, tokens_per_gpu: int, zipf: float, layers: i
     Layer l is ``zipf_traffic_matrix`` in whole tokens (element_bytes 1) with seed ``seed + l``, so
     every layer has its own popular experts, as the layers of a real model do.
     """
-    return np.stack([zipf_traffic_matrix(n_gpus, tokens_per_gpu, zipf, seed + layer, element_bytes=1)
-                     for layer in range(layers)])
+    return np.stack(
+        [zipf_traffic_matrix(n_gpus, tokens_per_gpu, zipf, seed + layer, element_bytes=1) for layer in range(layers)]
+    )
 
 
 def traffic_bytes(token_matrix: np.ndarray, d_model: int, element_bytes: int) -> np.ndarray:

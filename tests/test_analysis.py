@@ -470,7 +470,7 @@ def test_compare_verdicts(tmp_path, tables):
     )
     table = compare(registry, *tables).set_index("id")
     assert table.loc["near", "verdict"] == CONSISTENT and table.loc["near", "reproduced"] == 1.9
-    assert "local-cpu gloo, 4 ranks, 1 MiB–64 MiB, 15 samples" == table.loc["near", "reproduced_setting"]
+    assert table.loc["near", "reproduced_setting"] == "local-cpu gloo, 4 ranks, 1 MiB–64 MiB, 15 samples"
     assert table.loc["far", "verdict"] == DIFFERS and table.loc["far", "ratio"] == pytest.approx(2.5 / 4.14)
     assert table.loc["share", "verdict"] == CONSISTENT
     assert table.loc["share", "reproduced"] == pytest.approx(34.1) and table.loc["share", "mode"] == "measured"

@@ -1,19 +1,25 @@
 """experiments/aurora.py (Aurora's simulated executor) on a tiny setting, and its bad-config path."""
 
-import json
-
 import numpy as np
 import pytest
 
 from analysis.collect import read_valid_record
 from experiments import aurora
-from moe_core.papers.aurora.study import aurora_points
 from experiments.aurora_a2a import measured_points, scaled
-from moe_core.workloads import ELEMENT_BYTES
 from moe_core.config import load_config
+from moe_core.papers.aurora.study import aurora_points
+from moe_core.workloads import ELEMENT_BYTES
 
-TINY = ["aurora.gating_zipf=[2.0]", "aurora.traffic_zipf=[1.0]", "aurora.num_experts=4", "aurora.moe_layers=2",
-        "aurora.train_steps=2", "aurora.trace_batch_size=4", "aurora.random_draws=2", "aurora.imprecision=[0.0,0.5]"]
+TINY = [
+    "aurora.gating_zipf=[2.0]",
+    "aurora.traffic_zipf=[1.0]",
+    "aurora.num_experts=4",
+    "aurora.moe_layers=2",
+    "aurora.train_steps=2",
+    "aurora.trace_batch_size=4",
+    "aurora.random_draws=2",
+    "aurora.imprecision=[0.0,0.5]",
+]
 CONFIGS = ["--config", "configs/default.yaml", "--config", "configs/ci.yaml"]
 
 
@@ -30,8 +36,11 @@ def records(tmp_path_factory):
 
 
 def _of(records, experiment, **params):
-    return [r for (e, _), r in records.items()
-            if e == experiment and all(r["params"].get(k) == v for k, v in params.items())]
+    return [
+        r
+        for (e, _), r in records.items()
+        if e == experiment and all(r["params"].get(k) == v for k, v in params.items())
+    ]
 
 
 def test_records_are_simulated_aurora_points_with_their_workload(records):
@@ -49,7 +58,10 @@ def test_algorithm1_never_beats_the_lower_bound_and_exact_meets_it(records):
         assert m["a2a_over_lower_bound"] >= 1 - 1e-9 and m["rounds_over_lower_bound"] >= 1 - 1e-9
         if r["params"]["policy"] == "exact":
             assert m["rounds_over_lower_bound"] == pytest.approx(1.0, abs=1e-9)
-    toy = {r["params"]["policy"]: r["metrics"]["rounds"]["value"] for r in _of(records, "aurora_order", workload="fig4-toy")}
+    toy = {
+        r["params"]["policy"]: r["metrics"]["rounds"]["value"]
+        for r in _of(records, "aurora_order", workload="fig4-toy")
+    }
     assert toy["naive"] == 3 and toy["aurora"] == 2  # Aurora's Fig. 4
 
 
@@ -66,10 +78,15 @@ def test_speedups_and_gaps_are_consistent_with_optimality(records):
         assert 0 < r["metrics"]["gpu_utilisation"]["median"] < 1
 
 
-@pytest.mark.parametrize("override,key", [("aurora.imprecision=[1.5]", "aurora.imprecision"),
-                                          ("aurora.gap_gpus=9", "aurora.gap_gpus"),
-                                          ("aurora.heterogeneous_hardware=nowhere", "aurora.heterogeneous_hardware"),
-                                          ("aurora.layers=4", "aurora.layers")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("aurora.imprecision=[1.5]", "aurora.imprecision"),
+        ("aurora.gap_gpus=9", "aurora.gap_gpus"),
+        ("aurora.heterogeneous_hardware=nowhere", "aurora.heterogeneous_hardware"),
+        ("aurora.layers=4", "aurora.layers"),
+    ],
+)
 def test_bad_config_exits_2_naming_the_key_and_writes_nothing(tmp_path, capsys, override, key):
     assert aurora.main([*CONFIGS, override, f"results_dir={tmp_path}"]) == 2
     assert key in capsys.readouterr().err

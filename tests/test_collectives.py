@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.collectives import (CASES, Collective, bottleneck_bytes, bus_bandwidth_factor, check_sizes, collective_points, collective_point_name,
-                                     sizes_bytes)
+from experiments.collectives import (
+    CASES,
+    Collective,
+    bottleneck_bytes,
+    bus_bandwidth_factor,
+    check_sizes,
+    collective_point_name,
+    collective_points,
+    sizes_bytes,
+)
 from moe_core.config import REPO_ROOT, ConfigError, load_config
 from moe_core.results import read_record, record_path
 from moe_core.workloads import zipf_traffic_matrix
@@ -79,8 +87,9 @@ def test_default_sizes_and_points():
 
 
 def test_sizes_stop_at_max_bytes():
-    cfg = load_config(overrides=["collectives.min_bytes=1024", "collectives.max_bytes=5000",
-                                 "collectives.step_factor=2"])
+    cfg = load_config(
+        overrides=["collectives.min_bytes=1024", "collectives.max_bytes=5000", "collectives.step_factor=2"]
+    )
     assert sizes_bytes(cfg) == [1024, 2048, 4096]
 
 
@@ -90,11 +99,18 @@ def test_sizes_must_split_evenly_over_ranks():
         check_sizes(load_config(overrides=["collectives.world_size=3"]))  # 1024 B is not 3 * 4-byte elements
 
 
-@pytest.mark.parametrize("collective, n, factor", [
-    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
-    ("all_to_all", 2, 0.5), ("all_to_all", 4, 0.75), ("all_to_all", 8, 0.875),
-    ("all_to_all_v", 4, 1.0),
-])
+@pytest.mark.parametrize(
+    "collective, n, factor",
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("all_to_all", 2, 0.5),
+        ("all_to_all", 4, 0.75),
+        ("all_to_all", 8, 0.875),
+        ("all_to_all_v", 4, 1.0),
+    ],
+)
 def test_bus_bandwidth_factor_matches_nccl_tests(collective, n, factor):
     assert bus_bandwidth_factor(collective, n) == pytest.approx(factor)
 
@@ -112,12 +128,20 @@ def _env() -> dict[str, str]:
     return {**os.environ, "WANDB_MODE": "disabled"}
 
 
-@pytest.mark.parametrize("override, key", [("collectives.world_size=1", "collectives.world_size"),
-                                           ("collectives.bogus=3", "collectives.bogus")])
+@pytest.mark.parametrize(
+    "override, key",
+    [("collectives.world_size=1", "collectives.world_size"), ("collectives.bogus=3", "collectives.bogus")],
+)
 def test_bad_config_exits_2_before_running(tmp_path, override, key):
     results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "experiments.collectives", override, f"results_dir={results}"],
-                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.collectives", override, f"results_dir={results}"],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and key in proc.stderr
     assert not results.exists()
@@ -125,12 +149,34 @@ def test_bad_config_exits_2_before_running(tmp_path, override, key):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_writes_checked_records(tmp_path):
-    overrides = ["collectives.world_size=2", "collectives.min_bytes=1024", "collectives.max_bytes=65536",
-                 "collectives.iters=3", "collectives.warmup_iters=1", "collectives.latency_bytes=4096",
-                 "collectives.latency_iters=2", f"results_dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "experiments.collectives", *overrides, "--check"],
-                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    overrides = [
+        "collectives.world_size=2",
+        "collectives.min_bytes=1024",
+        "collectives.max_bytes=65536",
+        "collectives.iters=3",
+        "collectives.warmup_iters=1",
+        "collectives.latency_bytes=4096",
+        "collectives.latency_iters=2",
+        f"results_dir={tmp_path}",
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "experiments.collectives",
+            *overrides,
+            "--check",
+        ],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     cfg = load_config(overrides=overrides)
@@ -146,8 +192,12 @@ def test_torchrun_two_ranks_writes_checked_records(tmp_path):
         assert all(bw > 0 for bw in samples["busbw_GBps"])
         if params["concurrent"]:
             assert params["concurrent"] == "all_reduce"
-            assert len(samples["slowdown"]) == len(samples["alone_ms"]) == len(samples["concurrent_ms"]) == len(
-                samples["time_ms"])
+            assert (
+                len(samples["slowdown"])
+                == len(samples["alone_ms"])
+                == len(samples["concurrent_ms"])
+                == len(samples["time_ms"])
+            )
             assert all(s > 0 for s in samples["slowdown"])
         else:
             assert "slowdown" not in samples

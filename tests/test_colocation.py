@@ -5,16 +5,32 @@ import itertools
 import numpy as np
 import pytest
 
-from moe_core.papers.aurora.colocation import (LayerStats, assign_exclusive, bottleneck_matching, brute_force_heterogeneous,
-                                 brute_force_matching, colocate_heterogeneous, colocated_inference,
-                                 exclusive_inference, gbps_to_bytes_per_s, gpu_traffic, heterogeneous_bandwidth,
-                                 lina_pairing_inference, lina_pairing, pair_bottleneck, pair_cost_on_gpus, pair_sorted,
-                                 pairing_weights, random_colocation)
+from moe_core.papers.aurora.colocation import (
+    LayerStats,
+    assign_exclusive,
+    bottleneck_matching,
+    brute_force_heterogeneous,
+    brute_force_matching,
+    colocate_heterogeneous,
+    colocated_inference,
+    exclusive_inference,
+    gbps_to_bytes_per_s,
+    gpu_traffic,
+    heterogeneous_bandwidth,
+    lina_pairing,
+    lina_pairing_inference,
+    pair_bottleneck,
+    pair_cost_on_gpus,
+    pair_sorted,
+    pairing_weights,
+    random_colocation,
+)
 
 
 def _layer(rng, n, scale=1e6):
-    return LayerStats(rng.integers(0, 100, (n, n)) * scale, rng.random(n) * 1e-3, rng.random(n) * 4e-3,
-                      rng.random(n) * 1e-3)
+    return LayerStats(
+        rng.integers(0, 100, (n, n)) * scale, rng.random(n) * 1e-3, rng.random(n) * 4e-3, rng.random(n) * 1e-3
+    )
 
 
 def _cost(weight, partner):
@@ -116,9 +132,18 @@ def test_colocation_beats_lina_and_random_on_skewed_loads():
     """Two models with popular and unpopular experts on 8 GPUs, homogeneous and heterogeneous."""
     rng = np.random.default_rng(6)
     popularity = np.array([8, 6, 4, 3, 2, 1, 1, 1])
+
     def layers(order):
-        return [LayerStats(np.outer(np.ones(8), popularity[order]) * 1e6 * rng.uniform(0.8, 1.2, (8, 8)),
-                           np.full(8, 1e-3), popularity[order] * 1e-3, np.full(8, 1e-3)) for _ in range(4)]
+        return [
+            LayerStats(
+                np.outer(np.ones(8), popularity[order]) * 1e6 * rng.uniform(0.8, 1.2, (8, 8)),
+                np.full(8, 1e-3),
+                popularity[order] * 1e-3,
+                np.full(8, 1e-3),
+            )
+            for _ in range(4)
+        ]
+
     a, b = layers(np.arange(8)), layers(rng.permutation(8))
     for bandwidth in (gbps_to_bytes_per_s(100), heterogeneous_bandwidth(8)):
         partner, gpu_of = colocate_heterogeneous(a[0], b[0], bandwidth, 1.0)
@@ -128,13 +153,16 @@ def test_colocation_beats_lina_and_random_on_skewed_loads():
         assert aurora < lina and aurora < random and aurora_util > lina_util
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: pair_sorted([1, 2], [1, 2, 3]), "equal lengths"),
-    (lambda: bottleneck_matching(np.ones((2, 3))), "square"),
-    (lambda: LayerStats(np.ones((2, 2)), [0, 0], [0, -1], [0, 0]), "ffn_s"),
-    (lambda: colocated_inference([], [], [0, 0], [0, 1], 1.0), "partner must be a permutation"),
-    (lambda: heterogeneous_bandwidth(6), "multiple"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: pair_sorted([1, 2], [1, 2, 3]), "equal lengths"),
+        (lambda: bottleneck_matching(np.ones((2, 3))), "square"),
+        (lambda: LayerStats(np.ones((2, 2)), [0, 0], [0, -1], [0, 0]), "ffn_s"),
+        (lambda: colocated_inference([], [], [0, 0], [0, 1], 1.0), "partner must be a permutation"),
+        (lambda: heterogeneous_bandwidth(6), "multiple"),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -144,8 +172,10 @@ def test_exclusive_inference_by_schedule_kind():
     """Fig. 11a's comparison: Aurora's order is never slower than SJF or RCS and beats them on contention."""
     rng = np.random.default_rng(7)
     popular = np.array([30, 1, 1, 1, 1, 1, 1, 1])
-    layers = [LayerStats(np.outer(rng.integers(1, 5, 8), popular) * 1e6, np.full(8, 1e-4), np.full(8, 1e-4),
-                         np.full(8, 1e-4)) for _ in range(4)]
+    layers = [
+        LayerStats(np.outer(rng.integers(1, 5, 8), popular) * 1e6, np.full(8, 1e-4), np.full(8, 1e-4), np.full(8, 1e-4))
+        for _ in range(4)
+    ]
     bandwidth = gbps_to_bytes_per_s(100)
     aurora = exclusive_inference(layers, np.arange(8), bandwidth)[0]
     for kind in ("sjf", "rcs", "naive"):

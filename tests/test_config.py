@@ -149,12 +149,17 @@ def test_config_is_read_only():
         cfg.moe.num_experts = 2
 
 
-@pytest.mark.parametrize("args", [["moe.num_experts=abc"], ["--config", "configs/none.yaml"],
-                                  ["parallel.world_size=3"]])
+@pytest.mark.parametrize(
+    "args", [["moe.num_experts=abc"], ["--config", "configs/none.yaml"], ["parallel.world_size=3"]]
+)
 def test_train_step_cli_rejects_bad_input_before_starting(tmp_path, args):
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "experiments.train_step", f"results_dir={out}", *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.train_step", f"results_dir={out}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: config")
     assert not out.exists()
@@ -188,7 +193,19 @@ def test_no_record_resolves_outside_results_dir(tmp_path, entry):
     """``paper`` becomes a path component of every record: a value that climbs out of results_dir
     is refused before anything starts, and nothing is written anywhere."""
     results = tmp_path / "a" / "results"
-    proc = subprocess.run([sys.executable, "-m", entry, "--config", "configs/default.yaml", f"results_dir={results}",
-                           "paper=../../escaped"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            entry,
+            "--config",
+            "configs/default.yaml",
+            f"results_dir={results}",
+            "paper=../../escaped",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "config key 'paper'" in proc.stderr
     assert not any(tmp_path.rglob("*.json")) and not (tmp_path / "escaped").exists()

@@ -48,15 +48,16 @@ def conda_requirements() -> dict[str, SpecifierSet]:
 
 def at_least_as_strict(env: SpecifierSet, project: SpecifierSet) -> bool:
     """Whether every lower and upper bound of ``project`` is met by a bound of ``env`` as strict."""
+
     def bounds(specs, ops):
         return [Version(s.version.rstrip(".*")) for s in specs if s.operator in ops]
+
     for clause in project:
         version = Version(clause.version.rstrip(".*"))
         if clause.operator in (">=", ">", "~="):
             ok = any(v >= version for v in bounds(env, (">=", ">", "==", "~=")))
         elif clause.operator in ("<", "<="):
-            ok = any(v <= version for v in bounds(env, ("<", "<="))) or any(
-                v < version for v in bounds(env, ("==",)))
+            ok = any(v <= version for v in bounds(env, ("<", "<="))) or any(v < version for v in bounds(env, ("==",)))
         else:  # == or !=: the same clause
             ok = clause in env
         if not ok:
@@ -70,7 +71,8 @@ def test_every_pyproject_dependency_is_in_environment_yml_with_a_compatible_boun
         assert name in conda, f"pyproject.toml needs {name}{spec}; add it to environment.yml"
         assert at_least_as_strict(conda[name], spec), (
             f"environment.yml asks for {name}{conda[name]}, which allows versions pyproject.toml's "
-            f"{name}{spec} does not")
+            f"{name}{spec} does not"
+        )
 
 
 def test_environment_yml_asks_for_nothing_pyproject_lacks():
@@ -85,14 +87,17 @@ def test_environment_python_satisfies_requires_python():
     assert Version(pin) in requires
 
 
-@pytest.mark.parametrize("env, project, ok", [
-    (">=2.4,<2.5", ">=2.4,<2.5", True),
-    (">=2.5", ">=2.4", True),
-    (">=2.3", ">=2.4", False),  # allows 2.3
-    (">=2.4", ">=2.4,<2.5", False),  # no upper bound
-    (">=2.4,<3", ">=2.4,<2.5", False),  # allows 2.6
-    ("==2.4.1", ">=2.4,<2.5", True),
-    ("", "", True),
-])
+@pytest.mark.parametrize(
+    "env, project, ok",
+    [
+        (">=2.4,<2.5", ">=2.4,<2.5", True),
+        (">=2.5", ">=2.4", True),
+        (">=2.3", ">=2.4", False),  # allows 2.3
+        (">=2.4", ">=2.4,<2.5", False),  # no upper bound
+        (">=2.4,<3", ">=2.4,<2.5", False),  # allows 2.6
+        ("==2.4.1", ">=2.4,<2.5", True),
+        ("", "", True),
+    ],
+)
 def test_bounds_comparison(env, project, ok):
     assert at_least_as_strict(SpecifierSet(env), SpecifierSet(project)) is ok

@@ -12,8 +12,8 @@ import torch.multiprocessing as mp
 
 from moe_core import comm
 from moe_core.config import load_config
-from moe_core.layout import expert_layout, layout_of
 from moe_core.data import MarkovTokens
+from moe_core.layout import expert_layout, layout_of
 from moe_core.model import MoETransformer
 from moe_core.papers.lina.packing import repack
 from moe_core.papers.lina.policy import LinaPriority
@@ -22,15 +22,32 @@ from moe_core.policies import make_policy
 from moe_core.timing import PhaseTimer
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up
-SMALL = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=48",
-         "model.seq_len=16", "train.batch_size=2", "moe.min_capacity=1", "moe.capacity_factor=1.0",
-         f"comm.bucket_mb={4096 / 2**20}", f"comm.partition_mb={1024 / 2**20}"]
+SMALL = [
+    "model.vocab_size=64",
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_ff=48",
+    "model.seq_len=16",
+    "train.batch_size=2",
+    "moe.min_capacity=1",
+    "moe.capacity_factor=1.0",
+    f"comm.bucket_mb={4096 / 2**20}",
+    f"comm.partition_mb={1024 / 2**20}",
+]
 ELEMENT_BYTES = 4  # float32 gradients
 
 
 def _config(world, experts, per_rank, extra=()):
-    return load_config(overrides=[*SMALL, f"parallel.world_size={world}", f"moe.num_experts={experts}",
-                                  f"moe.experts_per_rank={per_rank}", *extra])
+    return load_config(
+        overrides=[
+            *SMALL,
+            f"parallel.world_size={world}",
+            f"moe.num_experts={experts}",
+            f"moe.experts_per_rank={per_rank}",
+            *extra,
+        ]
+    )
 
 
 def _batches(cfg, step, ranks):
@@ -63,7 +80,7 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
-        (x, y), = _batches(cfg, step, [rank])
+        ((x, y),) = _batches(cfg, step, [rank])
         loss, _ = model(x, y)
         loss.backward()
         policy.finish_gradient_sync()
@@ -74,8 +91,16 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
             optimizer.step()
             optimizer.zero_grad()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    torch.save({"losses": losses, "grads": grads, "ep_rank": groups.ep_rank, "launches": launches,
-                "in_flight_at_exchange": in_flight_at_exchange}, f"{out_dir}/rank{rank}.pt")
+    torch.save(
+        {
+            "losses": losses,
+            "grads": grads,
+            "ep_rank": groups.ep_rank,
+            "launches": launches,
+            "in_flight_at_exchange": in_flight_at_exchange,
+        },
+        f"{out_dir}/rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -85,10 +110,12 @@ def _watch_lina(policy):
     in_flight, launches = [], []
     if not isinstance(policy, LinaPriority):
         return in_flight, launches
+
     def watched(exchange):
         def exchange_after_counting(*args):
             in_flight.append(sum(not u.done() for u in policy.launched))
             return exchange(*args)
+
         return exchange_after_counting
 
     launch_next = policy._launch_next
@@ -142,15 +169,18 @@ def assert_matches_reference(results, ref_losses, ref_grads, experts_per_rank):
             expected = ref_grads[name]
             if is_expert_param(name):  # this rank's slice of the stacked experts
                 first = res["ep_rank"] * experts_per_rank
-                expected = expected[first:first + experts_per_rank]
-            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+                expected = expected[first : first + experts_per_rank]
+            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("world,experts,per_rank", [(1, 2, 2), (2, 2, 1), (2, 4, 2), (4, 4, 1), (4, 8, 2),
-                                                    (4, 4, 2)])
+@pytest.mark.parametrize("world,experts,per_rank", [(1, 2, 2), (2, 2, 1), (2, 4, 2), (4, 4, 1), (4, 8, 2), (4, 4, 2)])
 def test_capacity_mode_equals_reference(tmp_path, world, experts, per_rank):
-    overrides = [*SMALL, f"parallel.world_size={world}", f"moe.num_experts={experts}",
-                 f"moe.experts_per_rank={per_rank}"]
+    overrides = [
+        *SMALL,
+        f"parallel.world_size={world}",
+        f"moe.num_experts={experts}",
+        f"moe.experts_per_rank={per_rank}",
+    ]
     results = run_parallel(tmp_path, world, overrides)
     ref_losses, ref_grads = run_reference(load_config(overrides=overrides), world)
     assert_matches_reference(results, ref_losses, ref_grads, per_rank)
@@ -158,8 +188,13 @@ def test_capacity_mode_equals_reference(tmp_path, world, experts, per_rank):
 
 @pytest.mark.parametrize("world,experts,per_rank", [(2, 4, 2), (4, 4, 1)])
 def test_dropless_mode_equals_reference(tmp_path, world, experts, per_rank):
-    overrides = [*SMALL, f"parallel.world_size={world}", f"moe.num_experts={experts}",
-                 f"moe.experts_per_rank={per_rank}", "moe.dropless=true"]
+    overrides = [
+        *SMALL,
+        f"parallel.world_size={world}",
+        f"moe.num_experts={experts}",
+        f"moe.experts_per_rank={per_rank}",
+        "moe.dropless=true",
+    ]
     results = run_parallel(tmp_path, world, overrides)
     ref_losses, ref_grads = run_reference(load_config(overrides=overrides), world)
     assert_matches_reference(results, ref_losses, ref_grads, per_rank)
@@ -167,8 +202,7 @@ def test_dropless_mode_equals_reference(tmp_path, world, experts, per_rank):
 
 def test_rank_receiving_zero_tokens_works(tmp_path):
     """Dropless, all tokens routed to experts 0 and 1: ranks 2 and 3 receive nothing, yet all is exact."""
-    overrides = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1",
-                 "moe.dropless=true"]
+    overrides = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "moe.dropless=true"]
     results = run_parallel(tmp_path, 4, overrides, uniform_gate=True)
     ref_losses, ref_grads = run_reference(load_config(overrides=overrides), 4, uniform_gate=True)
     assert_matches_reference(results, ref_losses, ref_grads, 1)
@@ -188,7 +222,10 @@ def sequential_run(tmp_path_factory):
 def test_policies_give_identical_losses(tmp_path, sequential_run, policy):
     """Scheduling never changes the math: every policy gives sequential's losses and gradients
     (Lina's micro-ops here are 1 KiB, so every tensor is cut into several)."""
-    runs = {"sequential": sequential_run, policy: run_parallel(tmp_path, 4, [*POLICY_RUN, f"comm.policy={policy}"], steps=3)}
+    runs = {
+        "sequential": sequential_run,
+        policy: run_parallel(tmp_path, 4, [*POLICY_RUN, f"comm.policy={policy}"], steps=3),
+    }
     for seq, other in zip(runs["sequential"], runs[policy]):
         assert seq["losses"] == pytest.approx(other["losses"], rel=1e-6)
         if policy.startswith("lina"):  # every unit launched once per step; an all-to-all waits behind <= 1
@@ -206,9 +243,15 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
     torch.set_num_threads(1)
     cfg = load_config(overrides=overrides)
     base = layout_of(cfg)
-    groups = {k: build_groups(expert_layout(base.world_size, base.num_experts, base.experts_per_rank * k), "cpu",
-                              cfg.parallel.timeout_s, high_priority_ep=True)  # no effect on gloo
-              for k in sorted(set(factors))}
+    groups = {
+        k: build_groups(
+            expert_layout(base.world_size, base.num_experts, base.experts_per_rank * k),
+            "cpu",
+            cfg.parallel.timeout_s,
+            high_priority_ep=True,
+        )  # no effect on gloo
+        for k in sorted(set(factors))
+    }
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     shard_experts(model, groups[factors[0]])
@@ -220,11 +263,20 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
         if groups[factor] is not policy.groups:
             old, policy = policy, repack(cfg, model, optimizer, policy, groups[factor], ELEMENT_BYTES)
             assert not old.hooks and not old.gradient_units  # detached
-        layouts.append((dist.get_world_size(policy.groups.ep_group),
-                        dist.get_world_size(policy.groups.expert_grad_group), policy.groups.ep_rank))
-        states.append({name: {"param": p.detach().clone(), **{k: v.clone() for k, v in optimizer.state[p].items()}}
-                       for name, p in model.named_parameters()})
-        (x, y), = _batches(cfg, step, [rank])
+        layouts.append(
+            (
+                dist.get_world_size(policy.groups.ep_group),
+                dist.get_world_size(policy.groups.expert_grad_group),
+                policy.groups.ep_rank,
+            )
+        )
+        states.append(
+            {
+                name: {"param": p.detach().clone(), **{k: v.clone() for k, v in optimizer.state[p].items()}}
+                for name, p in model.named_parameters()
+            }
+        )
+        ((x, y),) = _batches(cfg, step, [rank])
         loss, _ = model(x, y)
         loss.backward()
         policy.finish_gradient_sync()
@@ -264,26 +316,38 @@ def test_repacking_experts_mid_run_keeps_losses_parameters_and_optimizer_state(t
                     if is_expert_param(name) and key != "step":  # this rank's slice of the stack
                         epr = 4 // res["layouts"][step][0]  # experts / expert-parallel size
                         first = res["layouts"][step][2] * epr
-                        expected = _all_experts(unpacked, step, name, key)[first:first + epr]
+                        expected = _all_experts(unpacked, step, name, key)[first : first + epr]
                     else:
                         expected = unpacked[0]["states"][step][name][key]
                     # Up to the first exchange both runs did the same arithmetic, and it copies: exact.
                     # Later, float reordering; Adam turns the noise of ~zero gradients (attention key
                     # biases) into updates of up to lr, hence a tolerance on the tensor's scale.
-                    tol = (dict(rtol=0, atol=0) if step <= 2 else
-                           dict(rtol=1e-4, atol=1e-3 * float(expected.abs().max())))
-                    torch.testing.assert_close(value, expected, **tol, msg=lambda m: f"step {step} {name} {key}: {m}")
+                    tol = (
+                        dict(rtol=0, atol=0) if step <= 2 else dict(rtol=1e-4, atol=1e-3 * float(expected.abs().max()))
+                    )
+                    torch.testing.assert_close(
+                        value,
+                        expected,
+                        **tol,
+                        msg=lambda m, step=step, name=name, key=key: f"step {step} {name} {key}: {m}",
+                    )
 
 
 def _nccl_priority_worker(rank, world, init_file, out_dir):
     """Build the groups on NCCL with high_priority_ep and save each group's stream priority."""
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     groups = build_groups(expert_layout(world, world, 1), "cuda", 60.0, high_priority_ep=True)
-    high_priority = {name: group._get_backend(torch.device("cuda")).options.is_high_priority_stream
-                     for name, group in (("ep", groups.ep_group), ("dp", groups.expert_grad_group),
-                                         ("dense", groups.dense_grad_group))}
+    high_priority = {
+        name: group._get_backend(torch.device("cuda")).options.is_high_priority_stream
+        for name, group in (
+            ("ep", groups.ep_group),
+            ("dp", groups.expert_grad_group),
+            ("dense", groups.dense_grad_group),
+        )
+    }
     torch.save(high_priority, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -11,8 +11,9 @@ def test_ragged_experts_equal_per_expert_ffns_including_empty_experts():
     counts = [3, 0, 5, 2]
     x = torch.randn(sum(counts), 8, requires_grad=True)
     y = experts.forward_ragged(x, counts)
-    reference = torch.cat([torch.relu(chunk @ experts.w_in[e]) @ experts.w_out[e]
-                           for e, chunk in enumerate(torch.split(x, counts))])
+    reference = torch.cat(
+        [torch.relu(chunk @ experts.w_in[e]) @ experts.w_out[e] for e, chunk in enumerate(torch.split(x, counts))]
+    )
     torch.testing.assert_close(y, reference)
     grad = torch.randn_like(y)
     got = torch.autograd.grad(y, (x, experts.w_in, experts.w_out), grad)

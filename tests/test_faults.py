@@ -40,10 +40,24 @@ HUNG_MARGIN_S = 10  # the stated bound: a hung rank ends the run within timeout_
 KILLED_BOUND_S = 5  # ... a killed one within a few seconds
 LOAD_SLACK_S = 10  # what a loaded 2-core machine may add to either
 TOKEN_ENV = "MOE_BENCH_TEST_TOKEN"  # marks the processes of one test run, to find any left behind
-SMALL_STEP = ["model.d_model=32", "model.d_ff=64", "model.seq_len=16", "model.n_layers=2", "train.batch_size=2",
-              "parallel.world_size=2", "moe.num_experts=4", "moe.experts_per_rank=2"]
-SMALL_COLLECTIVES = ["collectives.world_size=2", "collectives.min_bytes=1024", "collectives.max_bytes=4096",
-                     "collectives.warmup_iters=1", "collectives.iters=2", "collectives.latency_iters=2"]
+SMALL_STEP = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.seq_len=16",
+    "model.n_layers=2",
+    "train.batch_size=2",
+    "parallel.world_size=2",
+    "moe.num_experts=4",
+    "moe.experts_per_rank=2",
+]
+SMALL_COLLECTIVES = [
+    "collectives.world_size=2",
+    "collectives.min_bytes=1024",
+    "collectives.max_bytes=4096",
+    "collectives.warmup_iters=1",
+    "collectives.iters=2",
+    "collectives.latency_iters=2",
+]
 
 
 @dataclass
@@ -103,8 +117,20 @@ def torchrun(*args: str) -> list[str]:
 
 def launcher(*args: str) -> list[str]:
     """experiments.launch of two ranks, ``args`` before ``--``, then the collectives benchmark."""
-    return [sys.executable, "-m", "experiments.launch", "--config", "configs/ci.yaml", *SMALL_COLLECTIVES, *args,
-            "--nproc", "2", "--", "-m", "experiments.collectives"]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.launch",
+        "--config",
+        "configs/ci.yaml",
+        *SMALL_COLLECTIVES,
+        *args,
+        "--nproc",
+        "2",
+        "--",
+        "-m",
+        "experiments.collectives",
+    ]
 
 
 def records(results_dir: Path):
@@ -117,18 +143,28 @@ def last_line(out: str) -> str:
 
 # -- a failed rank, through torchrun ------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_a_failed_rank_ends_the_run_naming_it_and_writes_no_record(tmp_path, fault):
     """Rank 1 dies (SIGKILL) or hangs (SIGSTOP) as the training starts, under plain torchrun."""
-    done = run(torchrun("-m", "experiments.train_step", *SMALL_STEP, f"results_dir={tmp_path}", "train.iters=100000",
-                        f"parallel.timeout_s={TIMEOUT_S}"),
-               fault="SIGKILL@work:1" if fault == "killed" else "SIGSTOP@work:1")
+    done = run(
+        torchrun(
+            "-m",
+            "experiments.train_step",
+            *SMALL_STEP,
+            f"results_dir={tmp_path}",
+            "train.iters=100000",
+            f"parallel.timeout_s={TIMEOUT_S}",
+        ),
+        fault="SIGKILL@work:1" if fault == "killed" else "SIGSTOP@work:1",
+    )
     assert done.returncode != 0 and done.after_fault_s is not None, done.output[-3000:]
     if fault == "killed":  # torchrun's first observed failure is rank 1, with its signal
         root_cause = done.output.rpartition("Root Cause (first observed failure):")[2]
-        assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9 .*SIGKILL", root_cause), \
-            done.output[-3000:]
+        assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9 .*SIGKILL", root_cause), done.output[
+            -3000:
+        ]
         assert done.after_fault_s < KILLED_BOUND_S + LOAD_SLACK_S
     else:
         assert "rank 1 did not respond: its heartbeat stopped" in done.output, done.output[-3000:]
@@ -137,6 +173,7 @@ def test_a_failed_rank_ends_the_run_naming_it_and_writes_no_record(tmp_path, fau
 
 
 # -- a failed rank, through experiments.launch --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_the_launcher_names_a_killed_rank_and_its_signal(tmp_path):
@@ -152,8 +189,9 @@ def test_a_hung_rank_ends_the_launch_within_the_timeout_and_is_named(tmp_path):
     """SIGSTOP: a rank that not even torchrun's SIGTERM ends (torchrun alone would wait 30 s more)."""
     done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@work:1")
     assert done.returncode != 0
-    assert last_line(done.output).startswith("error: rank 1 stopped responding: its heartbeat stopped: its "
-                                             "process"), done.output[-3000:]
+    assert last_line(done.output).startswith("error: rank 1 stopped responding: its heartbeat stopped: its process"), (
+        done.output[-3000:]
+    )
     assert "is stopped (SIGSTOP)" in last_line(done.output)
     assert done.after_fault_s < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S
     assert records(tmp_path) == []
@@ -164,49 +202,68 @@ def test_a_rank_hung_during_start_up_is_named(tmp_path):
     """Before the process group exists; the others' start-up fails after parallel.timeout_s."""
     done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@init:1")
     assert done.returncode != 0
-    assert re.search(r"error: rank 0 could not start: .* \| rank 1 did not respond: its heartbeat stopped",
-                     done.output), done.output[-3000:]
+    assert re.search(
+        r"error: rank 0 could not start: .* \| rank 1 did not respond: its heartbeat stopped", done.output
+    ), done.output[-3000:]
     assert last_line(done.output).startswith("error: rank 1 stopped responding"), done.output[-3000:]
     assert done.after_fault_s < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S
 
 
 # -- the launcher's summary of a failed run (pure parsing) ---------------------------------------------------------
 
+
 def torchrun_summary(*failures: tuple[int, int], root: tuple[int, int]) -> str:
     """The failure summary torchrun prints (torch.distributed.elastic ChildFailedError)."""
+
     def entry(i, rank, code):
         signame = f" ({signal.Signals(-code).name})" if code < 0 else ""
-        return (f"[{i}]:\n  time      : 2026-01-01_00:00:00\n  host      : node\n"
-                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: 12{rank}){signame}\n"
-                f"  error_file: <N/A>\n  traceback : -")
+        return (
+            f"[{i}]:\n  time      : 2026-01-01_00:00:00\n  host      : node\n"
+            f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: 12{rank}){signame}\n"
+            f"  error_file: <N/A>\n  traceback : -"
+        )
+
     others = "\n".join(entry(i + 1, r, c) for i, (r, c) in enumerate(failures)) or "  <NO_OTHER_FAILURES>"
-    return (f"====\nexperiments.train_step FAILED\n----\nFailures:\n{others}\n----\n"
-            f"Root Cause (first observed failure):\n{entry(0, *root)}\n====\n")
+    return (
+        f"====\nexperiments.train_step FAILED\n----\nFailures:\n{others}\n----\n"
+        f"Root Cause (first observed failure):\n{entry(0, *root)}\n====\n"
+    )
 
 
 REPORT = "error: rank 0 stopped: Timed out | rank 1 did not respond: its heartbeat stopped: its process 5 {}"
 
 
-@pytest.mark.parametrize("outputs, summary", [
-    ([torchrun_summary(root=(2, -9))], "rank 2 was killed by signal 9 (SIGKILL)"),
-    ([torchrun_summary((0, 3), root=(1, 1))], "rank 1 exited with code 1"),
-    # the dead rank and a survivor failed within one poll of torchrun's, which then blames rank 0
-    (["tqdm 50%\r" + REPORT.format("has exited") + "\n" + torchrun_summary((1, -9), root=(0, 3))],
-     "rank 1 stopped responding: its heartbeat stopped: its process 5 has exited (found by rank 0)"),
-    ([torchrun_summary((0, 3), (2, -9), root=(0, 3))], "rank 2 was killed by signal 9 (SIGKILL)"),
-    # a stopped rank, killed by the rank that named it: not a rank that was killed
-    ([REPORT.format("is stopped (SIGSTOP), so rank 0 kills it") + "\n" + torchrun_summary(root=(1, -9))],
-     ("rank 1 stopped responding: its heartbeat stopped: its process 5 is stopped (SIGSTOP), so rank 0 kills it "
-      "(found by rank 0)")),
-    # one torchrun per node: node 1's rank 3 died
-    ([torchrun_summary(root=(0, 3)), torchrun_summary(root=(3, -6))], "rank 3 was killed by signal 6 (SIGABRT)"),
-    (["Traceback ... ValueError\n"], None),
-])
+@pytest.mark.parametrize(
+    "outputs, summary",
+    [
+        ([torchrun_summary(root=(2, -9))], "rank 2 was killed by signal 9 (SIGKILL)"),
+        ([torchrun_summary((0, 3), root=(1, 1))], "rank 1 exited with code 1"),
+        # the dead rank and a survivor failed within one poll of torchrun's, which then blames rank 0
+        (
+            ["tqdm 50%\r" + REPORT.format("has exited") + "\n" + torchrun_summary((1, -9), root=(0, 3))],
+            "rank 1 stopped responding: its heartbeat stopped: its process 5 has exited (found by rank 0)",
+        ),
+        ([torchrun_summary((0, 3), (2, -9), root=(0, 3))], "rank 2 was killed by signal 9 (SIGKILL)"),
+        # a stopped rank, killed by the rank that named it: not a rank that was killed
+        (
+            [REPORT.format("is stopped (SIGSTOP), so rank 0 kills it") + "\n" + torchrun_summary(root=(1, -9))],
+            (
+                "rank 1 stopped responding: its heartbeat stopped: its process 5 is stopped (SIGSTOP), "
+                "so rank 0 kills it "
+                "(found by rank 0)"
+            ),
+        ),
+        # one torchrun per node: node 1's rank 3 died
+        ([torchrun_summary(root=(0, 3)), torchrun_summary(root=(3, -6))], "rank 3 was killed by signal 6 (SIGABRT)"),
+        (["Traceback ... ValueError\n"], None),
+    ],
+)
 def test_the_launcher_names_the_rank_that_failed_first(outputs, summary):
     assert launch.failure_summary(outputs) == summary
 
 
 # -- a launch that cannot work is refused before it starts --------------------------------------------------------
+
 
 @pytest.fixture
 def launched(monkeypatch):
@@ -216,8 +273,10 @@ def launched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("entry, key", [("experiments.train_step", "parallel.world_size"),
-                                        ("experiments.collectives", "collectives.world_size")])
+@pytest.mark.parametrize(
+    "entry, key",
+    [("experiments.train_step", "parallel.world_size"), ("experiments.collectives", "collectives.world_size")],
+)
 def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, capsys, entry, key):
     rc = launch.main(["--config", "configs/ci.yaml", f"{key}=4", "--nproc", "2", "--", "-m", entry])
     assert rc == 2 and not launched
@@ -226,22 +285,39 @@ def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, cap
 
 def test_the_launcher_refuses_a_results_dir_it_cannot_write(launched, capsys, tmp_path):
     (tmp_path / "a_file").write_text("")
-    rc = launch.main(["--config", "configs/ci.yaml", f"results_dir={tmp_path}/a_file/results",
-                      "--nproc", "2", "--", "-m", "experiments.collectives"])
+    rc = launch.main(
+        [
+            "--config",
+            "configs/ci.yaml",
+            f"results_dir={tmp_path}/a_file/results",
+            "--nproc",
+            "2",
+            "--",
+            "-m",
+            "experiments.collectives",
+        ]
+    )
     assert rc == 2 and not launched
     assert f"error: results_dir '{tmp_path}/a_file/results' cannot be written" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("environ, overrides, message", [
-    ({"WORLD_SIZE": "2", "RANK": "0"}, ["parallel.world_size=4"],
-     "error: launched with WORLD_SIZE=2 ranks but the config says parallel.world_size=4"),
-    ({"WORLD_SIZE": "2", "RANK": "0"}, ["parallel.world_size=2", "moe.num_experts=2",
-                                        "results_dir={tmp}/a_file/results"],
-     "error: results_dir '{tmp}/a_file/results' cannot be written"),
-    ({"WORLD_SIZE": "2", "RANK": "1"}, ["parallel.world_size=4"], ""),  # the other ranks exit quietly
-])
-def test_an_entry_point_refuses_a_launch_that_cannot_work(monkeypatch, capsys, tmp_path, environ, overrides,
-                                                          message):
+@pytest.mark.parametrize(
+    "environ, overrides, message",
+    [
+        (
+            {"WORLD_SIZE": "2", "RANK": "0"},
+            ["parallel.world_size=4"],
+            "error: launched with WORLD_SIZE=2 ranks but the config says parallel.world_size=4",
+        ),
+        (
+            {"WORLD_SIZE": "2", "RANK": "0"},
+            ["parallel.world_size=2", "moe.num_experts=2", "results_dir={tmp}/a_file/results"],
+            "error: results_dir '{tmp}/a_file/results' cannot be written",
+        ),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, ["parallel.world_size=4"], ""),  # the other ranks exit quietly
+    ],
+)
+def test_an_entry_point_refuses_a_launch_that_cannot_work(monkeypatch, capsys, tmp_path, environ, overrides, message):
     (tmp_path / "a_file").write_text("")
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
@@ -254,11 +330,21 @@ def test_an_entry_point_refuses_a_launch_that_cannot_work(monkeypatch, capsys, t
 
 @pytest.mark.slow
 def test_torchrun_with_the_wrong_world_size_exits_2_with_one_message_and_no_traceback(tmp_path):
-    done = run(torchrun("-m", "experiments.collectives", "--config", "configs/ci.yaml", *SMALL_COLLECTIVES,
-                        "collectives.world_size=4", f"results_dir={tmp_path}"))
+    done = run(
+        torchrun(
+            "-m",
+            "experiments.collectives",
+            "--config",
+            "configs/ci.yaml",
+            *SMALL_COLLECTIVES,
+            "collectives.world_size=4",
+            f"results_dir={tmp_path}",
+        )
+    )
     assert done.returncode != 0
-    assert done.output.count("error: launched with WORLD_SIZE=2 ranks but the config says "
-                             "collectives.world_size=4") == 1, done.output[-3000:]
+    assert (
+        done.output.count("error: launched with WORLD_SIZE=2 ranks but the config says collectives.world_size=4") == 1
+    ), done.output[-3000:]
     assert "RuntimeError" not in done.output and re.search(r"exitcode\s*:\s*2 ", done.output)
 
 
@@ -272,17 +358,35 @@ def test_check_writable_creates_the_directory(tmp_path):
 
 # -- a diverged run writes no record -------------------------------------------------------------------------------
 
+
 def record_with(samples, extra=None, config=None):
-    return make_record(paper="gshard", experiment="train_step", point="p", mode="measured", backend="gloo",
-                       hardware="local-cpu", params={}, samples=samples, config=config or {}, extra_metrics=extra)
+    return make_record(
+        paper="gshard",
+        experiment="train_step",
+        point="p",
+        mode="measured",
+        backend="gloo",
+        hardware="local-cpu",
+        params={},
+        samples=samples,
+        config=config or {},
+        extra_metrics=extra,
+    )
 
 
-@pytest.mark.parametrize("samples, extra, message", [
-    ({"step_ms": [1.0, 2.0], "loss": [5.0, math.nan]}, {},
-     r"losses diverged: metric 'loss' has non-finite values \(1 of 2, the first nan at sample 1\).*lower train.lr"),
-    ({"step_ms": [1.0, math.inf]}, {}, r"metric 'step_ms' has non-finite values \(1 of 2, the first inf"),
-    ({"step_ms": [1.0]}, {"loss_last": math.nan}, r"losses diverged: metric 'loss_last'"),
-])
+@pytest.mark.parametrize(
+    "samples, extra, message",
+    [
+        (
+            {"step_ms": [1.0, 2.0], "loss": [5.0, math.nan]},
+            {},
+            r"losses diverged: metric 'loss' has non-finite values \(1 of 2, the first nan at sample 1\)"
+            r".*lower train.lr",
+        ),
+        ({"step_ms": [1.0, math.inf]}, {}, r"metric 'step_ms' has non-finite values \(1 of 2, the first inf"),
+        ({"step_ms": [1.0]}, {"loss_last": math.nan}, r"losses diverged: metric 'loss_last'"),
+    ],
+)
 def test_a_record_with_a_non_finite_metric_is_refused(samples, extra, message):
     with pytest.raises(NonFiniteMetricError, match=message):
         record_with(samples, extra)
@@ -307,8 +411,17 @@ def test_records_are_written_as_strict_json_and_nothing_non_finite_is_written(tm
 
 @pytest.mark.slow
 def test_a_diverged_training_run_fails_and_writes_no_record(tmp_path):
-    done = run(torchrun("-m", "experiments.train_step", *SMALL_STEP, f"results_dir={tmp_path}", "train.iters=3",
-                        "train.warmup_iters=1", "train.lr=1e9"))
+    done = run(
+        torchrun(
+            "-m",
+            "experiments.train_step",
+            *SMALL_STEP,
+            f"results_dir={tmp_path}",
+            "train.iters=3",
+            "train.warmup_iters=1",
+            "train.lr=1e9",
+        )
+    )
     assert done.returncode != 0
     assert "losses diverged: metric 'loss' has non-finite values" in done.output, done.output[-3000:]
     assert records(tmp_path) == []
@@ -340,14 +453,22 @@ def test_interrupting_snakemake_stops_the_job_and_the_same_command_runs_it_again
     (SIGINT to Snakemake's pid alone never reaches a job: Snakemake waits for it to finish and
     leaves its output marked incomplete; see experiments/launch.py.)"""
     (tmp_path / "job.py").write_text(JOB)
-    (tmp_path / "Snakefile").write_text(SNAKEFILE.format(root=ROOT, python=sys.executable, job=tmp_path / "job.py",
-                                                         results=tmp_path / "results"))
+    (tmp_path / "Snakefile").write_text(
+        SNAKEFILE.format(root=ROOT, python=sys.executable, job=tmp_path / "job.py", results=tmp_path / "results")
+    )
     started = tmp_path / "started"
     token = uuid.uuid4().hex
     env = {**os.environ, "JOB_STARTED": str(started), "JOB_SLEEP_S": "300", TOKEN_ENV: token}
     snakemake = [sys.executable, "-m", "snakemake", "--cores", "1", "--snakefile", str(tmp_path / "Snakefile")]
-    proc = subprocess.Popen(snakemake, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        snakemake,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -363,7 +484,14 @@ def test_interrupting_snakemake_stops_the_job_and_the_same_command_runs_it_again
     assert proc.returncode != 0 and not left, (left, out[-3000:])
     assert not (tmp_path / "out.json").exists()
     assert "interrupted by SIGINT" in (tmp_path / "job.log").read_text()
-    rerun = subprocess.run(snakemake, check=False, cwd=tmp_path, env={**env, "JOB_SLEEP_S": "0"},
-                           capture_output=True, text=True, timeout=240)
+    rerun = subprocess.run(
+        snakemake,
+        check=False,
+        cwd=tmp_path,
+        env={**env, "JOB_SLEEP_S": "0"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (tmp_path / "out.json").exists()

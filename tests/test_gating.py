@@ -8,10 +8,7 @@ import torch
 from moe_core.gating import capacity, gshard_gating
 
 # 4 tokens, 3 experts; logits = log(p) so that softmax returns p exactly.
-P = torch.tensor([[0.5, 0.3, 0.2],
-                  [0.1, 0.6, 0.3],
-                  [0.7, 0.2, 0.1],
-                  [0.6, 0.1, 0.3]])
+P = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.7, 0.2, 0.1], [0.6, 0.1, 0.3]])
 LOGITS = P.log().unsqueeze(0)  # (G=1, S=4, E=3)
 
 
@@ -77,11 +74,15 @@ def test_gradients_flow_to_logits_through_combine_weights_and_aux_loss():
     assert logits.grad is not None and logits.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("S,E,k,cf,expected", [(8, 4, 2, 1.0, 4), (8, 4, 2, 1.25, 5), (10, 4, 1, 1.0, 3),
-                                               (4, 16, 2, 1.0, 4)])
+@pytest.mark.parametrize(
+    "S,E,k,cf,expected", [(8, 4, 2, 1.0, 4), (8, 4, 2, 1.25, 5), (10, 4, 1, 1.0, 3), (4, 16, 2, 1.0, 4)]
+)
 def test_capacity_rounding_rule(S, E, k, cf, expected):
-    assert capacity(S, E, k, cf, min_capacity=4 if S == 4 else 1) == expected == max(
-        4 if S == 4 else 1, math.ceil(cf * k * S / E))
+    assert (
+        capacity(S, E, k, cf, min_capacity=4 if S == 4 else 1)
+        == expected
+        == max(4 if S == 4 else 1, math.ceil(cf * k * S / E))
+    )
 
 
 def test_bad_top_k_raises():

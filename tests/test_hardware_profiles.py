@@ -37,9 +37,20 @@ def test_profile_loads_and_is_consistent(name):
 
 def test_paper_testbed_values():
     """Spot checks of the bits-to-bytes conversions and the paper facts the profiles encode."""
-    hw = {n: load_config(overrides=[f"hardware_profile={n}"]).hardware for n in (
-        "lina-a100-4x4", "gshard-tpuv3-torus", "axonn-perlmutter", "aurora-bigswitch-hetero", "h100-ndr-cluster")}
-    assert hw["lina-a100-4x4"].nic_GBps == 100 / 8 and hw["lina-a100-4x4"].nodes * hw["lina-a100-4x4"].devices_per_node == 16
+    hw = {
+        n: load_config(overrides=[f"hardware_profile={n}"]).hardware
+        for n in (
+            "lina-a100-4x4",
+            "gshard-tpuv3-torus",
+            "axonn-perlmutter",
+            "aurora-bigswitch-hetero",
+            "h100-ndr-cluster",
+        )
+    }
+    assert (
+        hw["lina-a100-4x4"].nic_GBps == 100 / 8
+        and hw["lina-a100-4x4"].nodes * hw["lina-a100-4x4"].devices_per_node == 16
+    )
     assert hw["gshard-tpuv3-torus"].nodes == 2048 // 2  # 2048 TPU v3 cores = 1024 chips
     assert hw["axonn-perlmutter"].nodes * hw["axonn-perlmutter"].devices_per_node == 1024
     assert [c.nic_GBps for c in hw["aurora-bigswitch-hetero"].gpu_classes] == [g / 8 for g in (100, 80, 50, 40)]

@@ -21,13 +21,30 @@ import torch.multiprocessing as mp
 
 from moe_core.config import load_config
 from moe_core.data import MarkovTokens
-from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, layer_region, top1_choices, use_inference_gating
 from moe_core.model import MoETransformer
+from moe_core.papers.lina.inference import (
+    Scheduler,
+    attach,
+    batch_metrics,
+    layer_region,
+    top1_choices,
+    use_inference_gating,
+)
 from moe_core.papers.lina.placement import Placement, profile_paths
 from moe_core.timing import PhaseTimer
 
-SMALL = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=4", "model.moe_every=1", "model.n_heads=2",
-         "model.d_ff=48", "model.seq_len=16", "train.batch_size=2", "moe.num_experts=4", "train.data_zipf=1.5"]
+SMALL = [
+    "model.vocab_size=64",
+    "model.d_model=32",
+    "model.n_layers=4",
+    "model.moe_every=1",
+    "model.n_heads=2",
+    "model.d_ff=48",
+    "model.seq_len=16",
+    "train.batch_size=2",
+    "moe.num_experts=4",
+    "train.data_zipf=1.5",
+]
 BATCHES = 2  # the no-estimation ablation uses the previous batch from the second one on
 
 # Hand-made placements per world size: replicated experts, and a device that hosts no expert and so
@@ -94,23 +111,32 @@ def test_placed_inference_equals_single_process(tmp_path, world, top_k, a2a_poli
     cfg = _config(world)
     reference = _model(cfg, top_k)
     profile = profile_paths(top1_choices(reference, *_batch(cfg, 100, range(world))), cfg.moe.num_experts)
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), top_k, a2a_policy, profile, str(tmp_path)), nprocs=world,
-             join=True)
+    mp.spawn(
+        _worker,
+        args=(world, str(tmp_path / "init"), top_k, a2a_policy, profile, str(tmp_path)),
+        nprocs=world,
+        join=True,
+    )
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
     per_rank = cfg.train.batch_size
     for step in range(BATCHES):
         logits = {}
-        reference.head.register_forward_hook(lambda module, args, out: logits.__setitem__("ref", out))
+        reference.head.register_forward_hook(lambda module, args, out, logits=logits: logits.__setitem__("ref", out))
         with torch.no_grad():
             reference(*_batch(cfg, step, range(world)))
         # expert 0 has rows in every layer, so each of its replicas computes something
         assert all(int((layer.last_gating.expert_index == 0).sum()) >= world for layer in reference.moe_layers())
         for rank, res in enumerate(results):
-            expected = logits["ref"][rank * per_rank:(rank + 1) * per_rank]
+            expected = logits["ref"][rank * per_rank : (rank + 1) * per_rank]
             for name in [*FIXED[world], *POLICIES]:
-                torch.testing.assert_close(res[name]["logits"][step], expected, rtol=1e-5, atol=1e-5,
-                                           msg=lambda m: f"{name}, rank {rank}, batch {step}: {m}")
+                torch.testing.assert_close(
+                    res[name]["logits"][step],
+                    expected,
+                    rtol=1e-5,
+                    atol=1e-5,
+                    msg=lambda m, name=name, rank=rank, step=step: f"{name}, rank {rank}, batch {step}: {m}",
+                )
             # ideal forces a different (balanced) routing: other logits, every device the same rows
             assert not torch.allclose(res["ideal"]["logits"][step], expected)
         reference.head._forward_hooks.clear()
@@ -120,14 +146,33 @@ def test_placed_inference_equals_single_process(tmp_path, world, top_k, a2a_poli
 
 @pytest.mark.slow
 def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-           "experiments.inference", "parallel.world_size=2", "moe.num_experts=4", "moe.experts_per_rank=2",
-           "model.n_layers=4", "model.moe_every=1", "train.data_zipf=1.5", "inference.train_steps=10",
-           "inference.batches=3", "inference.profile_batches=2", f"results_dir={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_MODE": "disabled"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "experiments.inference",
+        "parallel.world_size=2",
+        "moe.num_experts=4",
+        "moe.experts_per_rank=2",
+        "model.n_layers=4",
+        "model.moe_every=1",
+        "train.data_zipf=1.5",
+        "inference.train_steps=10",
+        "inference.batches=3",
+        "inference.profile_batches=2",
+        f"results_dir={tmp_path}",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_MODE": "disabled"}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = {json.loads(p.read_text())["params"]["policy"]: json.loads(p.read_text())
-               for p in (tmp_path / "raw" / "lina" / "inference").glob("*.json")}
+    records = {
+        json.loads(p.read_text())["params"]["policy"]: json.loads(p.read_text())
+        for p in (tmp_path / "raw" / "lina" / "inference").glob("*.json")
+    }
     assert set(records) == {"ideal", "static", "lina", "lina-no-estimation", "lina-no-finetune"}
     nll = [r["samples"]["nll"] for p, r in records.items() if p != "ideal"]  # per batch, same tokens
     for other in nll[1:]:
@@ -137,7 +182,7 @@ def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp
         assert 0 <= m["estimation_accuracy"]["value"] <= 1 and 0 <= m["replan_rate"]["value"] <= 1
         assert m["schedule_decision_ms"]["value"] > 0
     assert records["lina-no-finetune"]["metrics"]["replan_rate"]["value"] == 0
-    for policy, record in records.items():
+    for record in records.values():
         m, samples = record["metrics"], record["samples"]
         # the whole forward (Fig 16) contains the MoE layers (Fig 17), which contain their all-to-alls (Fig 18);
         # each metric keeps its own worst rank, so only one part at a time is bounded by the whole
@@ -151,21 +196,39 @@ def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp
 
 
 def test_unknown_inference_policy_exits_2_naming_the_key(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.inference", "inference.policies=[fifo]",
-                           f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.inference", "inference.policies=[fifo]", f"results_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "inference.policies" in proc.stderr
     assert not any(tmp_path.rglob("*.json"))
 
 
 def test_batch_metrics_sum_phases_over_layers_and_keep_each_layers_all_to_all():
-    ms = {layer_region("gate", 0): 1.0, layer_region("dispatch_a2a", 0): 2.0, layer_region("combine_a2a", 0): 3.0,
-          layer_region("expert", 1): 4.0, layer_region("dispatch_a2a", 1): 0.5, "forward": 99.0}
+    ms = {
+        layer_region("gate", 0): 1.0,
+        layer_region("dispatch_a2a", 0): 2.0,
+        layer_region("combine_a2a", 0): 3.0,
+        layer_region("expert", 1): 4.0,
+        layer_region("dispatch_a2a", 1): 0.5,
+        "forward": 99.0,
+    }
     m = batch_metrics(ms, num_layers=2)
     assert m["dispatch_a2a_ms"] == 2.5 and m["combine_a2a_ms"] == 3.0 and m["plan_ms"] == 0.0
     assert m["moe_layer_ms"] == pytest.approx(10.5)
     assert m["a2a_layer0_ms"] == 5.0 and m["a2a_layer1_ms"] == 0.5
-    assert set(m) == {"gate_ms", "plan_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "moe_layer_ms",
-                      "a2a_layer0_ms", "a2a_layer1_ms"}
+    assert set(m) == {
+        "gate_ms",
+        "plan_ms",
+        "dispatch_a2a_ms",
+        "expert_ms",
+        "combine_a2a_ms",
+        "moe_layer_ms",
+        "a2a_layer0_ms",
+        "a2a_layer1_ms",
+    }
 
 
 def test_scheduler_times_every_decision_and_only_the_checks_that_keep_the_plan():

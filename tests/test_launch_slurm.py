@@ -25,8 +25,16 @@ def test_gpu_job_on_one_node_asks_gpus_without_tasks_per_gpu():
 
 def test_gpu_job_across_nodes_asks_one_task_and_all_gpus_per_node_and_launches_its_own_step():
     res = slurm_resources(cfg("hardware_profile=h200-ndr-cluster"), 32)
-    assert res == {"nodes": 4, "tasks": 4, "cpus_per_task": 32, "mem_mb": 64000, "runtime": 30, "mpi": "srun",
-                   "tasks_per_gpu": 0, "gres": "gpu:8"}
+    assert res == {
+        "nodes": 4,
+        "tasks": 4,
+        "cpus_per_task": 32,
+        "mem_mb": 64000,
+        "runtime": 30,
+        "mpi": "srun",
+        "tasks_per_gpu": 0,
+        "gres": "gpu:8",
+    }
 
 
 def test_a_world_size_that_does_not_fill_whole_nodes_is_rejected_by_name():
@@ -40,23 +48,29 @@ def test_an_emulated_testbed_is_one_host():
 
 @pytest.mark.parametrize("counts,tasks,cpus", [("NumTasks=2 CPUs/Task=8", 2, 8), ("NumTasks=N/A CPUs/Task=N/A", 3, 1)])
 def test_job_geometry_comes_from_scontrol(monkeypatch, counts, tasks, cpus):
-    answers = {("show", "job", "--oneliner", "77"): f"JobId=77 JobName=a b NumNodes=3 NumCPUs=24 {counts} "
-                                                    f"ReqB:S:C:T=0:0:*:* NodeList=gpu[07-09] BatchHost=gpu07\n",
-               ("show", "hostnames", "gpu[07-09]"): "gpu07\ngpu08\ngpu09\n"}
+    answers = {
+        ("show", "job", "--oneliner", "77"): f"JobId=77 JobName=a b NumNodes=3 NumCPUs=24 {counts} "
+        f"ReqB:S:C:T=0:0:*:* NodeList=gpu[07-09] BatchHost=gpu07\n",
+        ("show", "hostnames", "gpu[07-09]"): "gpu07\ngpu08\ngpu09\n",
+    }
     monkeypatch.setattr(launch, "_scontrol", lambda *args: answers[args])
-    assert SlurmJob.query("77") == SlurmJob("77", nodes=3, tasks=tasks, cpus_per_task=cpus,
-                                            hosts=("gpu07", "gpu08", "gpu09"))
+    assert SlurmJob.query("77") == SlurmJob(
+        "77", nodes=3, tasks=tasks, cpus_per_task=cpus, hosts=("gpu07", "gpu08", "gpu09")
+    )
 
 
 JOB = SlurmJob(job_id="4321", nodes=2, tasks=2, cpus_per_task=32, hosts=("gpu-a", "gpu-b"))
 
 
-@pytest.mark.parametrize("job,in_step,agents", [
-    (None, False, 0),                                         # not under SLURM
-    (SlurmJob("7", 1, 1, 4, ("n",)), False, 0),               # one-task batch script
-    (SlurmJob("7", 1, 1, 4, ("n",)), True, 0),                # the plugin's `srun -n1` step
-    (JOB, False, 2),                                          # multi-node batch script
-])
+@pytest.mark.parametrize(
+    "job,in_step,agents",
+    [
+        (None, False, 0),  # not under SLURM
+        (SlurmJob("7", 1, 1, 4, ("n",)), False, 0),  # one-task batch script
+        (SlurmJob("7", 1, 1, 4, ("n",)), True, 0),  # the plugin's `srun -n1` step
+        (JOB, False, 2),  # multi-node batch script
+    ],
+)
 def test_agents_one_per_task_only_from_a_multi_task_batch_script(job, in_step, agents):
     assert slurm_agents(job, in_step) == agents
 
@@ -69,9 +83,14 @@ def test_no_nested_srun_inside_a_step_of_a_multi_node_job():
 def test_srun_starts_one_torchrun_per_task_with_c10d_on_the_first_node():
     argv, env = slurm_command(16, 2, JOB, ENTRY, {"OMP_NUM_THREADS": "64"})
     assert argv[:4] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--cpus-per-task=32"]
-    assert {"--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-id=4321",
-            f"--rdzv-endpoint=gpu-a:{20000 + 4321}"} <= set(argv)
-    assert argv[-len(ENTRY):] == ENTRY and env["OMP_NUM_THREADS"] == "4"
+    assert {
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=4321",
+        f"--rdzv-endpoint=gpu-a:{20000 + 4321}",
+    } <= set(argv)
+    assert argv[-len(ENTRY) :] == ENTRY and env["OMP_NUM_THREADS"] == "4"
 
 
 def test_ranks_that_do_not_split_over_the_tasks_are_rejected():
@@ -91,16 +110,45 @@ def launched(monkeypatch):
 
 
 def test_launcher_in_a_multi_node_batch_script_runs_srun_with_forwarded_config(launched):
-    rc = launch.main(["--config", "configs/default.yaml", "comm.policy=overlap", "--nproc", "4",
-                      "--", "-m", "experiments.train_step", "--out", "x.json"])
+    rc = launch.main(
+        [
+            "--config",
+            "configs/default.yaml",
+            "comm.policy=overlap",
+            "--nproc",
+            "4",
+            "--",
+            "-m",
+            "experiments.train_step",
+            "--out",
+            "x.json",
+        ]
+    )
     assert rc == 0
     ((argv, _env),) = launched[0]
     assert argv[0] == "srun" and "--nproc-per-node=2" in argv
-    assert argv[-7:] == ["-m", "experiments.train_step", "--config", "configs/default.yaml",
-                                       "--out", "x.json", "comm.policy=overlap"]
+    assert argv[-7:] == [
+        "-m",
+        "experiments.train_step",
+        "--config",
+        "configs/default.yaml",
+        "--out",
+        "x.json",
+        "comm.policy=overlap",
+    ]
 
 
 def test_launcher_refuses_an_emulated_testbed_across_slurm_tasks(launched, capsys):
-    rc = launch.main(["--config", "configs/default.yaml", "hardware_profile=emulated-2x2", "--nproc", "4",
-                      "--", "-m", "experiments.train_step"])
+    rc = launch.main(
+        [
+            "--config",
+            "configs/default.yaml",
+            "hardware_profile=emulated-2x2",
+            "--nproc",
+            "4",
+            "--",
+            "-m",
+            "experiments.train_step",
+        ]
+    )
     assert rc == 2 and not launched and "one-task job" in capsys.readouterr().err

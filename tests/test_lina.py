@@ -34,12 +34,15 @@ def test_packing_doubles_until_the_ffn_outweighs_the_all_to_all():
     assert packing_factor(lambda k: 0.0, lambda k: 1.0, max_factor=8) == 8  # never: pack everything
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: chunk_count(10, 0), "micro-op size"),
-    (lambda: gradient_micro_ops([-1], 4, 16), "negative"),
-    (lambda: packing_factor(lambda k: 1, lambda k: 1, 0), "max packing factor"),
-    (lambda: packing_due(5, 3, 0), "packing interval"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: chunk_count(10, 0), "micro-op size"),
+        (lambda: gradient_micro_ops([-1], 4, 16), "negative"),
+        (lambda: packing_factor(lambda k: 1, lambda k: 1, 0), "max packing factor"),
+        (lambda: packing_due(5, 3, 0), "packing interval"),
+    ],
+)
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()

@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_expert_parallel import SMALL, run_parallel
 
 from moe_core import comm
-from moe_core.transmission import ORDERS, make_schedule
 from moe_core.ordered_a2a import gather_traffic_matrix, ordered_all_to_all_single
 from moe_core.plan import CommPlan
 from moe_core.policies import POLICIES
 from moe_core.timing import PhaseTimer
-from test_expert_parallel import SMALL, run_parallel
+from moe_core.transmission import ORDERS, make_schedule
 
 
 def _traffic(world: int) -> list[np.ndarray]:
@@ -30,7 +30,7 @@ def _traffic(world: int) -> list[np.ndarray]:
     sparse = dense.copy()
     sparse[0, world - 1] = 0
     if world >= 3:
-        sparse[world - 1, :world - 1] = 0
+        sparse[world - 1, : world - 1] = 0
         sparse[[0, 2], 1] = 0
     return [dense, sparse]
 
@@ -44,8 +44,7 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
     dst_of_row = np.repeat(np.arange(len(in_splits)), in_splits)
     base = torch.tensor(rank * 1000 + dst_of_row * 100 + np.arange(rows), dtype=torch.float64)
     x_ref = torch.stack([base, -base, base + 0.5], dim=1).requires_grad_()  # (rows, 3)
-    weight = torch.randn(sum(out_splits), 3, generator=torch.Generator().manual_seed(tag + rank),
-                         dtype=torch.float64)
+    weight = torch.randn(sum(out_splits), 3, generator=torch.Generator().manual_seed(tag + rank), dtype=torch.float64)
     timer = PhaseTimer(enabled=False)
 
     assert (gather_traffic_matrix(x_ref, in_splits, group) == counts).all()
@@ -65,8 +64,9 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
 
 
 def _worker(rank: int, world: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     torch.set_num_threads(1)
     for tag, counts in enumerate(_traffic(world)):
         _check_exchange(counts, None, tag)
@@ -109,5 +109,6 @@ def test_aurora_policy_trains_like_sequential(tmp_path):
     for seq, aurora in zip(runs["sequential"], runs["aurora"]):
         assert aurora["losses"] == seq["losses"]
         for name in seq["grads"]:
-            torch.testing.assert_close(aurora["grads"][name], seq["grads"][name], rtol=0, atol=0,
-                                       msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                aurora["grads"][name], seq["grads"][name], rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}"
+            )

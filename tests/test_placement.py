@@ -3,15 +3,26 @@
 import numpy as np
 import pytest
 
-from moe_core.papers.lina.placement import (Placement, devices_per_expert, expected_tokens, first_fit_decreasing, needs_replan,
-                                path_topk_share, phase1_placement, plan_layer, popularity_ratio, profile_paths,
-                                replica_token_counts, route_rows, schedule_rates, send_counts, static_placement)
+from moe_core.papers.lina.placement import (
+    Placement,
+    devices_per_expert,
+    expected_tokens,
+    first_fit_decreasing,
+    needs_replan,
+    path_topk_share,
+    phase1_placement,
+    plan_layer,
+    popularity_ratio,
+    profile_paths,
+    replica_token_counts,
+    route_rows,
+    schedule_rates,
+    send_counts,
+    static_placement,
+)
 
 # 4 MoE layers, 6 tokens, E = 3. Tokens 0-2 follow path (0, 1, 2), tokens 3-5 path (2, 2, 0).
-TRACE = np.array([[0, 0, 0, 2, 2, 2],
-                  [1, 1, 1, 2, 2, 2],
-                  [2, 2, 2, 0, 0, 0],
-                  [1, 1, 0, 2, 2, 2]])
+TRACE = np.array([[0, 0, 0, 2, 2, 2], [1, 1, 1, 2, 2, 2], [2, 2, 2, 0, 0, 0], [1, 1, 0, 2, 2, 2]])
 
 
 def test_path_counting_on_hand_made_trace():
@@ -109,21 +120,26 @@ def test_phase2_fires_exactly_when_top_2k_sets_differ():
     placement, replanned = plan_layer(estimated, [7, 1, 0, 9, 1], num_devices=2, top_k=1, finetune=False)
     assert not replanned and placement == phase1_placement(devices_per_expert(estimated, 2), 2)
     assert schedule_rates([True, False, True, True], [False, True, False, False]) == {
-        "estimation_accuracy": 0.75, "replan_rate": 0.25}
+        "estimation_accuracy": 0.75,
+        "replan_rate": 0.25,
+    }
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: devices_per_expert([1, -2, 3], 4), "popularity"),
-    (lambda: devices_per_expert([1, 2, 3], 0), "num_devices"),
-    (lambda: phase1_placement([1.0, 1.0], 0), "num_devices"),
-    (lambda: static_placement(4, 0), "num_devices"),
-    (lambda: needs_replan([1, 2], [1, -1], 1), "actual"),
-    (lambda: replica_token_counts([[1, -1]], static_placement(2, 2)), "counts"),
-    (lambda: profile_paths([[0, 5]], 3), "choices"),
-    (lambda: profile_paths(TRACE, 3, path_length=0), "path_length"),
-    (lambda: phase1_placement(np.zeros(9), 2), "max_per_device"),
-    (lambda: Placement(((0,), (2,)), num_devices=2), "replicas"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: devices_per_expert([1, -2, 3], 4), "popularity"),
+        (lambda: devices_per_expert([1, 2, 3], 0), "num_devices"),
+        (lambda: phase1_placement([1.0, 1.0], 0), "num_devices"),
+        (lambda: static_placement(4, 0), "num_devices"),
+        (lambda: needs_replan([1, 2], [1, -1], 1), "actual"),
+        (lambda: replica_token_counts([[1, -1]], static_placement(2, 2)), "counts"),
+        (lambda: profile_paths([[0, 5]], 3), "choices"),
+        (lambda: profile_paths(TRACE, 3, path_length=0), "path_length"),
+        (lambda: phase1_placement(np.zeros(9), 2), "max_per_device"),
+        (lambda: Placement(((0,), (2,)), num_devices=2), "replicas"),
+    ],
+)
 def test_bad_input_names_the_problem(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -12,11 +12,21 @@ from moe_core.sim.topology import build_topology
 
 
 def truth():
-    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), dict(
-        name="truth", nodes=2, devices_per_node=2, intra_node_GBps=3.0, nic_GBps=0.125,
-        collectives={"all_reduce": {"alpha_step_us": 200.0, "efficiency": 1.0},  # the reference
-                     "all_to_all": {"alpha_step_us": 150.0, "efficiency": 0.8},
-                     "all_to_all_v": {"alpha_step_us": 300.0, "efficiency": 0.9}}))
+    return OmegaConf.merge(
+        OmegaConf.structured(HardwareConfig),
+        dict(
+            name="truth",
+            nodes=2,
+            devices_per_node=2,
+            intra_node_GBps=3.0,
+            nic_GBps=0.125,
+            collectives={
+                "all_reduce": {"alpha_step_us": 200.0, "efficiency": 1.0},  # the reference
+                "all_to_all": {"alpha_step_us": 150.0, "efficiency": 0.8},
+                "all_to_all_v": {"alpha_step_us": 300.0, "efficiency": 0.9},
+            },
+        ),
+    )
 
 
 @pytest.mark.parametrize("emulation", [{"enabled": False}, {"enabled": True, "burst_kb": 256}])
@@ -42,11 +52,14 @@ def test_split_holds_out_pairs_and_other_layouts():
     def rec(experiment, **params):
         return {"mode": "measured", "experiment": experiment, "params": params}
 
-    records = [rec("collectives", collective="all_to_all", concurrent=None),
-               rec("collectives", collective="all_to_all", concurrent="all_reduce"),
-               rec("train_step", world_size=2, num_experts=2), rec("train_step", world_size=4, num_experts=4),
-               rec("train_step", world_size=2, num_experts=4),
-               {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}}]
+    records = [
+        rec("collectives", collective="all_to_all", concurrent=None),
+        rec("collectives", collective="all_to_all", concurrent="all_reduce"),
+        rec("train_step", world_size=2, num_experts=2),
+        rec("train_step", world_size=4, num_experts=4),
+        rec("train_step", world_size=2, num_experts=4),
+        {"mode": "simulated", "experiment": "sim_train_step", "params": {"world_size": 2}},
+    ]
     calibrate, validate = calibration_split(records)
     assert calibrate == [records[0], records[2]] and validate == [records[1], records[3], records[4]]
 
@@ -54,8 +67,13 @@ def test_split_holds_out_pairs_and_other_layouts():
 def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times():
     def rec(concurrent, time_ms, alone_ms=None, hardware="emu"):
         metrics = {"time_ms": {"median": time_ms}, **({"alone_ms": {"median": alone_ms}} if alone_ms else {})}
-        return {"mode": "measured", "experiment": "collectives", "hardware": hardware, "metrics": metrics,
-                "params": {"collective": "all_to_all", "size_bytes": 1024, "concurrent": concurrent}}
+        return {
+            "mode": "measured",
+            "experiment": "collectives",
+            "hardware": hardware,
+            "metrics": metrics,
+            "params": {"collective": "all_to_all", "size_bytes": 1024, "concurrent": concurrent},
+        }
 
     records = [rec(None, 1.0), rec("all_reduce", 4.0, alone_ms=2.0), rec(None, 9.0, hardware="other")]
     table = alone_times(records, "emu")
@@ -63,14 +81,23 @@ def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times
 
 
 def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_steps():
-    hw = OmegaConf.merge(truth(), {"peak_tflops": 2.0, "compute_efficiency": 1.0,
-                                   "phase_efficiency": {"dense": 0.5, "gate": 0.01, "expert": 0.8}})
+    hw = OmegaConf.merge(
+        truth(),
+        {
+            "peak_tflops": 2.0,
+            "compute_efficiency": 1.0,
+            "phase_efficiency": {"dense": 0.5, "gate": 0.01, "expert": 0.8},
+        },
+    )
     hw.collectives.all_to_all.in_step_us = 3000.0
     train = []
     for experts, per_rank in ((4, 1), (8, 2)):
-        cfg = OmegaConf.merge(load_config(overrides=["parallel.world_size=4", f"moe.num_experts={experts}",
-                                                     f"moe.experts_per_rank={per_rank}"]),
-                              {"hardware": hw})
+        cfg = OmegaConf.merge(
+            load_config(
+                overrides=["parallel.world_size=4", f"moe.num_experts={experts}", f"moe.experts_per_rank={per_rank}"]
+            ),
+            {"hardware": hw},
+        )
         train.append((to_container(cfg), StepModel(cfg, build_topology(hw)).run().metrics()))
     start = OmegaConf.merge(hw, {"peak_tflops": 0.5, "phase_efficiency": {"dense": 0.3}})
     start.collectives.all_to_all.in_step_us = 0.0

@@ -87,8 +87,13 @@ def test_on_a_cpu_host_every_byte_sent_crosses_the_host_link():
     group = np.arange(4)
     a2a = topo.uniform_all_to_all(group, 8e9)  # each rank sends 6 GB to peers: 24 GB cross the host
     assert alone_s(topo, a2a) == pytest.approx(24 / 20)  # the host, not a rank's 0.6 s link, bounds it
-    two_rings = simulate([Op("a", "c", transfer=topo.ring(group[:2], 4e9, "all_reduce")),
-                          Op("b", "c", transfer=topo.ring(group[2:], 4e9, "all_reduce"))], topo.capacity)
+    two_rings = simulate(
+        [
+            Op("a", "c", transfer=topo.ring(group[:2], 4e9, "all_reduce")),
+            Op("b", "c", transfer=topo.ring(group[2:], 4e9, "all_reduce")),
+        ],
+        topo.capacity,
+    )
     # disjoint ranks, no shared device link: alone each takes max(4/10, 8/20) = 0.4 s; together 0.8 s
     assert two_rings.end_s == pytest.approx([0.8, 0.8])
 
@@ -110,13 +115,15 @@ def test_heterogeneous_nics_bound_the_slowest_device():
 
 
 def test_hierarchical_all_to_all_moves_the_same_inter_node_bytes_in_fewer_steps():
-    topo = Cluster(hw(nodes=4, devices_per_node=4, nics_per_node=4, intra_node_latency_us=1,
-                      inter_node_latency_us=10))
+    topo = Cluster(hw(nodes=4, devices_per_node=4, nics_per_node=4, intra_node_latency_us=1, inter_node_latency_us=10))
     group, S = np.arange(16), 16e6
     traffic = np.full((16, 16), S / 16)
     direct = topo.all_to_all(group, traffic)
     intra, inter = topo.hierarchical_all_to_all(group, traffic)
-    nic = lambda t: t.nbytes[np.isin(t.links, topo.nic_out)].sum()
+
+    def nic(transfer):
+        return transfer.nbytes[np.isin(transfer.links, topo.nic_out)].sum()
+
     assert nic(inter) == pytest.approx(nic(direct))
     assert inter.steps + intra.steps < direct.steps
     assert topo.latency_s(intra) + topo.latency_s(inter) < topo.latency_s(direct)
@@ -128,8 +135,12 @@ def test_torus_uniform_all_to_all_matches_routed_flows_and_grows_like_sqrt_d():
     routed = topo.all_to_all(np.arange(16), np.full((16, 16), S / 16))
     closed = topo.uniform_all_to_all(np.arange(16), S)
     assert closed.nbytes.sum() == pytest.approx(routed.nbytes.sum())
-    per_link = [Torus2D(hw(topology="torus2d", torus_dims=[k, k], intra_node_GBps=10.0))
-                .uniform_all_to_all(np.arange(k * k), S).nbytes.max() for k in (8, 16, 32)]
+    per_link = [
+        Torus2D(hw(topology="torus2d", torus_dims=[k, k], intra_node_GBps=10.0))
+        .uniform_all_to_all(np.arange(k * k), S)
+        .nbytes.max()
+        for k in (8, 16, 32)
+    ]
     assert per_link[1] / per_link[0] == pytest.approx(2.0, rel=0.05)  # D x4 -> sqrt(D) x2
     assert per_link[2] / per_link[1] == pytest.approx(2.0, rel=0.05)
 
@@ -146,8 +157,11 @@ def test_more_bandwidth_never_slows_and_more_operations_never_speed_up():
 
 
 def test_dependencies_serialize_and_compute_takes_its_duration():
-    ops = [Op("c1", "dense", duration_s=1.0), Op("c2", "dense", deps=[0], duration_s=2.0),
-           Op("x", "comm", deps=[0], transfer=Transfer(np.array([0]), np.array([1e9]), 1, False))]
+    ops = [
+        Op("c1", "dense", duration_s=1.0),
+        Op("c2", "dense", deps=[0], duration_s=2.0),
+        Op("x", "comm", deps=[0], transfer=Transfer(np.array([0]), np.array([1e9]), 1, False)),
+    ]
     res = simulate(ops, np.array([1e9]))
     assert res.end_s == pytest.approx([1.0, 3.0, 2.0])
 
@@ -172,9 +186,17 @@ def test_step_cost_grows_with_operations_not_with_gpus():
 
     counts = {}
     for gpus in (64, 4096):
-        cfg = load_config(overrides=["hardware_profile=h200-ndr-cluster", f"parallel.world_size={gpus}",
-                                     f"moe.num_experts={gpus}", "moe.experts_per_rank=1", "model.n_layers=32",
-                                     "model.moe_every=1", "comm.policy=overlap"])
+        cfg = load_config(
+            overrides=[
+                "hardware_profile=h200-ndr-cluster",
+                f"parallel.world_size={gpus}",
+                f"moe.num_experts={gpus}",
+                "moe.experts_per_rank=1",
+                "model.n_layers=32",
+                "model.moe_every=1",
+                "comm.policy=overlap",
+            ]
+        )
         sim = StepModel(cfg, build_topology(cfg.hardware)).run()
         counts[gpus] = sum(op.phase != "allreduce" for op in sim.ops), len(sim.ops)
         assert np.isfinite(sim.timeline.end_s).all()
@@ -224,8 +246,11 @@ def test_an_idle_link_refills_its_bucket_at_its_rate():
     bucket): a message of that size then crosses at host speed, a larger one pays for the rest."""
     gap = 0.4 * BURST / RATE
     for second, expected in ((0.4 * BURST, 0.4 * BURST / HOST), (2.4 * BURST, 2.0 * BURST / RATE)):
-        ops = [Op("long", "comm", transfer=shaped(5 * BURST)), Op("gap", "dense", deps=[0], duration_s=gap),
-               Op("next", "comm", deps=[1], transfer=shaped(second))]
+        ops = [
+            Op("long", "comm", transfer=shaped(5 * BURST)),
+            Op("gap", "dense", deps=[0], duration_s=gap),
+            Op("next", "comm", deps=[1], transfer=shaped(second)),
+        ]
         res = simulate(ops, BUCKET_CAP, burst_bytes=BUCKET_BURST)
         assert res.end_s[2] - res.start_s[2] == pytest.approx(expected, rel=1e-6)
 

@@ -10,18 +10,27 @@ import torch.distributed as dist
 from experiments.simulate import main as simulate_main
 from moe_core.config import load_config
 from moe_core.layout import layout_of
-from moe_core.plan import gradient_micro_ops
-from moe_core.points import sim_points
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, shard_experts
+from moe_core.plan import gradient_micro_ops
+from moe_core.points import sim_points
 from moe_core.policies import make_policy
-from moe_core.timing import PhaseTimer
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import GB, build_topology
+from moe_core.timing import PhaseTimer
 
-LINA = ["hardware_profile=lina-a100-4x4", "parallel.world_size=16", "moe.num_experts=16", "moe.experts_per_rank=1",
-        "model.d_model=512", "model.d_ff=2048", "model.n_heads=8", "model.seq_len=512", "model.moe_every=1",
-        "train.dtype=bfloat16"]
+LINA = [
+    "hardware_profile=lina-a100-4x4",
+    "parallel.world_size=16",
+    "moe.num_experts=16",
+    "moe.experts_per_rank=1",
+    "model.d_model=512",
+    "model.d_ff=2048",
+    "model.n_heads=8",
+    "model.seq_len=512",
+    "model.moe_every=1",
+    "train.dtype=bfloat16",
+]
 
 
 def step(overrides):
@@ -56,7 +65,8 @@ def test_sequential_policy_exposes_the_whole_all_reduce_and_never_slows_all_to_a
     m_seq, m_ovl = seq.metrics(), ovl.metrics()
     ar = [i for i, op in enumerate(seq.ops) if op.phase == "allreduce"]
     assert m_seq["allreduce_exposed_ms"] == pytest.approx(
-        1e3 * (seq.timeline.end_s[ar[-1]] - seq.timeline.start_s[ar[0]]))
+        1e3 * (seq.timeline.end_s[ar[-1]] - seq.timeline.start_s[ar[0]])
+    )
     assert m_ovl["allreduce_exposed_ms"] < m_seq["allreduce_exposed_ms"]
     assert (ovl.durations_ms(".bwd") >= seq.durations_ms(".bwd") - 1e-9).all()  # contention only slows
     assert m_seq["a2a_fwd_ms"] == pytest.approx(m_ovl["a2a_fwd_ms"])  # nothing overlaps the forward pass
@@ -128,8 +138,9 @@ def test_lina_priority_keeps_the_backward_all_to_all_uncontended():
 
 def test_lina_partition_all_reduces_exactly_the_measured_micro_ops():
     """One decision, two executors: gradient micro-ops come from lina.gradient_micro_ops."""
-    cfg, sim = step([*LINA, "comm.policy=lina-partition", "comm.partition_mb=1", "moe.experts_per_rank=2",
-                     "parallel.world_size=8"])
+    cfg, sim = step(
+        [*LINA, "comm.policy=lina-partition", "comm.partition_mb=1", "moe.experts_per_rank=2", "parallel.world_size=8"]
+    )
     with torch.device("meta"):
         named = list(reversed(list(MoETransformer(cfg).named_parameters())))
     dense = [p.numel() for n, p in named if ".experts." not in n]  # experts: data parallel 1, nothing to reduce
@@ -145,8 +156,13 @@ def test_lina_pipelining_hides_expert_time_behind_the_exchange():
     _, pipelined = step([*LINA, "comm.policy=lina-pipeline", "comm.partition_mb=1"])
 
     def forward_moe_s(sim, layer):
-        idx = [i for i, op in enumerate(sim.ops) if op.name.startswith(f"L{layer}.") and op.name.endswith(".fwd")
-               and op.phase in ("dispatch_a2a", "expert", "combine_a2a")]
+        idx = [
+            i
+            for i, op in enumerate(sim.ops)
+            if op.name.startswith(f"L{layer}.")
+            and op.name.endswith(".fwd")
+            and op.phase in ("dispatch_a2a", "expert", "combine_a2a")
+        ]
         return sim.timeline.end_s[idx].max() - sim.timeline.start_s[idx].min()
 
     assert forward_moe_s(pipelined, 0) < forward_moe_s(partitioned, 0)
@@ -158,8 +174,9 @@ def test_lina_packing_shrinks_the_expert_parallel_group_until_ffn_outweighs_all_
     packed = StepModel(cfg, build_topology(cfg.hardware))
     assert packed.layout.experts_per_rank > 1 and 16 % packed.layout.experts_per_rank == 0
     # a 1000x faster network: the all-to-all never outweighs the FFN, nothing is packed
-    fast = load_config(overrides=[*LINA, "comm.policy=lina-pack", "hardware.nic_GBps=12500",
-                                  "hardware.intra_node_GBps=300000"])
+    fast = load_config(
+        overrides=[*LINA, "comm.policy=lina-pack", "hardware.nic_GBps=12500", "hardware.intra_node_GBps=300000"]
+    )
     assert StepModel(fast, build_topology(fast.hardware)).layout.experts_per_rank == 1
 
 
@@ -168,8 +185,11 @@ def test_moe_layer_wall_time_per_pass_counts_pipelined_experts_once():
     m = ovl.metrics()
     # no pipelining: each layer's MoE ops run one after another, so wall time = sum of op times
     assert m["moe_layer_fwd_ms"] + m["moe_layer_bwd_ms"] == pytest.approx(m["moe_layer_ms"])
-    fwd_ops = sum(1e3 * (e - s) for op, s, e in zip(ovl.ops, ovl.timeline.start_s, ovl.timeline.end_s)
-                  if op.phase in ("gate", "dispatch_a2a", "expert", "combine_a2a") and op.name.endswith(".fwd"))
+    fwd_ops = sum(
+        1e3 * (e - s)
+        for op, s, e in zip(ovl.ops, ovl.timeline.start_s, ovl.timeline.end_s)
+        if op.phase in ("gate", "dispatch_a2a", "expert", "combine_a2a") and op.name.endswith(".fwd")
+    )
     assert m["moe_layer_fwd_ms"] == pytest.approx(fwd_ops)
     assert m["moe_compute_share"] == pytest.approx((m["gate_ms"] + m["expert_ms"]) / m["moe_layer_ms"])
     _, piped = step([*LINA, "comm.policy=lina-pipeline", "comm.partition_mb=1"])
@@ -181,9 +201,13 @@ def test_moe_layer_wall_time_per_pass_counts_pipelined_experts_once():
 def test_all_to_all_time_is_the_compute_streams_wait_for_it():
     """Like the measured timer: without pipelining the all-to-alls' own time; with it, time hidden
     behind expert micro-ops or shared by micro-ops in flight together is counted once."""
+
     def own_ms(sim):
-        return sum(1e3 * (e - s) for op, s, e in zip(sim.ops, sim.timeline.start_s, sim.timeline.end_s)
-                   if op.phase.endswith("a2a"))
+        return sum(
+            1e3 * (e - s)
+            for op, s, e in zip(sim.ops, sim.timeline.start_s, sim.timeline.end_s)
+            if op.phase.endswith("a2a")
+        )
 
     for policy, hidden in [("comm.policy=sequential", False), ("comm.policy=lina-pipeline", True)]:
         _, sim = step([*LINA, policy, "comm.partition_mb=1"])

@@ -86,9 +86,22 @@ class Cluster:
         for path in (munge_dir, key):
             os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
         socket_path = munge_dir / "munge.socket"
-        self._spawn("munged", ["runuser", "-u", "munge", "--", "munged", "--foreground", f"--socket={socket_path}",
-                               f"--key-file={key}", f"--pid-file={munge_dir / 'munged.pid'}",
-                               f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "munged",
+                "--foreground",
+                f"--socket={socket_path}",
+                f"--key-file={key}",
+                f"--pid-file={munge_dir / 'munged.pid'}",
+                f"--log-file={munge_dir / 'munged.log'}",
+                f"--seed-file={munge_dir / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: socket_path.exists(), "munged socket")
 
         # The node exactly as slurmd sees it (CPUs, sockets, cores, threads, RealMemory), so it is
@@ -118,12 +131,12 @@ JobAcctGatherType=jobacct_gather/none
 MinJobAge=300
 KillWait=5
 ReturnToService=2
-StateSaveLocation={self.root / 'state'}
-SlurmdSpoolDir={self.root / 'spool'}
-SlurmctldPidFile={self.root / 'slurmctld.pid'}
-SlurmdPidFile={self.root / 'slurmd.pid'}
-SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}
-SlurmdLogFile={self.root / 'log' / 'slurmd.log'}
+StateSaveLocation={self.root / "state"}
+SlurmdSpoolDir={self.root / "spool"}
+SlurmctldPidFile={self.root / "slurmctld.pid"}
+SlurmdPidFile={self.root / "slurmd.pid"}
+SlurmctldLogFile={self.root / "log" / "slurmctld.log"}
+SlurmdLogFile={self.root / "log" / "slurmd.log"}
 {node}
 PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
@@ -198,12 +211,26 @@ def measured_targets(results: Path) -> list[str]:
 
 def snakemake(results: Path, *extra: str) -> list[str]:
     """The CI sweep's measured points as SLURM jobs on the test cluster."""
-    return ["snakemake", "--executor", "slurm", "--profile", "configs/profiles/slurm", "--configfile", "configs/ci.yaml",
-            "--config", f"results_dir={results}", "hardware={nodes: 2, devices_per_node: 1}",
-            "--set-resources", *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
-            # No slurmdbd: no account to guess; poll soon, the jobs take seconds.
-            "--slurm-no-account", "--slurm-init-seconds-before-status-checks=2", "--latency-wait=5",
-            *extra, *measured_targets(results)]
+    return [
+        "snakemake",
+        "--executor",
+        "slurm",
+        "--profile",
+        "configs/profiles/slurm",
+        "--configfile",
+        "configs/ci.yaml",
+        "--config",
+        f"results_dir={results}",
+        "hardware={nodes: 2, devices_per_node: 1}",
+        "--set-resources",
+        *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
+        # No slurmdbd: no account to guess; poll soon, the jobs take seconds.
+        "--slurm-no-account",
+        "--slurm-init-seconds-before-status-checks=2",
+        "--latency-wait=5",
+        *extra,
+        *measured_targets(results),
+    ]
 
 
 def submitted(output: str) -> Counter:
@@ -250,7 +277,9 @@ def test_ci_sweep_runs_as_slurm_jobs_and_a_cancelled_point_reruns_alone(cluster,
     records = measured_records(results)
     assert not list((results / "raw").rglob(f"*{victim}*")), f"partial record of cancelled point {victim}"
     train = sorted(name for name in records if "/train_step/" in name)
-    assert len(train) == jobs["train_step"] - 1 and any(name.startswith("common/collectives/") for name in records), sorted(records)
+    assert len(train) == jobs["train_step"] - 1 and any(name.startswith("common/collectives/") for name in records), (
+        sorted(records)
+    )
     for name, record in records.items():
         assert record["backend"] == "gloo" and record["hardware"] == "local-cpu", name
     # Each 2-rank job ran 2 SLURM tasks, one torchrun agent each, c10d rendezvous on the node.
@@ -267,11 +296,15 @@ def test_ci_sweep_runs_as_slurm_jobs_and_a_cancelled_point_reruns_alone(cluster,
     assert submitted(out) == Counter(train_step=1), out[-6000:]
     assert list((results / "raw").rglob(f"*/train_step/{victim}.json"))
     assert len(measured_records(results)) == len(records) + 1
-    print(f"\nSLURM sweep: {first_run_s:.0f} s ({sum(jobs.values())} jobs, 1 cancelled); rerun of 1 point: {rerun_s:.0f} s")
+    print(
+        f"\nSLURM sweep: {first_run_s:.0f} s ({sum(jobs.values())} jobs, 1 cancelled); "
+        f"rerun of 1 point: {rerun_s:.0f} s"
+    )
 
 
-def cancel_first_launched_point(logs: Path, cluster: Cluster, sweep: subprocess.Popen, sweep_log: Path,
-                                timeout_s: float = 240) -> str:
+def cancel_first_launched_point(
+    logs: Path, cluster: Cluster, sweep: subprocess.Popen, sweep_log: Path, timeout_s: float = 240
+) -> str:
     """scancel the first train_step job whose launcher has started its srun step; its point name."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and sweep.poll() is None:
@@ -281,5 +314,7 @@ def cancel_first_launched_point(logs: Path, cluster: Cluster, sweep: subprocess.
                 assert run("scancel", job_id, env=cluster.env).returncode == 0
                 return log.stem
         time.sleep(0.2)
-    raise AssertionError(f"no train_step job started its ranks within {timeout_s:g} s; snakemake said:\n"
-                         f"{sweep_log.read_text()[-6000:]}\n{cluster.logs()}")
+    raise AssertionError(
+        f"no train_step job started its ranks within {timeout_s:g} s; snakemake said:\n"
+        f"{sweep_log.read_text()[-6000:]}\n{cluster.logs()}"
+    )

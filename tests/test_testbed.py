@@ -36,9 +36,18 @@ print(json.dumps(statistics.median(seconds)))
 dist.destroy_process_group()
 """
 
-TINY = ["model.d_model=32", "model.d_ff=64", "model.seq_len=16", "model.n_layers=2", "train.batch_size=2",
-        "train.iters=3", "train.warmup_iters=1", "moe.num_experts=4", "moe.experts_per_rank=1",
-        "parallel.world_size=4"]
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.seq_len=16",
+    "model.n_layers=2",
+    "train.batch_size=2",
+    "train.iters=3",
+    "train.warmup_iters=1",
+    "moe.num_experts=4",
+    "moe.experts_per_rank=1",
+    "parallel.world_size=4",
+]
 
 
 def namespaces() -> set[str]:
@@ -56,6 +65,7 @@ def ours(prefix: str) -> set[str]:
 
 
 # -- availability -------------------------------------------------------------------------------------------
+
 
 def test_unavailable_without_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -75,6 +85,7 @@ def test_failing_command_is_named_with_its_stderr():
 
 # -- launcher (commands only; the processes are not started) ---------------------------------------------------
 
+
 @pytest.fixture
 def launched(monkeypatch):
     """Replace the process runner of experiments.launch; collects the commands it would run."""
@@ -84,33 +95,75 @@ def launched(monkeypatch):
 
 
 def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_config(launched):
-    rc = launch.main(["--config", "configs/default.yaml", "comm.policy=overlap", "parallel.world_size=2", "moe.num_experts=2",
-                      "--nproc", "2", "--", "-m", "experiments.train_step", "--out", "x.json"])
+    rc = launch.main(
+        [
+            "--config",
+            "configs/default.yaml",
+            "comm.policy=overlap",
+            "parallel.world_size=2",
+            "moe.num_experts=2",
+            "--nproc",
+            "2",
+            "--",
+            "-m",
+            "experiments.train_step",
+            "--out",
+            "x.json",
+        ]
+    )
     assert rc == 0
     ((argv, _env),) = launched[0]
-    assert argv == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    "-m", "experiments.train_step", "--config", "configs/default.yaml", "--out", "x.json",
-                    "comm.policy=overlap", "parallel.world_size=2", "moe.num_experts=2"]
+    assert argv == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "experiments.train_step",
+        "--config",
+        "configs/default.yaml",
+        "--out",
+        "x.json",
+        "comm.policy=overlap",
+        "parallel.world_size=2",
+        "moe.num_experts=2",
+    ]
 
 
 def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, capsys):
     monkeypatch.setattr(launch, "emulation_unavailable", lambda: "needs root")
-    rc = launch.main(["--config", "configs/default.yaml", "hardware_profile=emulated-2x2", "--nproc", "4",
-                      "--", "-m", "experiments.train_step"])
+    rc = launch.main(
+        [
+            "--config",
+            "configs/default.yaml",
+            "hardware_profile=emulated-2x2",
+            "--nproc",
+            "4",
+            "--",
+            "-m",
+            "experiments.train_step",
+        ]
+    )
     assert rc == 0
     ((argv, _env),) = launched[0]
     assert "--standalone" in argv and "--nproc-per-node=4" in argv
     assert argv[-2:] == ["hardware.emulation.enabled=false", "hardware.name=emulated-2x2-loopback-fallback"]
     err = capsys.readouterr().err
-    assert ("emulated testbed unavailable (needs root); falling back to plain loopback: "
-            "inter-node links are NOT rate-limited") in err
+    assert (
+        "emulated testbed unavailable (needs root); falling back to plain loopback: "
+        "inter-node links are NOT rate-limited"
+    ) in err
 
 
-@pytest.mark.parametrize("args", [
-    ["--config", "configs/default.yaml", "hardware_profile=emulated-2x2", "--nproc", "2"],  # 2 != 2 nodes x 2
-    ["--config", "configs/default.yaml", "moe.num_experts=x", "--nproc", "2"],  # bad config
-    ["--config", "configs/no-such.yaml", "--nproc", "2"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config", "configs/default.yaml", "hardware_profile=emulated-2x2", "--nproc", "2"],  # 2 != 2 nodes x 2
+        ["--config", "configs/default.yaml", "moe.num_experts=x", "--nproc", "2"],  # bad config
+        ["--config", "configs/no-such.yaml", "--nproc", "2"],
+    ],
+)
 def test_launcher_rejects_bad_input_with_exit_code_2(launched, args, capsys):
     assert launch.main([*args, "--", "-m", "experiments.train_step"]) == 2
     assert not launched and "error:" in capsys.readouterr().err
@@ -118,12 +171,18 @@ def test_launcher_rejects_bad_input_with_exit_code_2(launched, args, capsys):
 
 def test_run_all_returns_the_failure_and_stops_the_rest_after_the_grace():
     start = time.monotonic()
-    rc = launch.run_all([([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ)),
-                         ([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))], grace_s=1.0)
+    rc = launch.run_all(
+        [
+            ([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ)),
+            ([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)),
+        ],
+        grace_s=1.0,
+    )
     assert rc == 3 and time.monotonic() - start < 20
 
 
 # -- the testbed itself ---------------------------------------------------------------------------------------
+
 
 @needs_testbed
 @pytest.mark.slow
@@ -134,16 +193,25 @@ def test_inter_node_all_to_all_is_rate_limited_and_nothing_is_left(tmp_path):
         assert {testbed.netns(0), testbed.netns(1), testbed.switch} <= namespaces()
         assert host_links() == links_before  # nothing in the host's namespace
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "MASTER": testbed.address(0), "OMP_NUM_THREADS": "1"}
-        ranks = [subprocess.Popen(["ip", "netns", "exec", testbed.netns(r), sys.executable, "-c", A2A_RANK],
-                                  env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for r in range(2)]
+        ranks = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", testbed.netns(r), sys.executable, "-c", A2A_RANK],
+                env={**env, "RANK": str(r)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(2)
+        ]
         outputs = [p.communicate(timeout=60) for p in ranks]
         assert all(p.returncode == 0 for p in ranks), outputs
     seconds = json.loads(outputs[0][0])
     # Half of each rank's buffer goes to the other node; both directions run at once, each on its own links.
     bound_s = (A2A_BYTES / 2) * 8 / (rate_mbit * 1e6)
-    print(f"all_to_all_single {A2A_BYTES / 2**20:.0f} MiB/rank over {rate_mbit} Mbit/s: {seconds * 1e3:.0f} ms, "
-          f"shaping bound {bound_s * 1e3:.0f} ms")
+    print(
+        f"all_to_all_single {A2A_BYTES / 2**20:.0f} MiB/rank over {rate_mbit} Mbit/s: {seconds * 1e3:.0f} ms, "
+        f"shaping bound {bound_s * 1e3:.0f} ms"
+    )
     assert 0.7 * bound_s <= seconds <= 3 * bound_s + 0.1
     assert not ours(testbed.prefix)
     assert host_links() == links_before
@@ -152,10 +220,9 @@ def test_inter_node_all_to_all_is_rate_limited_and_nothing_is_left(tmp_path):
 @needs_testbed
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_a_failing_body_leaves_nothing_behind(error):
-    with pytest.raises(error):
-        with EmulatedTestbed(nodes=2, rate_mbit=100) as testbed:
-            assert len(ours(testbed.prefix)) == 3
-            raise error("boom")
+    with pytest.raises(error), EmulatedTestbed(nodes=2, rate_mbit=100) as testbed:
+        assert len(ours(testbed.prefix)) == 3
+        raise error("boom")
     assert not ours(testbed.prefix)
 
 
@@ -196,14 +263,29 @@ def test_testbeds_of_a_killed_process_are_removed_by_the_next_one():
 
 # -- launcher end to end --------------------------------------------------------------------------------------
 
+
 @needs_testbed
 @pytest.mark.slow
 def test_launcher_runs_a_training_step_on_the_emulated_cluster(tmp_path):
     before = namespaces()
-    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml",
-           "hardware_profile=emulated-2x2", *TINY, f"results_dir={tmp_path}", "--nproc", "4",
-           "--", "-m", "experiments.train_step"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.launch",
+        "--config",
+        "configs/default.yaml",
+        "hardware_profile=emulated-2x2",
+        *TINY,
+        f"results_dir={tmp_path}",
+        "--nproc",
+        "4",
+        "--",
+        "-m",
+        "experiments.train_step",
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = tmp_path.glob("raw/**/*.json")
     record = json.loads(path.read_text())
@@ -219,9 +301,24 @@ def test_launcher_stops_the_other_nodes_when_one_fails(tmp_path):
     script.write_text("import os, sys, time\nsys.exit(3) if os.environ['GROUP_RANK'] == '1' else time.sleep(300)\n")
     before = namespaces()
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml",
-                           "hardware_profile=emulated-2x2", "parallel.timeout_s=2", "--nproc", "4", "--", str(script)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.launch",
+            "--config",
+            "configs/default.yaml",
+            "hardware_profile=emulated-2x2",
+            "parallel.timeout_s=2",
+            "--nproc",
+            "4",
+            "--",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and "did not stop within 2 s" in done.stderr, done.stderr[-3000:]
     assert time.monotonic() - start < 60
     assert namespaces() == before

@@ -10,15 +10,32 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["model.d_model=32", "model.d_ff=64", "model.seq_len=16", "model.n_layers=2", "train.batch_size=2",
-         "parallel.world_size=2", "moe.num_experts=4", "moe.experts_per_rank=2"]
+SMALL = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.seq_len=16",
+    "model.n_layers=2",
+    "train.batch_size=2",
+    "parallel.world_size=2",
+    "moe.num_experts=4",
+    "moe.experts_per_rank=2",
+]
 
 
 def torchrun(world, args, env=None, **popen):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "experiments.train_step", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})}, **popen)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        "-m",
+        "experiments.train_step",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}, **popen
+    )
 
 
 def records(results_dir: Path):
@@ -26,8 +43,11 @@ def records(results_dir: Path):
 
 
 def test_training_steps_write_a_record_and_the_loss_falls(tmp_path):
-    proc = torchrun(2, [*SMALL, f"results_dir={tmp_path}", "train.iters=25", "train.warmup_iters=2",
-                        "comm.policy=overlap"], env={"WANDB_MODE": "offline"})
+    proc = torchrun(
+        2,
+        [*SMALL, f"results_dir={tmp_path}", "train.iters=25", "train.warmup_iters=2", "comm.policy=overlap"],
+        env={"WANDB_MODE": "offline"},
+    )
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     (path,) = records(tmp_path)
@@ -52,8 +72,18 @@ def test_lina_packing_is_decided_in_the_run_and_keeps_the_losses(tmp_path):
     exchange and checks it.)"""
     losses = {}
     for policy in ("lina", "lina-pipeline"):
-        proc = torchrun(2, [*SMALL, f"results_dir={tmp_path / policy}", "train.iters=6", "train.warmup_iters=1",
-                            f"comm.policy={policy}", "comm.partition_mb=0.01"], env={"WANDB_MODE": "disabled"})
+        proc = torchrun(
+            2,
+            [
+                *SMALL,
+                f"results_dir={tmp_path / policy}",
+                "train.iters=6",
+                "train.warmup_iters=1",
+                f"comm.policy={policy}",
+                "comm.partition_mb=0.01",
+            ],
+            env={"WANDB_MODE": "disabled"},
+        )
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out[-3000:]
         (path,) = records(tmp_path / policy)

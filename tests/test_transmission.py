@@ -1,11 +1,22 @@
-"""Transmission orders (moe_core.transmission and Aurora's, papers/aurora/transmission_order): the paper's example, the exact bound, validity."""
+"""Transmission orders (moe_core.transmission, and Aurora's in papers/aurora/transmission_order):
+the paper's example, the exact bound, validity."""
 
 import numpy as np
 import pytest
 
 from moe_core.papers.aurora.transmission_order import algorithm1_schedule, rcs_orders, sjf_orders
-from moe_core.transmission import (ORDERS, async_time, delivered, exact_schedule, lower_bound, make_schedule,
-                                   order_schedule, rank_steps, rounds_time, transpose)
+from moe_core.transmission import (
+    ORDERS,
+    async_time,
+    delivered,
+    exact_schedule,
+    lower_bound,
+    make_schedule,
+    order_schedule,
+    rank_steps,
+    rounds_time,
+    transpose,
+)
 
 # Fig. 4: GPU1 -> {2, 3}, GPU2 -> {1, 3}, one unit each (0-based here)
 FIG4 = [[0, 1, 1], [1, 0, 1], [0, 0, 0]]
@@ -122,13 +133,16 @@ def test_rank_steps_follow_rounds():
     assert rank_steps(schedule, 2) == [(None, (1, 2.0)), ((0, 1.0), None), ((1, 5.0), (0, 4.0))]
 
 
-@pytest.mark.parametrize("matrix,bandwidth,message", [
-    ([[0, 1, 2], [3, 4, 5]], 1.0, "square"),
-    ([[0, -1], [1, 0]], 1.0, "negative"),
-    ([[0, np.nan], [1, 0]], 1.0, "non-finite"),
-    ([[0, 1], [1, 0]], 0.0, "positive"),
-    ([[0, 1], [1, 0]], [1.0, 2.0, 3.0], "one value per GPU"),
-])
+@pytest.mark.parametrize(
+    "matrix,bandwidth,message",
+    [
+        ([[0, 1, 2], [3, 4, 5]], 1.0, "square"),
+        ([[0, -1], [1, 0]], 1.0, "negative"),
+        ([[0, np.nan], [1, 0]], 1.0, "non-finite"),
+        ([[0, 1], [1, 0]], 0.0, "positive"),
+        ([[0, 1], [1, 0]], [1.0, 2.0, 3.0], "one value per GPU"),
+    ],
+)
 def test_bad_input_is_named(matrix, bandwidth, message):
     with pytest.raises(ValueError, match=message):
         lower_bound(matrix, bandwidth)

@@ -33,21 +33,38 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg))
     assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 and int(counts["lina_inference"]) == 1
     assert int(counts["collectives"]) == 1
-    assert all(int(counts[f"figure_{name}"]) == 1 for name in
-               ("step_breakdown", "a2a_share_vs_experts", "a2a_slowdown_cdf", "busbw_vs_size",
-                "lina_step_speedup", "lina_moe_speedup", "lina_partition_sweep", "lina_inference"))
+    assert all(
+        int(counts[f"figure_{name}"]) == 1
+        for name in (
+            "step_breakdown",
+            "a2a_share_vs_experts",
+            "a2a_slowdown_cdf",
+            "busbw_vs_size",
+            "lina_step_speedup",
+            "lina_moe_speedup",
+            "lina_partition_sweep",
+            "lina_inference",
+        )
+    )
     assert int(counts["aurora_simulated"]) == int(counts["aurora_a2a"]) == 1
-    assert all(int(counts[f"figure_aurora_{name}"]) == 1 for name in
-               ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library"))
+    assert all(
+        int(counts[f"figure_aurora_{name}"]) == 1
+        for name in ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library")
+    )
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
 
 
-@pytest.mark.parametrize("override,needle", [("moe={top_k: 5}", "moe.top_k"),
-                                             ("comm={policy: fifo}", "comm.policy"),
-                                             ("sweep={polcy: [overlap]}", "sweep.polcy"),
-                                             ("aurora={world_size: 0}", "aurora.world_size"),
-                                             ("inference={policies: [fifo]}", "inference.policies"),
-                                             ("paper=a$(touch PWNED)", "paper")])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("moe={top_k: 5}", "moe.top_k"),
+        ("comm={policy: fifo}", "comm.policy"),
+        ("sweep={polcy: [overlap]}", "sweep.polcy"),
+        ("aurora={world_size: 0}", "aurora.world_size"),
+        ("inference={policies: [fifo]}", "inference.policies"),
+        ("paper=a$(touch PWNED)", "paper"),
+    ],
+)
 def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle):
     proc = snakemake("--cores", "2", "--config", f"results_dir={tmp_path}", override)
     assert proc.returncode != 0
@@ -83,8 +100,23 @@ def test_commands_quote_every_value(tmp_path):
     shell sees one word, runs nothing (no PWNED file), and the job would write where it was told."""
     results = tmp_path / "we ird$(touch PWNED)"
     target = results / "raw/gshard/train_step/ws2_e2_epr1_sequential_s0.json"
-    proc = subprocess.run(["snakemake", str(target), "-n", "-p", "--cores", "2", "--configfile", "configs/ci.yaml",
-                           "--config", f"results_dir={results}"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            "snakemake",
+            str(target),
+            "-n",
+            "-p",
+            "--cores",
+            "2",
+            "--configfile",
+            "configs/ci.yaml",
+            "--config",
+            f"results_dir={results}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     command = next(line for line in proc.stdout.splitlines() if "experiments.train_step" in line)
     assert f"--out '{target}'" in command and f"--config '{results}/config/resolved.yaml'" in command

@@ -54,10 +54,12 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
 
     def profile(theta: np.ndarray) -> DictConfig:
         bw = 10 ** theta[: len(links)]
-        alphas = theta[len(links):len(links) + len(kinds)]
-        efficiencies = [1.0, *theta[len(links) + len(kinds):]]  # the reference collective's is 1
-        fits = {k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)}
-                for k, a, e in zip(kinds, alphas, efficiencies)}
+        alphas = theta[len(links) : len(links) + len(kinds)]
+        efficiencies = [1.0, *theta[len(links) + len(kinds) :]]  # the reference collective's is 1
+        fits = {
+            k: {"alpha_us": 0.0, "alpha_step_us": float(a), "efficiency": float(e)}
+            for k, a, e in zip(kinds, alphas, efficiencies)
+        }
         return _with(hw, collectives=fits, **{link: float(b) for link, b in zip(links, bw)})
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -76,9 +78,13 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
     # converged, and its errors say how good it is either way.
     result = least_squares(residuals, theta0, bounds=(lower, upper), x_scale="jac", max_nfev=MAX_EVALUATIONS)
     errors = np.abs(np.exp(result.fun) - 1)
-    stats = {"points": len(points), "median_abs_rel_error": float(np.median(errors)),
-             "max_abs_rel_error": float(errors.max()), "converged": bool(result.status > 0),
-             "evaluations": int(result.nfev)}
+    stats = {
+        "points": len(points),
+        "median_abs_rel_error": float(np.median(errors)),
+        "max_abs_rel_error": float(errors.max()),
+        "converged": bool(result.status > 0),
+        "evaluations": int(result.nfev),
+    }
     return profile(result.x), stats
 
 
@@ -102,10 +108,14 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
         raise ValueError("no measured training step to calibrate compute on; run experiments/train_step.py first")
     rate = {phase: float(np.median(r)) for phase, r in rates.items()}
     peak = max(rate.values())
-    fitted = _with(hw, peak_tflops=peak, compute_efficiency=1.0,
-                   phase_efficiency={phase: r / peak for phase, r in rate.items()})
-    return fitted, {"points": len(train), "tflops_median": rate,
-                    "tflops_spread": {phase: float(max(r) / min(r)) for phase, r in rates.items()}}
+    fitted = _with(
+        hw, peak_tflops=peak, compute_efficiency=1.0, phase_efficiency={phase: r / peak for phase, r in rate.items()}
+    )
+    return fitted, {
+        "points": len(train),
+        "tflops_median": rate,
+        "tflops_spread": {phase: float(max(r) / min(r)) for phase, r in rates.items()},
+    }
 
 
 def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictConfig, dict]:
@@ -129,7 +139,9 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
         return hw, {"points": 0}
     wait_us = max(0.0, float(np.median(excess_us)))
     return _with(hw, collectives={"all_to_all": {"in_step_us": wait_us}}), {
-        "points": len(excess_us), "in_step_us": wait_us}
+        "points": len(excess_us),
+        "in_step_us": wait_us,
+    }
 
 
 def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -141,6 +153,7 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
     :func:`alone_times`) and every other training step (other world sizes, expert counts and
     layouts).
     """
+
     def layout(record: dict) -> tuple[int, int]:
         return record["params"]["world_size"], record["params"]["num_experts"]
 

@@ -19,13 +19,15 @@ from .engine import Op, Timeline, simulate
 from .topology import Transfer
 
 
-
 def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
     """Op keyword arguments (transfer, latency_s) of collective ``kind`` with footprint ``transfer``."""
     fit = hw.collectives.get(kind)
     if fit is None:
         return {"transfer": transfer, "latency_s": topo.latency_s(transfer)}
-    return {"transfer": replace(transfer, efficiency=fit.efficiency), "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6)}
+    return {
+        "transfer": replace(transfer, efficiency=fit.efficiency),
+        "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6),
+    }
 
 
 def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
@@ -35,8 +37,9 @@ def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
     return simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores), burst_bytes=topo.burst_bytes)
 
 
-def footprint(topo, collective: str, world_size: int, size_bytes: int, traffic_zipf: float = 0.0,
-              seed: int = 0) -> Transfer:
+def footprint(
+    topo, collective: str, world_size: int, size_bytes: int, traffic_zipf: float = 0.0, seed: int = 0
+) -> Transfer:
     """The footprint of one microbenchmark collective over ranks 0..world_size-1."""
     group = np.arange(world_size)
     if collective == "all_reduce":
@@ -56,8 +59,15 @@ def simulate_collective(hw: DictConfig, topo, params: dict) -> float:
     """
     ws, size = int(params["world_size"]), int(params["size_bytes"])
     zipf, seed = float(params.get("traffic_zipf") or 0.0), int(params.get("seed") or 0)
-    ops = [Op("op", "comm", **collective_op(hw, topo, params["collective"],
-                                            footprint(topo, params["collective"], ws, size, zipf, seed)))]
+    ops = [
+        Op(
+            "op",
+            "comm",
+            **collective_op(
+                hw, topo, params["collective"], footprint(topo, params["collective"], ws, size, zipf, seed)
+            ),
+        )
+    ]
     if params.get("concurrent") == "all_reduce":
         ops.append(Op("side", "comm", **collective_op(hw, topo, "all_reduce", footprint(topo, "all_reduce", ws, size))))
     timeline = simulate_on(hw, topo, ops)

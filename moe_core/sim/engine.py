@@ -51,8 +51,16 @@ class Timeline:
         return float(self.end_s.max()) if len(self.end_s) else 0.0
 
 
-def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, latency_s: float, count: int,
-                  deps: list[int], priority: int = 0) -> int:
+def add_micro_ops(
+    ops: list[Op],
+    name: str,
+    phase: str,
+    transfer: Transfer,
+    latency_s: float,
+    count: int,
+    deps: list[int],
+    priority: int = 0,
+) -> int:
     """Append ``transfer`` as ``count`` equal micro-ops run one after another (Lina's tensor
     partitioning); each pays the latency, so finer partitions cost more. Returns the last op's index.
 
@@ -67,8 +75,9 @@ def add_micro_ops(ops: list[Op], name: str, phase: str, transfer: Transfer, late
     return len(ops) - 1
 
 
-def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
-             burst_bytes: np.ndarray | None = None) -> Timeline:
+def simulate(
+    ops: list[Op], capacity: np.ndarray, shared_latency: bool = False, burst_bytes: np.ndarray | None = None
+) -> Timeline:
     """Run the DAG; every op starts when all its deps have ended. Returns start and end times.
 
     ``shared_latency``: the latency phases of concurrent transfers share one processor by max-min
@@ -134,8 +143,9 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
         if buckets.ops:  # footprints follow the buckets: a link with tokens limits nothing
             caps = buckets.capacity()
             footprints.update({i: _footprint(ops[i].transfer, caps) for i in active if i in buckets.ops})
-        return fair_rates({i: footprints[i] for i in active},
-                          {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links)
+        return fair_rates(
+            {i: footprints[i] for i in active}, {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links
+        )
 
     for i in range(n):
         if waiting[i] == 0:
@@ -165,8 +175,11 @@ def simulate(ops: list[Op], capacity: np.ndarray, shared_latency: bool = False,
                 finished.append(i)
         # The transfer that set this event is done, whatever rounding left of it (at large ``now``,
         # ``now + left / rate`` can round back to ``now``); others finishing together go too.
-        finished += [i for i, left in active.items()
-                     if left <= 1e-9 or (i == finisher and next_finish <= min(next_timer, next_empty))]
+        finished += [
+            i
+            for i, left in active.items()
+            if left <= 1e-9 or (i == finisher and next_finish <= min(next_timer, next_empty))
+        ]
         changed = t_next == next_empty  # a bucket ran dry: its link limits again
         for i in finished:
             if i in active:
@@ -253,8 +266,9 @@ def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np
     return links, (seconds / bottleneck_s if bottleneck_s else seconds), bottleneck_s, transfer.efficiency
 
 
-def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]], priority: dict[int, int],
-               num_links: int) -> dict[int, float]:
+def fair_rates(
+    footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]], priority: dict[int, int], num_links: int
+) -> dict[int, float]:
     """Progress rates (fraction of the transfer per second) by max-min fair sharing with rate caps.
 
     ``y`` is each transfer's speed as a fraction of the speed that fills its bottleneck, at most its
@@ -278,6 +292,7 @@ def fair_rates(footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]
                 y[i] += step
             residual[used] -= step * demand[used]
             saturated = residual <= 1e-9
-            unfrozen = [i for i in unfrozen
-                        if y[i] < footprints[i][3] - 1e-12 and not saturated[footprints[i][0]].any()]
+            unfrozen = [
+                i for i in unfrozen if y[i] < footprints[i][3] - 1e-12 and not saturated[footprints[i][0]].any()
+            ]
     return {i: y[i] / footprints[i][2] for i in footprints}

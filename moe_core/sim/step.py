@@ -62,24 +62,37 @@ class StepSimulation:
         moe = by_phase["gate"] + a2a + by_phase["expert"]
         step = self.timeline.makespan_s * 1e3
         exposed = step - float(self.timeline.end_s[self.backward_end]) * 1e3
-        a2a_dir = {d: self.waiting_ms(lambda op, d=d: op.phase.endswith("a2a") and op.name.endswith(d))
-                   for d in (".fwd", ".bwd")}
+        a2a_dir = {
+            d: self.waiting_ms(lambda op, d=d: op.phase.endswith("a2a") and op.name.endswith(d))
+            for d in (".fwd", ".bwd")
+        }
         span = self.moe_layer_spans_ms()
         moe_wall = span["fwd"] + span["bwd"]
         # the compute stream's busy share of the MoE layers' wall time (Lina Fig 11-12's GPU utilisation)
         compute_share = (by_phase["gate"] + by_phase["expert"]) / moe_wall if moe_wall else 0.0
-        return {"step_ms": step, **{f"{p}_ms": by_phase[p] for p in STEP_PHASES}, "a2a_ms": a2a,
-                "a2a_fwd_ms": a2a_dir[".fwd"], "a2a_bwd_ms": a2a_dir[".bwd"], "moe_layer_ms": moe,
-                "moe_layer_fwd_ms": span["fwd"], "moe_layer_bwd_ms": span["bwd"],
-                "moe_compute_share": compute_share,
-                "allreduce_exposed_ms": exposed, "dense_ms": step - moe - exposed,
-                "a2a_share": a2a / step, "a2a_share_of_moe": a2a / moe if moe else 0.0}
+        return {
+            "step_ms": step,
+            **{f"{p}_ms": by_phase[p] for p in STEP_PHASES},
+            "a2a_ms": a2a,
+            "a2a_fwd_ms": a2a_dir[".fwd"],
+            "a2a_bwd_ms": a2a_dir[".bwd"],
+            "moe_layer_ms": moe,
+            "moe_layer_fwd_ms": span["fwd"],
+            "moe_layer_bwd_ms": span["bwd"],
+            "moe_compute_share": compute_share,
+            "allreduce_exposed_ms": exposed,
+            "dense_ms": step - moe - exposed,
+            "a2a_share": a2a / step,
+            "a2a_share_of_moe": a2a / moe if moe else 0.0,
+        }
 
     def waiting_ms(self, selected: Callable[[Op], bool]) -> float:
         """Wall time (ms) in which a ``selected`` op is in flight and no compute op runs."""
+
         def union(keep: Callable[[Op], bool]) -> list[tuple[float, float]]:
-            spans = sorted((a, b) for op, a, b in zip(self.ops, self.timeline.start_s, self.timeline.end_s)
-                           if keep(op) and b > a)
+            spans = sorted(
+                (a, b) for op, a, b in zip(self.ops, self.timeline.start_s, self.timeline.end_s) if keep(op) and b > a
+            )
             merged: list[tuple[float, float]] = []
             for a, b in spans:
                 if merged and a <= merged[-1][1]:
@@ -147,7 +160,9 @@ class StepModel:
             count = len(self._a2a_chunks())
             a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
-            return self._seconds(4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert") / count, a2a_s / count
+            return self._seconds(
+                4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert"
+            ) / count, a2a_s / count
 
         return per_micro_op
 
@@ -202,9 +217,13 @@ class StepModel:
         m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
         T, M, H, E = tr.batch_size * m.seq_len, m.d_model, m.d_ff, moe.num_experts
         rows, a2a_bytes = self._moe_sizes()
-        op_seconds = {"attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
-             "ffn": self._seconds(4 * T * M * H, "dense"), "gate": self._seconds(2 * T * M * E, "gate"),
-             "expert": self._seconds(4 * rows * M * H, "expert"), "head": self._seconds(2 * T * M * m.vocab_size, "dense")}
+        op_seconds = {
+            "attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
+            "ffn": self._seconds(4 * T * M * H, "dense"),
+            "gate": self._seconds(2 * T * M * E, "gate"),
+            "expert": self._seconds(4 * rows * M * H, "expert"),
+            "head": self._seconds(2 * T * M * m.vocab_size, "dense"),
+        }
         a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
         chunks = len(self._a2a_chunks())
         if a2a is not None:  # every micro-op carries its share of the bytes and pays the latency

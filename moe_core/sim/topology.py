@@ -44,7 +44,7 @@ class Transfer:
     efficiency: float = 1.0
 
     @staticmethod
-    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> "Transfer":
+    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> Transfer:
         idx = np.flatnonzero(loads > 0)
         return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes)
 
@@ -58,11 +58,15 @@ class Cluster:
         self.n = self.nodes * self.g
         self.nics_per_node = hw.nics_per_node
         if self.g > 1 and hw.intra_node_GBps <= 0:
-            raise ValueError(f"hardware '{hw.name}': intra_node_GBps is unknown (0); the simulator needs it "
-                             f"for {self.g} devices per node (calibrate the profile first)")
+            raise ValueError(
+                f"hardware '{hw.name}': intra_node_GBps is unknown (0); the simulator needs it "
+                f"for {self.g} devices per node (calibrate the profile first)"
+            )
         if self.nodes > 1 and hw.nic_GBps <= 0 and not hw.gpu_classes:
-            raise ValueError(f"hardware '{hw.name}': nic_GBps is unknown (0); the simulator needs it "
-                             f"for {self.nodes} nodes (calibrate the profile first)")
+            raise ValueError(
+                f"hardware '{hw.name}': nic_GBps is unknown (0); the simulator needs it "
+                f"for {self.nodes} nodes (calibrate the profile first)"
+            )
         self.intra_latency_s = hw.intra_node_latency_us * 1e-6
         self.inter_latency_s = hw.inter_node_latency_us * 1e-6
         self.device_nic_GBps, self.device_tflops = _device_classes(hw, self.n)
@@ -81,8 +85,10 @@ class Cluster:
         cap = np.empty(self.num_links)
         cap[self.intra_out] = cap[self.intra_in] = hw.intra_node_GBps * GB
         if hw.gpu_classes and self.nics_per_node != self.g:
-            raise ValueError(f"hardware '{hw.name}': gpu_classes set per-device NIC speeds, so nics_per_node "
-                             f"must equal devices_per_node ({self.g})")
+            raise ValueError(
+                f"hardware '{hw.name}': gpu_classes set per-device NIC speeds, so nics_per_node "
+                f"must equal devices_per_node ({self.g})"
+            )
         nic_bw = (self.device_nic_GBps if hw.gpu_classes else np.full(nic_count, hw.nic_GBps)) * GB
         cap[self.nic_out] = cap[self.nic_in] = nic_bw
         uplink = nic_bw.reshape(self.nodes, self.nics_per_node).sum(axis=1) / hw.oversubscription
@@ -155,8 +161,10 @@ class Cluster:
         recv2 = phase2.sum(axis=0).reshape(-1)
         flat = ordered.reshape(-1)
         self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
-        return (self._transfer(loads1, steps=self.g - 1, crosses_nodes=False),
-                self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1))
+        return (
+            self._transfer(loads1, steps=self.g - 1, crosses_nodes=False),
+            self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1),
+        )
 
     # -- ring collectives ------------------------------------------------------------------------
     def ring(self, group: np.ndarray, bytes_per_rank: float, collective: str) -> Transfer:
@@ -199,8 +207,11 @@ class Cluster:
             np.add.at(loads, self.node_down[node], recv)
 
     def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
-        step = alpha_step_s if alpha_step_s is not None else (
-            self.inter_latency_s if transfer.crosses_nodes else self.intra_latency_s)
+        step = (
+            alpha_step_s
+            if alpha_step_s is not None
+            else (self.inter_latency_s if transfer.crosses_nodes else self.intra_latency_s)
+        )
         return alpha_s + transfer.steps * step
 
 

@@ -236,8 +236,9 @@ def _per_gpu(times: np.ndarray, gpu_of, n_gpus: int, speed) -> np.ndarray:
     return out / np.broadcast_to(np.asarray(speed, dtype=np.float64), (n_gpus,))
 
 
-def exclusive_inference(layers: list[LayerStats], gpu_of, bandwidth, speed=1.0, kind: str = "exact",
-                        seed: int = 0) -> tuple[float, float]:
+def exclusive_inference(
+    layers: list[LayerStats], gpu_of, bandwidth, speed=1.0, kind: str = "exact", seed: int = 0
+) -> tuple[float, float]:
     """(inference time, GPU utilization) of one model on its own GPUs (Eq. 1 with synchronous all-to-alls).
 
     Per layer: max gate + dispatch a2a + max FFN + combine a2a (the transpose) + max aggregation;
@@ -255,8 +256,16 @@ def exclusive_inference(layers: list[LayerStats], gpu_of, bandwidth, speed=1.0, 
     return float(total), float(compute.mean() / total)
 
 
-def colocated_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], partner, gpu_of,
-                        bandwidth, speed=1.0, kind: str = "exact", seed: int = 0) -> tuple[float, float]:
+def colocated_inference(
+    layers_a: list[LayerStats],
+    layers_b: list[LayerStats],
+    partner,
+    gpu_of,
+    bandwidth,
+    speed=1.0,
+    kind: str = "exact",
+    seed: int = 0,
+) -> tuple[float, float]:
     """(inference time, GPU utilization) of models a and b sharing GPUs: a's expert i and b's expert
     partner[i] on GPU gpu_of[i].
 
@@ -272,8 +281,9 @@ def colocated_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], 
     n_gpus = len(gpu_of)
     for name, perm in (("partner", partner), ("gpu_of", gpu_of)):
         if sorted(perm.tolist()) != list(range(n_gpus)):
-            raise ValueError(f"{name} must be a permutation of 0..{n_gpus - 1} (one expert per model and GPU), "
-                             f"got {perm.tolist()}")
+            raise ValueError(
+                f"{name} must be a permutation of 0..{n_gpus - 1} (one expert per model and GPU), got {perm.tolist()}"
+            )
     gpu_of_b = np.empty(n_gpus, dtype=np.int64)
     gpu_of_b[partner] = gpu_of
     total, compute = 0.0, np.zeros(n_gpus)
@@ -281,14 +291,19 @@ def colocated_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], 
         ga, fa, aa = (_per_gpu(x, gpu_of, n_gpus, speed) for x in (la.gate_s, la.ffn_s, la.agg_s))
         gb, fb, ab = (_per_gpu(x, gpu_of_b, n_gpus, speed) for x in (lb.gate_s, lb.ffn_s, lb.agg_s))
         d = gpu_traffic(la.traffic, gpu_of, n_gpus) + gpu_traffic(lb.traffic, gpu_of_b, n_gpus)
-        total += (ga.max() + max((gb + fa).max(), a2a_time(d, bandwidth, kind, seed))
-                  + max((fb + aa).max(), a2a_time(d.T, bandwidth, kind, seed)) + ab.max())
+        total += (
+            ga.max()
+            + max((gb + fa).max(), a2a_time(d, bandwidth, kind, seed))
+            + max((fb + aa).max(), a2a_time(d.T, bandwidth, kind, seed))
+            + ab.max()
+        )
         compute += ga + gb + fa + fb + aa + ab
     return float(total), float(compute.mean() / total)
 
 
-def lina_pairing_inference(layers_a: list[LayerStats], layers_b: list[LayerStats], bandwidth,
-                   speed=1.0) -> tuple[float, float]:
+def lina_pairing_inference(
+    layers_a: list[LayerStats], layers_b: list[LayerStats], bandwidth, speed=1.0
+) -> tuple[float, float]:
     """(inference time, GPU utilization) of Lina's deployment on the same n GPUs: each model packs
     its experts two per GPU (``lina_pairing`` on the first layer's loads) on its own half of the
     GPUs and runs there exclusively; both models run side by side. ``bandwidth`` and ``speed`` are

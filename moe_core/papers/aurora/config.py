@@ -56,7 +56,8 @@ def validate_aurora(cfg: DictConfig) -> None:
     require(
         a.num_experts % 2 == 0 and a.num_experts % a.gap_gpus == 0,
         "aurora.num_experts",
-        f"must be even (Lina packs experts in pairs) and a multiple of aurora.gap_gpus={a.gap_gpus}, got {a.num_experts}",
+        f"must be even (Lina packs experts in pairs) and a multiple of aurora.gap_gpus={a.gap_gpus}, "
+        f"got {a.num_experts}",
     )
     require(
         a.world_size >= 2 and a.num_experts % a.world_size == 0,

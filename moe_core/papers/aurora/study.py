@@ -40,8 +40,8 @@ from .system_model import (
     DEPLOYMENT_POLICIES,
     IMPRECISION_BASELINE,
     NETWORKS,
-    STUDIED_ORDERS,
     SETTINGS,
+    STUDIED_ORDERS,
     big_switch_of,
     colocated,
     costs_of,
@@ -73,17 +73,23 @@ def trace_config(cfg: DictConfig, data_zipf: float) -> DictConfig:
     """The config of the traced model: ``aurora.num_experts`` experts in every one of
     ``aurora.moe_layers`` layers, top-1 dropless routing (a trace counts every token's choice)."""
     a = cfg.aurora
-    return OmegaConf.merge(cfg, {"model": {"n_layers": a.moe_layers, "moe_every": 1},
-                                 "moe": {"num_experts": a.num_experts, "top_k": 1, "dropless": True},
-                                 "train": {"data_zipf": data_zipf}})
+    return OmegaConf.merge(
+        cfg,
+        {
+            "model": {"n_layers": a.moe_layers, "moe_every": 1},
+            "moe": {"num_experts": a.num_experts, "top_k": 1, "dropless": True},
+            "train": {"data_zipf": data_zipf},
+        },
+    )
 
 
 def token_workloads(cfg: DictConfig, n_gpus: int) -> dict[str, np.ndarray]:
     """Workload name -> (layers, n_gpus, n_gpus) token counts (see the module docstring)."""
     a = cfg.aurora
-    workloads = {f"gating-z{z:g}": gating_token_matrices(trace_config(cfg, z), n_gpus, a.train_steps,
-                                                         a.trace_batch_size)
-                 for z in a.gating_zipf}
+    workloads = {
+        f"gating-z{z:g}": gating_token_matrices(trace_config(cfg, z), n_gpus, a.train_steps, a.trace_batch_size)
+        for z in a.gating_zipf
+    }
     tokens_per_gpu = a.trace_batch_size * cfg.model.seq_len // n_gpus
     for z in a.traffic_zipf:
         workloads[f"zipf-{z:g}"] = zipf_token_matrices(n_gpus, tokens_per_gpu, z, a.moe_layers, cfg.train.seed)
@@ -91,6 +97,7 @@ def token_workloads(cfg: DictConfig, n_gpus: int) -> dict[str, np.ndarray]:
 
 
 # ---- the run ----
+
 
 @dataclass
 class Point:
@@ -108,15 +115,32 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
     a, names = cfg.aurora, workload_names(cfg)
     pairs = [pair_name(p) for p in model_pairs(cfg)]
     order = [f"homogeneous_fig4-toy_l1_{k}" for k in STUDIED_ORDERS]
-    order += [f"{net}_{w}_l{l + 1}_{k}" for net in NETWORKS for w in names for l in range(a.moe_layers)
-              for k in STUDIED_ORDERS]
-    deployment = [f"{s}_{w}_{p}" for s in SETTINGS for w in (names if s.startswith("exclusive") else pairs)
-                  for p in DEPLOYMENT_POLICIES[s]]
-    gap = [f"{pair}_l{l + 1}" for pair in pairs for l in range(a.moe_layers)]
-    imprecision = [f"{s}_{w}_p{level:g}" for s in IMPRECISION_BASELINE
-                   for w in (names if s.startswith("exclusive") else pairs) for level in a.imprecision]
-    return {"aurora_order": order, "aurora_deployment": deployment, "aurora_gap": gap,
-            "aurora_imprecision": imprecision}
+    order += [
+        f"{net}_{w}_l{layer_index + 1}_{k}"
+        for net in NETWORKS
+        for w in names
+        for layer_index in range(a.moe_layers)
+        for k in STUDIED_ORDERS
+    ]
+    deployment = [
+        f"{s}_{w}_{p}"
+        for s in SETTINGS
+        for w in (names if s.startswith("exclusive") else pairs)
+        for p in DEPLOYMENT_POLICIES[s]
+    ]
+    gap = [f"{pair}_l{layer_index + 1}" for pair in pairs for layer_index in range(a.moe_layers)]
+    imprecision = [
+        f"{s}_{w}_p{level:g}"
+        for s in IMPRECISION_BASELINE
+        for w in (names if s.startswith("exclusive") else pairs)
+        for level in a.imprecision
+    ]
+    return {
+        "aurora_order": order,
+        "aurora_deployment": deployment,
+        "aurora_gap": gap,
+        "aurora_imprecision": imprecision,
+    }
 
 
 def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[str], None]) -> list[Point]:
@@ -138,9 +162,9 @@ def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[st
         points.append(_order_point("homogeneous", "fig4-toy", 0, kind, metrics, {**base, "n_gpus": len(toy)}))
     for net in NETWORKS:
         for w, layers in stats.items():
-            for l, layer in enumerate(layers):
+            for layer_index, layer in enumerate(layers):
                 for kind, metrics in order_points(layer.traffic, clusters[net].bandwidth, seed).items():
-                    points.append(_order_point(net, w, l, kind, metrics, base))
+                    points.append(_order_point(net, w, layer_index, kind, metrics, base))
     progress("transmission order done")
 
     # (b) deployment
@@ -165,25 +189,56 @@ def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[st
                     t_aurora[setting, unit] = times[0]
                 elif policy != "aurora-exclusive":
                     samples["aurora_speedup"] = [t / t_aurora[setting, unit] for t in times]
-                points.append(Point("aurora_deployment", f"{setting}_{unit}_{policy}",
-                                    {**base, "setting": setting, "deployment": deployment, "network": net,
-                                     "workload": unit, "policy": policy}, samples, {}))
+                points.append(
+                    Point(
+                        "aurora_deployment",
+                        f"{setting}_{unit}_{policy}",
+                        {
+                            **base,
+                            "setting": setting,
+                            "deployment": deployment,
+                            "network": net,
+                            "workload": unit,
+                            "policy": policy,
+                        },
+                        samples,
+                        {},
+                    )
+                )
     progress("deployment done")
 
     # (c) gap of Section 7's heuristic to the brute-force optimum
     g = a.gap_gpus
     small = big_switch_of(hardware["heterogeneous"], g, costs.reference_flops)
     for w_a, w_b in model_pairs(cfg):
-        for l in range(a.moe_layers):
-            la, lb = (costs.stats(coarsen(tokens[w][l], g)) for w in (w_a, w_b))
+        for layer_index in range(a.moe_layers):
+            la, lb = (costs.stats(coarsen(tokens[w][layer_index], g)) for w in (w_a, w_b))
             partner, gpu_of = colocation.colocate_heterogeneous(la, lb, small.bandwidth, small.speed)
-            heuristic = colocation.pair_cost_on_gpus(la, lb, partner, small.bandwidth, small.speed)[np.arange(g), gpu_of].max()
+            heuristic = colocation.pair_cost_on_gpus(la, lb, partner, small.bandwidth, small.speed)[
+                np.arange(g), gpu_of
+            ].max()
             optimum = colocation.brute_force_heterogeneous(la, lb, small.bandwidth, small.speed)[2]
-            points.append(Point("aurora_gap", f"{w_a}+{w_b}_l{l + 1}",
-                                {**base, "n_gpus": g, "setting": "colocated-heterogeneous", "network": "heterogeneous",
-                                 "workload": f"{w_a}+{w_b}", "layer": l + 1, "policy": "aurora"},
-                                {"heuristic_ms": [1e3 * heuristic], "optimum_ms": [1e3 * optimum],
-                                 "gap_to_optimum": [heuristic / optimum]}, {}))
+            points.append(
+                Point(
+                    "aurora_gap",
+                    f"{w_a}+{w_b}_l{layer_index + 1}",
+                    {
+                        **base,
+                        "n_gpus": g,
+                        "setting": "colocated-heterogeneous",
+                        "network": "heterogeneous",
+                        "workload": f"{w_a}+{w_b}",
+                        "layer": layer_index + 1,
+                        "policy": "aurora",
+                    },
+                    {
+                        "heuristic_ms": [1e3 * heuristic],
+                        "optimum_ms": [1e3 * optimum],
+                        "gap_to_optimum": [heuristic / optimum],
+                    },
+                    {},
+                )
+            )
     progress("gap to optimum done")
 
     # (d) imprecision: Aurora plans on perturbed traffic, is timed on the true traffic
@@ -192,31 +247,60 @@ def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[st
         cluster = clusters[net]
         units = list(stats) if deployment == "exclusive" else [pair_name(p) for p in model_pairs(cfg)]
         for unit in units:
-            baseline_ms = next(p.samples["inference_ms"] for p in points if p.experiment == "aurora_deployment"
-                               and p.name == f"{setting}_{unit}_{baseline}")
+            baseline_ms = next(
+                p.samples["inference_ms"]
+                for p in points
+                if p.experiment == "aurora_deployment" and p.name == f"{setting}_{unit}_{baseline}"
+            )
             for level in a.imprecision:
                 if deployment == "exclusive":
                     plan = [costs.stats(t) for t in imprecise(tokens[unit], level)]
-                    t, _ = over_layers([colocation.exclusive_inference(
-                        [true], colocation.assign_exclusive(p.send + p.recv, cluster.speed), cluster.bandwidth,
-                        cluster.speed, DEPLOYMENT_ORDER) for true, p in zip(stats[unit], plan)])
+                    t, _ = over_layers(
+                        [
+                            colocation.exclusive_inference(
+                                [true],
+                                colocation.assign_exclusive(p.send + p.recv, cluster.speed),
+                                cluster.bandwidth,
+                                cluster.speed,
+                                DEPLOYMENT_ORDER,
+                            )
+                            for true, p in zip(stats[unit], plan)
+                        ]
+                    )
                 else:
                     w_a, w_b = unit.split("+")
                     plan_a, plan_b = ([costs.stats(t) for t in imprecise(tokens[w], level)] for w in (w_a, w_b))
                     t, _ = colocated(stats[w_a], stats[w_b], cluster, "aurora", seed, plan_a, plan_b)
-                points.append(Point("aurora_imprecision", f"{setting}_{unit}_p{level:g}",
-                                    {**base, "setting": setting, "deployment": deployment, "network": net,
-                                     "workload": unit, "policy": "aurora", "baseline": baseline,
-                                     "imprecision": level},
-                                    {"inference_ms": [1e3 * t], "aurora_speedup": [b / (1e3 * t) for b in baseline_ms]},
-                                    {}))
+                points.append(
+                    Point(
+                        "aurora_imprecision",
+                        f"{setting}_{unit}_p{level:g}",
+                        {
+                            **base,
+                            "setting": setting,
+                            "deployment": deployment,
+                            "network": net,
+                            "workload": unit,
+                            "policy": "aurora",
+                            "baseline": baseline,
+                            "imprecision": level,
+                        },
+                        {"inference_ms": [1e3 * t], "aurora_speedup": [b / (1e3 * t) for b in baseline_ms]},
+                        {},
+                    )
+                )
     progress("imprecision done")
     return points
 
 
-def _order_point(net: str, workload: str, layer: int, kind: str, metrics: dict[str, float],
-                 base: dict[str, Any]) -> Point:
+def _order_point(
+    net: str, workload: str, layer: int, kind: str, metrics: dict[str, float], base: dict[str, Any]
+) -> Point:
     extra = {k: metrics.pop(k) for k in ("rounds", "receiver_skew")}  # single values, not samples
-    return Point("aurora_order", f"{net}_{workload}_l{layer + 1}_{kind}",
-                 {**base, "network": net, "workload": workload, "layer": layer + 1, "policy": kind},
-                 {k: [v] for k, v in metrics.items()}, extra)
+    return Point(
+        "aurora_order",
+        f"{net}_{workload}_l{layer + 1}_{kind}",
+        {**base, "network": net, "workload": workload, "layer": layer + 1, "policy": kind},
+        {k: [v] for k, v in metrics.items()},
+        extra,
+    )

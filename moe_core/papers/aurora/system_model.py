@@ -17,8 +17,10 @@ from moe_core.sections import ConfigError
 from moe_core.transmission import async_time, lower_bound, make_schedule, rounds_time
 from moe_core.workloads import receiver_skew, traffic_bytes
 
-from . import colocation
-from . import transmission_order  # noqa: F401  (registers the orders of STUDIED_ORDERS)
+from . import (
+    colocation,
+    transmission_order,  # noqa: F401  (registers the orders of STUDIED_ORDERS)
+)
 
 PAPER = "aurora"
 STUDIED_ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.transmission.ORDERS names, baselines first
@@ -53,14 +55,18 @@ def big_switch_of(hardware: DictConfig, n: int, reference_flops: float) -> BigSw
     total = sum(c["count"] for c in classes)
     counts = [c["count"] * n // total for c in classes]
     if sum(counts) != n or min(counts) < 1:
-        raise ConfigError(f"config key 'aurora.num_experts' / 'aurora.gap_gpus': hardware profile '{hardware.name}' "
-                          f"(GPU classes of {[c['count'] for c in classes]} devices) cannot be scaled to {n} GPUs in "
-                          f"equal proportion; use a multiple of {len(classes)} GPUs")
+        raise ConfigError(
+            f"config key 'aurora.num_experts' / 'aurora.gap_gpus': hardware profile '{hardware.name}' "
+            f"(GPU classes of {[c['count'] for c in classes]} devices) cannot be scaled to {n} GPUs in "
+            f"equal proportion; use a multiple of {len(classes)} GPUs"
+        )
     bandwidth = np.repeat([c["nic_GBps"] * 1e9 for c in classes], counts)
     flops = np.repeat([c["peak_tflops"] * 1e12 * hardware.compute_efficiency for c in classes], counts)
     if (bandwidth <= 0).any() or (flops <= 0).any():
-        raise ConfigError(f"hardware profile '{hardware.name}' (aurora.*_hardware) needs positive nic_GBps and "
-                          "peak_tflops for Aurora's system model")
+        raise ConfigError(
+            f"hardware profile '{hardware.name}' (aurora.*_hardware) needs positive nic_GBps and "
+            "peak_tflops for Aurora's system model"
+        )
     return BigSwitch(bandwidth, flops / reference_flops)
 
 
@@ -79,17 +85,24 @@ class Costs:
         """Table 1's inputs of one layer from its (n, n) token counts: shard i holds row i's tokens
         (gate and aggregation), expert j computes column j's (FFN)."""
         held, received = tokens.sum(axis=1), tokens.sum(axis=0)
-        return colocation.LayerStats(traffic=traffic_bytes(tokens, self.d_model, self.element_bytes),
-                             gate_s=held * self.gate_flops / self.reference_flops,
-                             ffn_s=received * self.ffn_flops / self.reference_flops,
-                             agg_s=held * self.aggregation_flops / self.reference_flops)
+        return colocation.LayerStats(
+            traffic=traffic_bytes(tokens, self.d_model, self.element_bytes),
+            gate_s=held * self.gate_flops / self.reference_flops,
+            ffn_s=received * self.ffn_flops / self.reference_flops,
+            agg_s=held * self.aggregation_flops / self.reference_flops,
+        )
 
 
 def costs_of(cfg: DictConfig, reference: DictConfig) -> Costs:
     a = cfg.aurora
-    return Costs(d_model=a.d_model, element_bytes=a.element_bytes, gate_flops=2 * a.d_model * a.num_experts,
-                 ffn_flops=4 * a.d_model * a.d_ff, aggregation_flops=2 * a.d_model,
-                 reference_flops=reference.peak_tflops * 1e12 * reference.compute_efficiency)
+    return Costs(
+        d_model=a.d_model,
+        element_bytes=a.element_bytes,
+        gate_flops=2 * a.d_model * a.num_experts,
+        ffn_flops=4 * a.d_model * a.d_ff,
+        aggregation_flops=2 * a.d_model,
+        reference_flops=reference.peak_tflops * 1e12 * reference.compute_efficiency,
+    )
 
 
 def over_layers(per_layer: list[tuple[float, float]]) -> tuple[float, float]:
@@ -98,8 +111,8 @@ def over_layers(per_layer: list[tuple[float, float]]) -> tuple[float, float]:
     return total, sum(t * u for t, u in per_layer) / total
 
 
-
 # ---- (a) transmission order ----
+
 
 def order_points(traffic: np.ndarray, bandwidth: np.ndarray, seed: int) -> dict[str, dict[str, float]]:
     """Per order: the dispatch all-to-all's time (async and in rounds), both over T*, the number of
@@ -109,14 +122,20 @@ def order_points(traffic: np.ndarray, bandwidth: np.ndarray, seed: int) -> dict[
     for kind in STUDIED_ORDERS:
         schedule = make_schedule(kind, traffic, bandwidth, seed)
         a2a, rounds = async_time(schedule, bandwidth), rounds_time(schedule, bandwidth)
-        out[kind] = {"a2a_ms": 1e3 * a2a, "rounds_ms": 1e3 * rounds, "lower_bound_ms": 1e3 * bound,
-                     "a2a_over_lower_bound": a2a / bound, "rounds_over_lower_bound": rounds / bound,
-                     "rounds": len(schedule), "receiver_skew": receiver_skew(traffic)}
+        out[kind] = {
+            "a2a_ms": 1e3 * a2a,
+            "rounds_ms": 1e3 * rounds,
+            "lower_bound_ms": 1e3 * bound,
+            "a2a_over_lower_bound": a2a / bound,
+            "rounds_over_lower_bound": rounds / bound,
+            "rounds": len(schedule),
+            "receiver_skew": receiver_skew(traffic),
+        }
     return out
 
 
-
 # ---- (b) deployment ----
+
 
 def exclusive(layers: list[colocation.LayerStats], cluster: BigSwitch, policy: str, seed: int) -> tuple[float, float]:
     """One model on its own GPUs; each layer assigned from its own statistics."""
@@ -134,15 +153,23 @@ def exclusive(layers: list[colocation.LayerStats], cluster: BigSwitch, policy: s
     return over_layers(results)
 
 
-def colocated(layers_a: list[colocation.LayerStats], layers_b: list[colocation.LayerStats], cluster: BigSwitch, policy: str,
-              seed: int, plan_a: list[colocation.LayerStats] | None = None,
-              plan_b: list[colocation.LayerStats] | None = None) -> tuple[float, float]:
+def colocated(
+    layers_a: list[colocation.LayerStats],
+    layers_b: list[colocation.LayerStats],
+    cluster: BigSwitch,
+    policy: str,
+    seed: int,
+    plan_a: list[colocation.LayerStats] | None = None,
+    plan_b: list[colocation.LayerStats] | None = None,
+) -> tuple[float, float]:
     """Two models sharing the GPUs; Aurora decides each layer from ``plan_*`` (default: the true stats)."""
     n = len(cluster.bandwidth)
     bw, speed = cluster.bandwidth, cluster.speed
     plan_a, plan_b = plan_a or layers_a, plan_b or layers_b
     if policy == "lina":
-        return over_layers([colocation.lina_pairing_inference([la], [lb], bw, speed) for la, lb in zip(layers_a, layers_b)])
+        return over_layers(
+            [colocation.lina_pairing_inference([la], [lb], bw, speed) for la, lb in zip(layers_a, layers_b)]
+        )
     if policy == "aurora-exclusive":
         (t_a, u_a), (t_b, u_b) = (exclusive(layers, cluster, "aurora", seed) for layers in (layers_a, layers_b))
         return max(t_a, t_b), (u_a + u_b) / 2  # 2n GPUs, each model's busy at its own rate
@@ -169,11 +196,9 @@ def draws(cfg: DictConfig, policy: str) -> list[int]:
     return [cfg.train.seed + i for i in range(k)]
 
 
-
 # ---- (d) imprecision ----
+
 
 def imprecise(tokens: np.ndarray, level: float) -> np.ndarray:
     """(layers, n, n) planning traffic: layer l mixed with layer l + 1 (cyclic) at ``level``."""
     return (1 - level) * tokens + level * np.roll(tokens, -1, axis=0)
-
-

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_core.transmission import Schedule, pair_rate, check_traffic_matrix, order_schedule, register_order
+from moe_core.transmission import Schedule, check_traffic_matrix, order_schedule, pair_rate, register_order
 
 # -- the paper's Algorithm 1 ----------------------------------------------------------------------
 Busy = list[tuple[float, float]]  # one side (send or receive) of a GPU: occupied [start, end) intervals

@@ -68,7 +68,11 @@ def validate_lina(cfg: DictConfig) -> None:
     require(
         min(lina.partition_mb, default=1) > 0, "lina.partition_mb", f"must be > 0 MB, got {list(lina.partition_mb)}"
     )
-    require(lina.measured_partition_mb > 0, "lina.measured_partition_mb", f"must be > 0 MB, got {lina.measured_partition_mb}")
+    require(
+        lina.measured_partition_mb > 0,
+        "lina.measured_partition_mb",
+        f"must be > 0 MB, got {lina.measured_partition_mb}",
+    )
 
 
 def validate_inference(cfg: DictConfig) -> None:

@@ -42,8 +42,19 @@ from moe_core.timing import PhaseTimer
 from moe_core.transmission import Schedule, make_schedule
 
 from .config import INFERENCE_POLICIES
-from .placement import (PathProfile, Placement, devices_per_expert, expected_tokens, load_imbalance, needs_replan,
-                        phase1_placement, plan_layer, replica_token_counts, route_rows, static_placement)
+from .placement import (
+    PathProfile,
+    Placement,
+    devices_per_expert,
+    expected_tokens,
+    load_imbalance,
+    needs_replan,
+    phase1_placement,
+    plan_layer,
+    replica_token_counts,
+    route_rows,
+    static_placement,
+)
 
 SCHEDULER_POLICIES = (*INFERENCE_POLICIES, "ideal")
 INFERENCE_PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")
@@ -121,8 +132,9 @@ class Scheduler:
         if self.policy == "lina-no-estimation":
             estimate, self.previous[layer] = self.previous[layer], actual
         start = time.perf_counter()
-        placement, replanned = plan_layer(estimate, actual, self.num_devices, self.top_k,
-                                          finetune=self.policy != "lina-no-finetune")
+        placement, replanned = plan_layer(
+            estimate, actual, self.num_devices, self.top_k, finetune=self.policy != "lina-no-finetune"
+        )
         checked = time.perf_counter()
         right = not needs_replan(estimate, actual, self.top_k)  # phase 2's check (plan_layer ran it too)
         self.decide_ms.append(1e3 * (checked - start))
@@ -137,8 +149,9 @@ class Scheduler:
 class PlacedMoE(nn.Module):
     """An MoE layer for inference whose experts live where ``scheduler`` places them."""
 
-    def __init__(self, layer: MoELayer, index: int, top_k: int, timer: PhaseTimer, group=None,
-                 a2a_policy: str = "library"):
+    def __init__(
+        self, layer: MoELayer, index: int, top_k: int, timer: PhaseTimer, group=None, a2a_policy: str = "library"
+    ):
         super().__init__()
         self.gate, self.experts = layer.gate, layer.experts
         self.index, self.top_k, self.timer, self.group = index, top_k, timer, group

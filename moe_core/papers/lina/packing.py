@@ -26,8 +26,9 @@ from moe_core.timing import PhaseTimer
 from .decisions import packing_due
 
 
-def exchange_experts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, old: ParallelGroups,
-                     new: ParallelGroups) -> None:
+def exchange_experts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, old: ParallelGroups, new: ParallelGroups
+) -> None:
     """Give this rank the experts of its place in ``new``'s layout, with their optimizer state.
 
     Every "ep" row of the ``old`` layout holds all experts, so an all-gather of each stacked expert
@@ -49,15 +50,19 @@ def exchange_experts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, o
             continue
         for name, param in list(layer.experts.named_parameters()):
             if param.grad is not None:
-                raise RuntimeError("exchange_experts runs between steps: clear the gradients first "
-                                   "(optimizer.zero_grad(set_to_none=True))")
-            moved = nn.Parameter(_all_experts(param.detach(), old.ep_group)[first:first + count].clone())
+                raise RuntimeError(
+                    "exchange_experts runs between steps: clear the gradients first "
+                    "(optimizer.zero_grad(set_to_none=True))"
+                )
+            moved = nn.Parameter(_all_experts(param.detach(), old.ep_group)[first : first + count].clone())
             state = optimizer.state.pop(param, {})
             if state:
                 optimizer.state[moved] = {
-                    key: _all_experts(value, old.ep_group)[first:first + count].clone()
-                    if torch.is_tensor(value) and value.shape == param.shape else value
-                    for key, value in state.items()}
+                    key: _all_experts(value, old.ep_group)[first : first + count].clone()
+                    if torch.is_tensor(value) and value.shape == param.shape
+                    else value
+                    for key, value in state.items()
+                }
             for group in optimizer.param_groups:
                 group["params"] = [moved if p is param else p for p in group["params"]]
             setattr(layer.experts, name, moved)
@@ -71,8 +76,14 @@ def _all_experts(local: torch.Tensor, ep_group) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def repack(cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer, policy: CommPolicy,
-           groups: ParallelGroups, element_bytes: int) -> CommPolicy:
+def repack(
+    cfg,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy: CommPolicy,
+    groups: ParallelGroups,
+    element_bytes: int,
+) -> CommPolicy:
     """Move training from ``policy``'s layout to ``groups``' layout; return the policy to train with.
 
     The policy is detached (its hooks removed), the experts and their optimizer state are exchanged

@@ -56,8 +56,9 @@ class Placement:
     def __post_init__(self):
         for e, devices in enumerate(self.replicas):
             if not devices or len(set(devices)) != len(devices) or not all(0 <= d < self.num_devices for d in devices):
-                raise ValueError(f"Placement.replicas[{e}] must list distinct devices in [0, {self.num_devices}), "
-                                 f"got {devices}")
+                raise ValueError(
+                    f"Placement.replicas[{e}] must list distinct devices in [0, {self.num_devices}), got {devices}"
+                )
 
     @property
     def num_experts(self) -> int:
@@ -106,8 +107,9 @@ def path_codes(prior: np.ndarray, num_experts: int) -> np.ndarray:
 def _check_choices(choices, num_experts: int, name: str) -> np.ndarray:
     choices = np.asarray(choices)
     if choices.ndim != 2 or not np.issubdtype(choices.dtype, np.integer):
-        raise ValueError(f"{name} must be a 2-D integer array (layers, tokens), got shape {choices.shape} "
-                         f"of {choices.dtype}")
+        raise ValueError(
+            f"{name} must be a 2-D integer array (layers, tokens), got shape {choices.shape} of {choices.dtype}"
+        )
     if choices.size and (choices.min() < 0 or choices.max() >= num_experts):
         raise ValueError(f"{name} must hold expert ids in [0, {num_experts}), got {choices.min()}..{choices.max()}")
     return choices
@@ -135,12 +137,12 @@ def profile_paths(choices, num_experts: int, path_length: int = 3) -> PathProfil
     """
     if path_length < 1:
         raise ValueError(f"path_length must be >= 1, got {path_length}")
-    if num_experts ** path_length >= 2**62:
+    if num_experts**path_length >= 2**62:
         raise ValueError(f"num_experts**path_length = {num_experts}**{path_length} does not fit a path code")
     choices = _check_choices(choices, num_experts, "choices")
     codes, counts = [], []
     for i in range(choices.shape[0]):
-        paths, inverse = np.unique(path_codes(choices[max(0, i - path_length):i], num_experts), return_inverse=True)
+        paths, inverse = np.unique(path_codes(choices[max(0, i - path_length) : i], num_experts), return_inverse=True)
         table = np.zeros((len(paths), num_experts))
         np.add.at(table, (inverse.reshape(-1), choices[i]), 1.0)
         codes.append(paths)
@@ -161,8 +163,9 @@ def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = 
     prior = _check_choices(prior, profile.num_experts, "prior")
     if prior.shape[0] != layer:
         raise ValueError(f"prior must hold the {layer} layers before layer {layer}, got {prior.shape[0]}")
-    paths, n_tokens = np.unique(path_codes(prior[max(0, layer - profile.path_length):], profile.num_experts),
-                                return_counts=True)
+    paths, n_tokens = np.unique(
+        path_codes(prior[max(0, layer - profile.path_length) :], profile.num_experts), return_counts=True
+    )
     known = profile.codes[layer]
     rows = np.minimum(np.searchsorted(known, paths), len(known) - 1)
     seen = known[rows] == paths
@@ -192,8 +195,9 @@ def devices_per_expert(popularity, num_devices: int) -> np.ndarray:
     return num_devices * popularity / total if total > 0 else np.zeros_like(popularity)
 
 
-def first_fit_decreasing(sizes, num_bins: int, capacity: float = 1.0, max_items: int = MAX_EXPERTS_PER_DEVICE,
-                         groups=None) -> np.ndarray:
+def first_fit_decreasing(
+    sizes, num_bins: int, capacity: float = 1.0, max_items: int = MAX_EXPERTS_PER_DEVICE, groups=None
+) -> np.ndarray:
     """Bin of every item: largest first, into the first bin it fits (load, item count, group).
 
     An item fits a bin when the load stays <= ``capacity``, the bin holds < ``max_items`` items and no
@@ -210,8 +214,10 @@ def first_fit_decreasing(sizes, num_bins: int, capacity: float = 1.0, max_items:
     for item in np.argsort(-sizes, kind="stable"):
         room = [b for b in range(num_bins) if len(members[b]) < max_items and groups[item] not in members[b]]
         if not room:
-            raise ValueError(f"item {item} (group {groups[item]}) fits no bin: all {num_bins} bins hold "
-                             f"{max_items} items or one of its group")
+            raise ValueError(
+                f"item {item} (group {groups[item]}) fits no bin: all {num_bins} bins hold "
+                f"{max_items} items or one of its group"
+            )
         fits = [b for b in room if load[b] + sizes[item] <= capacity + 1e-9]
         b = fits[0] if fits else min(room, key=lambda b: load[b])
         assignment[item] = b
@@ -285,8 +291,9 @@ def needs_replan(estimated, actual, top_k: int) -> bool:
     return set(top_experts(estimated, 2 * top_k).tolist()) != set(top_experts(actual, 2 * top_k).tolist())
 
 
-def plan_layer(estimated, actual, num_devices: int, top_k: int, finetune: bool = True,
-               max_per_device: int = MAX_EXPERTS_PER_DEVICE) -> tuple[Placement, bool]:
+def plan_layer(
+    estimated, actual, num_devices: int, top_k: int, finetune: bool = True, max_per_device: int = MAX_EXPERTS_PER_DEVICE
+) -> tuple[Placement, bool]:
     """Lina's two phases for one MoE layer of one batch.
 
     Args:
@@ -338,8 +345,9 @@ def replica_token_counts(counts, placement: Placement) -> np.ndarray:
     """
     counts = np.asarray(counts, dtype=np.int64)
     if counts.ndim != 2 or counts.shape[1] != placement.num_experts or (counts < 0).any():
-        raise ValueError(f"counts must be a non-negative (sources, {placement.num_experts}) array, "
-                         f"got {counts.tolist()}")
+        raise ValueError(
+            f"counts must be a non-negative (sources, {placement.num_experts}) array, got {counts.tolist()}"
+        )
     S, E = counts.shape
     before = np.cumsum(counts, axis=0) - counts  # (S, E): rows of earlier sources
     out = np.zeros((S, placement.num_devices, E), dtype=np.int64)
@@ -393,6 +401,7 @@ def schedule_rates(estimate_right: list[bool], replanned: list[bool]) -> dict[st
     top-2k set equalled the actual one (Lina Fig 19, Table 5), and ``replan_rate``, the share that
     ran phase 2 (the paper: 23% on average)."""
     if not estimate_right or len(estimate_right) != len(replanned):
-        raise ValueError(f"need one replanned flag per estimation check, got {len(estimate_right)} checks and "
-                         f"{len(replanned)} flags")
+        raise ValueError(
+            f"need one replanned flag per estimation check, got {len(estimate_right)} checks and {len(replanned)} flags"
+        )
     return {"estimation_accuracy": float(np.mean(estimate_right)), "replan_rate": float(np.mean(replanned))}

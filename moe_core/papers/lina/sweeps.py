@@ -35,8 +35,15 @@ def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
 def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
     ws = max(cfg.sweep.world_size)
     return [
-        dict(world_size=ws, num_experts=ws, experts_per_rank=1, policy=policy, seed=cfg.sweep.seed[0],
-             partition_mb=cfg.lina.measured_partition_mb, paper="lina")
+        dict(
+            world_size=ws,
+            num_experts=ws,
+            experts_per_rank=1,
+            policy=policy,
+            seed=cfg.sweep.seed[0],
+            partition_mb=cfg.lina.measured_partition_mb,
+            paper="lina",
+        )
         for policy in cfg.lina.measured_policy
     ]
 
