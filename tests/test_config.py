@@ -115,6 +115,10 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     bad.write_text("model:\n  d_model: 64\n  d_ff: [128\n")
     with pytest.raises(ConfigError, match=r"bad.yaml' line \d+, column \d+: not valid YAML"):
         load_config([bad])
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.config", "--config", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: config file '{bad}' line 4")
 
 
 def test_missing_config_file_is_an_error(tmp_path):
