@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.papers.aurora.study import aurora_points, run
 from moe_core.papers.aurora.system_model import NETWORKS, PAPER
-from moe_core.results import make_record, record_path, write_record
+from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
 
 
 def hardware_of(cfg: DictConfig, args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
@@ -36,13 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one small model and small matrices: threads only contend (results do not depend on it)
     try:
         cfg = load_config(args.config, args.overrides)
+        check_writable(cfg.results_dir)  # before the work, not when the first record is written
         hardware = {
             net: hardware_of(cfg, args.config, args.overrides, cfg.aurora[f"{net}_hardware"]) for net in NETWORKS
         }
         points = run(
             cfg, hardware, lambda msg: print(f"aurora: {msg} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
         )
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     expected = aurora_points(cfg)

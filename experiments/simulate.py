@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.points import point_params, sim_point_name, sim_points
-from moe_core.results import make_record, record_path, write_record
+from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -104,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out names one record; --sweep writes one per point under results_dir")
     try:
         configs = point_configs(args)
+        for results_dir in {cfg.results_dir for cfg in configs.values()}:
+            check_writable(results_dir)  # before the work, not when the first record is written
         records = {
             name: simulated_record(cfg, name)
             for name, cfg in tqdm(configs.items(), desc="simulate", file=sys.stderr, disable=len(configs) == 1)
         }
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, record in records.items():

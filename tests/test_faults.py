@@ -495,3 +495,18 @@ def test_interrupting_snakemake_stops_the_job_and_the_same_command_runs_it_again
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("entry", ["experiments.simulate", "experiments.aurora"])
+def test_simulated_entry_points_refuse_an_unwritable_results_dir_before_working(tmp_path, entry):
+    (tmp_path / "a_file").write_text("")
+    results = tmp_path / "a_file" / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", entry, "--config", "configs/ci.yaml", f"results_dir={results}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"error: results_dir '{results}' cannot be written" in done.stderr
+    assert "aurora: workloads" not in done.stderr  # refused before any work
