@@ -332,14 +332,7 @@ def save(records: list[dict], cfg: DictConfig) -> None:
     for record in records:
         p = record["params"]
         if p["concurrent"] or p["size_bytes"] == max_bytes:
-            log_point(
-                record,
-                sweep=f"collectives-{cfg.sweep.name}",
-                mode=cfg.wandb.mode,
-                project=cfg.wandb.project,
-                entity=cfg.wandb.entity,
-                results_dir=cfg.results_dir,
-            )
+            log_point(record, cfg, group=f"collectives-{cfg.sweep.name}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -288,15 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"imbalance {m['load_imbalance']['median']:.2f}{rates}",
                     file=sys.stderr,
                 )
-                log_point(
-                    record,
-                    sweep=cfg.sweep.name,
-                    mode=cfg.wandb.mode,
-                    project=cfg.wandb.project,
-                    entity=cfg.wandb.entity,
-                    results_dir=cfg.results_dir,
-                    step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")},
-                )
+                log_point(record, cfg, step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")})
     finally:
         shutdown()
     return 0

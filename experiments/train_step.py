@@ -174,13 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             log_point(
-                record,
-                sweep=cfg.sweep.name,
-                mode=cfg.wandb.mode,
-                project=cfg.wandb.project,
-                entity=cfg.wandb.entity,
-                results_dir=cfg.results_dir,
-                step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")},
+                record, cfg, step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")}
             )
     finally:
         shutdown()

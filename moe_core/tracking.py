@@ -12,16 +12,12 @@ from typing import Any
 
 
 def log_point(
-    record: dict[str, Any],
-    *,
-    sweep: str,
-    mode: str,
-    project: str,
-    entity: str | None,
-    results_dir: str,
-    step_columns: dict[str, list[float]] | None = None,
+    record: dict[str, Any], cfg, step_columns: dict[str, list[float]] | None = None, group: str | None = None
 ) -> str | None:
-    """Log one finished sweep point as a W&B run; return the run directory (None when disabled)."""
+    """Log one finished sweep point as a W&B run (``cfg.wandb``; files under ``<results_dir>/wandb``),
+    in W&B group ``group`` (default: the sweep's name); return the run directory (None when disabled)."""
+    mode, project, entity, results_dir = cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.results_dir
+    sweep = group or cfg.sweep.name
     mode = os.environ.get("WANDB_MODE", mode)
     if mode == "disabled":
         return None
