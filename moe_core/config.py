@@ -305,9 +305,10 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
     Raises ConfigError naming the full key for unknown keys, bad types or values, impossible layouts
     and missing or malformed files.
     """
-    user_layers = [_load_yaml(Path(path)) for path in files]
+    saved_layers = [_load_yaml(Path(path)) for path in files]
     if data:
-        user_layers.append(OmegaConf.create(data))
+        saved_layers.append(OmegaConf.create(data))
+    user_layers = list(saved_layers)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
@@ -319,9 +320,10 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
     schema = OmegaConf.structured(Config)
     profile = _merge([schema, *user_layers]).hardware_profile
     # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
-    # a layer's hardware section that names another profile (e.g. a saved resolved config, then
-    # hardware_profile=...) belongs to that profile and is dropped.
-    for layer in user_layers:
+    # a file's (or data's) hardware section that names another profile (e.g. a saved resolved config,
+    # then hardware_profile=...) belongs to that profile and is dropped. Command-line overrides
+    # always apply (e.g. the launcher's hardware.name=<profile>-loopback-fallback).
+    for layer in saved_layers:
         name = OmegaConf.select(layer, "hardware.name") if isinstance(layer, DictConfig) else None
         if name is not None and name != profile:
             layer.pop("hardware")
@@ -406,7 +408,7 @@ def _validate_run(cfg: DictConfig) -> None:
         "paper",
         f"'{cfg.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}",
     )
-    for key in ("experiment", "sweep.name", "sim_sweep.name"):
+    for key in ("experiment", "hardware.name", "sweep.name", "sim_sweep.name"):
         value = OmegaConf.select(cfg, key)
         require(
             bool(SAFE_NAME.match(value)),

@@ -32,6 +32,7 @@ BAD_INPUTS = [
     (["experiment=a/b"], "experiment"),
     (["sweep.name=x y"], "sweep.name"),
     (["hardware_profile=nowhere"], "hardware_profile"),
+    (["hardware.name=../../x"], "hardware.name"),
     # the model and its routing
     (["model.n_heads=3"], "model.n_heads"),
     (["model.moe_every=100"], "model.moe_every"),
@@ -213,3 +214,18 @@ def test_no_record_resolves_outside_results_dir(tmp_path, entry):
     )
     assert proc.returncode == 2 and "config key 'paper'" in proc.stderr
     assert not any(tmp_path.rglob("*.json")) and not (tmp_path / "escaped").exists()
+
+
+def test_hardware_overrides_apply_even_when_they_rename_the_profile():
+    """The launcher's loopback fallback renames the profile and turns emulation off on the command
+    line; both must reach the record (a saved file's section of another profile is dropped)."""
+    cfg = load_config(
+        ["configs/default.yaml"],
+        [
+            "hardware_profile=emulated-2x2",
+            "hardware.emulation.enabled=false",
+            "hardware.name=emulated-2x2-loopback-fallback",
+            "parallel.world_size=4",
+        ],
+    )
+    assert cfg.hardware.name == "emulated-2x2-loopback-fallback" and not cfg.hardware.emulation.enabled
