@@ -93,7 +93,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from moe_core.config import ConfigError, config_arg_parser, load_config
-from moe_core.distributed import FAILED_RANK_EXIT_CODE, proc_stat
+from moe_core.processes import FAILED_RANK_EXIT_CODE, proc_stat
 from moe_core.results import ResultsDirError, check_writable
 from moe_core.testbed import EmulatedTestbed, emulation_unavailable
 

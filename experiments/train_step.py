@@ -26,12 +26,13 @@ from tqdm import tqdm
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.executor import make_policy
 from moe_core.layout import layout_of
-from moe_core.model import MoETransformer
+from moe_core.model import MoETransformer, gradient_tensors
 from moe_core.papers.lina.packing import ExpertPacking
 from moe_core.parallel import build_groups, shard_experts
 from moe_core.points import point_name, point_params
-from moe_core.policies import build_plan, make_policy
+from moe_core.policies import build_plan
 from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import STEP_PHASES, PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
@@ -67,7 +68,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     """
     layout = layout_of(cfg)
     element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
-    plan = build_plan(cfg, layout, element_bytes)
+    plan = build_plan(cfg, gradient_tensors(cfg, layout), element_bytes)
     groups = build_groups(layout, env.device.type, env.timeout_s, high_priority_ep=plan.gradients_yield_to_a2a)
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)

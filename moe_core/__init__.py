@@ -11,8 +11,10 @@ The paper-neutral core, one job per module:
   groups, expert sharding), ``comm`` (differentiable, pipelined and ordered all-to-alls),
   ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
   (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
-  follow), ``policies`` (the policy registry, the baselines, the measured executor of a plan);
-* running and recording: ``distributed`` (process-group start-up, failing ranks), ``timing``,
+  follow), ``policies`` (the policy registry and the baselines' decisions; no torch), ``executor``
+  (the measured executor of a plan);
+* running and recording: ``distributed`` (process-group start-up, failing ranks), ``processes``
+  (exit codes and /proc facts the launcher shares with the ranks), ``timing``,
   ``results`` (records), ``tracking`` (W&B), ``testbed`` (an emulated multi-node cluster),
   ``workloads`` (traffic matrices);
 * ``sim/``: the network and step simulator (topology, engine, collectives, step, calibrate); it

@@ -43,17 +43,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from moe_core.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, proc_stat
 from moe_core.results import ResultsDirError, check_writable
 
-FAILED_RANK_EXIT_CODE = 3
-BAD_LAUNCH_EXIT_CODE = 2  # as for a bad config: nothing was started
 HEARTBEAT_S = 0.5  # a rank's heartbeat period
 HEALTH_WINDOW_S = 3.0  # how long a rank that saw a failure watches the heartbeats (6 beats)
 STORE_TIMEOUT_S = 5.0  # bounds each store operation of the health checks, should the store hang
@@ -281,15 +279,6 @@ def _process_state(proc: str, me: int) -> tuple[str, int | None]:
         "t": f"its process {pid} is stopped by a debugger",
         "D": f"its process {pid} is stuck in the kernel (uninterruptible sleep, e.g. I/O)",
     }.get(stat[0], f"its process {pid} runs, but not its heartbeat thread"), None
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name: [0] the state, [1] the parent, [19]
-    the start time; None when there is no such process (or no /proc)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -40,6 +40,15 @@ def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_facto
     return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
 
 
+def dispatch_rows_per_expert(cfg) -> int:
+    """Rows per expert of one rank's capacity-mode dispatch buffer (E, G * C, M): G groups of
+    ``moe.group_size`` tokens (one group per rank when 0) times the capacity C of a group."""
+    m, moe = cfg.model, cfg.moe
+    tokens = cfg.train.batch_size * m.seq_len
+    group = moe.group_size or tokens
+    return (tokens // group) * capacity(group, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
+
+
 @dataclass
 class GatingResult:
     expert_index: torch.Tensor  # (G, S, k) long: chosen expert per token and choice

@@ -1,6 +1,6 @@
 """The MoE layer: gate -> dispatch all-to-all -> experts -> combine all-to-all -> weighted sum.
 
-The layer knows nothing about process groups: ``comm`` (a moe_core.policies.CommPolicy, set by
+The layer knows nothing about process groups: ``comm`` (a moe_core.executor.CommPolicy, set by
 ``parallel.shard_experts`` + the training entry point) moves tokens between ranks; with
 ``comm=None`` all experts are local and the same math runs in one process (the reference that
 expert-parallel runs are tested against).

@@ -13,6 +13,9 @@ from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
 from .layer import MoELayer
+from .layout import Layout
+from .parallel import is_expert_param
+from .plan import GradientTensor
 
 
 class CausalSelfAttention(nn.Module):
@@ -118,3 +121,20 @@ def shape_only_model(cfg: DictConfig) -> MoETransformer:
     """
     with torch.device("meta"), _SkipInitialisers():
         return MoETransformer(cfg)
+
+
+def backward_ordered_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Named parameters in the order backward produces their gradients (reverse definition order)."""
+    return list(reversed(list(model.named_parameters())))
+
+
+def gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
+    """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
+    (meta device): dense tensors whole, expert tensors the rank's share of the expert stack. What a
+    communication plan is decided from (moe_core.policies.build_plan), in both executors."""
+    share = layout.experts_per_rank / cfg.moe.num_experts
+    tensors = []
+    for name, p in backward_ordered_params(shape_only_model(cfg)):
+        expert = is_expert_param(name)
+        tensors.append(GradientTensor(name, round(p.numel() * share) if expert else p.numel(), expert))
+    return tensors

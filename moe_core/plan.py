@@ -19,7 +19,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .gating import capacity
 from .layout import Layout
 
 # (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
@@ -158,13 +157,3 @@ def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tupl
     count = min(rows, chunk_count(rows * row_bytes, micro_op_bytes))
     bounds = [round(k * rows / count) for k in range(count + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
-
-
-def layer_a2a_micro_ops(cfg, element_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:
-    """The micro-ops of one MoE all-to-all of ``cfg``'s model in capacity mode: the E * G * C rows
-    buffer cut along its G * C rows per expert (what a pipelined exchange sends per micro-op)."""
-    m, moe = cfg.model, cfg.moe
-    tokens = cfg.train.batch_size * m.seq_len
-    S = moe.group_size or tokens
-    rows = (tokens // S) * capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
-    return a2a_micro_ops(rows, moe.num_experts * m.d_model * element_bytes, micro_op_bytes)

@@ -1,11 +1,12 @@
-"""Communication policies: the registry, the baselines, and the measured executor of a plan.
+"""Communication policies: the registry and the baselines' decisions.
 
 A policy is registered once (:func:`register_policy`) with its decisions (a plan builder: step
-shapes -> moe_core.plan.CommPlan) and its measured executor (a :class:`CommPolicy` subclass that
-runs the plan on torch.distributed). The simulator reads the plan of the same builder
-(:func:`build_plan`), so both executors follow one set of decisions. The config's allowed policy
-names, the sweeps and the CLI help come from ``POLICIES``; the papers' policies register from
-moe_core/papers/<paper>.
+shapes -> moe_core.plan.CommPlan) and the name of its measured executor (a
+moe_core.executor.CommPolicy subclass that runs the plan on torch.distributed, imported only by the
+measured run). The simulator reads the plan of the same builder (:func:`build_plan`), so both
+executors follow one set of decisions. The config's allowed policy names, the sweeps and the CLI
+help come from ``POLICIES``; the papers' policies register from moe_core/papers/<paper>. This module
+imports no torch, so configs load and validate quickly (the workflow, the launcher, the analysis).
 
 Baselines:
 
@@ -14,12 +15,8 @@ Baselines:
   as soon as all its gradients are ready, so it runs concurrently with (and contends with) the
   backward all-to-alls. This is the contention baseline Lina and Aurora compare against.
 
-:class:`CommPolicy` executes every plan feature that needs no scheduling of its own: buckets or
-in-place micro-ops, launched after the backward pass or as soon as ready; all-to-alls whole,
-pipelined with the experts (moe_core.comm.pipelined_exchange) or in a transmission order
-(moe_core.ordered_a2a). Every policy reduces the same gradients over the same groups; buckets and
-micro-ops sum in different groupings, so losses agree to float rounding (tests use 1e-6), and the
-baselines agree bitwise.
+moe_core.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
+these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
 """
 
 from __future__ import annotations
@@ -27,18 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch
-import torch.distributed as dist
-from torch.utils.hooks import RemovableHandle
+from .plan import CommPlan, GradientTensor, bucket_units
 
-from . import comm
-from .layout import Layout
-from .model import shape_only_model
-from .ordered_a2a import gather_traffic_matrix
-from .parallel import ParallelGroups, is_expert_param
-from .plan import CommPlan, GradientTensor, GradientUnit, a2a_micro_ops, bucket_units
-from .timing import PhaseTimer
-from .transmission import make_schedule
+DEFAULT_EXECUTOR = "moe_core.executor:CommPolicy"
 
 
 @dataclass(frozen=True)
@@ -53,7 +41,8 @@ class PlanInputs:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A registered policy: its decisions and its measured executor.
+    """A registered policy: its decisions and its measured executor (``module:Class``, imported by
+    moe_core.executor.make_policy when a measured run starts).
 
     ``a2a_order``: the transmission order its all-to-alls run in (None: the library's), also offered
     to the measured inference (``inference.a2a_policy``). ``micro_op_size_in_name``: its results
@@ -62,7 +51,7 @@ class PolicySpec:
 
     name: str
     decide: Callable[[PlanInputs], CommPlan]
-    executor: type[CommPolicy]
+    executor: str = DEFAULT_EXECUTOR
     a2a_order: str | None = None
     micro_op_size_in_name: bool = False
 
@@ -83,215 +72,12 @@ def policy_spec(name: str) -> PolicySpec:
     return POLICIES[name]
 
 
-def backward_ordered_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """Named parameters in the order backward produces their gradients (reverse definition order)."""
-    return list(reversed(list(model.named_parameters())))
-
-
-def gradient_tensors(cfg, layout: Layout) -> list[GradientTensor]:
-    """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
-    (meta device): dense tensors whole, expert tensors the rank's share of the expert stack."""
-    share = layout.experts_per_rank / cfg.moe.num_experts
-    tensors = []
-    for name, p in backward_ordered_params(shape_only_model(cfg)):
-        expert = is_expert_param(name)
-        tensors.append(GradientTensor(name, round(p.numel() * share) if expert else p.numel(), expert))
-    return tensors
-
-
-def build_plan(cfg, layout: Layout, element_bytes: int) -> CommPlan:
-    """The plan of ``cfg.comm.policy`` for ``cfg``'s model on ``layout``: the one decision both
-    executors follow (``element_bytes``: a gradient element's size as that executor reduces it)."""
-    inputs = PlanInputs(
-        gradient_tensors(cfg, layout), element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20
-    )
-    return replace(policy_spec(cfg.comm.policy).decide(inputs), tensors=tuple(inputs.tensors))
-
-
-# -- measured gradient units ---------------------------------------------------------------------
-class GradientBucket:
-    """Whole gradient tensors flattened into one buffer and all-reduced together (a fused unit)."""
-
-    def __init__(self, params: list[torch.nn.Parameter], group, world_size: int):
-        self.params, self.group, self.world_size = params, group, world_size
-        self.work = None
-        self.buffer: torch.Tensor | None = None
-
-    @property
-    def launched(self) -> bool:
-        return self.buffer is not None
-
-    def launch(self, async_op: bool) -> None:
-        """Flatten the gradients and start their sum over ``group``."""
-        self.buffer = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
-        )
-        if dist.get_world_size(self.group) > 1:
-            self.work = dist.all_reduce(self.buffer, group=self.group, async_op=async_op)
-
-    def done(self) -> bool:
-        return self.work is None or self.work.is_completed()
-
-    def finish(self) -> None:
-        """Wait for the sum, divide by the world size and write the averages back into ``.grad``."""
-        if self.work is not None:
-            self.work.wait()
-        self.buffer /= self.world_size
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = self.buffer[offset : offset + n].view_as(p).clone()
-            offset += n
-        self.work, self.buffer = None, None
-
-
-class GradientMicroOp:
-    """Elements [start, stop) of one gradient, summed in place (a micro-op; the division by the
-    world size happens once per tensor, after all its micro-ops: CommPolicy.finish_gradient_sync)."""
-
-    def __init__(self, param: torch.nn.Parameter, start: int, stop: int, group):
-        self.param, self.start, self.stop, self.group = param, start, stop, group
-        self.params = [param]
-        self.work = None
-        self.launched = False
-
-    def launch(self, async_op: bool) -> None:
-        if self.param.grad is None:
-            self.param.grad = torch.zeros_like(self.param)
-        self.launched = True
-        if dist.get_world_size(self.group) > 1:
-            self.work = dist.all_reduce(
-                self.param.grad.view(-1)[self.start : self.stop], group=self.group, async_op=async_op
-            )
-
-    def done(self) -> bool:
-        return self.work is None or self.work.is_completed()
-
-    def finish(self) -> None:
-        if self.work is not None:
-            self.work.wait()
-        self.work, self.launched = None, False
-
-
-# -- the measured executor -----------------------------------------------------------------------
-class CommPolicy:
-    """Executes a :class:`CommPlan` on one rank: the MoE layers' all-to-alls and the gradient sync.
-
-    ``attach`` routes the model's MoE layers through this policy and builds the plan's gradient
-    units on the model's real parameters (their names and sizes must be the plan's); with
-    ``launch_when_ready`` it registers per-parameter hooks that launch a unit once all its
-    gradients have accumulated. ``finish_gradient_sync`` launches what is left and completes
-    everything; ``detach`` removes the hooks, so a policy on the process groups of another layout
-    (expert packing) can attach.
-    """
-
-    def __init__(self, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer):
-        self.plan, self.groups, self.timer = plan, groups, timer
-        self.gradient_units: list[GradientBucket | GradientMicroOp] = []
-        self.hooks: list[RemovableHandle] = []  # what attach registered on the model
-        self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
-
-    def attach(self, model: torch.nn.Module) -> None:
-        for layer in model.moe_layers():
-            layer.comm, layer.timer = self, self.timer
-        named = backward_ordered_params(model)
-        self.gradient_units = [self._unit(unit, named) for unit in self.plan.gradient_units]
-        if self.plan.launch_when_ready:
-            self._hook_units(named)
-
-    def _unit(self, unit: GradientUnit, named: list[tuple[str, torch.nn.Parameter]]):
-        group = self.groups.expert_grad_group if unit.expert else self.groups.dense_grad_group
-        for i, start, stop in unit.pieces:
-            name, p = named[i]
-            if is_expert_param(name) != unit.expert or (unit.fused and (start, stop) != (0, p.numel())):
-                raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
-        if unit.fused:
-            return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.world_size)
-        ((i, start, stop),) = unit.pieces
-        return GradientMicroOp(named[i][1], start, stop, group)
-
-    def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
-        """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``."""
-        of_param: dict[int, list] = {}
-        for unit in self.gradient_units:
-            for p in unit.params:
-                of_param.setdefault(id(p), []).append(unit)
-        self.pending = {id(u): len(u.params) for u in self.gradient_units}
-
-        def grad_ready(p: torch.nn.Parameter) -> None:
-            ready = []
-            for unit in of_param.get(id(p), []):
-                self.pending[id(unit)] -= 1
-                if self.pending[id(unit)] == 0:
-                    ready.append(unit)
-            if ready:
-                self.units_ready(ready)
-
-        for _, p in named:
-            if id(p) in of_param:
-                self.hooks.append(p.register_post_accumulate_grad_hook(grad_ready))
-
-    def units_ready(self, units: list) -> None:
-        """Launch-when-ready: start the units' all-reduces at once."""
-        for unit in units:
-            unit.launch(async_op=True)
-
-    def detach(self, model: torch.nn.Module) -> None:
-        """Undo :meth:`attach`. Call between steps."""
-        for handle in self.hooks:
-            handle.remove()
-        for layer in model.moe_layers():
-            layer.comm, layer.timer = None, PhaseTimer(enabled=False)
-        self.hooks, self.gradient_units = [], []
-
-    def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        """One MoE all-to-all on the expert-parallel group: the library's, or in the plan's order
-        (planned from the traffic matrix, all-gathered first and timed as part of ``<name>.fwd``)."""
-        group = self.groups.ep_group
-        if self.plan.a2a_order is None:
-            return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name)
-        with self.timer.region(f"{name}.fwd"):
-            matrix = gather_traffic_matrix(x, input_splits, group)  # (ep, ep) rows
-            schedule = make_schedule(self.plan.a2a_order, matrix, seed=self.exchanges)
-        self.exchanges += 1
-        return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name, schedule=schedule)
-
-    def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
-        """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
-        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so."""
-        if not self.plan.pipeline_experts:
-            received = self.all_to_all(buf, None, None, "dispatch_a2a")
-            return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
-        experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
-        chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.plan.a2a_micro_op_bytes)
-        return comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
-
-    def finish_gradient_sync(self) -> None:
-        """Complete the step's gradient sync: launch every unit not launched yet (all of them when
-        units launch after the backward pass), wait for all, and average the in-place micro-ops."""
-        if not self.plan.launch_when_ready:
-            for unit in self.gradient_units:
-                unit.launch(async_op=False)
-                unit.finish()
-        else:
-            for unit in self.gradient_units:
-                if not unit.launched:  # some gradient never arrived this step: launch what we have
-                    unit.launch(async_op=True)
-            for unit in self.gradient_units:
-                unit.finish()
-            self.pending = {id(u): len(u.params) for u in self.gradient_units}
-        self._average_micro_ops()
-
-    def _average_micro_ops(self) -> None:
-        sliced = {id(u.param): u.param for u in self.gradient_units if isinstance(u, GradientMicroOp)}
-        for p in sliced.values():
-            p.grad /= self.groups.layout.world_size
-
-
-def make_policy(cfg, groups: ParallelGroups, timer: PhaseTimer, element_bytes: int) -> CommPolicy:
-    """The measured executor of ``cfg.comm.policy``'s plan on ``groups``' layout."""
-    plan = build_plan(cfg, groups.layout, element_bytes)
-    return policy_spec(cfg.comm.policy).executor(plan, groups, timer)
+def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
+    """The plan of ``cfg.comm.policy`` for one rank's gradient ``tensors`` (moe_core.model.gradient_tensors):
+    the one decision both executors follow (``element_bytes``: a gradient element's size as that
+    executor reduces it)."""
+    inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
+    return replace(policy_spec(cfg.comm.policy).decide(inputs), tensors=tuple(tensors))
 
 
 def sequential_plan(inputs: PlanInputs) -> CommPlan:
@@ -302,5 +88,5 @@ def overlap_plan(inputs: PlanInputs) -> CommPlan:
     return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=True)
 
 
-register_policy(PolicySpec("sequential", sequential_plan, CommPolicy))
-register_policy(PolicySpec("overlap", overlap_plan, CommPolicy))
+register_policy(PolicySpec("sequential", sequential_plan))
+register_policy(PolicySpec("overlap", overlap_plan))

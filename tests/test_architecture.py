@@ -62,3 +62,14 @@ def test_papers_import_no_other_paper():
             module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
             others = {n for n in _imports(path, module) if n.startswith("moe_core.papers.")}
             assert all(n.startswith(f"moe_core.papers.{paper.name}") for n in others), (module, others)
+
+
+def test_configs_load_without_torch():
+    """The workflow, the launcher and the analysis load and validate configs without importing torch
+    (seconds per job): the policy registry names measured executors instead of importing them."""
+    script = (
+        "import sys, moe_core.config, moe_core.points, experiments.launch\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

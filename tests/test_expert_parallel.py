@@ -13,12 +13,12 @@ import torch.multiprocessing as mp
 from moe_core import comm
 from moe_core.config import load_config
 from moe_core.data import MarkovTokens
+from moe_core.executor import make_policy
 from moe_core.layout import expert_layout, layout_of
 from moe_core.model import MoETransformer
 from moe_core.papers.lina.packing import repack
 from moe_core.papers.lina.policy import LinaPriority
 from moe_core.parallel import build_groups, is_expert_param, shard_experts
-from moe_core.policies import make_policy
 from moe_core.timing import PhaseTimer
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up

@@ -23,7 +23,8 @@ import pytest
 
 from experiments import launch
 from moe_core.config import load_config
-from moe_core.distributed import BAD_LAUNCH_EXIT_CODE, FAULT_ENV, check_launch
+from moe_core.distributed import FAULT_ENV, check_launch
+from moe_core.processes import BAD_LAUNCH_EXIT_CODE
 from moe_core.results import (
     NonFiniteMetricError,
     ResultsDirError,

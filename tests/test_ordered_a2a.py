@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from test_expert_parallel import SMALL, run_parallel
 
 from moe_core import comm
+from moe_core.executor import executor_class
 from moe_core.ordered_a2a import gather_traffic_matrix, ordered_all_to_all_single
 from moe_core.plan import CommPlan
 from moe_core.policies import POLICIES
@@ -59,7 +60,7 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
         assert torch.equal(x.grad, x_ref.grad), kind
     for policy in ("aurora", "aurora-sjf", "aurora-rcs"):  # the policies plan from the gathered matrix
         plan = CommPlan((), launch_when_ready=False, a2a_order=POLICIES[policy].a2a_order)
-        aurora = POLICIES[policy].executor(plan, SimpleNamespace(ep_group=group), timer)
+        aurora = executor_class(POLICIES[policy])(plan, SimpleNamespace(ep_group=group), timer)
         assert torch.equal(aurora.all_to_all(x_ref.detach(), out_splits, in_splits, "a2a"), ref), policy
 
 

@@ -2,12 +2,12 @@
 
 Built from the same config as a measured run and through the same decisions: the layout
 (``layout.layout_of``), the expert capacity (``gating.capacity``) and the policy's communication
-plan (``policies.build_plan``: gradient units over the model's real parameters, instantiated on the
-meta device, their launch rule and priority, all-to-all micro-ops and pipelining, expert packing).
-The plan's transmission order (``a2a_order``) does not change a uniform all-to-all's time in this
-flow model, so it is not modelled here. Compute time is FLOPs / (peak x efficiency of the op class: dense, gate,
-expert) of the slowest device; every collective is an SPMD operation whose footprint sums all its
-groups (moe_core.sim.topology).
+plan (``policies.build_plan`` of ``model.gradient_tensors``: gradient units over the model's real
+parameters, instantiated on the meta device, their launch rule and priority, all-to-all micro-ops
+and pipelining, expert packing). The plan's transmission order (``a2a_order``) does not change a
+uniform all-to-all's time in this flow model, so it is not modelled here. Compute time is
+FLOPs / (peak x efficiency of the op class: dense, gate, expert) of the slowest device; every
+collective is an SPMD operation whose footprint sums all its groups (moe_core.sim.topology).
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order at twice the forward FLOPs, then gradient
@@ -24,9 +24,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..gating import capacity
+from ..gating import dispatch_rows_per_expert
 from ..layout import Layout, layout_of
-from ..plan import layer_a2a_micro_ops
+from ..model import gradient_tensors
+from ..plan import a2a_micro_ops
 from ..policies import build_plan
 from ..timing import STEP_PHASES
 from .collectives import collective_op, simulate_on
@@ -140,10 +141,12 @@ class StepModel:
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.flop_rate = tflops * 1e12 * share
-        self.plan = build_plan(cfg, self.layout, self.elem)
+        self.plan = build_plan(cfg, gradient_tensors(cfg, self.layout), self.elem)
         if self.plan.choose_packing is not None:
             self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
-            self.plan = build_plan(cfg, self.layout, self.elem)  # gradient units of the packed layout
+            self.plan = build_plan(
+                cfg, gradient_tensors(cfg, self.layout), self.elem
+            )  # gradient units of the packed layout
 
     def _use_layout(self, layout: Layout) -> None:
         self.layout = layout
@@ -170,21 +173,19 @@ class StepModel:
     def _moe_sizes(self) -> tuple[int, float]:
         """(expert rows computed per rank, all-to-all bytes each rank sends per all-to-all)."""
         m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
-        tokens = tr.batch_size * m.seq_len
-        S = moe.group_size or tokens
-        G = tokens // S
         if moe.dropless:  # balanced routing: every rank receives top_k * tokens rows
-            rows = moe.top_k * tokens
+            rows = moe.top_k * tr.batch_size * m.seq_len
             return rows, rows * m.d_model * self.elem
-        C = capacity(S, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
-        rows = self.layout.experts_per_rank * self.layout.expert_parallel * G * C
-        return rows, moe.num_experts * G * C * m.d_model * self.elem
+        per_expert = dispatch_rows_per_expert(self.cfg)  # G * C
+        rows = self.layout.experts_per_rank * self.layout.expert_parallel * per_expert
+        return rows, moe.num_experts * per_expert * m.d_model * self.elem
 
     def _a2a_chunks(self) -> list[tuple[int, int]]:
         """The all-to-all's micro-ops along the token dimension (one unless the plan cuts it)."""
         if self.plan.a2a_micro_op_bytes is None or self.cfg.moe.dropless:
             return [(0, 1)]
-        return layer_a2a_micro_ops(self.cfg, self.elem, self.plan.a2a_micro_op_bytes)
+        row_bytes = self.cfg.moe.num_experts * self.cfg.model.d_model * self.elem  # a row for every expert
+        return a2a_micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes, self.plan.a2a_micro_op_bytes)
 
     def _seconds(self, flops: float, phase: str) -> float:
         hw = self.cfg.hardware

@@ -6,7 +6,7 @@ transmission order planned from the exchange's real traffic matrix (Li et al., a
   paper's baselines).
 
 The orders are registered by ``transmission_order.py``; the shared executor
-(moe_core.policies.CommPolicy) all-gathers the traffic matrix before each forward exchange (timed
+(moe_core.executor.CommPolicy) all-gathers the traffic matrix before each forward exchange (timed
 as part of the all-to-all) and runs the order as point-to-point rounds (moe_core.ordered_a2a).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_core.plan import CommPlan
-from moe_core.policies import CommPolicy, PlanInputs, PolicySpec, register_policy, sequential_plan
+from moe_core.policies import PlanInputs, PolicySpec, register_policy, sequential_plan
 
 from . import transmission_order  # noqa: F401  (registers the orders named below)
 
@@ -28,6 +28,4 @@ def ordered_plan(order: str, inputs: PlanInputs) -> CommPlan:
 
 
 for _name, _order in POLICY_ORDERS.items():
-    register_policy(
-        PolicySpec(_name, lambda inputs, order=_order: ordered_plan(order, inputs), CommPolicy, a2a_order=_order)
-    )
+    register_policy(PolicySpec(_name, lambda inputs, order=_order: ordered_plan(order, inputs), a2a_order=_order))

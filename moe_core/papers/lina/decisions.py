@@ -28,10 +28,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from moe_core.layout import Layout
 from moe_core.plan import CommPlan, MicroOpCosts, bucket_units, micro_op_units
-from moe_core.policies import PlanInputs
+from moe_core.policies import PlanInputs, PolicySpec, register_policy
 
 
 @dataclass(frozen=True)
@@ -112,4 +113,18 @@ def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
         a2a_micro_op_bytes=inputs.micro_op_bytes if features.pipeline else None,
         pipeline_experts=features.pipeline,
         choose_packing=choose_packed_layout if features.pack else None,
+    )
+
+
+# The measured executor of the priority rule (torch; imported only when a measured run starts).
+PRIORITY_EXECUTOR = "moe_core.papers.lina.policy:LinaPriority"
+
+for _name, _features in LINA_POLICIES.items():
+    register_policy(
+        PolicySpec(
+            _name,
+            partial(lina_plan, _features),
+            **({"executor": PRIORITY_EXECUTOR} if _features.priority else {}),
+            micro_op_size_in_name=_features.partition,
+        )
     )

@@ -16,11 +16,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from moe_core.distributed import Env
+from moe_core.executor import CommPolicy, make_policy
+from moe_core.gating import dispatch_rows_per_expert
 from moe_core.layer import MoELayer
 from moe_core.layout import Layout
 from moe_core.parallel import ParallelGroups, build_groups, local_experts
-from moe_core.plan import layer_a2a_micro_ops
-from moe_core.policies import CommPolicy, make_policy
+from moe_core.plan import a2a_micro_ops
 from moe_core.timing import PhaseTimer
 
 from .decisions import packing_due
@@ -106,7 +107,7 @@ class ExpertPacking:
     run's own times of one all-to-all micro-op on each candidate layout:
 
     * FFN time of a micro-op: the median expert phase of the steps since the last decision, per MoE
-      layer, pass (backward = 2 forwards) and all-to-all micro-op (plan.layer_a2a_micro_ops). A rank
+      layer, pass (backward = 2 forwards) and all-to-all micro-op (plan.a2a_micro_ops of the dispatch buffer). A rank
       computes the rows it sends whatever the packing, so the current layout's time stands for
       every candidate.
     * All-to-all time of a micro-op on a candidate: one micro-op's buffer exchanged by a real
@@ -126,7 +127,8 @@ class ExpertPacking:
         self.repacks, self.exchange_ms = 0, 0.0
         self.expert_ms: list[float] = []  # this rank's expert phase per step since the last decision
         dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
-        chunks = layer_a2a_micro_ops(cfg, dtype.itemsize, cfg.comm.partition_mb * 2**20)
+        row_bytes = cfg.moe.num_experts * cfg.model.d_model * dtype.itemsize  # a row for every expert
+        chunks = a2a_micro_ops(dispatch_rows_per_expert(cfg), row_bytes, cfg.comm.partition_mb * 2**20)
         self.micro_ops = len(chunks) * moe_layers * 3  # per step: forward + backward (2 forwards)
         a, b = chunks[0]
         self.micro_op = torch.zeros(

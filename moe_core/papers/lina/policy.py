@@ -1,19 +1,15 @@
-"""Lina's training scheduler on one rank: the measured executor of its priority rule, and the
-registration of Lina's policies (Li et al., ATC'23 §4; decisions in ``decisions.py``).
+"""Lina's training scheduler on one rank: the measured executor of its priority rule (Li et al.,
+ATC'23 §4; the decisions and the registration of Lina's policies are in ``decisions.py``).
 
 Everything else Lina plans (micro-ops, pipelining, packing) runs on the shared executor,
-moe_core.policies.CommPolicy, and the training loop's packing (``packing.py``).
+moe_core.executor.CommPolicy, and the training loop's packing (``packing.py``).
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
-from moe_core.policies import CommPolicy, PolicySpec, register_policy
-
-from .decisions import LINA_POLICIES, lina_plan
+from moe_core.executor import CommPolicy
 
 
 class _BackwardSignal(torch.autograd.Function):
@@ -93,14 +89,3 @@ class LinaPriority(CommPolicy):
         self.pending = {id(u): len(u.params) for u in self.gradient_units}
         self._average_micro_ops()
         self.launched, self.a2a_busy = [], False
-
-
-for _name, _features in LINA_POLICIES.items():
-    register_policy(
-        PolicySpec(
-            _name,
-            partial(lina_plan, _features),
-            LinaPriority if _features.priority else CommPolicy,
-            micro_op_size_in_name=_features.partition,
-        )
-    )

@@ -1,0 +1,220 @@
+"""The measured executor of a communication plan (moe_core.plan) on one rank, on torch.distributed.
+
+:class:`CommPolicy` executes every plan feature that needs no scheduling of its own: gradient
+buckets or in-place micro-ops, launched after the backward pass or as soon as ready; all-to-alls
+whole, pipelined with the experts (moe_core.comm.pipelined_exchange) or in a transmission order
+(moe_core.ordered_a2a). A policy whose decisions need their own scheduling subclasses it (Lina's
+priority rule, moe_core/papers/lina/policy.py) and names the subclass in its registry entry
+(moe_core.policies). Every policy reduces the same gradients over the same groups; buckets and
+micro-ops sum in different groupings, so losses agree to float rounding (tests use 1e-6), and the
+baselines agree bitwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
+
+from . import comm
+from .model import backward_ordered_params, gradient_tensors
+from .ordered_a2a import gather_traffic_matrix
+from .parallel import ParallelGroups, is_expert_param
+from .plan import CommPlan, GradientUnit, a2a_micro_ops
+from .policies import PolicySpec, build_plan, policy_spec
+from .timing import PhaseTimer
+from .transmission import make_schedule
+
+
+# -- measured gradient units ---------------------------------------------------------------------
+class GradientBucket:
+    """Whole gradient tensors flattened into one buffer and all-reduced together (a fused unit)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group, world_size: int):
+        self.params, self.group, self.world_size = params, group, world_size
+        self.work = None
+        self.buffer: torch.Tensor | None = None
+
+    @property
+    def launched(self) -> bool:
+        return self.buffer is not None
+
+    def launch(self, async_op: bool) -> None:
+        """Flatten the gradients and start their sum over ``group``."""
+        self.buffer = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+        )
+        if dist.get_world_size(self.group) > 1:
+            self.work = dist.all_reduce(self.buffer, group=self.group, async_op=async_op)
+
+    def done(self) -> bool:
+        return self.work is None or self.work.is_completed()
+
+    def finish(self) -> None:
+        """Wait for the sum, divide by the world size and write the averages back into ``.grad``."""
+        if self.work is not None:
+            self.work.wait()
+        self.buffer /= self.world_size
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.buffer[offset : offset + n].view_as(p).clone()
+            offset += n
+        self.work, self.buffer = None, None
+
+
+class GradientMicroOp:
+    """Elements [start, stop) of one gradient, summed in place (a micro-op; the division by the
+    world size happens once per tensor, after all its micro-ops: CommPolicy.finish_gradient_sync)."""
+
+    def __init__(self, param: torch.nn.Parameter, start: int, stop: int, group):
+        self.param, self.start, self.stop, self.group = param, start, stop, group
+        self.params = [param]
+        self.work = None
+        self.launched = False
+
+    def launch(self, async_op: bool) -> None:
+        if self.param.grad is None:
+            self.param.grad = torch.zeros_like(self.param)
+        self.launched = True
+        if dist.get_world_size(self.group) > 1:
+            self.work = dist.all_reduce(
+                self.param.grad.view(-1)[self.start : self.stop], group=self.group, async_op=async_op
+            )
+
+    def done(self) -> bool:
+        return self.work is None or self.work.is_completed()
+
+    def finish(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        self.work, self.launched = None, False
+
+
+# -- the measured executor -----------------------------------------------------------------------
+class CommPolicy:
+    """Executes a :class:`CommPlan` on one rank: the MoE layers' all-to-alls and the gradient sync.
+
+    ``attach`` routes the model's MoE layers through this policy and builds the plan's gradient
+    units on the model's real parameters (their names and sizes must be the plan's); with
+    ``launch_when_ready`` it registers per-parameter hooks that launch a unit once all its
+    gradients have accumulated. ``finish_gradient_sync`` launches what is left and completes
+    everything; ``detach`` removes the hooks, so a policy on the process groups of another layout
+    (expert packing) can attach.
+    """
+
+    def __init__(self, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer):
+        self.plan, self.groups, self.timer = plan, groups, timer
+        self.gradient_units: list[GradientBucket | GradientMicroOp] = []
+        self.hooks: list[RemovableHandle] = []  # what attach registered on the model
+        self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
+
+    def attach(self, model: torch.nn.Module) -> None:
+        for layer in model.moe_layers():
+            layer.comm, layer.timer = self, self.timer
+        named = backward_ordered_params(model)
+        self.gradient_units = [self._unit(unit, named) for unit in self.plan.gradient_units]
+        if self.plan.launch_when_ready:
+            self._hook_units(named)
+
+    def _unit(self, unit: GradientUnit, named: list[tuple[str, torch.nn.Parameter]]):
+        group = self.groups.expert_grad_group if unit.expert else self.groups.dense_grad_group
+        for i, start, stop in unit.pieces:
+            name, p = named[i]
+            if is_expert_param(name) != unit.expert or (unit.fused and (start, stop) != (0, p.numel())):
+                raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
+        if unit.fused:
+            return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.world_size)
+        ((i, start, stop),) = unit.pieces
+        return GradientMicroOp(named[i][1], start, stop, group)
+
+    def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``."""
+        of_param: dict[int, list] = {}
+        for unit in self.gradient_units:
+            for p in unit.params:
+                of_param.setdefault(id(p), []).append(unit)
+        self.pending = {id(u): len(u.params) for u in self.gradient_units}
+
+        def grad_ready(p: torch.nn.Parameter) -> None:
+            ready = []
+            for unit in of_param.get(id(p), []):
+                self.pending[id(unit)] -= 1
+                if self.pending[id(unit)] == 0:
+                    ready.append(unit)
+            if ready:
+                self.units_ready(ready)
+
+        for _, p in named:
+            if id(p) in of_param:
+                self.hooks.append(p.register_post_accumulate_grad_hook(grad_ready))
+
+    def units_ready(self, units: list) -> None:
+        """Launch-when-ready: start the units' all-reduces at once."""
+        for unit in units:
+            unit.launch(async_op=True)
+
+    def detach(self, model: torch.nn.Module) -> None:
+        """Undo :meth:`attach`. Call between steps."""
+        for handle in self.hooks:
+            handle.remove()
+        for layer in model.moe_layers():
+            layer.comm, layer.timer = None, PhaseTimer(enabled=False)
+        self.hooks, self.gradient_units = [], []
+
+    def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
+        """One MoE all-to-all on the expert-parallel group: the library's, or in the plan's order
+        (planned from the traffic matrix, all-gathered first and timed as part of ``<name>.fwd``)."""
+        group = self.groups.ep_group
+        if self.plan.a2a_order is None:
+            return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name)
+        with self.timer.region(f"{name}.fwd"):
+            matrix = gather_traffic_matrix(x, input_splits, group)  # (ep, ep) rows
+            schedule = make_schedule(self.plan.a2a_order, matrix, seed=self.exchanges)
+        self.exchanges += 1
+        return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name, schedule=schedule)
+
+    def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
+        """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
+        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so."""
+        if not self.plan.pipeline_experts:
+            received = self.all_to_all(buf, None, None, "dispatch_a2a")
+            return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
+        experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
+        chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.plan.a2a_micro_op_bytes)
+        return comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
+
+    def finish_gradient_sync(self) -> None:
+        """Complete the step's gradient sync: launch every unit not launched yet (all of them when
+        units launch after the backward pass), wait for all, and average the in-place micro-ops."""
+        if not self.plan.launch_when_ready:
+            for unit in self.gradient_units:
+                unit.launch(async_op=False)
+                unit.finish()
+        else:
+            for unit in self.gradient_units:
+                if not unit.launched:  # some gradient never arrived this step: launch what we have
+                    unit.launch(async_op=True)
+            for unit in self.gradient_units:
+                unit.finish()
+            self.pending = {id(u): len(u.params) for u in self.gradient_units}
+        self._average_micro_ops()
+
+    def _average_micro_ops(self) -> None:
+        sliced = {id(u.param): u.param for u in self.gradient_units if isinstance(u, GradientMicroOp)}
+        for p in sliced.values():
+            p.grad /= self.groups.layout.world_size
+
+
+def executor_class(spec: PolicySpec) -> type[CommPolicy]:
+    """The measured executor a registered policy names (``module:Class``)."""
+    module, name = spec.executor.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_policy(cfg, groups: ParallelGroups, timer: PhaseTimer, element_bytes: int) -> CommPolicy:
+    """The measured executor of ``cfg.comm.policy``'s plan on ``groups``' layout."""
+    plan = build_plan(cfg, gradient_tensors(cfg, groups.layout), element_bytes)
+    return executor_class(policy_spec(cfg.comm.policy))(plan, groups, timer)
