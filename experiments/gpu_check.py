@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from moe_core.capacity import capacity
 from moe_core.config import load_config
-from moe_core.gating import capacity
 from moe_core.layer import MoELayer
 from moe_core.model import DenseFFN
 from moe_core.results import environment, write_record

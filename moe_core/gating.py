@@ -22,31 +22,10 @@ The result is a dispatch plan, independent of how tokens are moved (all-to-all o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-
-def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
-    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
-
-    GShard's paper sets C = 2N/(G E) = top_k * S / E (capacity_factor 1). lingvo's
-    ``Top2GatingOnLogits`` uses int(S * cf / E) rounded up to a multiple of 4 (a TPU tiling
-    choice); we round up to the next integer so that capacity_factor=1 never drops a token under
-    perfectly balanced routing.
-    """
-    return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
-
-
-def dispatch_rows_per_expert(cfg) -> int:
-    """Rows per expert of one rank's capacity-mode dispatch buffer (E, G * C, M): G groups of
-    ``moe.group_size`` tokens (one group per rank when 0) times the capacity C of a group."""
-    m, moe = cfg.model, cfg.moe
-    tokens = cfg.train.batch_size * m.seq_len
-    group = moe.group_size or tokens
-    return (tokens // group) * capacity(group, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The MoE layer: gate -> dispatch all-to-all -> experts -> combine all-to-all -> weighted sum.
 
 The layer knows nothing about process groups: ``comm`` (a moe_core.executor.CommPolicy, set by
-``parallel.shard_experts`` + the training entry point) moves tokens between ranks; with
+``parallel.parallelize_model`` + the training entry point) moves tokens between ranks; with
 ``comm=None`` all experts are local and the same math runs in one process (the reference that
 expert-parallel runs are tested against).
 
@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .capacity import capacity
 from .experts import Experts
-from .gating import GatingResult, capacity, gshard_gating
+from .gating import GatingResult, gshard_gating
 from .timing import PhaseTimer
 
 

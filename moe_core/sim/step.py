@@ -1,7 +1,7 @@
 """A training step as a DAG of operations: the simulated executor of the measured train_step.
 
 Built from the same config as a measured run and through the same decisions: the layout
-(``layout.layout_of``), the expert capacity (``gating.capacity``) and the policy's communication
+(``layout.layout_of``), the expert capacity (``capacity.capacity``) and the policy's communication
 plan (``policies.build_plan`` of ``model.gradient_tensors``: gradient units over the model's real
 parameters, instantiated on the meta device, their launch rule and priority, all-to-all micro-ops
 and pipelining, expert packing). The plan's transmission order (``a2a_order``) does not change a
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..gating import dispatch_rows_per_expert
+from ..capacity import dispatch_rows_per_expert
 from ..layout import Layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops

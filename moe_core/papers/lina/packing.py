@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from moe_core.capacity import dispatch_rows_per_expert
 from moe_core.distributed import Env
 from moe_core.executor import CommPolicy, make_policy
-from moe_core.gating import dispatch_rows_per_expert
 from moe_core.layer import MoELayer
 from moe_core.layout import Layout
 from moe_core.parallel import ParallelGroups, build_groups, local_experts
