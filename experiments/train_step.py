@@ -30,7 +30,7 @@ from moe_core.executor import make_policy
 from moe_core.layout import layout_of
 from moe_core.model import MoETransformer, gradient_tensors
 from moe_core.papers.lina.packing import ExpertPacking
-from moe_core.parallel import build_groups, shard_experts
+from moe_core.parallel import build_groups, parallelize_model
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan
 from moe_core.results import make_record, record_path, write_record
@@ -72,7 +72,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     groups = build_groups(layout, env.device.type, env.timeout_s, high_priority_ep=plan.gradients_yield_to_a2a)
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
-    shard_experts(model, groups)
+    parallelize_model(model, groups)
     model.to(env.device)
     timer = PhaseTimer(env.device)
     policy = make_policy(cfg, groups, timer, element_bytes)
@@ -94,7 +94,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     ):
         if packing:
             policy = packing.before_step(it, model, optimizer, policy)
-        x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, env.rank))
+        x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
         dist.barrier()
         timer.reset()
         start = timer.stamp()
@@ -111,7 +111,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
 
         # Outside the timed window: global mean loss and routing statistics.
         nll = nll.detach().clone()
-        dist.all_reduce(nll)
+        dist.all_reduce(nll)  # the "tp" ranks of a replica hold the same loss
         losses.append(nll.item() / env.world_size)
         metrics = step_metrics(timer.elapsed_ms(), timer.counters)
         if packing:
@@ -126,7 +126,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     samples["a2a_share"] = [a / s for a, s in zip(samples["a2a_ms"], samples["step_ms"])]
     samples["a2a_share_of_moe"] = [a / m if m else 0.0 for a, m in zip(samples["a2a_ms"], samples["moe_layer_ms"])]
     a2a_bytes = samples.pop("a2a_bytes")
-    tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * env.world_size
+    tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * layout.data_replicas
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
     single_metrics = {
         "loss_first": losses[0],

@@ -5,6 +5,10 @@ all-to-alls (dispatch and combine) appear twice per step: once in the forward pa
 the backward pass, as Lina's problem model says. With a ``schedule`` (Aurora's transmission order,
 moe_core.transmission) the exchange runs as ordered point-to-point rounds (moe_core.ordered_a2a)
 and the backward runs the transposed schedule.
+
+Under tensor parallelism the ranks of a "tp" group hold the same tokens. :func:`tp_exchange` sends
+each rank's 1/tp of them through the all-to-all and all-gathers the rest over "tp" (DeepSpeed's
+drop-gather), optionally in pipelined chunks so that the all-gathers overlap the all-to-alls.
 """
 
 from __future__ import annotations
@@ -160,3 +164,63 @@ class _PipelinedExchange(torch.autograd.Function):
         ctx.graphs = None
         grad_buf = _gather_chunks([received for received, _ in leaving], ctx.chunks, shape)
         return (grad_buf, None, None, None, None, None, *param_grads)
+
+
+def tp_exchange(
+    x: torch.Tensor,
+    rows_per_block: int,
+    chunks: list[tuple[int, int]],
+    ep_group,
+    tp_group,
+    timer: PhaseTimer,
+    name: str,
+) -> torch.Tensor:
+    """The equal-split all-to-all of ``x`` over ``ep_group``, for ``x`` replicated over ``tp_group``:
+    drop, all-to-all, all-gather, in pipelined chunks.
+
+    ``x`` is (B * R, M): B blocks (one per expert, in destination order) of R = ``rows_per_block``
+    rows. Rank t of the "tp" group keeps rows [t*R/tp, (t+1)*R/tp) of every block (drop), so the
+    all-to-all carries 1/tp of the bytes; an all-gather over "tp" restores the other ranks' rows.
+    ``chunks`` cut the kept rows into ranges (a, b): every chunk's all-to-all is launched at once,
+    and chunk i is all-gathered as soon as its all-to-all has arrived, while later ones are still
+    in flight (A1 | A2+I1 | A3+I2 | ...). One chunk is DeepSpeed's drop-gather. The result equals
+    the all-to-all of the whole ``x`` exactly.
+
+    The backward pass is the same exchange of the gradient: the gradient of an all-gather is this
+    rank's slice (its gradient is replicated over "tp" too), the all-to-all's is the all-to-all,
+    and a drop's is the all-gather.
+    """
+    return _TensorParallelExchange.apply(x, rows_per_block, chunks, ep_group, tp_group, timer, name)
+
+
+def _drop_exchange_gather(x, rows_per_block, chunks, ep_group, tp_group, timer: PhaseTimer, name: str):
+    tp, me = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+    width = x.shape[-1]
+    blocks, kept = x.shape[0] // rows_per_block, rows_per_block // tp
+    mine = x.view(blocks, rows_per_block, width)[:, me * kept : (me + 1) * kept]  # (B, R/tp, M): drop
+    out = x.new_empty(blocks, rows_per_block, width)
+    arriving = _exchange_chunks(
+        [mine[:, a:b].reshape(-1, width).contiguous() for a, b in chunks], ep_group, timer, name
+    )
+    for (received, work), (a, b) in zip(arriving, chunks):
+        work.wait()
+        pieces = [torch.empty_like(received) for _ in range(tp)]
+        timer.count(f"{name}.allgather_bytes", received.numel() * received.element_size() * (tp - 1))
+        dist.all_gather(pieces, received, group=tp_group)  # (B * (b-a), M) from every "tp" rank
+        for t, piece in enumerate(pieces):
+            out[:, t * kept + a : t * kept + b] = piece.view(blocks, b - a, width)
+    return out.view(blocks * rows_per_block, width)
+
+
+class _TensorParallelExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rows_per_block, chunks, ep_group, tp_group, timer, name):
+        ctx.args = (rows_per_block, chunks, ep_group, tp_group, timer, name)
+        with timer.region(f"{name}.fwd"):
+            return _drop_exchange_gather(x, *ctx.args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        timer, name = ctx.args[-2:]
+        with timer.region(f"{name}.bwd"):
+            return (_drop_exchange_gather(grad.contiguous(), *ctx.args), None, None, None, None, None, None)

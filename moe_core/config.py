@@ -28,9 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from . import papers  # the registry: every paper registers its config section, policies and orders
+from .capacity import dispatch_rows_per_expert
 from .layout import layout_error
 from .points import sweep_points
-from .policies import POLICIES
+from .policies import POLICIES, TP_DISPATCHES, plan_features
 from .sections import (
     CONFIG_DIR,
     REPO_ROOT,
@@ -169,9 +170,11 @@ class MoEConfig:
 
 @dataclass
 class ParallelConfig:
-    """Process layout. ``expert_parallel = num_experts / experts_per_rank``; the rest is data parallel."""
+    """Process layout (moe_core.layout): ``expert_parallel = num_experts / experts_per_rank``, ``tensor_parallel``
+    ranks share each group's tokens and split its weights, the rest is data parallel."""
 
     world_size: int = 4
+    tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.tensor_parallel)
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
 
 
@@ -187,6 +190,14 @@ class CommConfig:
     # Plans that pack experts (e.g. Lina's lina, lina-pack): steps between re-decisions of the
     # expert layout; the first follows the train.warmup_iters warm-up steps (Lina: every 4 steps).
     packing_interval_iters: int = 4
+    # Under tensor parallelism, how the MoE all-to-all treats the tokens the "tp" ranks hold in
+    # duplicate (a registered dispatch, moe_core.policies.TP_DISPATCHES): "duplicate" sends every
+    # copy, "drop-gather" (DeepSpeed) sends 1/tp and all-gathers over "tp", papers add theirs.
+    tp_dispatch: str = "drop-gather"
+    tp_chunks: int = 0  # pipelined dispatches: chunk count; 0 = the dispatch's own decision
+    # "hierarchical": the MoE all-to-all runs in two phases, inside nodes then between same-local-rank
+    # peers (moe_core.hierarchical_a2a; the step simulator models the same), when its group spans nodes.
+    a2a_algorithm: Literal["flat", "hierarchical"] = "flat"
 
 
 @dataclass
@@ -462,9 +473,51 @@ def _validate_model(cfg: DictConfig) -> None:
         "moe.group_size",
         f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}",
     )
-    error = layout_error(cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank)
+    error = layout_error(cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel)
     if error:
         raise ConfigError(error)
+    _validate_tensor_parallel(cfg)
+
+
+def _validate_tensor_parallel(cfg: DictConfig) -> None:
+    """Tensor parallelism splits heads and FFN hidden units, and its dispatches split capacity slots."""
+    tp, m, comm = cfg.parallel.tensor_parallel, cfg.model, cfg.comm
+    require(
+        comm.tp_dispatch in TP_DISPATCHES,
+        "comm.tp_dispatch",
+        f"invalid value '{comm.tp_dispatch}', expected one of {sorted(TP_DISPATCHES)}",
+    )
+    require(comm.tp_chunks >= 0, "comm.tp_chunks", f"must be >= 0 (0 = the dispatch decides), got {comm.tp_chunks}")
+    if tp == 1:
+        return
+    for key in ("n_heads", "d_ff"):
+        require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
+    require(
+        not cfg.moe.dropless,
+        "moe.dropless",
+        "tensor parallelism dispatches capacity buffers (DeepSpeed's layout); set moe.dropless=false "
+        "or parallel.tensor_parallel=1",
+    )
+    rows = dispatch_rows_per_expert(cfg)
+    require(
+        comm.tp_dispatch == "duplicate" or rows % tp == 0,
+        "parallel.tensor_parallel",
+        f"comm.tp_dispatch={comm.tp_dispatch} gives each tensor-parallel rank 1/{tp} of the {rows} capacity "
+        f"slots per expert, which {tp} must divide; change moe.capacity_factor, train.batch_size or moe.min_capacity",
+    )
+    chunks = comm.tp_chunks or 1
+    require(
+        (rows // tp) % chunks == 0,
+        "comm.tp_chunks",
+        f"must divide the {rows // tp} capacity slots per expert a tensor-parallel rank sends, got {comm.tp_chunks}",
+    )
+    features = plan_features(cfg)
+    require(
+        not features,
+        "comm.policy",
+        f"policy '{comm.policy}' {' and '.join(features)}, which tensor parallelism does not support; "
+        "use sequential or overlap, or parallel.tensor_parallel=1",
+    )
 
 
 def _validate_training(cfg: DictConfig) -> None:

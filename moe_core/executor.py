@@ -22,8 +22,9 @@ from . import comm
 from .model import backward_ordered_params, gradient_tensors
 from .ordered_a2a import gather_traffic_matrix
 from .parallel import ParallelGroups, is_expert_param
-from .plan import CommPlan, GradientUnit, a2a_micro_ops
+from .plan import CommPlan, GradientUnit, a2a_micro_ops, even_ranges
 from .policies import PolicySpec, build_plan, policy_spec
+from .tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from .timing import PhaseTimer
 from .transmission import make_schedule
 
@@ -32,8 +33,8 @@ from .transmission import make_schedule
 class GradientBucket:
     """Whole gradient tensors flattened into one buffer and all-reduced together (a fused unit)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], group, world_size: int):
-        self.params, self.group, self.world_size = params, group, world_size
+    def __init__(self, params: list[torch.nn.Parameter], group, replicas: int):
+        self.params, self.group, self.replicas = params, group, replicas
         self.work = None
         self.buffer: torch.Tensor | None = None
 
@@ -53,10 +54,10 @@ class GradientBucket:
         return self.work is None or self.work.is_completed()
 
     def finish(self) -> None:
-        """Wait for the sum, divide by the world size and write the averages back into ``.grad``."""
+        """Wait for the sum, divide by the data replicas and write the averages back into ``.grad``."""
         if self.work is not None:
             self.work.wait()
-        self.buffer /= self.world_size
+        self.buffer /= self.replicas
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -67,7 +68,7 @@ class GradientBucket:
 
 class GradientMicroOp:
     """Elements [start, stop) of one gradient, summed in place (a micro-op; the division by the
-    world size happens once per tensor, after all its micro-ops: CommPolicy.finish_gradient_sync)."""
+    data replicas happens once per tensor, after all its micro-ops: CommPolicy.finish_gradient_sync)."""
 
     def __init__(self, param: torch.nn.Parameter, start: int, stop: int, group):
         self.param, self.start, self.stop, self.group = param, start, stop, group
@@ -126,7 +127,7 @@ class CommPolicy:
             if is_expert_param(name) != unit.expert or (unit.fused and (start, stop) != (0, p.numel())):
                 raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
         if unit.fused:
-            return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.world_size)
+            return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.data_replicas)
         ((i, start, stop),) = unit.pieces
         return GradientMicroOp(named[i][1], start, stop, group)
 
@@ -178,13 +179,32 @@ class CommPolicy:
 
     def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
         """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
-        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so."""
+        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so.
+
+        Under tensor parallelism the experts hold a share of their hidden units, so their input is
+        Megatron's f and their output its g (moe_core.tensor_parallel), and the exchanges follow the
+        plan's ``tp_exchange_chunks``: send the "tp" ranks' duplicates, or drop and all-gather them.
+        """
+        tp_group = self.groups.tp_group
+        if tp_group is not None:
+            compute = _tensor_parallel_experts(compute, tp_group)
+            if self.plan.tp_exchange_chunks is not None:
+                received = self._tp_exchange(buf, rows_per_expert, "dispatch_a2a")
+                return self._tp_exchange(compute(received, rows_per_expert), rows_per_expert, "combine_a2a")
         if not self.plan.pipeline_experts:
             received = self.all_to_all(buf, None, None, "dispatch_a2a")
             return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
         experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
         chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.plan.a2a_micro_op_bytes)
         return comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
+
+    def _tp_exchange(self, buf: torch.Tensor, rows_per_expert: int, name: str) -> torch.Tensor:
+        """Drop the "tp" duplicates, all-to-all, all-gather, in the plan's number of pipelined chunks."""
+        kept = rows_per_expert // self.groups.layout.tensor_parallel
+        chunks = even_ranges(kept, self.plan.tp_exchange_chunks)
+        return comm.tp_exchange(
+            buf, rows_per_expert, chunks, self.groups.ep_group, self.groups.tp_group, self.timer, name
+        )
 
     def finish_gradient_sync(self) -> None:
         """Complete the step's gradient sync: launch every unit not launched yet (all of them when
@@ -205,7 +225,16 @@ class CommPolicy:
     def _average_micro_ops(self) -> None:
         sliced = {id(u.param): u.param for u in self.gradient_units if isinstance(u, GradientMicroOp)}
         for p in sliced.values():
-            p.grad /= self.groups.layout.world_size
+            p.grad /= self.groups.layout.data_replicas
+
+
+def _tensor_parallel_experts(compute, tp_group):
+    """``compute`` on experts that hold 1/tp of their hidden units: replicated input, partial outputs summed."""
+
+    def sharded(x: torch.Tensor, rows: int) -> torch.Tensor:
+        return reduce_from_tensor_parallel(compute(copy_to_tensor_parallel(x, tp_group), rows), tp_group)
+
+    return sharded
 
 
 def executor_class(spec: PolicySpec) -> type[CommPolicy]:

@@ -30,6 +30,12 @@ class Experts(nn.Module):
         self.w_in = nn.Parameter(self.w_in.detach()[first : first + count].clone())
         self.w_out = nn.Parameter(self.w_out.detach()[first : first + count].clone())
 
+    def keep_hidden(self, first: int, count: int) -> None:
+        """Keep hidden units [first, first + count) of every expert: a rank's share under tensor
+        parallelism (w_in's columns, w_out's rows); the partial outputs are summed over "tp"."""
+        self.w_in = nn.Parameter(self.w_in.detach()[:, :, first : first + count].clone())
+        self.w_out = nn.Parameter(self.w_out.detach()[:, first : first + count].clone())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Equal token counts per expert (capacity mode): (e, n, M) -> (e, n, M), one batched GEMM pair."""
         return torch.bmm(torch.relu(torch.bmm(x, self.w_in)), self.w_out)

@@ -16,21 +16,23 @@ from .layer import MoELayer
 from .layout import Layout
 from .parallel import is_expert_param
 from .plan import GradientTensor
+from .tensor_parallel import shard_tensor_parallel
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
-        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, M = x.shape
-        q, k, v = self.qkv(x).split(M, dim=2)
-        q, k, v = (t.view(B, T, self.n_heads, M // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        B, T, _ = x.shape
+        # nh: the heads this module computes (all of them, or a tensor-parallel rank's share)
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # (B, T, nh * hs) each
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, M))
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class DenseFFN(nn.Module):
@@ -130,11 +132,14 @@ def backward_ordered_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 def gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
     """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
-    (meta device): dense tensors whole, expert tensors the rank's share of the expert stack. What a
+    (meta device, split over "tp" as moe_core.tensor_parallel splits it): dense tensors whole or
+    their tensor-parallel shard, expert tensors the rank's share of the expert stack. What a
     communication plan is decided from (moe_core.policies.build_plan), in both executors."""
     share = layout.experts_per_rank / cfg.moe.num_experts
+    model = shape_only_model(cfg)
+    shard_tensor_parallel(model, 0, layout.tensor_parallel, group=None)
     tensors = []
-    for name, p in backward_ordered_params(shape_only_model(cfg)):
+    for name, p in backward_ordered_params(model):
         expert = is_expert_param(name)
         tensors.append(GradientTensor(name, round(p.numel() * share) if expert else p.numel(), expert))
     return tensors

@@ -1,15 +1,16 @@
 """The layout's ``DeviceMesh`` and process groups, and expert sharding applied to a model from outside.
 
-The mesh has the layout's named axes (moe_core.layout), today ("dp", "ep") in row-major order:
-rank r = dp_index * expert_parallel + ep_index. Ranks of one "ep" row hold all experts between
-them (``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold
-replicas of the same experts. Every rank trains on its own data, so dense parameters are
-replicated on all ranks.
+The mesh has the layout's named axes (moe_core.layout): ("dp", "ep"), plus an innermost "tp" under
+tensor parallelism, in row-major order: rank r = (dp_index * expert_parallel + ep_index) *
+tensor_parallel + tp_index. Ranks of one "ep" row hold all experts between them
+(``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold
+replicas of the same experts; ranks of one "tp" group hold the same tokens and split the weights
+(moe_core.tensor_parallel). Every data replica (dp x ep) trains on its own tokens.
 
-Gradient synchronisation (see moe_core.policies): dense gradients are summed over all ranks, expert
-gradients over their "dp" column (the all-to-all backward already summed over the "ep" row), and
-both are divided by the world size, which makes the update equal to the single-process update
-on the concatenated batch.
+Gradient synchronisation (see moe_core.policies): dense gradients are summed over the ranks with
+the same "tp" index (all ranks without tensor parallelism), expert gradients over their "dp" column
+(the all-to-all backward already summed over the "ep" row), and both are divided by the number of
+data replicas, which makes the update equal to the single-process update on the concatenated batch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .layer import MoELayer
 from .layout import Layout
+from .tensor_parallel import shard_tensor_parallel
 
 
 @dataclass
@@ -33,8 +35,15 @@ class ParallelGroups:
     ep_rank: int
     ep_group: object  # all-to-all of tokens
     expert_grad_group: object  # all-reduce of expert gradients ("dp" column)
-    dense_grad_group: object  # all-reduce of dense gradients (all ranks, its own communicator)
+    dense_grad_group: object  # all-reduce of dense gradients (same "tp" index, its own communicator)
+    tp_group: object | None = None  # tensor-parallel activations and dispatch all-gathers; None without "tp"
+    tp_rank: int = 0
     high_priority_ep: bool = False  # the "ep" groups run on high-priority NCCL streams
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data replica (dp x ep index): which tokens it trains on."""
+        return self.rank // self.layout.tensor_parallel
 
 
 def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priority_ep: bool = False) -> ParallelGroups:
@@ -53,17 +62,26 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
     options = {name: _group_options(backend, timeout, high_priority_ep and name == "ep") for name in layout.names}
     mesh = init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.names, backend_override=options)
     # A separate communicator for dense gradients, so their asynchronous all-reduces run beside (and
-    # contend with) the token all-to-alls instead of queueing behind them on one communicator.
-    dense_grad_group = dist.new_group(list(range(layout.world_size)), timeout=timeout)
+    # contend with) the token all-to-alls instead of queueing behind them on one communicator. Every
+    # rank creates every group (new_group is collective) and keeps its own.
+    rank = dist.get_rank()
+    dense_grad_group = None
+    for ranks in layout.groups_sharing("tp"):
+        group = dist.new_group(ranks.tolist(), timeout=timeout)
+        if rank in ranks:
+            dense_grad_group = group
+    has_tp = "tp" in layout.names
     return ParallelGroups(
         layout,
         mesh,
-        dist.get_rank(),
+        rank,
         mesh.get_local_rank("ep"),
         mesh.get_group("ep"),
         mesh.get_group("dp"),
         dense_grad_group,
-        high_priority_ep,
+        tp_group=mesh.get_group("tp") if has_tp else None,
+        tp_rank=mesh.get_local_rank("tp") if has_tp else 0,
+        high_priority_ep=high_priority_ep,
     )
 
 
@@ -84,13 +102,15 @@ def local_experts(groups: ParallelGroups) -> tuple[int, int]:
     return groups.ep_rank * epr, epr
 
 
-def shard_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:
-    """Keep only this rank's experts in every MoE layer and point the layers at their rank."""
+def parallelize_model(model: torch.nn.Module, groups: ParallelGroups) -> None:
+    """Keep only this rank's experts in every MoE layer, split its blocks over "tp"
+    (moe_core.tensor_parallel) and point the layers at their data replica."""
     first, count = local_experts(groups)
     for layer in model.modules():
         if isinstance(layer, MoELayer):
             layer.experts.keep(first, count)
-            layer.rank = groups.rank
+            layer.rank = groups.data_rank
+    shard_tensor_parallel(model, groups.tp_rank, groups.layout.tensor_parallel, groups.tp_group)
 
 
 def is_expert_param(name: str) -> bool:

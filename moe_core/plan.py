@@ -72,6 +72,13 @@ class CommPlan:
     * ``pipeline_experts``: the experts compute each micro-op as it arrives, and send it back at once.
     * ``a2a_order``: the transmission order of every all-to-all (a moe_core.transmission.ORDERS
       name, run as ordered point-to-point rounds), or None for the library's all_to_all_single.
+    * ``tp_exchange_chunks``: under tensor parallelism, what the MoE all-to-all does with the tokens
+      the "tp" ranks of a group hold in duplicate. None sends every copy (TP times the bytes);
+      n >= 1 keeps 1/tp of the capacity slots per rank, all-to-alls them, and all-gathers them over
+      "tp" afterwards, in n pipelined chunks (chunk i's all-gather overlaps chunk i+1's all-to-all;
+      n = 1 is DeepSpeed's drop-gather).
+    * ``hierarchical_a2a``: every MoE all-to-all whose group spans nodes runs in two phases, inside
+      the nodes and then between same-local-rank peers (moe_core.hierarchical_a2a).
     * ``choose_packing``: the expert-packing decision, or None for a fixed layout: given the
       configured layout and the executor's costs of one all-to-all micro-op on a candidate layout,
       the layout to train on. The measured run calls it with measured times, the simulator with
@@ -84,6 +91,8 @@ class CommPlan:
     a2a_micro_op_bytes: float | None = None
     pipeline_experts: bool = False
     a2a_order: str | None = None
+    tp_exchange_chunks: int | None = None
+    hierarchical_a2a: bool = False
     choose_packing: Callable[[Layout, MicroOpCosts], Layout] | None = None
     tensors: tuple[GradientTensor, ...] = ()
 
@@ -154,6 +163,10 @@ def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tupl
     micro-ops of at most ``micro_op_bytes``: (start, stop) row ranges, at most one per row."""
     if rows <= 0:
         return [(0, 0)]
-    count = min(rows, chunk_count(rows * row_bytes, micro_op_bytes))
+    return even_ranges(rows, min(rows, chunk_count(rows * row_bytes, micro_op_bytes)))
+
+
+def even_ranges(rows: int, count: int) -> list[tuple[int, int]]:
+    """``rows`` cut into ``count`` consecutive (start, stop) ranges whose lengths differ by at most one."""
     bounds = [round(k * rows / count) for k in range(count + 1)]
     return list(zip(bounds[:-1], bounds[1:]))

@@ -17,6 +17,11 @@ Baselines:
 
 moe_core.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
 these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
+
+Tensor-parallel dispatches (``comm.tp_dispatch``) are registered the same way, in ``TP_DISPATCHES``:
+a decision from the run's config to the plan's ``tp_exchange_chunks``. The baselines are
+DeepSpeed's two: ``duplicate`` (every tensor-parallel rank sends its copy of the tokens) and
+``drop-gather`` (each sends 1/tp of them, an all-gather over "tp" restores the rest).
 """
 
 from __future__ import annotations
@@ -72,12 +77,40 @@ def policy_spec(name: str) -> PolicySpec:
     return POLICIES[name]
 
 
+# run config -> the plan's tp_exchange_chunks (None: send duplicates; n: drop, then n pipelined chunks)
+TP_DISPATCHES: dict[str, Callable[[object], int | None]] = {}
+
+
+def register_tp_dispatch(name: str, decide: Callable[[object], int | None]) -> None:
+    if name in TP_DISPATCHES:
+        raise ValueError(f"tensor-parallel dispatch '{name}' is registered twice")
+    TP_DISPATCHES[name] = decide
+
+
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
-    """The plan of ``cfg.comm.policy`` for one rank's gradient ``tensors`` (moe_core.model.gradient_tensors):
-    the one decision both executors follow (``element_bytes``: a gradient element's size as that
-    executor reduces it)."""
+    """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
+    (moe_core.model.gradient_tensors): the one decision both executors follow (``element_bytes``: a
+    gradient element's size as that executor reduces it)."""
     inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
-    return replace(policy_spec(cfg.comm.policy).decide(inputs), tensors=tuple(tensors))
+    tp_chunks = TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if cfg.parallel.tensor_parallel > 1 else None
+    return replace(
+        policy_spec(cfg.comm.policy).decide(inputs),
+        tensors=tuple(tensors),
+        tp_exchange_chunks=tp_chunks,
+        hierarchical_a2a=cfg.comm.a2a_algorithm == "hierarchical",
+    )
+
+
+def plan_features(cfg) -> list[str]:
+    """What ``cfg.comm.policy``'s plan does to the all-to-alls beyond running them whole (decided on
+    no gradients, so torch-free and instant): config validation refuses these under tensor parallelism."""
+    plan = policy_spec(cfg.comm.policy).decide(PlanInputs([], 4, 1, 1.0))
+    features = {
+        "pipelines the experts": plan.pipeline_experts,
+        "orders the all-to-all": plan.a2a_order is not None,
+        "packs experts": plan.choose_packing is not None,
+    }
+    return [name for name, on in features.items() if on]
 
 
 def sequential_plan(inputs: PlanInputs) -> CommPlan:
@@ -90,3 +123,5 @@ def overlap_plan(inputs: PlanInputs) -> CommPlan:
 
 register_policy(PolicySpec("sequential", sequential_plan))
 register_policy(PolicySpec("overlap", overlap_plan))
+register_tp_dispatch("duplicate", lambda cfg: None)
+register_tp_dispatch("drop-gather", lambda cfg: 1)

@@ -18,7 +18,7 @@ from moe_core.layout import expert_layout, layout_of
 from moe_core.model import MoETransformer
 from moe_core.papers.lina.packing import repack
 from moe_core.papers.lina.policy import LinaPriority
-from moe_core.parallel import build_groups, is_expert_param, shard_experts
+from moe_core.parallel import build_groups, is_expert_param, parallelize_model
 from moe_core.timing import PhaseTimer
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up
@@ -73,7 +73,7 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     model = MoETransformer(cfg)
     if uniform_gate:
         _force_uniform_gate(model)
-    shard_experts(model, groups)
+    parallelize_model(model, groups)
     policy = make_policy(cfg, groups, PhaseTimer(), ELEMENT_BYTES)
     policy.attach(model)
     in_flight_at_exchange, launches = _watch_lina(policy)
@@ -254,7 +254,7 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
     }
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
-    shard_experts(model, groups[factors[0]])
+    parallelize_model(model, groups[factors[0]])
     policy = make_policy(cfg, groups[factors[0]], PhaseTimer(), ELEMENT_BYTES)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)

@@ -12,7 +12,7 @@ from moe_core.config import load_config
 from moe_core.executor import make_policy
 from moe_core.layout import layout_of
 from moe_core.model import MoETransformer
-from moe_core.parallel import build_groups, shard_experts
+from moe_core.parallel import build_groups, parallelize_model
 from moe_core.plan import gradient_micro_ops
 from moe_core.points import sim_points
 from moe_core.sim.step import StepModel
@@ -46,7 +46,7 @@ def test_buckets_are_the_measured_policys_buckets():
     try:
         groups = build_groups(layout_of(measured_cfg), "cpu", 60.0)
         model = MoETransformer(measured_cfg)
-        shard_experts(model, groups)
+        parallelize_model(model, groups)
         policy = make_policy(measured_cfg, groups, PhaseTimer(), element_bytes=4)
         policy.attach(model)
         measured = [sum(p.numel() * 4 for p in unit.params) for unit in policy.gradient_units]

@@ -1,0 +1,11 @@
+"""MoNTA (Guo et al., arXiv 2411.00662): the MoE all-to-all under tensor parallelism, pipelined with
+the all-gather that restores the tensor-parallel duplicates, and a network-traffic-aware choice of
+the parallel layout.
+
+* ``performance_model``: the alpha-beta model of the three dispatch paths, the chunk count and the
+  ranking of (tp, ep, dp) layouts;
+* ``decisions``: the ``monta`` dispatch (registered), its chunk count from the model;
+* ``config``: the ``monta`` config section.
+"""
+
+from . import config, decisions  # noqa: F401  (each registers itself)

@@ -1,0 +1,143 @@
+"""Megatron-style tensor parallelism of the model, applied from outside as expert sharding is.
+
+The ranks of one "tp" group (moe_core.layout) hold the same tokens and split every weight matrix
+of a block between them:
+
+* attention: the QKV projection column-parallel (each rank computes ``n_heads / tp`` heads), the
+  output projection row-parallel;
+* dense FFN: ``w_in`` column-parallel, ``w_out`` row-parallel;
+* experts: the same split of every expert's hidden units (DeepSpeed's expert tensor parallelism),
+  applied by :func:`shard_experts_hidden`; the communication policy wraps the expert computation in
+  the two operators below (moe_core.executor).
+
+Two conjugate operators (Megatron's f and g) keep activations replicated between the parallel
+regions: :func:`copy_to_tensor_parallel` (identity forward, all-reduce of the gradient backward)
+before a column-parallel matmul, :func:`reduce_from_tensor_parallel` (all-reduce forward, identity
+backward) after a row-parallel one: one all-reduce per region and direction.
+
+Embeddings, layer norms, the gate, the head and the row-parallel biases stay replicated. Their
+gradients are identical on the ranks of a "tp" group, so every dense gradient is averaged over the
+ranks with the same "tp" index only (moe_core.parallel.ParallelGroups.dense_grad_group).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .layer import MoELayer
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """f: the input of a column-parallel region. Each rank's gradient is a partial sum; add them."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """g: the output of a row-parallel region. Each rank holds a partial sum; add them."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        y = x.contiguous().clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
+    return _CopyToTensorParallel.apply(x, group)
+
+
+def reduce_from_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
+    return _ReduceFromTensorParallel.apply(x, group)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_local = x W_local^T + b_local: this rank's rows of a Linear's weight (output features)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias) if bias is not None else None
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x_local W_local^T, + b: this rank's columns (input features); the bias,
+    replicated, is added once after the sum."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias) if bias is not None else None
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+def _rows(t: torch.Tensor, index: int, parts: int, blocks: int = 1) -> torch.Tensor:
+    """Part ``index`` of ``parts`` of every one of ``blocks`` equal row blocks of ``t`` (dim 0)."""
+    rows = t.shape[0] // (blocks * parts)
+    return t.detach().view(blocks, parts, rows, *t.shape[1:])[:, index].reshape(blocks * rows, *t.shape[1:]).clone()
+
+
+def column_parallel(linear: nn.Linear, index: int, parts: int, group, blocks: int = 1) -> ColumnParallelLinear:
+    """``linear`` split by output features; ``blocks`` > 1 splits each of that many stacked outputs
+    (QKV: rank i keeps its heads of Q, of K and of V)."""
+    bias = _rows(linear.bias, index, parts, blocks) if linear.bias is not None else None
+    return ColumnParallelLinear(_rows(linear.weight, index, parts, blocks), bias, group)
+
+
+def row_parallel(linear: nn.Linear, index: int, parts: int, group) -> RowParallelLinear:
+    """``linear`` split by input features."""
+    weight = _rows(linear.weight.t(), index, parts).t().contiguous()
+    bias = linear.bias.detach().clone() if linear.bias is not None else None
+    return RowParallelLinear(weight, bias, group)
+
+
+def shard_experts_hidden(layer: MoELayer, index: int, parts: int) -> None:
+    """Keep part ``index`` of ``parts`` of every expert's hidden units (w_in columns, w_out rows)."""
+    hidden = layer.experts.w_in.shape[-1]
+    count = hidden // parts
+    layer.experts.keep_hidden(index * count, count)
+
+
+def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group) -> None:
+    """Split ``model``'s blocks over a "tp" group of ``parts`` ranks; this rank is ``index``.
+
+    Works on any device, the meta device included (moe_core.model.gradient_tensors reads a rank's
+    gradient shapes from a meta model sharded the same way). Weights are split after the full
+    model is initialised with the run's seed, so a tensor-parallel model starts as the
+    single-process one.
+    """
+    if parts == 1:
+        return
+    for block in model.blocks:
+        attn = block.attn
+        attn.qkv = column_parallel(attn.qkv, index, parts, group, blocks=3)
+        attn.proj = row_parallel(attn.proj, index, parts, group)
+        if isinstance(block.ffn, MoELayer):
+            shard_experts_hidden(block.ffn, index, parts)
+        else:
+            block.ffn.w_in = column_parallel(block.ffn.w_in, index, parts, group)
+            block.ffn.w_out = row_parallel(block.ffn.w_out, index, parts, group)

@@ -1,0 +1,179 @@
+"""Tensor parallelism (dense blocks and experts over "tp") equals the single-process reference, in
+every dispatch path of the tokens the "tp" ranks hold in duplicate.
+
+Each case spawns ``world`` gloo ranks once and trains, one after the other, with every dispatch path
+(``duplicate``, ``drop-gather``, pipelined chunks). The ranks of a "tp" group train on the same
+batch; the reference runs one process on the data replicas' batches concatenated. A rank's expected
+gradient is the reference gradient cut as its parameters are cut: the reference model with its
+gradients as weights, sharded like the rank's model.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from moe_core import comm
+from moe_core.config import load_config
+from moe_core.executor import make_policy
+from moe_core.layout import layout_of
+from moe_core.model import MoETransformer
+from moe_core.parallel import build_groups, parallelize_model
+from moe_core.plan import even_ranges
+from moe_core.tensor_parallel import shard_tensor_parallel
+from moe_core.timing import PhaseTimer
+from tests.test_expert_parallel import SMALL, _batches, _force_uniform_gate, run_reference
+
+DISPATCHES = [
+    ("duplicate", []),
+    ("drop-gather", []),
+    ("monta", ["comm.tp_chunks=2"]),  # two pipelined chunks of the 8 slots a rank sends per expert
+]
+STEPS = 2
+
+
+def _overrides(world, experts, per_rank, tp):
+    return [
+        *SMALL,
+        f"parallel.world_size={world}",
+        f"parallel.tensor_parallel={tp}",
+        f"moe.num_experts={experts}",
+        f"moe.experts_per_rank={per_rank}",
+        "comm.policy=overlap",
+    ]
+
+
+def _worker(rank, world, init_file, overrides, uniform_gate, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    results = {}
+    for dispatch, extra in DISPATCHES:
+        cfg = load_config(overrides=[*overrides, f"comm.tp_dispatch={dispatch}", *extra])
+        groups = build_groups(layout_of(cfg), "cpu", cfg.parallel.timeout_s)
+        torch.manual_seed(cfg.train.seed)
+        model = MoETransformer(cfg)
+        if uniform_gate:
+            _force_uniform_gate(model)
+        parallelize_model(model, groups)
+        timer = PhaseTimer()
+        policy = make_policy(cfg, groups, timer, 4)
+        policy.attach(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for step in range(STEPS):
+            ((x, y),) = _batches(cfg, step, [groups.data_rank])
+            timer.reset()
+            loss, _ = model(x, y)
+            loss.backward()
+            policy.finish_gradient_sync()
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)
+            losses.append(mean_loss.item() / world)
+            if step < STEPS - 1:
+                optimizer.step()
+                optimizer.zero_grad()
+        results[dispatch] = {
+            "losses": losses,
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+            "a2a_bytes": timer.counters.get("dispatch_a2a.bytes", 0.0),
+        }
+        policy.detach(model)
+    results.update(ep_rank=groups.ep_rank, tp_rank=groups.tp_rank)
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _expected_grads(cfg, ref_grads, ep_rank, tp_rank, uniform_gate):
+    """The reference gradients cut as rank (ep_rank, tp_rank)'s parameters are cut."""
+    torch.manual_seed(cfg.train.seed)
+    model = MoETransformer(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(ref_grads[name])
+    per_rank = cfg.moe.experts_per_rank
+    for layer in model.moe_layers():
+        layer.experts.keep(ep_rank * per_rank, per_rank)
+    shard_tensor_parallel(model, tp_rank, cfg.parallel.tensor_parallel, group=None)
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "world,experts,per_rank,uniform_gate",
+    [
+        (4, 4, 2, False),  # tp 2 x ep 2
+        (8, 4, 2, False),  # tp 2 x ep 2 x dp 2
+        (8, 4, 1, True),  # tp 2 x ep 4; every token goes to experts 0 and 1: two ranks get none
+    ],
+)
+def test_every_dispatch_equals_reference(tmp_path, world, experts, per_rank, uniform_gate):
+    tp = 2
+    overrides = _overrides(world, experts, per_rank, tp)
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), overrides, uniform_gate, str(tmp_path)), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    cfg = load_config(overrides=overrides)
+    ref_losses, ref_grads = run_reference(cfg, world // tp, steps=STEPS, uniform_gate=uniform_gate)
+    for res in results:
+        expected = _expected_grads(cfg, ref_grads, res["ep_rank"], res["tp_rank"], uniform_gate)
+        for dispatch, _ in DISPATCHES:
+            got = res[dispatch]
+            assert got["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), dispatch
+            assert got["grads"].keys() == expected.keys()
+            for name, grad in got["grads"].items():
+                torch.testing.assert_close(
+                    grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name, d=dispatch: f"{d} {n}: {m}"
+                )
+        # duplicates cross the all-to-all tp times; dropping them sends 1/tp
+        assert res["duplicate"]["a2a_bytes"] == tp * res["drop-gather"]["a2a_bytes"] > 0
+        assert res["monta"]["a2a_bytes"] == res["drop-gather"]["a2a_bytes"]
+    for dispatch, _ in DISPATCHES:  # every path trains the same model
+        assert results[0][dispatch]["losses"] == pytest.approx(results[0]["duplicate"]["losses"], rel=1e-6)
+
+
+def _exchange_worker(rank, world, init_file, out_dir):
+    """tp_exchange of a buffer replicated over "tp" equals the whole all-to-all, for any chunking."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    ep_group, tp_group = dist.new_group([0, 2]), dist.new_group([1, 3])  # rank r: ep index r // 2
+    tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine_ep = ep_group if rank in (0, 2) else tp_group
+    mine_tp = tp_groups[rank // 2]
+    blocks, rows, width = 2, 12, 3
+    torch.manual_seed(rank // 2)  # the two "tp" ranks of a replica hold the same buffer
+    x = torch.randn(blocks * rows, width, requires_grad=True)
+    whole = torch.empty_like(x)
+    dist.all_to_all_single(whole, x.detach(), group=mine_ep)
+    outcomes = []
+    for chunks in (1, 2, 3, 6):
+        y = comm.tp_exchange(x, rows, even_ranges(rows // 2, chunks), mine_ep, mine_tp, PhaseTimer(), "dispatch_a2a")
+        (grad,) = torch.autograd.grad(y, x, whole)  # the backward exchanges the gradient the same way
+        back = torch.empty_like(x)
+        dist.all_to_all_single(back, whole, group=mine_ep)
+        outcomes.append((torch.equal(y, whole), torch.equal(grad, back)))
+    torch.save(outcomes, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_tp_exchange_equals_whole_all_to_all_for_any_chunking(tmp_path):
+    mp.spawn(_exchange_worker, args=(4, str(tmp_path / "init"), str(tmp_path)), nprocs=4)
+    for rank in range(4):
+        assert torch.load(tmp_path / f"rank{rank}.pt") == [(True, True)] * 4
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["parallel.tensor_parallel=3"], "parallel.tensor_parallel"),  # does not divide world 4
+        (["parallel.tensor_parallel=2", "model.n_heads=3", "model.d_model=48"], "parallel.tensor_parallel"),
+        (["parallel.tensor_parallel=2", "moe.dropless=true"], "moe.dropless"),
+        (["parallel.tensor_parallel=2", "comm.policy=lina"], "comm.policy"),
+        (["parallel.tensor_parallel=2", "comm.tp_dispatch=scatter"], "comm.tp_dispatch"),
+        (["parallel.tensor_parallel=2", "comm.tp_chunks=3"], "comm.tp_chunks"),
+        (["parallel.tensor_parallel=2", "moe.num_experts=4", "moe.experts_per_rank=1"], "parallel.world_size"),
+    ],
+)
+def test_impossible_tensor_parallel_layouts_fail_naming_the_key(overrides, key):
+    from moe_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(
+            overrides=[*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=2", *overrides]
+        )
