@@ -69,7 +69,13 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     layout = layout_of(cfg)
     element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
     plan = build_plan(cfg, gradient_tensors(cfg, layout), element_bytes)
-    groups = build_groups(layout, env.device.type, env.timeout_s, high_priority_ep=plan.gradients_yield_to_a2a)
+    groups = build_groups(
+        layout,
+        env.device.type,
+        env.timeout_s,
+        high_priority_ep=plan.gradients_yield_to_a2a,
+        hierarchical_devices_per_node=cfg.hardware.devices_per_node if plan.hierarchical_a2a else None,
+    )
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     parallelize_model(model, groups)

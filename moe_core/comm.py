@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .hierarchical_a2a import HierarchicalGroups, hierarchical_all_to_all_single
 from .ordered_a2a import ordered_all_to_all_single
 from .timing import PhaseTimer
 from .transmission import Schedule, transpose
@@ -39,10 +40,15 @@ def all_to_all(
 
 
 def exchange(x: torch.Tensor, output_splits, input_splits, group, schedule: Schedule | None) -> torch.Tensor:
-    """One all-to-all of ``x``'s rows, no autograd: ``all_to_all_single``, or in ``schedule``'s order."""
+    """One all-to-all of ``x``'s rows, no autograd: ``all_to_all_single``, in ``schedule``'s order, or
+    in two phases when ``group`` is a group's HierarchicalGroups (equal splits only)."""
     rows = sum(output_splits) if output_splits is not None else x.shape[0]
     out = x.new_empty((rows, *x.shape[1:]))
-    if schedule is None:
+    if isinstance(group, HierarchicalGroups):
+        if output_splits is not None or input_splits is not None or schedule is not None:
+            raise ValueError("the hierarchical all-to-all exchanges equal splits in the library's order only")
+        hierarchical_all_to_all_single(out, x.contiguous(), group)
+    elif schedule is None:
         dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
     else:
         ordered_all_to_all_single(out, x.contiguous(), output_splits, input_splits, schedule, group=group)

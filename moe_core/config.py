@@ -243,6 +243,8 @@ class SweepConfig:
     experts_per_rank: list[int] = field(default_factory=list)
     policy: list[str] = field(default_factory=lambda: ["sequential", "overlap"])
     seed: list[int] = field(default_factory=lambda: [0])
+    # Tensor-parallel sizes; the dispatch and all-to-all choices are the base config's (comm.*).
+    tensor_parallel: list[int] = field(default_factory=lambda: [1])
     # A point whose layout is impossible (e.g. 3 experts on 2 ranks) is an error, unless this says
     # to leave such points out.
     skip_impossible: bool = False
@@ -477,6 +479,27 @@ def _validate_model(cfg: DictConfig) -> None:
     if error:
         raise ConfigError(error)
     _validate_tensor_parallel(cfg)
+    _validate_hierarchical_a2a(cfg)
+
+
+def _validate_hierarchical_a2a(cfg: DictConfig) -> None:
+    """The two-phase all-to-all replaces whole equal-split all-to-alls, nothing else."""
+    if cfg.comm.a2a_algorithm != "hierarchical":
+        return
+    key = "comm.a2a_algorithm"
+    require(not cfg.moe.dropless, key, "the hierarchical all-to-all needs equal splits; set moe.dropless=false")
+    require(
+        cfg.parallel.tensor_parallel == 1 or cfg.comm.tp_dispatch == "duplicate",
+        key,
+        f"comm.tp_dispatch={cfg.comm.tp_dispatch} exchanges in asynchronous chunks, which the hierarchical "
+        "all-to-all does not run; use comm.tp_dispatch=duplicate or a2a_algorithm=flat",
+    )
+    features = plan_features(cfg)
+    require(
+        not features,
+        key,
+        f"policy '{cfg.comm.policy}' {' and '.join(features)}, which the hierarchical all-to-all does not support",
+    )
 
 
 def _validate_tensor_parallel(cfg: DictConfig) -> None:
@@ -569,7 +592,7 @@ def _validate_training(cfg: DictConfig) -> None:
 
 def _validate_sweeps(cfg: DictConfig) -> None:
     s, sim = cfg.sweep, cfg.sim_sweep
-    for key in ("world_size", "num_experts", "policy", "seed"):
+    for key in ("world_size", "num_experts", "policy", "seed", "tensor_parallel"):
         require(len(s[key]) > 0, f"sweep.{key}", "must list at least one value")
     for key in ("world_size", "num_experts", "experts_per_rank"):
         require(min(s[key], default=1) >= 1, f"sweep.{key}", f"values must be >= 1, got {list(s[key])}")

@@ -166,9 +166,12 @@ class CommPolicy:
         self.hooks, self.gradient_units = [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        """One MoE all-to-all on the expert-parallel group: the library's, or in the plan's order
-        (planned from the traffic matrix, all-gathered first and timed as part of ``<name>.fwd``)."""
+        """One MoE all-to-all on the expert-parallel group: the library's, two-phase when the plan
+        says so and the group spans nodes, or in the plan's order (planned from the traffic matrix,
+        all-gathered first and timed as part of ``<name>.fwd``)."""
         group = self.groups.ep_group
+        if self.plan.hierarchical_a2a and self.groups.ep_hierarchical is not None:
+            group = self.groups.ep_hierarchical
         if self.plan.a2a_order is None:
             return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name)
         with self.timer.region(f"{name}.fwd"):

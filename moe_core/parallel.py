@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .hierarchical_a2a import HierarchicalGroups, hierarchical_groups
 from .layer import MoELayer
 from .layout import Layout
 from .tensor_parallel import shard_tensor_parallel
@@ -39,6 +40,8 @@ class ParallelGroups:
     tp_group: object | None = None  # tensor-parallel activations and dispatch all-gathers; None without "tp"
     tp_rank: int = 0
     high_priority_ep: bool = False  # the "ep" groups run on high-priority NCCL streams
+    # the "ep" group's two-phase subgroups (moe_core.hierarchical_a2a); None: flat all-to-alls
+    ep_hierarchical: HierarchicalGroups | None = None
 
     @property
     def data_rank(self) -> int:
@@ -46,7 +49,13 @@ class ParallelGroups:
         return self.rank // self.layout.tensor_parallel
 
 
-def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priority_ep: bool = False) -> ParallelGroups:
+def build_groups(
+    layout: Layout,
+    device_type: str,
+    timeout_s: float,
+    high_priority_ep: bool = False,
+    hierarchical_devices_per_node: int | None = None,
+) -> ParallelGroups:
     """Create the mesh and process groups; every rank must call this (collective).
 
     Every group gets the run's collective timeout ``timeout_s``: new groups otherwise default to 30
@@ -54,6 +63,9 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
     ``high_priority_ep``: on NCCL, the "ep" groups (the token all-to-alls) run on high-priority CUDA
     streams, so the GPU schedules their kernels ahead of the gradient all-reduces' (Lina's priority
     rule; moe_core/papers/lina). It has no effect on gloo, whose collectives run on host threads.
+    ``hierarchical_devices_per_node``: also create the "ep" groups' intra- and inter-node subgroups
+    for the hierarchical all-to-all, on nodes of that many consecutive ranks (none when the
+    group lies on one node).
     """
     if dist.get_world_size() != layout.world_size:
         raise RuntimeError(f"process group has {dist.get_world_size()} ranks, layout expects {layout.world_size}")
@@ -71,6 +83,9 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
         if rank in ranks:
             dense_grad_group = group
     has_tp = "tp" in layout.names
+    ep_hierarchical = None
+    if hierarchical_devices_per_node is not None:
+        ep_hierarchical = hierarchical_groups(layout.groups("ep").tolist(), hierarchical_devices_per_node, timeout)
     return ParallelGroups(
         layout,
         mesh,
@@ -82,6 +97,7 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, high_priori
         tp_group=mesh.get_group("tp") if has_tp else None,
         tp_rank=mesh.get_local_rank("tp") if has_tp else 0,
         high_priority_ep=high_priority_ep,
+        ep_hierarchical=ep_hierarchical,
     )
 
 
