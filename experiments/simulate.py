@@ -59,7 +59,10 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
     if cfg.comm.policy == "overlap":
         alone_cfg = OmegaConf.merge(cfg, {"comm": {"policy": "sequential"}})
         alone = StepModel(alone_cfg, topo).run()
-        samples["a2a_bwd_slowdown"] = list(result.durations_ms(".bwd") / alone.durations_ms(".bwd"))
+        contended, by_itself = result.durations_ms(".bwd"), alone.durations_ms(".bwd")
+        moving = by_itself > 0  # an all-to-all within one rank (expert parallel size 1) takes no time
+        if moving.any():
+            samples["a2a_bwd_slowdown"] = list(contended[moving] / by_itself[moving])
     extra = {"operations": len(result.ops), "links": topo.num_links, "simulation_s": time.perf_counter() - started}
     return samples, extra
 

@@ -1,7 +1,8 @@
 """Sweep points: which training-step points a run measures and simulates, and how each is named.
 
 A point is a dict of swept values (``world_size``, ``num_experts``, ``experts_per_rank``,
-``policy``, ``seed``, optionally ``partition_mb`` and ``paper``). The measured sweep is the config's
+``policy``, ``seed``, optionally ``partition_mb``, ``paper`` and the tensor-parallel and all-to-all
+choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured sweep is the config's
 ``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
 (e.g. Lina's policies at every expert count) with :func:`register_measured_points` and
 :func:`register_sim_points`, so the workflow and the simulator's ``--sweep`` mode see every point
@@ -17,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .layout import layout_error, layout_of
-from .policies import policy_spec
+from .policies import TP_DISPATCHES, policy_spec
 
 # cfg -> extra measured points (each with its "paper"), cfg -> {name: (paper, overrides)}
 MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
@@ -36,14 +37,18 @@ def register_sim_points(fn: Callable[[DictConfig], dict[str, tuple[str, list[str
 
 def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
     """Expand the measured sweep into points and the reasons points were skipped (impossible
-    layouts). ``experts_per_rank`` left empty means num_experts / world_size (at least 1)."""
+    layouts). ``experts_per_rank`` left empty means num_experts / (world_size / tensor_parallel), at
+    least 1: every expert-parallel rank holds experts."""
     s = cfg.sweep
+    # the base config's dispatch and all-to-all choices hold for every point (and name it)
+    choices = dict(tp_dispatch=cfg.comm.tp_dispatch, tp_chunks=cfg.comm.tp_chunks, a2a_algorithm=cfg.comm.a2a_algorithm)
     points, skipped = [], []
-    for ws, ne, pol, seed in itertools.product(s.world_size, s.num_experts, s.policy, s.seed):
-        eprs = list(s.experts_per_rank) or [max(1, ne // ws)]
+    for ws, ne, pol, seed, tp in itertools.product(s.world_size, s.num_experts, s.policy, s.seed, s.tensor_parallel):
+        eprs = list(s.experts_per_rank) or [max(1, ne // (ws // tp) if ws >= tp else 1)]
         for epr in eprs:
-            why = layout_error(ws, ne, epr)
+            why = layout_error(ws, ne, epr, tp)
             point = dict(world_size=ws, num_experts=ne, experts_per_rank=epr, policy=pol, seed=seed)
+            point.update(tensor_parallel=tp, **choices)
             (skipped.append(f"{point}: {why}") if why else points.append(point))
     return points, skipped
 
@@ -119,6 +124,10 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
         "seed": "train.seed",
         "partition_mb": "comm.partition_mb",
         "paper": "paper",
+        "tensor_parallel": "parallel.tensor_parallel",
+        "tp_dispatch": "comm.tp_dispatch",
+        "tp_chunks": "comm.tp_chunks",
+        "a2a_algorithm": "comm.a2a_algorithm",
     }
     return [f"{keys[k]}={v}" for k, v in point.items()]
 
@@ -140,16 +149,28 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
         "dtype": cfg.train.dtype,
         "partition_mb": cfg.comm.partition_mb,
+        "tensor_parallel": layout.tensor_parallel,
+        "tp_dispatch": cfg.comm.tp_dispatch,
+        "tp_chunks": cfg.comm.tp_chunks,
+        # the chunks the dispatch decided (None: duplicates sent), for the analysis
+        "tp_exchange_chunks": TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if layout.tensor_parallel > 1 else None,
+        "a2a_algorithm": cfg.comm.a2a_algorithm,
     }
 
 
 def point_name(point: dict[str, Any]) -> str:
     """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for policies whose
-    results depend on the micro-op size, ``_dropless`` for dropless routing)."""
+    results depend on the micro-op size, ``_tp2-drop-gather`` under tensor parallelism (``-n4`` with a
+    set chunk count), ``_hier`` for the hierarchical all-to-all, ``_dropless`` for dropless routing)."""
     name = (
         f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
         f"_{point['policy']}_s{point['seed']}"
     )
     if policy_spec(point["policy"]).micro_op_size_in_name and "partition_mb" in point:
         name += f"_part{point['partition_mb']:g}"
+    if point.get("tensor_parallel", 1) > 1:
+        name += f"_tp{point['tensor_parallel']}-{point['tp_dispatch']}"
+        name += f"-n{point['tp_chunks']}" if point.get("tp_chunks") else ""
+    if point.get("a2a_algorithm", "flat") == "hierarchical":
+        name += "_hier"
     return name + "_dropless" if point.get("dropless") else name

@@ -102,6 +102,7 @@ sim_sweep: {hardware: [lina-a100-4x4], world_size: [8], policy: [overlap], exper
             overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
 lina: {hardware: lina-a100-4x4, experts: [2], policy: [overlap, lina], partition_mb: [10],
        overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
+monta: {nics_per_node: []}
 """
 
 
@@ -219,3 +220,73 @@ def test_all_to_all_time_is_the_compute_streams_wait_for_it():
             assert m["a2a_ms"] < own_ms(sim)
         else:
             assert m["a2a_ms"] == pytest.approx(own_ms(sim))
+
+
+MONTA = [
+    "hardware_profile=monta-a800-2x8",
+    "parallel.world_size=16",
+    "moe.num_experts=2",
+    "moe.experts_per_rank=1",
+    "moe.top_k=1",
+    "model.d_model=2048",
+    "model.d_ff=8192",
+    "model.n_heads=16",
+    "model.seq_len=4096",
+    "model.moe_every=1",
+    "train.batch_size=1",
+    "train.dtype=bfloat16",
+    "parallel.tensor_parallel=8",  # ep 2 across the two nodes, tp within each
+]
+
+
+def test_tensor_parallel_dispatches_move_duplicates_or_gather_them():
+    """duplicate sends tp x the all-to-all bytes; drop-gather sends 1/tp and all-gathers; chunks split both."""
+    _, duplicate = step([*MONTA, "comm.tp_dispatch=duplicate"])
+    _, drop = step([*MONTA, "comm.tp_dispatch=drop-gather"])
+    _, chunked = step([*MONTA, "comm.tp_dispatch=monta", "comm.tp_chunks=4"])
+    a2a_only = [op for op in drop.ops if op.name.startswith("L0.dispatch0c") and op.name.endswith(".fwd")]
+    assert len(a2a_only) == 1  # one chunk: one all-to-all, then one all-gather (L0.dispatch0ag0.fwd)
+    assert [op.name for op in chunked.ops if op.name.startswith("L0.dispatch0ag") and op.name.endswith(".fwd")] == [
+        f"L0.dispatch0ag{j}.fwd" for j in range(4)
+    ]
+    sent = {
+        name: sum(
+            op.transfer.nbytes.sum()
+            for op in sim.ops
+            if op.name.startswith("L0.dispatch0c") and op.name.endswith(".fwd")
+        )
+        for name, sim in (("drop", drop), ("chunked", chunked))
+    }
+    whole = sum(op.transfer.nbytes.sum() for op in duplicate.ops if op.name == "L0.dispatch0.fwd")
+    assert whole == pytest.approx(8 * sent["drop"]) and sent["chunked"] == pytest.approx(sent["drop"])
+    # the inter-node all-to-all is the bottleneck: dropping duplicates cuts it, pipelining hides the gathers
+    a2a = {name: sim.metrics()["a2a_ms"] for name, sim in (("dup", duplicate), ("drop", drop), ("chunked", chunked))}
+    assert a2a["dup"] > 3 * a2a["drop"] and a2a["chunked"] < a2a["drop"]
+    # compute does not depend on the dispatch
+    expert_ms = duplicate.metrics()["expert_ms"]
+    assert drop.metrics()["expert_ms"] == pytest.approx(expert_ms) == chunked.metrics()["expert_ms"]
+
+
+def test_tensor_parallel_splits_compute_and_reduces_activations_over_tp():
+    cfg, tp8 = step(MONTA)
+    _, tp1 = step([*MONTA, "parallel.tensor_parallel=1", "parallel.world_size=2"])
+    assert tp8.metrics()["expert_ms"] == pytest.approx(tp1.metrics()["expert_ms"] / 8)
+    reduces = [op for op in tp8.ops if op.phase == "tp_allreduce"]
+    # per layer: attention's g forward and f backward, the experts' g forward and f backward
+    assert len(reduces) == 4 * cfg.model.n_layers
+    assert not [op for op in tp1.ops if op.phase == "tp_allreduce"]
+
+
+def test_hierarchical_all_to_all_runs_in_two_phases_only_across_nodes():
+    base = ["hardware_profile=monta-a800-2x8", "parallel.world_size=16", "moe.num_experts=16", "moe.experts_per_rank=1"]
+    _, flat = step(base)
+    _, hier = step([*base, "comm.a2a_algorithm=hierarchical"])
+    names = [op.name for op in hier.ops if op.phase == "dispatch_a2a" and op.name.startswith("L1.")]
+    assert names == ["L1.dispatch0.fwd", "L1.dispatch0.fwd", "L1.dispatch0.bwd", "L1.dispatch0.bwd"]
+    intra, inter = [op.transfer for op in hier.ops if op.name == "L1.dispatch0.fwd"]
+    assert not intra.crosses_nodes and inter.crosses_nodes
+    # the same bytes leave each node; the second phase sends them in one message per node pair
+    flat_op = next(op for op in flat.ops if op.name == "L1.dispatch0.fwd")
+    assert inter.steps == 1 < flat_op.transfer.steps
+    _, one_node = step([*base[:1], "parallel.world_size=8", "moe.num_experts=8", "comm.a2a_algorithm=hierarchical"])
+    assert len([op for op in one_node.ops if op.name == "L1.dispatch0.fwd"]) == 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from omegaconf import DictConfig
@@ -151,6 +151,7 @@ class StepModel:
     def _use_layout(self, layout: Layout) -> None:
         self.layout = layout
         self.ep_groups = layout.groups("ep")  # rows: the ranks of one expert-parallel group
+        self.tp_groups = layout.groups("tp")  # rows: the ranks of one tensor-parallel group
 
     def _micro_op_costs(self) -> Callable[[Layout], tuple[float, float]]:
         """This model's (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on a
@@ -161,7 +162,7 @@ class StepModel:
             self._use_layout(layout)
             rows, a2a_bytes = self._moe_sizes()
             count = len(self._a2a_chunks())
-            a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
+            a2a = self._all_to_all(a2a_bytes)[0] if self.layout.expert_parallel > 1 else None
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return self._seconds(
                 4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert"
@@ -198,16 +199,30 @@ class StepModel:
             np.add.at(loads, t.links, t.nbytes)
         return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers))
 
-    def _all_to_all(self, bytes_per_rank: float) -> dict:
-        footprint = self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])
-        cost = collective_op(self.cfg.hardware, self.topo, "all_to_all", footprint)
+    def _all_to_all(self, bytes_per_rank: float) -> list[dict]:
+        """The op costs of one MoE all-to-all over every "ep" group: one op, or the hierarchical
+        exchange's two phases (intra-node, then inter-node) when the plan asks for it and the
+        groups span nodes, as the measured run does (moe_core.hierarchical_a2a)."""
+        if self.plan.hierarchical_a2a and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
+            p = self.layout.expert_parallel
+            traffic = np.full((p, p), bytes_per_rank / p)
+            phases = zip(*[self.topo.hierarchical_all_to_all(g, traffic) for g in self.ep_groups])
+            footprints = [self._merged(list(phase)) for phase in phases]
+        else:
+            footprints = [self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])]
+        costs = [collective_op(self.cfg.hardware, self.topo, "all_to_all", f) for f in footprints]
         fit = self.cfg.hardware.collectives.get("all_to_all")
         if fit is not None:  # a blocking exchange inside a step also waits for late peers
-            cost["latency_s"] += fit.in_step_us * 1e-6
-        return cost
+            costs[-1]["latency_s"] += fit.in_step_us * 1e-6
+        return costs
+
+    def _tensor_parallel(self, collective: str, bytes_per_rank: float) -> dict:
+        """A ring ``collective`` of ``bytes_per_rank`` over every "tp" group at once."""
+        footprint = self._merged([self.topo.ring(g, bytes_per_rank, collective) for g in self.tp_groups])
+        return collective_op(self.cfg.hardware, self.topo, collective, footprint)
 
     def _all_reduce(self, nbytes: float, expert: bool) -> dict | None:
-        groups = self.layout.groups("dp") if expert else [np.arange(self.layout.world_size)]
+        groups = self.layout.groups("dp") if expert else self.layout.groups_sharing("tp")
         if len(groups[0]) == 1:
             return None  # a group of one rank has nothing to exchange
         footprint = self._merged([self.topo.ring(g, nbytes, "all_reduce") for g in groups])
@@ -217,18 +232,22 @@ class StepModel:
     def build(self) -> tuple[list[Op], int]:
         m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
         T, M, H, E = tr.batch_size * m.seq_len, m.d_model, m.d_ff, moe.num_experts
+        tp = self.layout.tensor_parallel
         rows, a2a_bytes = self._moe_sizes()
-        op_seconds = {
-            "attn": self._seconds(8 * T * M * M + 4 * T * m.seq_len * M, "dense"),
-            "ffn": self._seconds(4 * T * M * H, "dense"),
+        op_seconds = {  # attention heads, dense FFN and expert hidden units are split over "tp"
+            "attn": self._seconds((8 * T * M * M + 4 * T * m.seq_len * M) / tp, "dense"),
+            "ffn": self._seconds(4 * T * M * H / tp, "dense"),
             "gate": self._seconds(2 * T * M * E, "gate"),
-            "expert": self._seconds(4 * rows * M * H, "expert"),
+            "expert": self._seconds(4 * rows * M * H / tp, "expert"),
             "head": self._seconds(2 * T * M * m.vocab_size, "dense"),
         }
-        a2a = self._all_to_all(a2a_bytes) if self.layout.expert_parallel > 1 else None
         chunks = len(self._a2a_chunks())
-        if a2a is not None:  # every micro-op carries its share of the bytes and pays the latency
-            a2a["transfer"] = replace(a2a["transfer"], nbytes=a2a["transfer"].nbytes / chunks)
+        # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
+        tp_chunks = self.plan.tp_exchange_chunks if tp > 1 else None
+        a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
+        # every micro-op carries its share of the bytes and pays the latency
+        a2a = self._all_to_all(a2a_bytes / a2a_share) if self.layout.expert_parallel > 1 else None
+        gather = self._tensor_parallel("all_gather", a2a_bytes / tp_chunks) if tp_chunks else None
         pipelined = self.plan.pipeline_experts
         ops: list[Op] = []
 
@@ -237,10 +256,31 @@ class StepModel:
             ops.append(Op(name, phase, deps, **kw))
             return len(ops) - 1
 
-        def moe_comm(name: str, phase: str, after) -> int:
+        def all_to_all(name: str, phase: str, after) -> int:
             if a2a is None:  # expert parallel size 1: the exchange is a local copy
                 return add(name, phase, after, duration_s=0.0)
-            return add(name, phase, after, **a2a)
+            for cost in a2a:  # one op, or the hierarchical exchange's two phases
+                after = add(name, phase, after, **cost)
+            return after
+
+        def moe_comm(name: str, phase: str, after) -> int:
+            """One MoE all-to-all; under "tp" with dropped duplicates, its chunks' all-to-alls one
+            after another on the "ep" communicator, each chunk all-gathered over "tp" once it has
+            arrived (moe_core.comm.tp_exchange)."""
+            if gather is None:
+                return all_to_all(name, phase, after)
+            stem, pass_ = name.rsplit(".", 1)
+            sent = gathered = None
+            for j in range(tp_chunks):
+                sent = all_to_all(f"{stem}c{j}.{pass_}", phase, after if sent is None else sent)
+                gathered = add(f"{stem}ag{j}.{pass_}", phase, [sent, gathered], **gather)
+            return gathered
+
+        def tp_all_reduce(name: str, after: int, nbytes: float) -> int:
+            """Megatron's f (backward) or g (forward) all-reduce of activations over "tp"."""
+            if tp == 1:
+                return after
+            return add(name, "tp_allreduce", after, **self._tensor_parallel("all_reduce", nbytes))
 
         def exchange_compute_exchange(i: int, first: str, second: str, expert_s: float, last: int, pass_: str) -> int:
             """first all-to-all -> experts -> second all-to-all, in ``chunks`` micro-ops. Pipelined,
@@ -249,6 +289,7 @@ class StepModel:
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", last)
                 last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=expert_s)
+                last = tp_all_reduce(f"L{i}.expert_allreduce.{pass_}", last, rows * M * self.elem)
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
                 return last
@@ -260,14 +301,17 @@ class StepModel:
             return left
 
         moe_layers = {i for i in range(m.n_layers) if i % m.moe_every == m.moe_every - 1}
+        activation_bytes = T * M * self.elem
         last = None
         for i in range(m.n_layers):
             last = add(f"L{i}.attn.fwd", "dense", last, duration_s=op_seconds["attn"])
+            last = tp_all_reduce(f"L{i}.attn_allreduce.fwd", last, activation_bytes)
             if i in moe_layers:
                 last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"])
                 last = exchange_compute_exchange(i, "dispatch", "combine", op_seconds["expert"], last, "fwd")
             else:
                 last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=op_seconds["ffn"])
+                last = tp_all_reduce(f"L{i}.ffn_allreduce.fwd", last, activation_bytes)
         last = add("head.fwd_bwd", "dense", last, duration_s=3 * op_seconds["head"])
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
@@ -276,7 +320,9 @@ class StepModel:
                 last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * op_seconds["gate"])
             else:
                 last = add(f"L{i}.ffn.bwd", "dense", last, duration_s=2 * op_seconds["ffn"])
+                last = tp_all_reduce(f"L{i}.ffn_allreduce.bwd", last, activation_bytes)
             last = add(f"L{i}.attn.bwd", "dense", last, duration_s=2 * op_seconds["attn"])
+            last = tp_all_reduce(f"L{i}.attn_allreduce.bwd", last, activation_bytes)
             grads_ready[i] = last
         backward_end = grads_ready["embed"] = last
         self._add_gradient_sync(ops, grads_ready, backward_end)

@@ -137,20 +137,24 @@ class Cluster:
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
 
-        Phase 1: device (n, l) hands device (n, l') everything bound for local rank l' on any node.
-        Phase 2: device (n, l') sends node n''s share for (n2, l') to (n2, l'). Needs a group of
-        whole nodes; returns both phases (phase 2 starts when phase 1 ends).
+        Phase 1: device (n, l) hands device (n, l') everything bound for local index l' on any node.
+        Phase 2: device (n, l') sends node n's share for (n2, l') to (n2, l'). "Local index" counts
+        the group's members on their node, so the group needs the same number m of members on each
+        of its nodes (a strided group qualifies, as in moe_core.hierarchical_a2a); returns both
+        phases (phase 2 starts when phase 1 ends).
         """
         traffic = np.asarray(traffic, dtype=float)
-        node, local = self.node_of[group], group % self.g
-        if np.bincount(node).max() != self.g or len(group) % self.g:
-            raise ValueError("hierarchical all-to-all needs a group of whole nodes")
-        n_nodes = len(group) // self.g
-        order = np.lexsort((local, node))  # group index by (node, local)
-        t = traffic[np.ix_(order, order)].reshape(n_nodes, self.g, n_nodes, self.g)  # (src node, l, dst node, l')
+        node = self.node_of[group]
+        counts = np.bincount(node)
+        counts = counts[counts > 0]
+        if counts.min() != counts.max():
+            raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
+        m, n_nodes = int(counts[0]), len(counts)
+        order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
+        t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
         phase1 = t.sum(axis=2)  # (n, l, l'): bytes (n, l) hands (n, l')
-        phase1 = phase1 * (1 - np.eye(self.g))[None]
-        ordered = group[order].reshape(n_nodes, self.g)
+        phase1 = phase1 * (1 - np.eye(m))[None]
+        ordered = group[order].reshape(n_nodes, m)
         loads1 = np.zeros(self.num_links)
         np.add.at(loads1, self.intra_out[ordered], phase1.sum(axis=2))
         np.add.at(loads1, self.intra_in[ordered], phase1.sum(axis=1))
@@ -162,7 +166,7 @@ class Cluster:
         flat = ordered.reshape(-1)
         self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
         return (
-            self._transfer(loads1, steps=self.g - 1, crosses_nodes=False),
+            self._transfer(loads1, steps=m - 1, crosses_nodes=False),
             self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1),
         )
 

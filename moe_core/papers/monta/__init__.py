@@ -5,7 +5,8 @@ the parallel layout.
 * ``performance_model``: the alpha-beta model of the three dispatch paths, the chunk count and the
   ranking of (tp, ep, dp) layouts;
 * ``decisions``: the ``monta`` dispatch (registered), its chunk count from the model;
-* ``config``: the ``monta`` config section.
+* ``config``: the ``monta`` config section;
+* ``sweeps``: its measured and simulated training-step points.
 """
 
-from . import config, decisions  # noqa: F401  (each registers itself)
+from . import config, decisions, sweeps  # noqa: F401  (each registers itself)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from moe_core.policies import TP_DISPATCHES
 from moe_core.sections import register_section, require, require_at_least, require_profile
 
 from .performance_model import DEFAULT_CHUNK_OVERHEAD_S
@@ -16,10 +17,17 @@ from .performance_model import DEFAULT_CHUNK_OVERHEAD_S
 class MontaConfig:
     """MoNTA's performance model and its experiments.
 
-    The measured exchange (experiments/monta_a2a.py): on ``world_size`` ranks, for every
-    ``tensor_parallel`` value t (ep = world_size / t, one expert per expert-parallel rank), a rank's
-    dispatched buffer of ``bytes_per_rank`` bytes (float32, ``d_model`` wide) moves along every
-    dispatch path, and MoNTA's along every chunk count of ``chunks`` that divides its slots.
+    * Measured exchange (experiments/monta_a2a.py): on ``world_size`` ranks, for every
+      ``tensor_parallel`` value t (ep = world_size / t, one expert per expert-parallel rank), a rank's
+      dispatched buffer of ``bytes_per_rank`` bytes (float32, ``d_model`` wide) moves along every
+      dispatch path, and MoNTA's along every count of ``chunks`` that divides its slots.
+    * Measured training steps (experiments/train_step.py): the measured sweep's largest world size at
+      ``measured_tensor_parallel``, two experts, one run per ``measured_dispatch``.
+    * Simulated at MoNTA's scale (moe_core/papers/monta/sweeps.py): the paper's model
+      (``overrides``) on ``hardware`` with each ``nics_per_node`` (the paper does not state it), every
+      dispatch at every ``sim_tensor_parallel``, MoNTA at every ``sim_chunks``, every (tp, ep, dp)
+      layout of the strategy ranking, and the flat vs hierarchical all-to-all on clusters of
+      ``hierarchical_nodes`` nodes.
     """
 
     # Per-chunk fixed cost of the pipelined dispatch (kernel launches and the copy of a chunk into the
@@ -32,10 +40,23 @@ class MontaConfig:
     chunks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     warmup_iters: int = 2
     iters: int = 10
-    # Simulated at MoNTA's scale (experiments/monta.py): its testbed, with the unstated NIC count
-    # bracketed by these values.
+    measured_tensor_parallel: int = 2
+    measured_dispatch: list[str] = field(default_factory=lambda: ["duplicate", "drop-gather", "monta"])
     hardware: str = "monta-a800-2x8"
     nics_per_node: list[int] = field(default_factory=lambda: [4, 8])
+    sim_tensor_parallel: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    sim_chunks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    hierarchical_nodes: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    device_memory_GB: float = 80.0  # A800 80 GB [spec]: what the strategy ranking's layouts must fit in
+    bytes_per_param: int = 16  # mixed-precision Adam: bf16 weight + bf16 gradient + fp32 master, m, v
+    overrides: list[str] = field(default_factory=list)  # the simulated model
+
+
+def exchange_buffer_shape(m: DictConfig, tp: int) -> tuple[int, int]:
+    """(blocks, rows per block) of a rank's buffer in the measured exchange at tensor-parallel size
+    ``tp``: one block per expert-parallel rank, ``bytes_per_rank`` in float32 rows of ``d_model``."""
+    blocks = m.world_size // tp
+    return blocks, m.bytes_per_rank // (4 * m.d_model * blocks)
 
 
 def validate_monta(cfg: DictConfig) -> None:
@@ -45,10 +66,25 @@ def validate_monta(cfg: DictConfig) -> None:
     require(m.chunk_overhead_us >= 0, "monta.chunk_overhead_us", f"must be >= 0, got {m.chunk_overhead_us}")
     require_at_least(m, "monta", 1, ("world_size", "bytes_per_rank", "d_model", "iters"))
     require_at_least(m, "monta", 0, ("warmup_iters",))
-    for key in ("tensor_parallel", "chunks", "nics_per_node"):
+    for key in ("tensor_parallel", "chunks"):
         require(len(m[key]) > 0 and min(m[key]) >= 1, f"monta.{key}", f"must list values >= 1, got {list(m[key])}")
+    for key in ("nics_per_node", "sim_tensor_parallel", "sim_chunks", "hierarchical_nodes"):  # empty: not simulated
+        require(min(m[key], default=1) >= 1, f"monta.{key}", f"values must be >= 1, got {list(m[key])}")
+    require(m.measured_tensor_parallel >= 1, "monta.measured_tensor_parallel", "must be >= 1")
+    unknown = [d for d in m.measured_dispatch if d not in TP_DISPATCHES]
+    require(not unknown, "monta.measured_dispatch", f"unknown dispatches {unknown}; expected {sorted(TP_DISPATCHES)}")
+    require(m.device_memory_GB > 0, "monta.device_memory_GB", f"must be > 0, got {m.device_memory_GB}")
+    require(m.bytes_per_param >= 1, "monta.bytes_per_param", f"must be >= 1, got {m.bytes_per_param}")
     bad = [t for t in m.tensor_parallel if m.world_size % t]
     require(not bad, "monta.tensor_parallel", f"values must divide monta.world_size={m.world_size}, got {bad}")
+    for tp in m.tensor_parallel:
+        rows = exchange_buffer_shape(m, tp)[1]
+        require(
+            rows >= tp and rows % tp == 0,
+            "monta.bytes_per_rank",
+            f"{m.bytes_per_rank} bytes give {rows} rows of d_model={m.d_model} per block at tp {tp}, "
+            "which tp must divide",
+        )
 
 
 register_section("monta", MontaConfig, validate_monta)

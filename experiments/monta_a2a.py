@@ -1,0 +1,220 @@
+"""MoNTA's exchange measured: one MoE dispatch of tokens the tensor-parallel ranks hold in duplicate.
+
+Run under torchrun (every rank runs this file), usually through the launcher::
+
+    python -m experiments.launch --config FILE --nproc 4 -- -m experiments.monta_a2a [key=value ...]
+
+For every ``monta.tensor_parallel`` size t on ``monta.world_size`` ranks (layout dp x ep x tp with
+ep = world / t, tp innermost as moe_core.layout places it), every rank holds a dispatch buffer of
+``monta.bytes_per_rank`` bytes (float32 rows of ``monta.d_model``; one block per expert-parallel
+rank), the same on the ranks of a "tp" group. One exchange moves it along each path:
+
+* ``duplicate``: the whole buffer through the "ep" all-to-all (every tp rank sends its copy);
+* ``drop-gather``: 1/t of it through the all-to-all, then an all-gather over "tp" (DeepSpeed);
+* ``monta-n<k>``: the same in k pipelined chunks (moe_core.comm.tp_exchange), for every
+  ``monta.chunks`` count that divides the slots a rank sends;
+* at t = 1, ``flat`` (all_to_all_single) and, when the "ep" group spans nodes of
+  ``hardware.devices_per_node`` ranks, ``hierarchical`` (moe_core.hierarchical_a2a).
+
+Every path's output is checked against ``duplicate``'s (``flat``'s at t = 1) before timing.
+Methodology as experiments/collectives.py: ``monta.warmup_iters``, then ``monta.iters`` timed
+exchanges, a barrier before each, the worst rank per iteration kept. A record per point also carries
+MoNTA's performance-model prediction and chunk choice for this buffer on ``cfg.hardware`` when the
+profile states its links (moe_core/papers/monta/performance_model.py); rank 0 writes all records at
+the end, ``results/raw/monta/monta_a2a/<point>.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from moe_core import comm
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.hierarchical_a2a import hierarchical_groups
+from moe_core.layout import expert_layout
+from moe_core.papers.monta.config import exchange_buffer_shape
+from moe_core.papers.monta.decisions import knows_links
+from moe_core.papers.monta.performance_model import (
+    admissible_chunk_counts,
+    choose_chunk_count,
+    dispatch_seconds,
+    exchange_links,
+)
+from moe_core.papers.monta.sweeps import PAPER
+from moe_core.plan import even_ranges
+from moe_core.results import make_record, record_path, write_record
+from moe_core.timing import PhaseTimer, gather_worst_rank
+
+EXPERIMENT = "monta_a2a"
+
+
+def spans_nodes(cfg: DictConfig) -> bool:
+    """Whether the tp = 1 exchange group (all ranks) spans nodes of ``hardware.devices_per_node``."""
+    return cfg.monta.world_size > cfg.hardware.devices_per_node
+
+
+def paths(cfg: DictConfig, tp: int) -> list[str]:
+    """The paths measured at tensor-parallel size ``tp`` (pure: the workflow declares them)."""
+    if tp == 1:
+        return ["flat", "hierarchical"] if spans_nodes(cfg) else ["flat"]
+    _, rows = exchange_buffer_shape(cfg.monta, tp)
+    admissible = set(admissible_chunk_counts(rows, tp))
+    return ["duplicate", "drop-gather", *(f"monta-n{n}" for n in cfg.monta.chunks if n in admissible and n > 1)]
+
+
+def measured_points(cfg: DictConfig) -> list[str]:
+    """Every point name one run writes."""
+    return [f"ws{cfg.monta.world_size}_tp{tp}_{path}" for tp in cfg.monta.tensor_parallel for path in paths(cfg, tp)]
+
+
+class Exchanges:
+    """This rank's groups and buffer at one tensor-parallel size, and each path as a callable."""
+
+    def __init__(self, cfg: DictConfig, env: Env, tp: int):
+        world, timeout = cfg.monta.world_size, timedelta(seconds=env.timeout_s)
+        layout = expert_layout(world, world // tp, 1, tp)
+        self.ep_group = _own_group(layout.groups("ep"), env.rank, timeout)
+        self.tp_group = _own_group(layout.groups("tp"), env.rank, timeout) if tp > 1 else None
+        self.hierarchical = None
+        if tp == 1 and spans_nodes(cfg):
+            self.hierarchical = hierarchical_groups(
+                layout.groups("ep").tolist(), cfg.hardware.devices_per_node, timeout
+            )
+        self.tp, self.timer = tp, PhaseTimer(env.device)
+        self.blocks, self.rows = exchange_buffer_shape(cfg.monta, tp)
+        generator = torch.Generator().manual_seed(env.rank // tp)  # a "tp" group holds one buffer
+        self.buffer = torch.randn(self.blocks * self.rows, cfg.monta.d_model, generator=generator).to(env.device)
+
+    def path(self, name: str) -> Callable[[], torch.Tensor]:
+        """The exchange ``name`` of this rank's buffer."""
+        if name in ("flat", "duplicate"):
+            return lambda: comm.exchange(self.buffer, None, None, self.ep_group, None)
+        if name == "hierarchical":
+            return lambda: comm.exchange(self.buffer, None, None, self.hierarchical, None)
+        chunks = 1 if name == "drop-gather" else int(name.removeprefix("monta-n"))
+        ranges = even_ranges(self.rows // self.tp, chunks)
+        return lambda: comm.tp_exchange(
+            self.buffer, self.rows, ranges, self.ep_group, self.tp_group, self.timer, "dispatch_a2a"
+        )
+
+
+def _own_group(groups, rank: int, timeout: timedelta):
+    """Create every group of an axis (collective) and return the one holding ``rank``."""
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(ranks.tolist(), timeout=timeout)
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def check_paths(exchanges: Exchanges, names: list[str]) -> None:
+    """Every path delivers what the first one delivers, on every rank (agreed, so no rank hangs)."""
+    reference = exchanges.path(names[0])()
+    ok = all(torch.equal(exchanges.path(name)(), reference) for name in names[1:])
+    all_ok = torch.tensor([int(ok)], device=reference.device)
+    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
+    if not all_ok.item():
+        raise RuntimeError(
+            f"a dispatch path delivered other data than {names[0]} (this rank {'correct' if ok else 'wrong'})"
+        )
+
+
+def measure(run: Callable[[], torch.Tensor], cfg: DictConfig, timer: PhaseTimer) -> dict[str, list[float]]:
+    """Warm-up, then timed exchanges; the worst rank per iteration."""
+    local: dict[str, list[float]] = {"exchange_ms": []}
+    for it in range(cfg.monta.warmup_iters + cfg.monta.iters):
+        dist.barrier()
+        timer.reset()
+        start = timer.stamp()
+        run()
+        timer.add("exchange", start, timer.stamp())
+        if it >= cfg.monta.warmup_iters:
+            local["exchange_ms"].append(timer.elapsed_ms()["exchange"])
+    return gather_worst_rank(local)
+
+
+def model_metrics(cfg: DictConfig, tp: int, path: str) -> dict[str, float]:
+    """MoNTA's performance model for this exchange on ``cfg.hardware``: its predicted time and the
+    chunk count it would pick; nothing when the profile does not state its links."""
+    hw = cfg.hardware
+    if not knows_links(hw):
+        return {}
+    blocks, rows = exchange_buffer_shape(cfg.monta, tp)
+    ep, volume = blocks, cfg.monta.bytes_per_rank
+    links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
+    if path == "hierarchical":
+        return {}  # the model has no two-phase all-to-all
+    if tp == 1:
+        return {"model_ms": dispatch_seconds("duplicate", volume, ep, tp, links) * 1e3}
+    kind, chunks = ("monta", int(path.removeprefix("monta-n"))) if path.startswith("monta") else (path, 1)
+    return {
+        "model_ms": dispatch_seconds(kind, volume, ep, tp, links, chunks) * 1e3,
+        "model_chunks": choose_chunk_count(volume, rows, ep, tp, links),
+    }
+
+
+def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
+    """Every tensor-parallel size and path; the records on rank 0 (an empty list elsewhere)."""
+    records = []
+    for tp in cfg.monta.tensor_parallel:
+        exchanges = Exchanges(cfg, env, tp)
+        names = paths(cfg, tp)
+        check_paths(exchanges, names)
+        for name in names:
+            samples = measure(exchanges.path(name), cfg, exchanges.timer)
+            if env.rank != 0:
+                continue
+            params = {
+                "world_size": cfg.monta.world_size,
+                "tensor_parallel": tp,
+                "expert_parallel": exchanges.blocks,
+                "path": name,
+                "bytes_per_rank": cfg.monta.bytes_per_rank,
+                "rows_per_block": exchanges.rows,
+            }
+            records.append(
+                make_record(
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=f"ws{cfg.monta.world_size}_tp{tp}_{name}",
+                    mode="measured",
+                    backend=cfg.hardware.backend,
+                    hardware=cfg.hardware.name,
+                    params=params,
+                    samples=samples,
+                    config=to_container(cfg),
+                    extra_metrics=model_metrics(cfg, tp, name),
+                    device=cfg.hardware.device,
+                )
+            )
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = config_arg_parser(__doc__)
+    args = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    env = init_distributed(cfg, world_size_key="monta.world_size")
+    try:
+        with naming_failed_ranks(env):
+            records = run_benchmark(cfg, env)
+        for record in records:  # rank 0 only
+            write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""MoNTA's training-step points, added to the run's measured and simulated sweeps (moe_core.points).
+
+Simulated on MoNTA's testbed (``monta.hardware``, with each ``monta.nics_per_node``) with the
+paper's model (``monta.overrides``), every point a full training step of the step simulator:
+
+* ``dispatch``: every dispatch at every ``monta.sim_tensor_parallel`` (ep = 2 experts' ranks, the
+  rest data parallel), MoNTA's chunk count from its model (Fig (a), (c));
+* ``chunks``: MoNTA's dispatch at the largest tensor-parallel size with each admissible
+  ``monta.sim_chunks`` (Fig (b));
+* ``strategy``: every (tp, ep, dp) layout of the strategy ranking (Fig (d));
+* ``hierarchical``: flat vs hierarchical all-to-all, one expert per GPU, on clusters of
+  ``monta.hierarchical_nodes`` nodes (Fig (e)).
+
+Measured: the measured sweep's largest world size at ``monta.measured_tensor_parallel`` with two
+experts, one run per ``monta.measured_dispatch``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from moe_core.capacity import dispatch_rows_per_expert
+from moe_core.points import point_name, point_overrides, register_measured_points, register_sim_points
+
+from .performance_model import admissible_chunk_counts
+
+PAPER = "monta"
+EXPERTS = 2  # "2x70B" [ABS]
+
+
+def sim_point(cfg: DictConfig, nics: int, nodes: int | None = None, **params) -> tuple[str, tuple[str, list[str]]]:
+    """One simulated point on ``monta.hardware`` with ``nics`` NICs per node (and ``nodes`` nodes, if given)."""
+    m = cfg.monta
+    point = {"seed": cfg.train.seed, "policy": "overlap", "tp_chunks": 0, "a2a_algorithm": "flat", **params}
+    hardware = [f"hardware.nics_per_node={nics}"] + ([f"hardware.nodes={nodes}"] if nodes else [])
+    testbed = f"{m.hardware}-nic{nics}"  # a testbed of its own: the NIC count brackets an unstated one
+    hardware.append(f"hardware.name={testbed}")
+    name = testbed + (f"-n{nodes}" if nodes else "") + f"_{point_name(point)}"
+    overrides = [*m.overrides, f"hardware_profile={m.hardware}", f"paper={PAPER}", *hardware, *point_overrides(point)]
+    return name, (PAPER, overrides)
+
+
+def layout_params(world: int, experts: int, ep: int, tp: int, dispatch: str, chunks: int = 0) -> dict[str, Any]:
+    """A point's layout: ``experts`` over ``ep`` ranks, ``tp`` tensor-parallel, the rest data parallel."""
+    return dict(
+        world_size=world,
+        num_experts=experts,
+        experts_per_rank=experts // ep,
+        tensor_parallel=tp,
+        tp_dispatch=dispatch if tp > 1 else "drop-gather",
+        tp_chunks=chunks,
+    )
+
+
+def paper_config(cfg: DictConfig) -> DictConfig:
+    """The paper's model on its testbed: what the simulated points' sizes are read from."""
+    from moe_core.config import load_config  # the config module imports this one (the registry)
+
+    return load_config(overrides=[*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}"])
+
+
+@register_sim_points
+def monta_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
+    m, paper = cfg.monta, paper_config(cfg)
+    hw = paper.hardware
+    world = hw.nodes * hw.devices_per_node  # 16 A800 [ABS]
+    points = []
+    for nics, tp in itertools.product(m.nics_per_node, m.sim_tensor_parallel):
+        dispatches = ["duplicate", "drop-gather", "monta"] if tp > 1 else ["drop-gather"]
+        points += [sim_point(cfg, nics, **layout_params(world, EXPERTS, EXPERTS, tp, d)) for d in dispatches]
+    tp = max(m.sim_tensor_parallel)
+    if tp > 1:
+        slots = dispatch_rows_per_expert(OmegaConf.merge(paper, {"moe": {"num_experts": EXPERTS}}))
+        admissible = set(admissible_chunk_counts(slots, tp))
+        points += [
+            sim_point(cfg, nics, **layout_params(world, EXPERTS, EXPERTS, tp, "monta", n))
+            for nics, n in itertools.product(m.nics_per_node, m.sim_chunks)
+            if n in admissible
+        ]
+    for nics, (tp, ep) in itertools.product(m.nics_per_node, strategy_layouts(world, hw.devices_per_node)):
+        points.append(sim_point(cfg, nics, **layout_params(world, EXPERTS, ep, tp, "monta")))
+    for nodes, algorithm in itertools.product(m.hierarchical_nodes, ("flat", "hierarchical")):
+        ranks = nodes * hw.devices_per_node  # one expert per GPU
+        params = {**layout_params(ranks, ranks, ranks, 1, "drop-gather"), "a2a_algorithm": algorithm}
+        points += [sim_point(cfg, nics, nodes=nodes, **params) for nics in m.nics_per_node[:1]]
+    return dict(points)
+
+
+def strategy_layouts(world: int, devices_per_node: int) -> list[tuple[int, int]]:
+    """Every (tp, ep) of the strategy ranking: tp within a node, ep a divisor of the experts."""
+    return [
+        (tp, ep)
+        for tp in range(1, devices_per_node + 1)
+        for ep in range(1, EXPERTS + 1)
+        if devices_per_node % tp == 0 and EXPERTS % ep == 0 and world % (tp * ep) == 0
+    ]
+
+
+@register_measured_points
+def monta_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
+    ws, tp = max(cfg.sweep.world_size), cfg.monta.measured_tensor_parallel
+    if tp < 2 or ws % (tp * EXPERTS):
+        return []
+    return [
+        {
+            **layout_params(ws, EXPERTS, EXPERTS, tp, dispatch),
+            "policy": "overlap",
+            "seed": cfg.sweep.seed[0],
+            "paper": PAPER,
+        }
+        for dispatch in cfg.monta.measured_dispatch
+    ]
