@@ -31,6 +31,7 @@ include: "experiments/rules/collectives.smk"
 include: "experiments/rules/simulator.smk"
 include: "experiments/rules/lina.smk"
 include: "experiments/rules/aurora.smk"
+include: "experiments/rules/monta.smk"
 include: "experiments/rules/analysis.smk"
 
 
@@ -39,4 +40,5 @@ rule all:
     input:
         f"{RESULTS}/tables/comparison.csv",
         f"{RESULTS}/tables/sim_validation.csv",
+        f"{RESULTS}/tables/monta_strategies.csv",
         FIGURES,

@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from moe_core.config import ConfigError, load_config
+from moe_core.points import replayed_config
 from moe_core.results import atomic_output, read_record
 from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, medians
 
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
         network_hw, network_fit = fit_network(hw, alone_times(records, hw.name), seed=cfg.collectives.seed)
         train = [
-            (r["config"], medians(r)) for r in calibrate if r["experiment"] == "train_step" and r["hardware"] == hw.name
+            (replayed_config(r), medians(r))
+            for r in calibrate
+            if r["experiment"] == "train_step" and r["hardware"] == hw.name
         ]
         compute_hw, compute_fit = fit_compute(network_hw, train)
         fitted, wait_fit = fit_in_step_wait(compute_hw, train)

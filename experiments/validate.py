@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis.files import write_csv
 from moe_core.config import ConfigError, load_config
+from moe_core.points import replayed_config
 from moe_core.results import read_record
 from moe_core.sim.calibrate import calibration_split
 from moe_core.sim.collectives import simulate_collective
@@ -27,7 +28,7 @@ from moe_core.sim.topology import build_topology
 
 def predict(record: dict, calibrated: str) -> tuple[str, float, float]:
     """(setting, measured ms, predicted ms) of one held-out measured record."""
-    cfg = load_config(data=record["config"], overrides=[f"hardware_profile={calibrated}"])
+    cfg = load_config(data=replayed_config(record), overrides=[f"hardware_profile={calibrated}"])
     topo = build_topology(cfg.hardware)
     p = record["params"]
     if record["experiment"] == "collectives":

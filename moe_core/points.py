@@ -11,6 +11,7 @@ without naming a paper.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -147,6 +148,7 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "capacity_factor": cfg.moe.capacity_factor,
         "dropless": cfg.moe.dropless,
         "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
+        "moe_layers": cfg.model.n_layers // cfg.model.moe_every,
         "dtype": cfg.train.dtype,
         "partition_mb": cfg.comm.partition_mb,
         "tensor_parallel": layout.tensor_parallel,
@@ -174,3 +176,14 @@ def point_name(point: dict[str, Any]) -> str:
     if point.get("a2a_algorithm", "flat") == "hierarchical":
         name += "_hier"
     return name + "_dropless" if point.get("dropless") else name
+
+
+def replayed_config(record: dict[str, Any]) -> dict[str, Any]:
+    """A measured record's resolved config with the decisions it took on its own hardware pinned, so
+    a simulation of it (calibration, validation) runs the same plan on another profile: the
+    tensor-parallel dispatch's chunk count (``comm.tp_chunks``)."""
+    config = copy.deepcopy(record["config"])
+    chunks = record["params"].get("tp_exchange_chunks")
+    if chunks:
+        config["comm"]["tp_chunks"] = chunks
+    return config

@@ -9,6 +9,7 @@ import pytest
 from experiments.collectives import collective_points
 from moe_core.config import load_config
 from moe_core.papers.lina.sweeps import lina_measured_points
+from moe_core.papers.monta.sweeps import monta_measured_points
 from moe_core.points import point_name, sim_points, sweep_points
 
 
@@ -29,9 +30,10 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     out = proc.stdout + proc.stderr
     job_lines = [line.split() for line in out.splitlines()]
     counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
-    assert len(points) == 12 and len(lina_measured_points(cfg)) == 2
-    assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg))
-    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 and int(counts["lina_inference"]) == 1
+    assert len(points) == 12 and len(lina_measured_points(cfg)) == 2 and len(monta_measured_points(cfg)) == 3
+    assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
+    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 + 50 and int(counts["lina_inference"]) == 1
+    assert int(counts["monta_a2a"]) == int(counts["monta_model"]) == int(counts["monta_strategy_table"]) == 1
     assert int(counts["collectives"]) == 1
     assert all(
         int(counts[f"figure_{name}"]) == 1
@@ -50,6 +52,10 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     assert all(
         int(counts[f"figure_aurora_{name}"]) == 1
         for name in ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library")
+    )
+    assert all(
+        int(counts[f"figure_monta_{name}"]) == 1
+        for name in ("a2a_vs_tp", "chunks", "iteration_breakdown", "strategy_ranking", "hierarchical")
     )
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
 

@@ -15,6 +15,8 @@ rule collect:
         AURORA_SIM_RECORDS,
         AURORA_A2A_RECORDS,
         INFERENCE_RECORDS,
+        MONTA_A2A_RECORDS,
+        MONTA_MODEL_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

@@ -73,7 +73,7 @@ def exchange_links(hw, ep: int, tp: int, chunk_overhead_s: float) -> ExchangeLin
     intra_Bps = hw.intra_node_GBps * 1e9
     inter_Bps = hw.nics_per_node * hw.nic_GBps * 1e9 / hw.oversubscription / hw.devices_per_node
     members = ep_members_per_node(hw.devices_per_node, ep, tp)
-    a2a_s_per_byte = max(max((ep - m) / ep / inter_Bps, (m - 1) / ep / intra_Bps) for m in members)
+    a2a_s_per_byte = max(max(_per_byte((ep - m) / ep, inter_Bps), _per_byte((m - 1) / ep, intra_Bps)) for m in members)
     ep_spans_nodes = min(members) < ep
     tp_in_node = hw.devices_per_node % tp == 0
     return ExchangeLinks(
@@ -83,6 +83,11 @@ def exchange_links(hw, ep: int, tp: int, chunk_overhead_s: float) -> ExchangeLin
         ag_latency_s=(hw.intra_node_latency_us if tp_in_node else hw.inter_node_latency_us) * 1e-6,
         chunk_overhead_s=chunk_overhead_s,
     )
+
+
+def _per_byte(fraction: float, Bps: float) -> float:
+    """Seconds per byte of a rank's buffer of which ``fraction`` crosses a link of ``Bps`` (none: 0)."""
+    return fraction / Bps if fraction > 0 else 0.0
 
 
 def a2a_seconds(nbytes: float, ep: int, links: ExchangeLinks) -> float:
@@ -196,6 +201,7 @@ def enumerate_strategies(
     hw,
     path: str = "monta",
     chunk_overhead_s: float = DEFAULT_CHUNK_OVERHEAD_S,
+    moe_layers: int = 1,
 ) -> list[Strategy]:
     """Every layout tp * ep * dp == world_size with tp dividing devices_per_node (TP stays inside a
     node, as Megatron and DeepSpeed place it) and ep dividing num_experts, with its dispatch cost.
@@ -205,9 +211,10 @@ def enumerate_strategies(
     tokens_per_rank / E), rounded up to a multiple of tp because each TP rank keeps C/tp slots
     (DeepSpeed's drop_tokens asserts the divisibility); the dispatched buffer is E*C*d_model*element_bytes.
 
-    Memory counts expert parameters only, num_experts/ep experts of 2*d_model*d_ff parameters each,
-    sharded tp ways: they are what the layout trades for communication. Dense weights, activations and
-    optimizer state beyond ``bytes_per_param`` are left out, so ``fits`` is necessary, not sufficient.
+    Memory counts expert parameters only, num_experts/ep experts of 2*d_model*d_ff parameters in each
+    of ``moe_layers`` layers, sharded tp ways: they are what the layout trades for communication.
+    Dense weights, activations and optimizer state beyond ``bytes_per_param`` are left out, so
+    ``fits`` is necessary, not sufficient.
     """
     if devices_per_node != hw.devices_per_node:
         raise ValueError(f"devices_per_node={devices_per_node} differs from the profile's {hw.devices_per_node}")
@@ -228,7 +235,7 @@ def enumerate_strategies(
             gathers = 0 if path == "duplicate" else chunks
             # TP groups stay inside a node, so only the all-to-all crosses nodes.
             off_node_fraction = (ep - min(ep_members_per_node(devices_per_node, ep, tp))) / ep
-            memory_bytes = num_experts / ep * 2 * d_model * d_ff / tp * bytes_per_param
+            memory_bytes = moe_layers * num_experts / ep * 2 * d_model * d_ff / tp * bytes_per_param
             strategies.append(
                 Strategy(
                     tp=tp,

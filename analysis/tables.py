@@ -1,0 +1,56 @@
+"""Tables a paper derives from the records table (beside the comparison), each written as CSV.
+
+A table is a function ``f(records) -> DataFrame`` registered with ``@table`` in
+analysis/papers/<paper>.py; an empty frame means the records lack its data (an error, nothing
+written). The paper's rules file names the table's output.
+
+    python -m analysis.tables --records results/tables/records.csv --table strategy_ranking \
+        --out results/tables/monta_strategies.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.files import write_csv
+
+TABLE_REGISTRY: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {}  # filled by @table in analysis/papers/
+
+
+def table(fn: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """Register ``fn`` as the table of its name."""
+    if fn.__name__ in TABLE_REGISTRY:
+        raise ValueError(f"two tables are named {fn.__name__!r}; table names must be unique")
+    TABLE_REGISTRY[fn.__name__] = fn
+    return fn
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=Path, required=True, help="records CSV (analysis.collect)")
+    parser.add_argument("--table", required=True, help=f"one of {sorted(TABLE_REGISTRY)}")
+    parser.add_argument("--out", type=Path, required=True, help="CSV to write")
+    args = parser.parse_args(argv)
+    if args.table not in TABLE_REGISTRY:
+        sys.exit(f"analysis.tables: error: unknown table {args.table!r}; choose one of {sorted(TABLE_REGISTRY)}")
+    df = TABLE_REGISTRY[args.table](pd.read_csv(args.records))
+    if df.empty:
+        sys.exit(f"analysis.tables: error: the records table has no data for {args.table}; run its experiments first")
+    write_csv(df, args.out)
+    print(df.to_string(index=False))
+
+
+# Last, because the paper modules import this one: importing them registers every paper's tables.
+import analysis.papers  # noqa: E402, F401
+
+if __name__ == "__main__":
+    # `python -m` runs this file as a second module, __main__; the papers registered their tables with
+    # analysis.tables, so its main is the one that sees them.
+    from analysis.tables import main as main_with_papers
+
+    main_with_papers()

@@ -1,0 +1,165 @@
+"""MoNTA's performance model at the paper's setting: the strategy ranking and the chunk-count curve.
+
+    python -m experiments.monta --config configs/default.yaml
+
+No processes, no torch: the model is closed-form (moe_core/papers/monta/performance_model.py). For
+the paper's model (``monta.overrides``) on its testbed (``monta.hardware``) with each
+``monta.nics_per_node``, it writes
+
+* ``monta_strategy``: every (tp, ep, dp) layout of the 16 GPUs with its predicted dispatch time
+  (MoNTA's pipelined exchange, chunk count chosen by the model), inter-node bytes, expert memory per
+  GPU, whether that fits ``monta.device_memory_GB``, and its rank (MoNTA's choice is rank 1);
+* ``monta_chunk_model``: the predicted pipelined dispatch time at the largest tensor-parallel size
+  of ``monta.sim_tensor_parallel`` for every admissible chunk count, and the count the model picks.
+
+Records carry ``mode: simulated`` and ``backend: model`` (a testbed of their own, beside the step
+simulator's ``sim``), ``results/raw/monta/<experiment>/<point>.json``, all written at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from moe_core.capacity import dispatch_rows_per_expert
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.papers.monta.decisions import DTYPE_BYTES, dispatch_volume_bytes
+from moe_core.papers.monta.performance_model import (
+    admissible_chunk_counts,
+    choose_chunk_count,
+    enumerate_strategies,
+    exchange_links,
+    pipelined_seconds,
+    rank_strategies,
+)
+from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
+from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
+
+
+def testbeds(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The paper's config on its testbed with each ``monta.nics_per_node``, by testbed name."""
+    paper = paper_config(cfg)
+    return {
+        f"{cfg.monta.hardware}-nic{nics}": OmegaConf.merge(
+            paper, {"moe": {"num_experts": EXPERTS}, "hardware": {"nics_per_node": nics}}
+        )
+        for nics in cfg.monta.nics_per_node
+    }
+
+
+def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
+    """One record per (tp, ep, dp) layout, with the model's predictions and rank."""
+    hw, m, model = paper.hardware, cfg.monta, paper.model
+    world = hw.nodes * hw.devices_per_node
+    ranked = rank_strategies(
+        enumerate_strategies(
+            world_size=world,
+            devices_per_node=hw.devices_per_node,
+            num_experts=EXPERTS,
+            tokens_per_rank=paper.train.batch_size * model.seq_len,
+            d_model=model.d_model,
+            d_ff=model.d_ff,
+            top_k=paper.moe.top_k,
+            capacity_factor=paper.moe.capacity_factor,
+            element_bytes=DTYPE_BYTES[paper.train.dtype],
+            memory_bytes_per_device=m.device_memory_GB * 1e9,
+            bytes_per_param=m.bytes_per_param,
+            hw=hw,
+            chunk_overhead_s=m.chunk_overhead_us * 1e-6,
+            moe_layers=model.n_layers // model.moe_every,
+        )
+    )
+    records = []
+    for rank, s in enumerate(ranked, start=1):
+        params = {
+            "world_size": world,
+            "tensor_parallel": s.tp,
+            "expert_parallel": s.ep,
+            "data_parallel": s.dp,
+            "nics_per_node": hw.nics_per_node,
+        }
+        metrics = {
+            "model_exchange_ms": s.exchange_s * 1e3,
+            "model_a2a_ms": s.a2a_s * 1e3,
+            "model_allgather_ms": s.allgather_s * 1e3,
+            "inter_node_bytes": s.inter_node_bytes,
+            "memory_GB": s.memory_bytes / 1e9,
+            "fits": float(s.fits),
+            "model_rank": rank,
+            "chunks": s.chunks,
+        }
+        point = f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}"
+        records.append(_record(cfg, "monta_strategy", point, name, params, metrics))
+    return records
+
+
+def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
+    """The model's pipelined dispatch time for every admissible chunk count at the largest tp."""
+    hw = paper.hardware
+    tp = max(cfg.monta.sim_tensor_parallel, default=1)
+    if tp == 1:
+        return []
+    ep = EXPERTS
+    paper = OmegaConf.merge(paper, {"parallel": {"world_size": hw.nodes * hw.devices_per_node, "tensor_parallel": tp}})
+    slots, volume = dispatch_rows_per_expert(paper), dispatch_volume_bytes(paper)
+    links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
+    chosen = choose_chunk_count(volume, slots, ep, tp, links)
+    records = []
+    for n in admissible_chunk_counts(slots, tp):
+        params = {"tensor_parallel": tp, "expert_parallel": ep, "chunks": n, "nics_per_node": hw.nics_per_node}
+        metrics = {"model_exchange_ms": pipelined_seconds(volume, n, ep, tp, links) * 1e3, "chosen": float(n == chosen)}
+        records.append(_record(cfg, "monta_chunk_model", f"{name}_tp{tp}_n{n}", name, params, metrics))
+    return records
+
+
+def model_records(cfg: DictConfig) -> list[dict]:
+    """Every record of this run, for each NIC count."""
+    return [
+        record
+        for name, paper in testbeds(cfg).items()
+        for record in [*strategy_records(cfg, name, paper), *chunk_records(cfg, name, paper)]
+    ]
+
+
+def model_points(cfg: DictConfig) -> dict[str, list[str]]:
+    """Experiment -> the point names one run writes (the workflow declares them; the model is cheap)."""
+    points: dict[str, list[str]] = {"monta_strategy": [], "monta_chunk_model": []}
+    for record in model_records(cfg):
+        points[record["experiment"]].append(record["point"])
+    return points
+
+
+def _record(cfg: DictConfig, experiment: str, point: str, hardware: str, params: dict, metrics: dict) -> dict:
+    return make_record(
+        paper=PAPER,
+        experiment=experiment,
+        point=point,
+        mode="simulated",
+        backend="model",
+        hardware=hardware,
+        params=params,
+        samples={},
+        config=to_container(cfg),
+        extra_metrics=metrics,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_arg_parser(__doc__)
+    args = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        check_writable(cfg.results_dir)
+        records = model_records(cfg)
+    except (ConfigError, ResultsDirError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for record in records:
+        write_record(record, record_path(cfg.results_dir, PAPER, record["experiment"], record["point"]))
+    print(f"wrote {len(records)} records", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

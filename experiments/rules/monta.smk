@@ -1,0 +1,78 @@
+# MoNTA (arXiv 2411.00662): its dispatch measured alone (experiments/monta_a2a.py, one torchrun
+# job); its training steps measured (the measured sweep's rules) and simulated at the paper's scale
+# (the simulator's job) are points it registers (moe_core/papers/monta/sweeps.py); the strategy
+# ranking is a table of the performance model's predictions next to the simulated layouts.
+
+from experiments.monta_a2a import EXPERIMENT as MONTA_A2A, measured_points as monta_measured_points
+from experiments.monta import model_points as monta_model_points
+from moe_core.papers.monta.sweeps import PAPER as MONTA_PAPER
+
+MONTA_A2A_RECORDS = expand(
+    f"{RESULTS}/raw/{MONTA_PAPER}/{MONTA_A2A}/{{point}}.json", point=monta_measured_points(CFG)
+)
+
+
+rule monta_a2a:
+    """One dispatch per path (duplicate, drop-gather, pipelined chunks) at every monta.tensor_parallel,
+    monta.world_size ranks."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        MONTA_A2A_RECORDS,
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/monta_a2a.log",
+    params:
+        world_size=CFG.monta.world_size,
+    threads: CFG.monta.world_size
+    resources:
+        **measured_resources(CFG.monta.world_size),
+    shell:
+        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.monta_a2a > {log:q} 2>&1"
+
+
+MONTA_MODEL_RECORDS = [
+    f"{RESULTS}/raw/{MONTA_PAPER}/{experiment}/{point}.json"
+    for experiment, points in monta_model_points(CFG).items()
+    for point in points
+]
+
+
+rule monta_model:
+    """MoNTA's performance model at the paper's setting: strategy ranking and chunk curve (seconds
+    of CPU, no processes)."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        MONTA_MODEL_RECORDS,
+    log:
+        f"{RESULTS}/logs/monta_model.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.monta --config {input.config:q} > {log:q} 2>&1"
+
+
+rule monta_strategy_table:
+    """The strategy ranking: the model's prediction and rank next to the simulated step's."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/monta_strategies.csv",
+            caption="../../analysis/captions/monta_strategies_table.rst",
+            category="Published vs reproduced",
+        ),
+    log:
+        f"{RESULTS}/logs/monta_strategy_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m analysis.tables --records {input.records:q} --table strategy_ranking --out {output:q} > {log:q} 2>&1"
