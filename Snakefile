@@ -32,6 +32,7 @@ include: "experiments/rules/simulator.smk"
 include: "experiments/rules/lina.smk"
 include: "experiments/rules/aurora.smk"
 include: "experiments/rules/monta.smk"
+include: "experiments/rules/dispatchers.smk"
 include: "experiments/rules/analysis.smk"
 
 
@@ -41,4 +42,5 @@ rule all:
         f"{RESULTS}/tables/comparison.csv",
         f"{RESULTS}/tables/sim_validation.csv",
         f"{RESULTS}/tables/monta_strategies.csv",
+        f"{RESULTS}/tables/dispatchers.csv",
         FIGURES,

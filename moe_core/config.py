@@ -27,7 +27,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from . import papers  # the registry: every paper registers its config section, policies and orders
+from . import (
+    dispatch_study,  # noqa: F401  (registers the dispatcher study's config section)
+    papers,  # the registry: every paper registers its config section, policies and orders
+)
 from .capacity import dispatch_rows_per_expert
 from .layout import layout_error
 from .points import sweep_points

@@ -232,6 +232,38 @@ def write_lina(root):
     return paths
 
 
+def write_dispatchers(root):
+    """The dispatcher study: two skews x three paths, measured and simulated."""
+    paths = []
+    for experiment, mode, backend, hardware in (
+        ("dispatchers", "measured", "gloo", "local-cpu"),
+        ("dispatchers_sim", "simulated", "sim", "monta-a800-2x8"),
+    ):
+        for skew, imbalance in (("uniform", 1.0), ("zipf:1.0", 2.0)):
+            for path, ms in (("capacity", 5.0), ("dropless", 4.0 * imbalance), ("allgather", 9.0)):
+                params = {"skew": skew, "path": path, "world_size": 4, "tensor_parallel": 1}
+                metrics = {"imbalance": imbalance, "dropped_fraction": 0.1 * (imbalance - 1) * (path == "capacity")}
+                samples = {"exchange_ms": _spread(ms)} if mode == "measured" else {}
+                if mode == "simulated":
+                    metrics["exchange_ms"] = ms
+                point = f"{skew}_{path}"
+                paths.append(
+                    _write(
+                        root,
+                        paper="common",
+                        experiment=experiment,
+                        point=point,
+                        mode=mode,
+                        backend=backend,
+                        hardware=hardware,
+                        params=params,
+                        samples=samples,
+                        extra_metrics=metrics,
+                    )
+                )
+    return paths
+
+
 def write_monta(root):
     """MoNTA's records: simulated steps (dispatches vs tp, chunks, layouts, flat vs hierarchical), the
     performance model's ranking and chunk curve, and the measured exchange (2 NIC counts simulated)."""
@@ -392,6 +424,7 @@ def figure_tables(tmp_path_factory):
         + write_aurora(root)
         + write_lina(root)
         + write_monta(root)
+        + write_dispatchers(root)
     )
 
 
@@ -588,6 +621,7 @@ def test_figures_register_with_their_paper():
         "step_breakdown": "gshard",
         "busbw_vs_size": "common",
         "sim_validation": "common",
+        "dispatchers_under_skew": "common",
         **dict.fromkeys(
             [
                 "a2a_share_vs_experts",
@@ -657,6 +691,7 @@ NEEDS = {
     "monta_iteration_breakdown": ("sim_train_step", "train_step"),
     "monta_strategy_ranking": "monta_strategy",
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),
+    "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
 }
 
 

@@ -34,6 +34,8 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
     assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 + 50 and int(counts["lina_inference"]) == 1
     assert int(counts["monta_a2a"]) == int(counts["monta_model"]) == int(counts["monta_strategy_table"]) == 1
+    assert int(counts["dispatchers"]) == int(counts["dispatchers_simulated"]) == int(counts["dispatcher_table"]) == 1
+    assert int(counts["figure_dispatchers_under_skew"]) == 1
     assert int(counts["collectives"]) == 1
     assert all(
         int(counts[f"figure_{name}"]) == 1

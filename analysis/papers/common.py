@@ -1,5 +1,6 @@
 """Paper-neutral figures (results/figures/common/): bus bandwidth of the collectives measured alone,
-and the simulator against held-out measurements. No reproducers: no paper publishes these numbers."""
+the simulator against held-out measurements, and which dispatcher wins under routing skew (with its
+table). No reproducers: no paper publishes these numbers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
 from analysis.figures import FigureDataError, figure, one_testbed
+from analysis.tables import table
 from analysis.units import format_bytes
 
 
@@ -77,3 +79,56 @@ def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
         title=f"Simulator vs held-out measurements ({', '.join(sorted(validation['hardware'].unique()))})",
     )
     ax.legend(fontsize="small")
+
+
+# ---- which dispatcher when (moe_core/dispatch_study.py) -----------------------------------------
+
+
+def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:
+    """Every dispatcher record (measured and simulated), one row per point: time, drops, imbalance."""
+    df = pd.concat([select(records, paper="common", experiment=e) for e in ("dispatchers", "dispatchers_sim")])
+    if df.empty:
+        return df
+    keys = ["experiment", "mode", "backend", "hardware", "skew", "path"]
+    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
+    return wide.dropna(subset=["exchange_ms"])
+
+
+@table
+def dispatcher_choice(records: pd.DataFrame) -> pd.DataFrame:
+    """Per testbed and skew: every path's round trip and drops, the fastest path, and the fastest that
+    drops no token."""
+    df = _dispatchers(records)
+    if df.empty:
+        return df
+    keys = ["mode", "backend", "hardware", "skew"]
+    fastest = df.loc[df.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
+    lossless = df[df["dropped_fraction"] == 0]
+    fastest_lossless = lossless.loc[lossless.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
+    df = df.join(fastest.rename("fastest"), on=keys).join(fastest_lossless.rename("fastest_without_drops"), on=keys)
+    columns = [*keys, "imbalance", "path", "exchange_ms", "dropped_fraction", "fastest", "fastest_without_drops"]
+    return df[columns].sort_values([*keys, "exchange_ms"])
+
+
+@figure(paper="common")
+def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Round trip of one MoE layer per dispatch path vs routing imbalance, per testbed, and the tokens
+    the capacity paths drop."""
+    df = _dispatchers(records)
+    if df.empty:
+        raise FigureDataError(
+            "the records table has no common/dispatchers rows; run experiments/dispatchers.py (and --simulated)"
+        )
+    testbeds = df[["mode", "backend", "hardware"]].drop_duplicates().to_records(index=False)
+    fig.set_size_inches(5 * (len(testbeds) + 1), 4.5)
+    axes = fig.subplots(1, len(testbeds) + 1)
+    for ax, (mode, backend, hardware) in zip(axes, testbeds):
+        panel = df[(df["mode"] == mode) & (df["hardware"] == hardware)]
+        sns.lineplot(panel, x="imbalance", y="exchange_ms", hue="path", marker="o", ax=ax)
+        ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)")
+        ax.set_title(f"{mode}: {hardware} {backend}", fontsize="small")
+        ax.legend(fontsize="x-small")
+    drops = df[df["dropped_fraction"] > 0]
+    sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", style="mode", ax=axes[-1])
+    axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", title="Capacity paths drop tokens")
+    fig.suptitle("Which dispatcher when: round trip vs routing skew")

@@ -17,6 +17,8 @@ rule collect:
         INFERENCE_RECORDS,
         MONTA_A2A_RECORDS,
         MONTA_MODEL_RECORDS,
+        DISPATCHER_RECORDS,
+        DISPATCHER_SIM_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

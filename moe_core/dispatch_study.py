@@ -1,0 +1,173 @@
+"""Which dispatcher when: one MoE layer's token exchange under routing skew, per dispatch path.
+
+Users of MoE frameworks choose between dispatchers whose costs react to skewed routing in opposite
+ways. Per path, the round trip of one layer (dispatch, then combine) with top-1 routing:
+
+* ``capacity``: equal-split all-to-all of (E, C, M) buffers (GShard, DeepSpeed, Tutel): fixed bytes
+  whatever the skew; tokens beyond an expert's capacity C are dropped;
+* ``hierarchical``: the same buffers through the two-phase all-to-all (moe_core.hierarchical_a2a);
+* ``dropless``: all-to-all(v) of exactly the routed tokens, after an all-to-all of the per-expert
+  counts (MegaBlocks, Megatron's alltoall dispatcher): nothing dropped, but a hot expert's rank
+  receives more than its share;
+* ``allgather``: every rank all-gathers the group's tokens and keeps those routed to its experts;
+  the combine is a reduce-scatter (Megatron's allgather dispatcher): every token reaches every rank,
+  skew or not;
+* ``drop-gather`` and ``monta``: the capacity buffers of a tensor-parallel layout (ranks of a "tp"
+  group share their tokens; moe_core.comm.tp_exchange, one chunk or ``chunks`` pipelined ones).
+
+Skew: one expert popularity shared by every rank (``uniform``, ``zipf:<s>`` with weight 1/k^s for
+the k-th most popular expert of a seeded ranking, ``lognormal:<sigma>`` with weights exp(sigma*N(0,1))),
+each rank's tokens drawn from it. The imbalance factor of a skew is max tokens per expert / mean.
+
+experiments/dispatchers.py measures every path on gloo/NCCL ranks; :func:`simulated_round_trip_s`
+times the non-tensor-parallel paths on a modelled cluster (moe_core.sim) from the same token counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from omegaconf import DictConfig
+
+from .sections import ConfigError, register_section, require, require_at_least, require_profile
+
+PATHS = ("capacity", "hierarchical", "dropless", "allgather", "drop-gather", "monta")
+SKEW_KINDS = ("uniform", "zipf", "lognormal")
+
+
+@dataclass
+class DispatchStudyConfig:
+    """The dispatcher comparison (experiments/dispatchers.py): measured on ``world_size`` ranks, one
+    expert per rank, ``tokens_per_rank`` tokens of ``d_model`` float32 per rank; simulated on each
+    of ``hardware`` with one expert per GPU and ``sim_tokens_per_rank`` bf16 tokens of
+    ``sim_d_model``."""
+
+    skews: list[str] = field(default_factory=lambda: ["uniform", "zipf:1.0", "lognormal:1.0"])
+    world_size: int = 4
+    tokens_per_rank: int = 2048
+    d_model: int = 256
+    capacity_factor: float = 1.25
+    tensor_parallel: int = 2  # of the drop-gather and monta paths
+    chunks: int = 4  # monta's pipelined chunks
+    warmup_iters: int = 2
+    iters: int = 10
+    seed: int = 0
+    hardware: list[str] = field(default_factory=lambda: ["monta-a800-2x8", "h100-ndr-cluster"])
+    sim_world_size: int = 16
+    sim_tokens_per_rank: int = 8192
+    sim_d_model: int = 4096
+
+
+def parse_skew(skew: str) -> tuple[str, float]:
+    """``"zipf:1.2"`` -> ("zipf", 1.2); ``"uniform"`` -> ("uniform", 0.0). ConfigError when malformed."""
+    kind, _, value = skew.partition(":")
+    if kind not in SKEW_KINDS or (kind != "uniform" and not value):
+        raise ConfigError(
+            f"config key 'dispatch_study.skews': invalid skew {skew!r}; use uniform, zipf:<s> or lognormal:<sigma>"
+        )
+    try:
+        parameter = float(value) if value else 0.0
+    except ValueError:
+        raise ConfigError(f"config key 'dispatch_study.skews': {skew!r} has a non-numeric parameter") from None
+    if not math.isfinite(parameter) or parameter < 0:
+        raise ConfigError(f"config key 'dispatch_study.skews': {skew!r} needs a parameter >= 0")
+    return kind, parameter
+
+
+def popularity(num_experts: int, skew: str, seed: int) -> np.ndarray:
+    """(E,) probability that a token is routed to each expert, the same on every rank."""
+    kind, parameter = parse_skew(skew)
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        weights = np.ones(num_experts)
+    elif kind == "zipf":
+        weights = np.empty(num_experts)
+        weights[rng.permutation(num_experts)] = 1.0 / np.arange(1, num_experts + 1) ** parameter
+    else:
+        weights = np.exp(parameter * rng.standard_normal(num_experts))
+    return weights / weights.sum()
+
+
+def token_counts(world_size: int, tokens_per_rank: int, probabilities: np.ndarray, seed: int) -> np.ndarray:
+    """(world, E) tokens each rank routes to each expert: a seeded multinomial draw per rank."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.multinomial(tokens_per_rank, probabilities) for _ in range(world_size)])
+
+
+def imbalance(counts: np.ndarray) -> float:
+    """Max tokens per expert over the mean (1 = balanced), over all ranks' tokens."""
+    per_expert = counts.sum(axis=0)
+    return float(per_expert.max() / per_expert.mean())
+
+
+def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: float, multiple: int = 1) -> int:
+    """Capacity per expert and rank, C = ceil(cf * tokens / E), rounded up to ``multiple`` (a
+    tensor-parallel rank keeps C/tp slots)."""
+    slots = math.ceil(capacity_factor * tokens_per_rank / num_experts)
+    return math.ceil(slots / multiple) * multiple
+
+
+def dropped_fraction(counts: np.ndarray, capacity: int) -> float:
+    """Share of the tokens a capacity dispatch drops: every (rank, expert) beyond ``capacity``."""
+    return float(np.maximum(counts - capacity, 0).sum() / counts.sum())
+
+
+def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, row_bytes: int, path: str) -> float:
+    """Simulated dispatch + combine of one layer on ``hw`` (ranks 0..world-1, expert e on rank e):
+    the topology's footprint of each exchange (moe_core.sim.topology), one after the other."""
+    from .sim.collectives import collective_op, simulate_on
+    from .sim.engine import Op
+    from .sim.topology import build_topology
+
+    topo = build_topology(hw)
+    world = counts.shape[0]
+    group = np.arange(world)
+    if path == "capacity":
+        transfers = [topo.uniform_all_to_all(group, world * capacity * row_bytes)] * 2
+        kinds = ["all_to_all"] * 2
+    elif path == "hierarchical":
+        uniform = np.full((world, world), capacity * row_bytes, dtype=float)
+        transfers = [*topo.hierarchical_all_to_all(group, uniform)] * 2
+        kinds = ["all_to_all"] * 4
+    elif path == "dropless":
+        traffic = counts * float(row_bytes)  # (src, dst): tokens rank src routes to expert (rank) dst
+        transfers = [topo.all_to_all(group, traffic), topo.all_to_all(group, traffic.T)]
+        kinds = ["all_to_all"] * 2
+    elif path == "allgather":
+        gathered = world * counts.sum(axis=1).max() * row_bytes
+        transfers = [topo.ring(group, gathered, "all_gather"), topo.ring(group, gathered, "reduce_scatter")]
+        kinds = ["all_gather", "reduce_scatter"]
+    else:
+        raise ValueError(
+            f"the simulated study has no path {path!r}; it simulates capacity, hierarchical, dropless, allgather"
+        )
+    ops, previous = [], None
+    for k, (kind, transfer) in enumerate(zip(kinds, transfers)):
+        ops.append(
+            Op(f"{path}{k}", path, [] if previous is None else [previous], **collective_op(hw, topo, kind, transfer))
+        )
+        previous = k
+    return simulate_on(hw, topo, ops).makespan_s
+
+
+def validate_dispatch_study(cfg: DictConfig) -> None:
+    d = cfg.dispatch_study
+    require(len(d.skews) > 0, "dispatch_study.skews", "must list at least one skew")
+    for skew in d.skews:
+        parse_skew(skew)
+    require_at_least(d, "dispatch_study", 1, ("world_size", "tokens_per_rank", "d_model", "iters", "chunks"))
+    require_at_least(d, "dispatch_study", 1, ("sim_world_size", "sim_tokens_per_rank", "sim_d_model"))
+    require_at_least(d, "dispatch_study", 0, ("warmup_iters", "seed"))
+    require(d.capacity_factor > 0, "dispatch_study.capacity_factor", f"must be > 0, got {d.capacity_factor}")
+    require(
+        d.tensor_parallel >= 2 and d.world_size % d.tensor_parallel == 0,
+        "dispatch_study.tensor_parallel",
+        f"must be >= 2 and divide dispatch_study.world_size={d.world_size}, got {d.tensor_parallel}",
+    )
+    for profile in d.hardware:
+        require_profile(profile, "dispatch_study.hardware")
+
+
+register_section("dispatch_study", DispatchStudyConfig, validate_dispatch_study)
