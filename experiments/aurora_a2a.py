@@ -21,19 +21,17 @@ of them at the end.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.benchmark import benchmark_main, measured_record
+from moe_core.config import ConfigError
+from moe_core.distributed import Env
 from moe_core.ordered_a2a import ordered_all_to_all_single
 from moe_core.papers.aurora.study import token_workloads
 from moe_core.papers.aurora.system_model import PAPER
-from moe_core.results import make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.transmission import lower_bound, make_schedule
 from moe_core.workloads import ELEMENT_BYTES
@@ -143,41 +141,26 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
                 "bytes_per_rank": cfg.aurora.bytes_per_rank,
             }
             records.append(
-                make_record(
+                measured_record(
+                    cfg,
                     paper=PAPER,
                     experiment=EXPERIMENT,
                     point=f"ws{env.world_size}_{workload}_{order}",
-                    mode="measured",
-                    backend=cfg.hardware.backend,
-                    hardware=cfg.hardware.name,
                     params=params,
                     samples=samples,
-                    config=to_container(cfg),
                     extra_metrics={"bottleneck_bytes": bottleneck},
-                    device=cfg.hardware.device,
                 )
             )
     return records
 
 
+def check_traces(cfg: DictConfig) -> None:
+    if not cfg.aurora.gating_zipf:
+        raise ConfigError("config key 'aurora.gating_zipf': the measured run needs at least one gating trace")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = config_arg_parser(__doc__)
-    args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        if not cfg.aurora.gating_zipf:
-            raise ConfigError("config key 'aurora.gating_zipf': the measured run needs at least one gating trace")
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    env = init_distributed(cfg, world_size_key="aurora.world_size")
-    try:
-        with naming_failed_ranks(env):
-            records = run_benchmark(cfg, env)
-        for record in records:  # rank 0 only
-            write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
-    finally:
-        shutdown()
+    benchmark_main(argv, __doc__, "aurora.world_size", run_benchmark, check=check_traces)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.benchmark import measured_record
+from moe_core.config import ConfigError, config_arg_parser, load_config
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.results import make_record, record_path, write_record
+from moe_core.results import record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
@@ -301,19 +302,16 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
         params = dict(collective=name, world_size=env.world_size, size_bytes=size, concurrent=concurrent)
         if name == "all_to_all_v":
             params["traffic_zipf"] = cfg.collectives.traffic_zipf
+        point = collective_point_name(name, concurrent, env.world_size, size)
         records.append(
-            make_record(
+            measured_record(
+                cfg,
                 paper=PAPER,
                 experiment=EXPERIMENT,
-                point=collective_point_name(name, concurrent, env.world_size, size),
-                mode="measured",
-                backend=cfg.hardware.backend,
-                hardware=cfg.hardware.name,
+                point=point,
                 params=params,
                 samples=samples,
-                config=to_container(cfg),
                 extra_metrics={"algo_bytes": algo_bytes},
-                device=cfg.hardware.device,
             )
         )
     return records

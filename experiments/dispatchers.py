@@ -4,9 +4,7 @@ Measured, under torchrun (usually through the launcher)::
 
     python -m experiments.launch --config FILE --nproc 4 -- -m experiments.dispatchers
 
-Simulated on the ``dispatch_study.hardware`` clusters (no processes)::
-
-    python -m experiments.dispatchers --config FILE --simulated
+Its simulated executor is experiments/dispatchers_sim.py.
 
 Measured: on ``dispatch_study.world_size`` ranks, one expert per rank (per expert-parallel rank for
 ``drop-gather`` and ``monta``, with ``dispatch_study.tensor_parallel`` ranks sharing tokens), for every
@@ -16,14 +14,14 @@ rounded to a multiple of tp * chunks. ``hierarchical`` runs only when the group 
 ``hardware.devices_per_node`` ranks. Before timing, every path's delivery is checked (the
 hierarchical and the tensor-parallel exchanges against the flat all-to-all; dropless and allgather
 by the rows each expert receives). Methodology as experiments/collectives.py: warm-up, timed
-iterations with a barrier before each, the worst rank per iteration. Records:
-``results/raw/common/dispatchers/<point>.json`` (measured) and ``dispatchers_sim`` (simulated).
+iterations with a barrier before each, the worst rank per iteration (moe_core.benchmark). Records:
+``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,24 +29,16 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from moe_core import comm
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.dispatch_study import (
-    capacity_slots,
-    dropped_fraction,
-    imbalance,
-    popularity,
-    simulated_round_trip_s,
-    token_counts,
-)
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.dispatch_study import capacity_slots, dropped_fraction, imbalance, popularity, token_counts
+from moe_core.distributed import Env
 from moe_core.hierarchical_a2a import hierarchical_groups
 from moe_core.layout import expert_layout
+from moe_core.parallel import own_group
 from moe_core.plan import even_ranges
-from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
-from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.timing import PhaseTimer
 
-PAPER, EXPERIMENT, SIM_EXPERIMENT = "common", "dispatchers", "dispatchers_sim"
-SIMULATED_PATHS = ("capacity", "hierarchical", "dropless", "allgather")
+PAPER, EXPERIMENT = "common", "dispatchers"
 
 
 def measured_paths(cfg: DictConfig) -> list[str]:
@@ -58,31 +48,12 @@ def measured_paths(cfg: DictConfig) -> list[str]:
 
 def measured_points(cfg: DictConfig) -> list[str]:
     d = cfg.dispatch_study
-    return [f"ws{d.world_size}_{_slug(skew)}_{path}" for skew in d.skews for path in measured_paths(cfg)]
+    return [f"ws{d.world_size}_{slug(skew)}_{path}" for skew in d.skews for path in measured_paths(cfg)]
 
 
-def sim_points(cfg: DictConfig) -> list[str]:
-    d = cfg.dispatch_study
-    return [
-        f"{hw}_ws{d.sim_world_size}_{_slug(skew)}_{path}"
-        for hw in d.hardware
-        for skew in d.skews
-        for path in SIMULATED_PATHS
-    ]
-
-
-def _slug(skew: str) -> str:
+def slug(skew: str) -> str:
+    """A skew as it appears in point names: ``zipf:1.0`` -> ``zipf1.0``."""
     return skew.replace(":", "")
-
-
-def _own_group(groups, rank: int, timeout: timedelta):
-    """Create every group of an axis (collective) and return the one holding ``rank``."""
-    mine = None
-    for ranks in groups:
-        group = dist.new_group(ranks.tolist(), timeout=timeout)
-        if rank in ranks:
-            mine = group
-    return mine
 
 
 class Paths:
@@ -92,13 +63,13 @@ class Paths:
         d, timeout = cfg.dispatch_study, timedelta(seconds=env.timeout_s)
         self.cfg, self.env, self.world, self.tp = cfg, env, d.world_size, d.tensor_parallel
         flat = expert_layout(self.world, self.world, 1)
-        self.group = _own_group(flat.groups("ep"), env.rank, timeout)
+        self.group = own_group(flat.groups("ep"), env.rank, timeout)
         self.hierarchical = None
         if "hierarchical" in measured_paths(cfg):
             self.hierarchical = hierarchical_groups(flat.groups("ep").tolist(), cfg.hardware.devices_per_node, timeout)
         sharded = expert_layout(self.world, self.world // self.tp, 1, self.tp)
-        self.ep_group = _own_group(sharded.groups("ep"), env.rank, timeout)
-        self.tp_group = _own_group(sharded.groups("tp"), env.rank, timeout)
+        self.ep_group = own_group(sharded.groups("ep"), env.rank, timeout)
+        self.tp_group = own_group(sharded.groups("tp"), env.rank, timeout)
         self.timer = PhaseTimer(env.device)
 
     def workload(self, skew: str) -> dict:
@@ -196,20 +167,6 @@ def check_delivery(paths: Paths, names: list[str], w: dict) -> None:
         raise RuntimeError(f"a dispatch path delivered the wrong tokens (this rank {'correct' if ok else 'wrong'})")
 
 
-def measure(paths: Paths, name: str, w: dict) -> dict[str, list[float]]:
-    d, timer = paths.cfg.dispatch_study, paths.timer
-    local: dict[str, list[float]] = {"exchange_ms": []}
-    for it in range(d.warmup_iters + d.iters):
-        dist.barrier()
-        timer.reset()
-        start = timer.stamp()
-        paths.round_trip(name, w)
-        timer.add("round_trip", start, timer.stamp())
-        if it >= d.warmup_iters:
-            local["exchange_ms"].append(timer.elapsed_ms()["round_trip"])
-    return gather_worst_rank(local)
-
-
 def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
     paths, names, records = Paths(cfg, env), measured_paths(cfg), []
     d = cfg.dispatch_study
@@ -217,7 +174,9 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
         w = paths.workload(skew)
         check_delivery(paths, names, w)
         for name in names:
-            samples = measure(paths, name, w)
+            samples = timed_iterations(
+                partial(paths.round_trip, name, w), d.warmup_iters, d.iters, paths.timer, "exchange_ms"
+            )
             if env.rank != 0:
                 continue
             tp_path = name in ("drop-gather", "monta")
@@ -226,74 +185,24 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
             params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
             params.update(tensor_parallel=d.tensor_parallel if tp_path else 1, capacity=capacity)
             extra = {"imbalance": imbalance(counts), "dropped_fraction": dropped}
-            records.append(_record(cfg, EXPERIMENT, f"ws{d.world_size}_{_slug(skew)}_{name}", params, samples, extra))
-    return records
-
-
-def run_simulated(cfg: DictConfig) -> list[dict]:
-    from experiments.simulate import sized_hardware
-
-    d, records = cfg.dispatch_study, []
-    row_bytes = d.sim_d_model * 2  # bf16
-    for profile in d.hardware:
-        hw = sized_hardware(
-            load_config(overrides=[f"hardware_profile={profile}", f"parallel.world_size={d.sim_world_size}"])
-        )
-        for skew in d.skews:
-            counts = token_counts(
-                d.sim_world_size, d.sim_tokens_per_rank, popularity(d.sim_world_size, skew, d.seed), d.seed
+            point = f"ws{d.world_size}_{slug(skew)}_{name}"
+            records.append(
+                measured_record(
+                    cfg,
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=point,
+                    params=params,
+                    samples=samples,
+                    extra_metrics=extra,
+                )
             )
-            capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
-            for name in SIMULATED_PATHS:
-                seconds = simulated_round_trip_s(hw, counts, capacity, row_bytes, name)
-                dropped = 0.0 if name in ("dropless", "allgather") else dropped_fraction(counts, capacity)
-                params = {"skew": skew, "path": name, "world_size": d.sim_world_size}
-                params.update(tokens_per_rank=d.sim_tokens_per_rank, tensor_parallel=1, capacity=capacity)
-                extra = {"exchange_ms": seconds * 1e3, "imbalance": imbalance(counts), "dropped_fraction": dropped}
-                point = f"{profile}_ws{d.sim_world_size}_{_slug(skew)}_{name}"
-                records.append(_record(cfg, SIM_EXPERIMENT, point, params, {}, extra, hw.name, mode="simulated"))
     return records
 
 
-def _record(cfg, experiment, point, params, samples, extra, hardware=None, mode="measured") -> dict:
-    return make_record(
-        paper=PAPER,
-        experiment=experiment,
-        point=point,
-        mode=mode,
-        backend="sim" if mode == "simulated" else cfg.hardware.backend,
-        hardware=hardware or cfg.hardware.name,
-        params=params,
-        samples=samples,
-        config=to_container(cfg),
-        extra_metrics=extra,
-        device="cpu" if mode == "simulated" else cfg.hardware.device,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = config_arg_parser(__doc__)
-    parser.add_argument("--simulated", action="store_true", help="simulate on dispatch_study.hardware (no ranks)")
-    args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_writable(cfg.results_dir)
-        if args.simulated:
-            records = run_simulated(cfg)
-    except (ConfigError, ResultsDirError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if not args.simulated:
-        env = init_distributed(cfg, world_size_key="dispatch_study.world_size")
-        try:
-            with naming_failed_ranks(env):
-                records = run_measured(cfg, env)
-        finally:
-            shutdown()
-    for record in records:  # measured: rank 0 only
-        write_record(record, record_path(cfg.results_dir, PAPER, record["experiment"], record["point"]))
-    return 0
+def main(argv: list[str] | None = None) -> None:
+    benchmark_main(argv, __doc__, "dispatch_study.world_size", run_measured)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -26,7 +26,6 @@ the end, ``results/raw/monta/monta_a2a/<point>.json``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -35,8 +34,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from moe_core import comm
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.distributed import Env
 from moe_core.hierarchical_a2a import hierarchical_groups
 from moe_core.layout import expert_layout
 from moe_core.papers.monta.config import exchange_buffer_shape
@@ -48,9 +47,9 @@ from moe_core.papers.monta.performance_model import (
     exchange_links,
 )
 from moe_core.papers.monta.sweeps import PAPER
+from moe_core.parallel import own_group
 from moe_core.plan import even_ranges
-from moe_core.results import make_record, record_path, write_record
-from moe_core.timing import PhaseTimer, gather_worst_rank
+from moe_core.timing import PhaseTimer
 
 EXPERIMENT = "monta_a2a"
 
@@ -80,8 +79,8 @@ class Exchanges:
     def __init__(self, cfg: DictConfig, env: Env, tp: int):
         world, timeout = cfg.monta.world_size, timedelta(seconds=env.timeout_s)
         layout = expert_layout(world, world // tp, 1, tp)
-        self.ep_group = _own_group(layout.groups("ep"), env.rank, timeout)
-        self.tp_group = _own_group(layout.groups("tp"), env.rank, timeout) if tp > 1 else None
+        self.ep_group = own_group(layout.groups("ep"), env.rank, timeout)
+        self.tp_group = own_group(layout.groups("tp"), env.rank, timeout) if tp > 1 else None
         self.hierarchical = None
         if tp == 1 and spans_nodes(cfg):
             self.hierarchical = hierarchical_groups(
@@ -105,16 +104,6 @@ class Exchanges:
         )
 
 
-def _own_group(groups, rank: int, timeout: timedelta):
-    """Create every group of an axis (collective) and return the one holding ``rank``."""
-    mine = None
-    for ranks in groups:
-        group = dist.new_group(ranks.tolist(), timeout=timeout)
-        if rank in ranks:
-            mine = group
-    return mine
-
-
 def check_paths(exchanges: Exchanges, names: list[str]) -> None:
     """Every path delivers what the first one delivers, on every rank (agreed, so no rank hangs)."""
     reference = exchanges.path(names[0])()
@@ -125,20 +114,6 @@ def check_paths(exchanges: Exchanges, names: list[str]) -> None:
         raise RuntimeError(
             f"a dispatch path delivered other data than {names[0]} (this rank {'correct' if ok else 'wrong'})"
         )
-
-
-def measure(run: Callable[[], torch.Tensor], cfg: DictConfig, timer: PhaseTimer) -> dict[str, list[float]]:
-    """Warm-up, then timed exchanges; the worst rank per iteration."""
-    local: dict[str, list[float]] = {"exchange_ms": []}
-    for it in range(cfg.monta.warmup_iters + cfg.monta.iters):
-        dist.barrier()
-        timer.reset()
-        start = timer.stamp()
-        run()
-        timer.add("exchange", start, timer.stamp())
-        if it >= cfg.monta.warmup_iters:
-            local["exchange_ms"].append(timer.elapsed_ms()["exchange"])
-    return gather_worst_rank(local)
 
 
 def model_metrics(cfg: DictConfig, tp: int, path: str) -> dict[str, float]:
@@ -169,7 +144,8 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
         names = paths(cfg, tp)
         check_paths(exchanges, names)
         for name in names:
-            samples = measure(exchanges.path(name), cfg, exchanges.timer)
+            m = cfg.monta
+            samples = timed_iterations(exchanges.path(name), m.warmup_iters, m.iters, exchanges.timer, "exchange_ms")
             if env.rank != 0:
                 continue
             params = {
@@ -181,39 +157,21 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
                 "rows_per_block": exchanges.rows,
             }
             records.append(
-                make_record(
+                measured_record(
+                    cfg,
                     paper=PAPER,
                     experiment=EXPERIMENT,
                     point=f"ws{cfg.monta.world_size}_tp{tp}_{name}",
-                    mode="measured",
-                    backend=cfg.hardware.backend,
-                    hardware=cfg.hardware.name,
                     params=params,
                     samples=samples,
-                    config=to_container(cfg),
                     extra_metrics=model_metrics(cfg, tp, name),
-                    device=cfg.hardware.device,
                 )
             )
     return records
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = config_arg_parser(__doc__)
-    args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    env = init_distributed(cfg, world_size_key="monta.world_size")
-    try:
-        with naming_failed_ranks(env):
-            records = run_benchmark(cfg, env)
-        for record in records:  # rank 0 only
-            write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
-    finally:
-        shutdown()
+    benchmark_main(argv, __doc__, "monta.world_size", run_benchmark)
 
 
 if __name__ == "__main__":

@@ -77,11 +77,7 @@ def build_groups(
     # contend with) the token all-to-alls instead of queueing behind them on one communicator. Every
     # rank creates every group (new_group is collective) and keeps its own.
     rank = dist.get_rank()
-    dense_grad_group = None
-    for ranks in layout.groups_sharing("tp"):
-        group = dist.new_group(ranks.tolist(), timeout=timeout)
-        if rank in ranks:
-            dense_grad_group = group
+    dense_grad_group = own_group(layout.groups_sharing("tp"), rank, timeout)
     has_tp = "tp" in layout.names
     ep_hierarchical = None
     if hierarchical_devices_per_node is not None:
@@ -99,6 +95,17 @@ def build_groups(
         high_priority_ep=high_priority_ep,
         ep_hierarchical=ep_hierarchical,
     )
+
+
+def own_group(groups, rank: int, timeout: timedelta):
+    """Create a process group for every row of ``groups`` (rank lists; collective: every rank creates
+    every group, in one order) and return the one holding ``rank``."""
+    mine = None
+    for ranks in groups:
+        group = dist.new_group([int(r) for r in ranks], timeout=timeout)
+        if rank in ranks:
+            mine = group
+    return mine
 
 
 def _group_options(backend: str, timeout: timedelta, high_priority: bool = False):

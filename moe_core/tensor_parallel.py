@@ -67,28 +67,27 @@ def reduce_from_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
     return _ReduceFromTensorParallel.apply(x, group)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y_local = x W_local^T + b_local: this rank's rows of a Linear's weight (output features)."""
+class _ShardedLinear(nn.Module):
+    """A Linear's shard on one rank of a "tp" group; ``weight`` and ``bias`` as nn.Linear names them,
+    so parameter names (and gradient plans) are the unsharded model's."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.group = group
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """y_local = x W_local^T + b_local: this rank's rows of a Linear's weight (output features)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """y = sum over ranks of x_local W_local^T, + b: this rank's columns (input features); the bias,
     replicated, is added once after the sum."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.group)

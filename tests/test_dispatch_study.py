@@ -9,7 +9,7 @@ import pytest
 
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
-from experiments import dispatchers
+from experiments import dispatchers, dispatchers_sim
 from moe_core.config import ConfigError, load_config
 from moe_core.dispatch_study import (
     capacity_slots,
@@ -72,10 +72,10 @@ def test_simulated_round_trips_react_to_skew_as_their_mechanisms_do():
 
 def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_path):
     overrides = [f"results_dir={tmp_path}", "dispatch_study.hardware=[monta-a800-2x8]"]
-    assert dispatchers.main(["--config", "configs/default.yaml", "--simulated", *overrides]) == 0
+    assert dispatchers_sim.main(["--config", "configs/default.yaml", *overrides]) == 0
     cfg = load_config(["configs/default.yaml"], overrides)
     files = list((tmp_path / "raw" / "common" / "dispatchers_sim").glob("*.json"))
-    assert {f.stem for f in files} == set(dispatchers.sim_points(cfg))
+    assert {f.stem for f in files} == set(dispatchers_sim.sim_points(cfg))
     table = dispatcher_choice(collect(files)[0])
     assert set(table["skew"]) == set(cfg.dispatch_study.skews)
     for _, rows in table.groupby("skew"):

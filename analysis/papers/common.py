@@ -117,7 +117,7 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     df = _dispatchers(records)
     if df.empty:
         raise FigureDataError(
-            "the records table has no common/dispatchers rows; run experiments/dispatchers.py (and --simulated)"
+            "the records table has no common/dispatchers rows; run experiments/dispatchers.py or dispatchers_sim.py"
         )
     testbeds = df[["mode", "backend", "hardware"]].drop_duplicates().to_records(index=False)
     fig.set_size_inches(5 * (len(testbeds) + 1), 4.5)

@@ -5,10 +5,9 @@
 from experiments.dispatchers import (
     EXPERIMENT as DISPATCHERS,
     PAPER as DISPATCHERS_PAPER,
-    SIM_EXPERIMENT as DISPATCHERS_SIM,
     measured_points as dispatcher_measured_points,
-    sim_points as dispatcher_sim_points,
 )
+from experiments.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_points as dispatcher_sim_points
 
 DISPATCHER_RECORDS = expand(
     f"{RESULTS}/raw/{DISPATCHERS_PAPER}/{DISPATCHERS}/{{point}}.json", point=dispatcher_measured_points(CFG)
@@ -53,7 +52,7 @@ rule dispatchers_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.dispatchers --config {input.config:q} --simulated > {log:q} 2>&1"
+        "python -m experiments.dispatchers_sim --config {input.config:q} > {log:q} 2>&1"
 
 
 rule dispatcher_table:

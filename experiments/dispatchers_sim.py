@@ -1,0 +1,94 @@
+"""Which dispatcher when, simulated: the non-tensor-parallel dispatch paths' round trip under routing
+skew on the ``dispatch_study.hardware`` clusters (moe_core.dispatch_study; no processes, no torch).
+
+    python -m experiments.dispatchers_sim --config configs/default.yaml
+
+Per cluster (grown to ``dispatch_study.sim_world_size`` GPUs with more nodes of its kind), skew and
+path: ``sim_world_size`` GPUs with one expert each route ``sim_tokens_per_rank`` bf16 tokens of
+``sim_d_model`` by the same seeded counts as the measured run draws, and the topology times the
+dispatch and the combine (moe_core.sim). ``drop-gather`` and ``monta`` are measured only here; at
+scale they are MoNTA's figures. Records: ``results/raw/common/dispatchers_sim/<point>.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import DictConfig
+
+from experiments.dispatchers import PAPER, slug
+from experiments.simulate import sized_hardware
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.dispatch_study import (
+    capacity_slots,
+    dropped_fraction,
+    imbalance,
+    popularity,
+    simulated_round_trip_s,
+    token_counts,
+)
+from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
+
+EXPERIMENT = "dispatchers_sim"
+PATHS = ("capacity", "hierarchical", "dropless", "allgather")
+BF16_BYTES = 2
+
+
+def sim_points(cfg: DictConfig) -> list[str]:
+    """Every point name one run writes (pure; the workflow declares them)."""
+    d = cfg.dispatch_study
+    return [f"{hw}_ws{d.sim_world_size}_{slug(skew)}_{path}" for hw in d.hardware for skew in d.skews for path in PATHS]
+
+
+def simulated_records(cfg: DictConfig) -> list[dict]:
+    d, records = cfg.dispatch_study, []
+    for profile in d.hardware:
+        sized = load_config(overrides=[f"hardware_profile={profile}", f"parallel.world_size={d.sim_world_size}"])
+        hw = sized_hardware(sized)
+        for skew in d.skews:
+            counts = token_counts(
+                d.sim_world_size, d.sim_tokens_per_rank, popularity(d.sim_world_size, skew, d.seed), d.seed
+            )
+            capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
+            for path in PATHS:
+                seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * BF16_BYTES, path)
+                params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
+                params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
+                metrics = {"exchange_ms": seconds * 1e3, "imbalance": imbalance(counts)}
+                metrics["dropped_fraction"] = (
+                    0.0 if path in ("dropless", "allgather") else dropped_fraction(counts, capacity)
+                )
+                records.append(
+                    make_record(
+                        paper=PAPER,
+                        experiment=EXPERIMENT,
+                        point=f"{profile}_ws{d.sim_world_size}_{slug(skew)}_{path}",
+                        mode="simulated",
+                        backend="sim",
+                        hardware=hw.name,
+                        params=params,
+                        samples={},
+                        config=to_container(cfg),
+                        extra_metrics=metrics,
+                    )
+                )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = config_arg_parser(__doc__).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        check_writable(cfg.results_dir)
+        records = simulated_records(cfg)
+    except (ConfigError, ResultsDirError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for record in records:
+        write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
+    print(f"wrote {len(records)} records", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The shared skeleton of the measured microbenchmarks (experiments/aurora_a2a.py, monta_a2a.py,
+dispatchers.py): their timing loop, their records, and their entry point under torchrun.
+
+Methodology as experiments/collectives.py: warm-up iterations, then timed ones, each after a barrier;
+a rank's sample is its own time, and the worst rank per iteration is kept (gather_worst_rank), so
+every rank ends with the same samples and rank 0 writes them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from .config import ConfigError, config_arg_parser, load_config, to_container
+from .distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from .results import make_record, record_path, write_record
+from .timing import PhaseTimer, gather_worst_rank
+
+
+def timed_iterations(run: Callable[[], Any], warmup: int, iters: int, timer: PhaseTimer, metric: str) -> dict:
+    """``warmup`` untimed calls of ``run``, then ``iters`` timed ones, a barrier before each; the worst
+    rank's time per iteration under ``metric`` (ms)."""
+    local: dict[str, list[float]] = {metric: []}
+    for it in range(warmup + iters):
+        dist.barrier()
+        timer.reset()
+        start = timer.stamp()
+        run()
+        timer.add(metric, start, timer.stamp())
+        if it >= warmup:
+            local[metric].append(timer.elapsed_ms()[metric])
+    return gather_worst_rank(local)
+
+
+def measured_record(
+    cfg: DictConfig,
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    params: dict[str, Any],
+    samples: dict[str, list[float]],
+    extra_metrics: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """A measured record on ``cfg``'s hardware."""
+    return make_record(
+        paper=paper,
+        experiment=experiment,
+        point=point,
+        mode="measured",
+        backend=cfg.hardware.backend,
+        hardware=cfg.hardware.name,
+        params=params,
+        samples=samples,
+        config=to_container(cfg),
+        extra_metrics=extra_metrics,
+        device=cfg.hardware.device,
+    )
+
+
+def benchmark_main(
+    argv: list[str] | None,
+    doc: str,
+    world_size_key: str,
+    run: Callable[[DictConfig, Env], list[dict]],
+    check: Callable[[DictConfig], None] | None = None,
+) -> None:
+    """Parse ``--config``/overrides, check the config (exit 2 on a bad one, before any process group),
+    run ``run(cfg, env)`` on every rank, and write its records (rank 0's) once every rank finished.
+    A failing or hung rank makes every rank exit non-zero, naming it (moe_core.distributed)."""
+    args = config_arg_parser(doc).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if check is not None:
+            check(cfg)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    env = init_distributed(cfg, world_size_key=world_size_key)
+    try:
+        with naming_failed_ranks(env):
+            records = run(cfg, env)
+        for record in records:  # rank 0 only
+            write_record(record, record_path(cfg.results_dir, record["paper"], record["experiment"], record["point"]))
+    finally:
+        shutdown()
