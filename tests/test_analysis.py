@@ -687,7 +687,7 @@ NEEDS = {
     "lina_inference": "inference",
     # MoNTA's figures draw measured and simulated panels: each needs all of its sources gone
     "monta_a2a_vs_tp": ("monta_a2a", "sim_train_step"),
-    "monta_chunks": ("sim_train_step", "monta_chunk_model"),
+    "monta_chunks": ("sim_train_step", "monta_chunk_model", "monta_a2a"),
     "monta_iteration_breakdown": ("sim_train_step", "train_step"),
     "monta_strategy_ranking": "monta_strategy",
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),

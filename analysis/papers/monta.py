@@ -150,14 +150,18 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> N
     chosen = select(records, paper="monta", experiment="monta_chunk_model", metric="chosen")
     measured = select(records, paper="monta", experiment="monta_a2a", metric="exchange_ms")
     _required(
-        pd.concat([simulated, model]),
-        "simulated or modelled chunk sweeps",
-        "run the simulator and experiments/monta.py",
+        pd.concat([simulated, model, measured]),
+        "chunk sweeps",
+        "run the simulator, experiments/monta.py or experiments/monta_a2a.py",
     )
     fig.set_size_inches(12, 4.5)
     left, right = fig.subplots(1, 2)
-    swept = simulated[simulated["tp_chunks"] > 0]
-    sns.lineplot(swept, x="tp_chunks", y="exchange_ms", hue="hardware", marker="o", ax=left)
+    swept = simulated[simulated["tp_chunks"] > 0] if not simulated.empty else simulated
+    if not swept.empty:
+        sns.lineplot(swept, x="tp_chunks", y="exchange_ms", hue="hardware", marker="o", ax=left)
+    if swept.empty and model.empty:
+        left.set_axis_off()
+        left.set_title("no simulated or modelled chunk sweep in these tables")
     for hardware, curve in model.groupby("hardware"):
         curve = curve.sort_values("chunks")
         left.plot(curve["chunks"], curve["value"], ls="--", label=f"model, {hardware}")
@@ -165,22 +169,24 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> N
         for n in pick["chunks"]:
             left.axvline(n, ls=":", color="0.4")
             left.annotate(f"model picks {int(n)}", (n, curve["value"].min()), fontsize="x-small", rotation=90)
-    left.set(
-        xscale="log",
-        yscale="log",
-        xlabel="chunks",
-        ylabel="one exchange (ms)",
-        title="Simulated step (solid) vs model (dashed)",
-    )
-    left.legend(fontsize="x-small")
+    else:
+        left.set(xscale="log", yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
+        left.set_title("Simulated step (solid) vs model (dashed)")
+        left.legend(fontsize="x-small")
     if not measured.empty:
         measured = one_testbed(measured).astype({"tensor_parallel": int})
         measured = measured[measured["tensor_parallel"] > 1].copy()
         measured["chunks"] = measured["path"].str.extract(r"monta-n(\d+)")[0].astype(float)
         measured.loc[measured["path"] == "drop-gather", "chunks"] = 1
-        sns.lineplot(
-            measured.dropna(subset=["chunks"]), x="chunks", y="value", hue="tensor_parallel", marker="o", ax=right
-        )
+        measured = measured.dropna(subset=["chunks"])
+        sns.lineplot(measured, x="chunks", y="value", hue="tensor_parallel", marker="o", ax=right)
+        model = select(records, experiment="monta_a2a", metric="model_ms", hardware=measured["hardware"].iloc[0])
+        if not model.empty:  # the profile stated its links: the model's prediction of the same exchanges
+            model = model.merge(measured[["point", "chunks"]], on="point")
+            for tp, curve in model.groupby("tensor_parallel"):
+                curve = curve.sort_values("chunks")
+                right.plot(curve["chunks"], curve["value"], ls="--", color="0.4", label=f"model, tp {tp:g}")
+            right.legend(fontsize="x-small")
         right.set(
             xscale="log",
             xlabel="chunks (1 = drop-gather)",
