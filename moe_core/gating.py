@@ -60,36 +60,61 @@ def gshard_gating(
     G, S, E = logits.shape
     gates = F.softmax(logits.float(), dim=-1)  # (G, S, E)
     g1, e1 = gates.max(dim=-1)  # (G, S)
-    mask1 = F.one_hot(e1, E)  # (G, S, E)
 
-    density = mask1.float().mean(dim=1)  # (G, E): c_e / S
+    counts1 = _per_expert(e1, torch.ones_like(e1), E)  # (G, E): c_e, tokens whose top-1 is e
     mean_gate = gates.mean(dim=1)  # (G, E): m_e
-    aux = (density * mean_gate).sum(dim=-1).mean() / E
+    aux = (counts1 / S * mean_gate).sum(dim=-1).mean() / E
     if aux_loss_scale == "e2":
         aux = aux * E * E
     elif aux_loss_scale != "paper":
         raise ValueError(f"aux_loss_scale must be 'paper' or 'e2', got {aux_loss_scale!r}")
 
-    count1 = mask1.sum(dim=1, keepdim=True)  # (G, 1, E)
-    slot1 = ((mask1.cumsum(dim=1) - 1) * mask1).sum(dim=-1)  # (G, S)
     if top_k == 1:
-        experts, slots, weights = e1[..., None], slot1[..., None], g1[..., None]
-        wanted = torch.ones_like(slots, dtype=torch.bool)
+        experts, weights = e1[..., None], g1[..., None]
+        wanted = torch.ones_like(experts, dtype=torch.bool)
     else:
-        g2, e2 = gates.masked_fill(mask1.bool(), -1.0).max(dim=-1)  # (G, S)
+        g2, e2 = gates.scatter(-1, e1[..., None], -1.0).max(dim=-1)  # (G, S): best expert but e1
         denom = g1 + g2
         g1, g2 = g1 / denom, g2 / denom
         keep2 = torch.ones_like(g2, dtype=torch.bool) if noise is None else 2.0 * g2 > noise
-        mask2 = F.one_hot(e2, E) * keep2[..., None]  # (G, S, E)
-        slot2 = ((mask2.cumsum(dim=1) - 1 + count1) * mask2).sum(dim=-1)  # (G, S)
         experts = torch.stack([e1, e2], dim=-1)
-        slots = torch.stack([slot1, slot2], dim=-1)
         weights = torch.stack([g1, g2], dim=-1)
         wanted = torch.stack([torch.ones_like(keep2), keep2], dim=-1)
+    slots = _slots(experts, wanted, E)  # (G, S, k)
 
     kept = wanted if capacity is None else wanted & (slots < capacity)
     combine = weights * kept
-    tokens_per_expert = F.one_hot(experts, E).mul(kept[..., None]).sum(dim=(0, 1, 2))
+    tokens_per_expert = _per_expert(experts.reshape(1, -1), kept.reshape(1, -1).long(), E)[0]  # (E,)
     n_wanted = wanted.sum()
     dropped = (n_wanted - kept.sum()).float() / n_wanted.clamp(min=1)
     return GatingResult(experts, slots, combine, kept, aux, tokens_per_expert, dropped)
+
+
+def _per_expert(experts: torch.Tensor, values: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(G, A) expert ids and values -> (G, E) sums of the values per expert (a histogram for ones)."""
+    totals = torch.zeros(experts.shape[0], num_experts, dtype=values.dtype, device=experts.device)
+    return totals.scatter_add_(1, experts, values)
+
+
+def _slots(experts: torch.Tensor, wanted: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Buffer position of every assignment in its expert, by sorting, not by one-hot cumsums.
+
+    ``experts``/``wanted``: (G, S, k). Within a group, the wanted assignments of an expert take slots
+    0, 1, 2, ... in the order (choice, token): every top-1 assignment before any top-2 one, tokens in
+    order (GShard; lingvo offsets top-2 positions by the top-1 count). Sorting the (G, k*S)
+    assignments by (expert, choice, token) puts each expert's in that order; an assignment's slot is
+    its sorted position minus the start of its expert's run. Unwanted assignments sort last and get
+    slot 0. No (G, S, E) tensor and no host sync: argsort, a histogram and a cumsum.
+    """
+    G, S, k = experts.shape
+    flat = experts.transpose(1, 2).reshape(G, k * S)  # (G, A): choice-major, then token
+    valid = wanted.transpose(1, 2).reshape(G, k * S)
+    bucket = torch.where(valid, flat, num_experts)  # unwanted: an extra expert E, sorted last
+    position = torch.arange(k * S, device=experts.device)
+    order = (bucket * (k * S) + position).argsort(dim=1)  # (G, A) by (expert, choice, token)
+    counts = _per_expert(bucket, torch.ones_like(bucket), num_experts + 1)  # (G, E + 1)
+    starts = counts.cumsum(dim=1) - counts  # (G, E + 1): first sorted position of each expert
+    rank = position - starts.gather(1, bucket.gather(1, order))  # (G, A): slot, in sorted order
+    slots = torch.empty_like(rank).scatter_(1, order, rank)  # back to (choice, token) order
+    slots = torch.where(valid, slots, 0)
+    return slots.reshape(G, k, S).transpose(1, 2)  # (G, S, k)

@@ -88,8 +88,11 @@ class MoELayer(nn.Module):
         group = torch.arange(G, device=tokens.device).view(G, 1, 1)
         flat_slot = (group * E + plan.expert_index) * C + plan.slot.clamp(max=C - 1)  # (G, S, k)
         token_id = torch.arange(G * S, device=tokens.device).view(G, S, 1).expand_as(flat_slot)
-        kept = plan.kept
-        buf = tokens.new_zeros(G * E * C, M).index_copy(0, flat_slot[kept], tokens[token_id[kept]])
+        # Dropped assignments are copied to a spare last row, cut off afterwards: no boolean
+        # indexing, whose data-dependent size would make the host wait for the device.
+        rows = G * E * C
+        target = torch.where(plan.kept, flat_slot, rows).reshape(-1)  # (G*S*k,)
+        buf = tokens.new_zeros(rows + 1, M).index_copy(0, target, tokens[token_id.reshape(-1)])[:rows]
         buf = buf.view(G, E, C, M).transpose(0, 1).reshape(E * G * C, M)  # expert-major: (E*G*C, M)
 
         out = self._exchange_and_compute_equal(buf, G * C)  # (E*G*C, M)

@@ -89,3 +89,45 @@ def test_capacity_rounding_rule(S, E, k, cf, expected):
 def test_bad_top_k_raises():
     with pytest.raises(ValueError, match="top_k"):
         gshard_gating(LOGITS, top_k=3, capacity=None)
+
+
+def _one_hot_slots(experts, wanted, num_experts):
+    """The readable reference of the slot rule: one-hot masks and cumulative sums over tokens (GShard's
+    pseudo-code, lingvo's Top2GatingOnLogits), (G, S, E) tensors per choice."""
+    slots, taken = [], 0
+    for choice in range(experts.shape[-1]):
+        mask = torch.nn.functional.one_hot(experts[..., choice], num_experts) * wanted[..., choice, None]  # (G, S, E)
+        slots.append(((mask.cumsum(dim=1) - 1 + taken) * mask).sum(dim=-1))
+        taken = taken + mask.sum(dim=1, keepdim=True)  # (G, 1, E): slots the earlier choices took
+    return torch.stack(slots, dim=-1)  # (G, S, k)
+
+
+@pytest.mark.parametrize("top_k,random_routing", [(1, False), (2, False), (2, True)])
+def test_sorted_slots_equal_the_one_hot_rule(top_k, random_routing):
+    generator = torch.Generator().manual_seed(top_k)
+    G, S, E = 3, 200, 7
+    logits = torch.randn(G, S, E, generator=generator)
+    logits[:, :10] = 0.0  # ties: every expert equally likely
+    noise = torch.rand(G, S, generator=generator) if random_routing else None
+    dropless = gshard_gating(logits, top_k, capacity=None, noise=noise)
+    assert torch.equal(dropless.slot, _one_hot_slots(dropless.expert_index, dropless.kept, E))
+    for capacity_slots in (1, 20, 60):
+        r = gshard_gating(logits, top_k, capacity=capacity_slots, noise=noise)
+        assert torch.equal(r.slot, dropless.slot)
+        assert torch.equal(r.kept, dropless.kept & (dropless.slot < capacity_slots))
+
+
+def test_sorted_slots_at_a_size_one_hot_masks_could_not_afford():
+    """S x E = 2^26 (one-hot int64 masks and their cumsums would take GBs): every expert's kept
+    assignments fill slots 0..n-1, top-1 before top-2, tokens in order."""
+    S, E, C = 2**16, 2**10, 80
+    logits = torch.randn(1, S, E, generator=torch.Generator().manual_seed(0))
+    r = gshard_gating(logits, top_k=2, capacity=C)
+    expert, slot, kept = r.expert_index[0], r.slot[0], r.kept[0]  # (S, 2)
+    key = expert * (2 * S) + torch.arange(2).view(1, 2) * S + torch.arange(S).view(S, 1)  # (expert, choice, token)
+    for e in (0, 1, E // 2, E - 1):
+        mine = expert == e
+        in_order = slot[mine][key[mine].argsort()]
+        assert torch.equal(in_order, torch.arange(int(mine.sum())))  # slots 0.. in (choice, token) order
+        assert torch.equal(kept[mine], slot[mine] < C)
+    assert int(r.tokens_per_expert.sum()) == int(kept.sum()) and int(r.tokens_per_expert.max()) <= C
