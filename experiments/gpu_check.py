@@ -1,7 +1,7 @@
 """One-shot sanity check of a single-GPU machine before measured runs are trusted on it.
 
     python -m experiments.gpu_check --out results/gpu_check            # H200, real sizes (~1 min)
-    python -m experiments.gpu_check --out /tmp/x --device cpu --quick   # the same logic, tiny sizes
+    python -m experiments.gpu_check --out /tmp/x --device cpu --sizes cpu   # the same on CPU (minutes)
 
 Checks, all in this one process:
 
@@ -12,15 +12,20 @@ a. Throughput of an MoE layer (GShard capacity mode, top-2, all experts local) a
    Achieved TFLOP/s are compared with the H200 dense bf16 peak and with a plain bf16 matmul.
 b. CUDA-event timing against wall-clock timing of the same MoE loop (the suite times with events).
 c. NCCL (gloo on CPU) at world size 1: all_reduce, equal and uneven all_to_all_single, barrier.
-d. The environment: versions, git commit, device properties.
+d. The throughput table: MoE / dense tokens per second at several (tokens, d_model, d_ff, experts,
+   top-k) points, each with capacity factor 1.0 and 1.25 and dropless, and the MoE forward split into
+   gate, permute, experts and unpermute + combine (the layer's own timer regions). The target on an
+   H200 (issue of the GPU path): MoE >= 0.85 x dense, routing <= 25% of the layer.
+e. The environment: versions, git commit, device properties.
 
 Writes ``<out>/gpu_check.json`` atomically and prints a summary. Never needed by CI or the tests
-(tests/test_gpu_check.py runs it on CPU with --quick).
+(tests/test_gpu_check.py runs it on CPU with --sizes quick).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -44,12 +49,46 @@ MAX_TIMING_DISAGREEMENT = 0.05
 PROFILE = {"cuda": "h200-single", "cpu": "local-cpu"}  # configs/hardware/<profile>.yaml
 # Full sizes keep every GEMM large (expert GEMMs: 4096 x 2048 x 8192 per expert) so an H200 is
 # compute-bound; E*C = top_k * tokens at capacity_factor 1, so padded MoE FLOPs = dense FLOPs.
+# ``points``: further (tokens, d_model, d_ff, experts, top_k) settings of the throughput table, each
+# in every MODES routing mode.
 SIZES = {
     "full": dict(
-        batch=8, seq_len=2048, d_model=2048, d_ff=8192, num_experts=8, matmul_n=8192, warmup_iters=5, timed_iters=20
+        batch=8,
+        seq_len=2048,
+        d_model=2048,
+        d_ff=8192,
+        num_experts=8,
+        matmul_n=8192,
+        warmup_iters=5,
+        timed_iters=20,
+        points=[(16384, 2048, 8192, 8, 2), (16384, 2048, 8192, 8, 1), (16384, 4096, 4096, 64, 2)],
     ),
-    "quick": dict(batch=2, seq_len=64, d_model=32, d_ff=64, num_experts=8, matmul_n=128, warmup_iters=1, timed_iters=3),
+    "cpu": dict(
+        batch=4,
+        seq_len=512,
+        d_model=256,
+        d_ff=1024,
+        num_experts=8,
+        matmul_n=1024,
+        warmup_iters=3,
+        timed_iters=10,
+        points=[(2048, 256, 1024, 8, 2), (2048, 256, 1024, 8, 1), (2048, 256, 256, 64, 2)],
+    ),
+    "quick": dict(
+        batch=2,
+        seq_len=64,
+        d_model=32,
+        d_ff=64,
+        num_experts=8,
+        matmul_n=128,
+        warmup_iters=1,
+        timed_iters=3,
+        points=[(128, 32, 64, 8, 2)],
+    ),
 }
+# (name, capacity_factor, dropless) of the throughput table
+MODES = [("capacity-1.0", 1.0, False), ("capacity-1.25", 1.25, False), ("dropless", 1.0, True)]
+ROUTING_PHASES = ("gate", "permute", "unpermute")  # the MoE layer's work besides the experts
 TOP_K = 2
 
 
@@ -101,31 +140,35 @@ def check_matmul(s: dict, device: torch.device) -> dict:
     return {"n": n, "ms_median": ms, "tflops": achieved, "fraction_of_h200_peak": achieved / H200_BF16_PEAK_TFLOPS}
 
 
-def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
-    """MoE layer vs dense FFN of equal active FLOPs per token, forward + backward, bf16 weights."""
+def make_layers(device, tokens, d_model, d_ff, num_experts, top_k, capacity_factor, dropless, batch=1):
+    """An MoE layer (all experts local) and a dense FFN of equal active FLOPs per token (hidden width
+    top_k * d_ff), bf16 weights, with a bf16 input and output gradient."""
     torch.manual_seed(0)
-    tokens, M, H, E = s["batch"] * s["seq_len"], s["d_model"], s["d_ff"], s["num_experts"]
     with torch.device(device):  # initialise weights on the device (fast at full size)
         moe = MoELayer(
-            d_model=M,
-            d_ff=H,
-            num_experts=E,
-            top_k=TOP_K,
-            capacity_factor=1.0,
+            d_model=d_model,
+            d_ff=d_ff,
+            num_experts=num_experts,
+            top_k=top_k,
+            capacity_factor=capacity_factor,
             min_capacity=4,
             group_size=0,
             second_expert_policy="always",
-            dropless=False,
+            dropless=dropless,
             aux_loss_scale="e2",
             layer_id=0,
             seed=0,
         )
-        dense = DenseFFN(M, TOP_K * H)
-        x = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16).requires_grad_()
-        dy = torch.randn(s["batch"], s["seq_len"], M, dtype=torch.bfloat16)
-    moe.to(torch.bfloat16)
-    dense.to(torch.bfloat16)
+        dense = DenseFFN(d_model, top_k * d_ff)
+        x = torch.randn(batch, tokens // batch, d_model, dtype=torch.bfloat16).requires_grad_()
+        dy = torch.randn(batch, tokens // batch, d_model, dtype=torch.bfloat16)
+    return moe.to(torch.bfloat16), dense.to(torch.bfloat16), x, dy
 
+
+def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
+    """MoE layer vs dense FFN of equal active FLOPs per token, forward + backward, bf16 weights."""
+    tokens, M, H, E = s["batch"] * s["seq_len"], s["d_model"], s["d_ff"], s["num_experts"]
+    moe, dense, x, dy = make_layers(device, tokens, M, H, E, TOP_K, 1.0, False, batch=s["batch"])
     iters = (s["warmup_iters"], s["timed_iters"])
     moe_ms, moe_wall_ms = time_loop(fwd_bwd_step(moe, x, dy), device, *iters)
     dense_ms, _ = time_loop(fwd_bwd_step(dense, x, dy), device, *iters)
@@ -168,6 +211,47 @@ def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
             "wall_over_events": moe_wall_ms / sum(moe_ms),
         },
     }
+
+
+def forward_split_ms(moe: MoELayer, x: torch.Tensor, device: torch.device, iters: int) -> dict[str, float]:
+    """Mean forward time of the MoE layer's phases (gate, permute, expert, unpermute + combine), from
+    its own timer regions (CUDA events on GPU, read once at the end)."""
+    moe.timer = PhaseTimer(device)
+    for _ in range(iters):
+        moe(x)
+    totals = moe.timer.elapsed_ms()
+    moe.timer = PhaseTimer(enabled=False)
+    return {phase: totals.get(f"{phase}.fwd", 0.0) / iters for phase in ("gate", "permute", "expert", "unpermute")}
+
+
+def check_points(s: dict, device: torch.device) -> list[dict]:
+    """The throughput table: MoE / dense tokens per second at every point and routing mode, and the
+    share of the MoE forward that is routing (gate + permute + unpermute) rather than experts."""
+    rows = []
+    for (tokens, d_model, d_ff, experts, top_k), (mode, capacity_factor, dropless) in itertools.product(
+        s["points"], MODES
+    ):
+        moe, dense, x, dy = make_layers(device, tokens, d_model, d_ff, experts, top_k, capacity_factor, dropless)
+        iters = (s["warmup_iters"], s["timed_iters"])
+        moe_ms = statistics.median(time_loop(fwd_bwd_step(moe, x, dy), device, *iters)[0])
+        dense_ms = statistics.median(time_loop(fwd_bwd_step(dense, x, dy), device, *iters)[0])
+        split = forward_split_ms(moe, x, device, s["timed_iters"])
+        routing = sum(split[p] for p in ROUTING_PHASES)
+        rows.append(
+            {
+                "tokens": tokens,
+                "d_model": d_model,
+                "d_ff": d_ff,
+                "experts": experts,
+                "top_k": top_k,
+                "mode": mode,
+                "moe_over_dense_tokens_per_s": dense_ms / moe_ms,
+                "forward_split_ms": split,
+                "routing_share_of_forward": routing / (routing + split["expert"]),
+                "dropped_fraction": float(moe.last_gating.dropped_fraction),
+            }
+        )
+    return rows
 
 
 def check_collectives(device: torch.device, backend: str) -> tuple[dict, dict]:
@@ -236,22 +320,32 @@ def print_summary(checks: dict, passed: dict) -> None:
     ]
     for name, value, verdict in rows:
         print(f"{name:<24} {value:<72} {verdict}")
+    header = f"{'tokens x M x H, E, k':<28} {'mode':<14} {'MoE/dense':>9} {'routing':>8}"
+    print(f"\n{header}  forward ms: gate permute expert unpermute")
+    for p in checks["points"]:
+        point = f"{p['tokens']} x {p['d_model']} x {p['d_ff']}, {p['experts']}, {p['top_k']}"
+        split = " ".join(f"{p['forward_split_ms'][k]:.2f}" for k in ("gate", "permute", "expert", "unpermute"))
+        ratio, routing = p["moe_over_dense_tokens_per_s"], p["routing_share_of_forward"]
+        print(f"{point:<28} {p['mode']:<14} {ratio:>9.3f} {routing:>8.1%}  {split}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for gpu_check.json")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU test of the logic)")
+    parser.add_argument(
+        "--sizes", choices=sorted(SIZES), default="full", help="full (an H200), cpu (minutes on CPU), quick (a test)"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is visible; use --device cpu --quick", file=sys.stderr)
+        print("error: --device cuda but no CUDA device is visible; use --device cpu --sizes cpu", file=sys.stderr)
         return 2
     device = torch.device(args.device)
     hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"]).hardware
-    sizes = SIZES["quick" if args.quick else "full"]
+    sizes = SIZES[args.sizes]
 
     checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}
+    checks["points"] = check_points(sizes, device)
     checks["collectives"], exact = check_collectives(device, hardware.backend)
     t = checks["timing"]
     passed = {

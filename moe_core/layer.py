@@ -85,20 +85,22 @@ class MoELayer(nn.Module):
     # -- capacity mode ---------------------------------------------------------------------------
     def _capacity(self, tokens, plan: GatingResult, combine_weight, G: int, S: int, C: int) -> torch.Tensor:
         E, M = self.num_experts, tokens.shape[-1]
-        group = torch.arange(G, device=tokens.device).view(G, 1, 1)
-        flat_slot = (group * E + plan.expert_index) * C + plan.slot.clamp(max=C - 1)  # (G, S, k)
-        token_id = torch.arange(G * S, device=tokens.device).view(G, S, 1).expand_as(flat_slot)
-        # Dropped assignments are copied to a spare last row, cut off afterwards: no boolean
-        # indexing, whose data-dependent size would make the host wait for the device.
-        rows = G * E * C
-        target = torch.where(plan.kept, flat_slot, rows).reshape(-1)  # (G*S*k,)
-        buf = tokens.new_zeros(rows + 1, M).index_copy(0, target, tokens[token_id.reshape(-1)])[:rows]
-        buf = buf.view(G, E, C, M).transpose(0, 1).reshape(E * G * C, M)  # expert-major: (E*G*C, M)
+        with self.timer.region("permute.fwd"):
+            group = torch.arange(G, device=tokens.device).view(G, 1, 1)
+            flat_slot = (group * E + plan.expert_index) * C + plan.slot.clamp(max=C - 1)  # (G, S, k)
+            token_id = torch.arange(G * S, device=tokens.device).view(G, S, 1).expand_as(flat_slot)
+            # Dropped assignments are copied to a spare last row, cut off afterwards: no boolean
+            # indexing, whose data-dependent size would make the host wait for the device.
+            rows = G * E * C
+            target = torch.where(plan.kept, flat_slot, rows).reshape(-1)  # (G*S*k,)
+            buf = tokens.new_zeros(rows + 1, M).index_copy(0, target, tokens[token_id.reshape(-1)])[:rows]
+            buf = buf.view(G, E, C, M).transpose(0, 1).reshape(E * G * C, M)  # expert-major: (E*G*C, M)
 
         out = self._exchange_and_compute_equal(buf, G * C)  # (E*G*C, M)
-        out = out.view(E, G, C, M).transpose(0, 1).reshape(G * E * C, M)  # back to group-major
-        gathered = out[flat_slot.reshape(-1)].view(G * S, self.top_k, M)  # (N, k, M)
-        return (combine_weight.reshape(G * S, self.top_k, 1).to(gathered.dtype) * gathered).sum(dim=1)
+        with self.timer.region("unpermute.fwd"):  # and the weighted combine
+            out = out.view(E, G, C, M).transpose(0, 1).reshape(G * E * C, M)  # back to group-major
+            gathered = out[flat_slot.reshape(-1)].view(G * S, self.top_k, M)  # (N, k, M)
+            return (combine_weight.reshape(G * S, self.top_k, 1).to(gathered.dtype) * gathered).sum(dim=1)
 
     def _exchange_and_compute_equal(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
         """buf (E*R, M) in expert order -> expert outputs in the same order; R rows per expert.
@@ -126,15 +128,18 @@ class MoELayer(nn.Module):
     # -- dropless mode ---------------------------------------------------------------------------
     def _dropless(self, tokens, plan: GatingResult, combine_weight) -> torch.Tensor:
         N, M = tokens.shape
-        kept = plan.kept.reshape(N, self.top_k)
-        token_id = torch.arange(N, device=tokens.device).unsqueeze(1).expand(N, self.top_k)[kept]  # (P,)
-        expert = plan.expert_index.reshape(N, self.top_k)[kept]  # (P,)
-        weight = combine_weight.reshape(N, self.top_k)[kept]  # (P,)
-        order = torch.argsort(expert, stable=True)
-        token_id, expert, weight = token_id[order], expert[order], weight[order]
-        counts = torch.bincount(expert, minlength=self.num_experts)  # (E,)
-        out = self._exchange_and_compute_ragged(tokens[token_id], counts)  # (P, M)
-        return tokens.new_zeros(N, M).index_add(0, token_id, weight.unsqueeze(1).to(out.dtype) * out)
+        with self.timer.region("permute.fwd"):
+            kept = plan.kept.reshape(N, self.top_k)
+            token_id = torch.arange(N, device=tokens.device).unsqueeze(1).expand(N, self.top_k)[kept]  # (P,)
+            expert = plan.expert_index.reshape(N, self.top_k)[kept]  # (P,)
+            weight = combine_weight.reshape(N, self.top_k)[kept]  # (P,)
+            order = torch.argsort(expert, stable=True)
+            token_id, expert, weight = token_id[order], expert[order], weight[order]
+            counts = torch.bincount(expert, minlength=self.num_experts)  # (E,)
+            routed = tokens[token_id]  # (P, M) sorted by expert
+        out = self._exchange_and_compute_ragged(routed, counts)  # (P, M)
+        with self.timer.region("unpermute.fwd"):  # and the weighted combine
+            return tokens.new_zeros(N, M).index_add(0, token_id, weight.unsqueeze(1).to(out.dtype) * out)
 
     def _exchange_and_compute_ragged(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x (P, M) sorted by global expert with counts (E,) -> expert outputs in the same order."""

@@ -8,7 +8,7 @@ from experiments.gpu_check import main
 
 
 def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path):
-    assert main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["--device", "cpu", "--sizes", "quick", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {"date", "checks", "pass", "environment"} <= record.keys()
     c = record["checks"]
