@@ -5,21 +5,25 @@ The paper-neutral core, one job per module:
 * configuration: ``config`` (schema root, load, validate, save), ``sections`` (the error type, the
   check helpers and the registry papers add their config sections to), ``points`` (sweep points
   and their names);
-* the MoE model: ``gating`` (GShard routing and capacity), ``experts``, ``layer`` (the MoE layer),
+* the MoE model: ``gating`` (GShard routing by sorting), ``capacity`` (buffer sizes, no torch),
+  ``experts``, ``layer`` (the MoE layer),
   ``model`` (a small decoder transformer), ``data`` (synthetic learnable tokens);
 * parallelism and communication: ``layout`` (named mesh axes), ``parallel`` (DeviceMesh, process
-  groups, expert sharding), ``comm`` (differentiable, pipelined and ordered all-to-alls),
+  groups, expert and tensor sharding), ``tensor_parallel`` (Megatron's column/row-parallel split of
+  the dense layers and experts), ``comm`` (differentiable, pipelined, ordered and tensor-parallel
+  drop/all-gather all-to-alls), ``hierarchical_a2a`` (the two-phase all-to-all),
   ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
   (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
-  follow), ``policies`` (the policy registry and the baselines' decisions; no torch), ``executor``
-  (the measured executor of a plan);
+  follow), ``policies`` (the policy and tensor-parallel dispatch registries and the baselines'
+  decisions; no torch), ``executor`` (the measured executor of a plan);
 * running and recording: ``distributed`` (process-group start-up, failing ranks), ``processes``
   (exit codes and /proc facts the launcher shares with the ranks), ``timing``,
-  ``results`` (records), ``tracking`` (W&B), ``testbed`` (an emulated multi-node cluster),
-  ``workloads`` (traffic matrices);
+  ``results`` (records), ``benchmark`` (the measured microbenchmarks' skeleton), ``tracking``
+  (W&B), ``testbed`` (an emulated multi-node cluster), ``workloads`` (traffic matrices),
+  ``dispatch_study`` (which dispatcher when: skewed routing and its section);
 * ``sim/``: the network and step simulator (topology, engine, collectives, step, calibrate); it
   reads plans, never paper names.
 
 ``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model
-(gshard, lina, aurora); importing ``moe_core.papers`` registers them with the core.
+(gshard, lina, aurora, monta); importing ``moe_core.papers`` registers them with the core.
 """
