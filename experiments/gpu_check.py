@@ -16,7 +16,9 @@ d. The throughput table: MoE / dense tokens per second at several (tokens, d_mod
    top-k) points, each with capacity factor 1.0 and 1.25 and dropless, and the MoE forward split into
    gate, permute, experts and unpermute + combine (the layer's own timer regions). The target on an
    H200 (issue of the GPU path): MoE >= 0.85 x dense, routing <= 25% of the layer.
-e. The environment: versions, git commit, device properties.
+e. The op sweep the simulator's compute model is fitted to: GEMM efficiency against shape,
+   memory-bound ops' bandwidth against size, the per-kernel launch cost (``op_sweep``).
+f. The environment: versions, git commit, device properties.
 
 Writes ``<out>/gpu_check.json`` atomically and prints a summary. Never needed by CI or the tests
 (tests/test_gpu_check.py runs it on CPU with --sizes quick).
@@ -62,6 +64,9 @@ SIZES = {
         warmup_iters=5,
         timed_iters=20,
         points=[(16384, 2048, 8192, 8, 2), (16384, 2048, 8192, 8, 1), (16384, 4096, 4096, 64, 2)],
+        gemm_m=[128, 512, 2048, 8192, 32768],
+        gemm_nk=[(2048, 8192), (8192, 2048), (1024, 1024)],
+        memory_elements=[2**16, 2**20, 2**24, 2**27],
     ),
     "cpu": dict(
         batch=4,
@@ -73,6 +78,9 @@ SIZES = {
         warmup_iters=3,
         timed_iters=10,
         points=[(2048, 256, 1024, 8, 2), (2048, 256, 1024, 8, 1), (2048, 256, 256, 64, 2)],
+        gemm_m=[16, 128, 1024, 4096],
+        gemm_nk=[(256, 1024), (1024, 256), (256, 256)],
+        memory_elements=[2**12, 2**16, 2**20, 2**22],
     ),
     "quick": dict(
         batch=2,
@@ -84,6 +92,9 @@ SIZES = {
         warmup_iters=1,
         timed_iters=3,
         points=[(128, 32, 64, 8, 2)],
+        gemm_m=[8, 64],
+        gemm_nk=[(32, 64)],
+        memory_elements=[2**8, 2**12],
     ),
 }
 # (name, capacity_factor, dropless) of the throughput table
@@ -138,6 +149,45 @@ def check_matmul(s: dict, device: torch.device) -> dict:
     ms = statistics.median(time_loop(lambda: a @ b, device, s["warmup_iters"], s["timed_iters"])[0])
     achieved = tflops(2 * n**3, ms)
     return {"n": n, "ms_median": ms, "tflops": achieved, "fraction_of_h200_peak": achieved / H200_BF16_PEAK_TFLOPS}
+
+
+def op_sweep(s: dict, device: torch.device, ceiling_tflops: float) -> dict:
+    """The measurements a compute model of the step is fitted to (bf16, forward ops):
+
+    * GEMMs (m, n, k) over the ``gemm_m`` token counts for each ``gemm_nk`` weight shape: TFLOP/s and
+      the fraction of ``ceiling_tflops``, this device's square bf16 matmul (check a): efficiency
+      against shape;
+    * memory-bound ops over ``memory_elements``: softmax and layer norm over rows of 1024, a row
+      gather (index_select, the permute) and an elementwise add, as GB/s of bytes read + written;
+    * the launch cost: the time of an add of one element, per kernel.
+    """
+    iters = (s["warmup_iters"], s["timed_iters"])
+
+    def median_ms(fn) -> float:
+        return statistics.median(time_loop(fn, device, *iters)[0])
+
+    gemms = []
+    for (n, k), m in itertools.product(s["gemm_nk"], s["gemm_m"]):
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        achieved = tflops(2 * m * n * k, median_ms(lambda a=a, b=b: a @ b))
+        gemms.append({"m": m, "n": n, "k": k, "tflops": achieved, "of_square_matmul": achieved / ceiling_tflops})
+    memory = []
+    for elements in s["memory_elements"]:
+        x = torch.randn(elements // 1024 or 1, min(elements, 1024), device=device, dtype=torch.bfloat16)
+        rows = torch.randint(0, x.shape[0], (x.shape[0],), device=device)
+        nbytes = x.numel() * x.element_size()
+        ops = {
+            "softmax": (lambda x=x: torch.softmax(x, dim=-1), 2 * nbytes),
+            "layer_norm": (lambda x=x: torch.nn.functional.layer_norm(x, x.shape[-1:]), 2 * nbytes),
+            "gather_rows": (lambda x=x, rows=rows: x.index_select(0, rows), 2 * nbytes),
+            "add": (lambda x=x: x + x, 3 * nbytes),
+        }
+        for name, (fn, moved) in ops.items():
+            ms = median_ms(fn)
+            memory.append({"op": name, "elements": x.numel(), "ms": ms, "GBps": moved / (ms * 1e-3) / 1e9})
+    one = torch.ones(1, device=device)
+    return {"gemm": gemms, "memory_bound": memory, "launch_us": median_ms(lambda: one + one) * 1e3}
 
 
 def make_layers(device, tokens, d_model, d_ff, num_experts, top_k, capacity_factor, dropless, batch=1):
@@ -320,6 +370,15 @@ def print_summary(checks: dict, passed: dict) -> None:
     ]
     for name, value, verdict in rows:
         print(f"{name:<24} {value:<72} {verdict}")
+    sweep = checks["op_sweep"]
+    best = max(sweep["gemm"], key=lambda g: g["tflops"])
+    worst = min(sweep["gemm"], key=lambda g: g["tflops"])
+    print(
+        f"op sweep: GEMM {worst['tflops']:.2f}..{best['tflops']:.2f} TFLOP/s "
+        f"({worst['m']}x{worst['n']}x{worst['k']} .. {best['m']}x{best['n']}x{best['k']}), "
+        f"memory-bound up to {max(o['GBps'] for o in sweep['memory_bound']):.1f} GB/s, "
+        f"launch {sweep['launch_us']:.1f} us"
+    )
     header = f"{'tokens x M x H, E, k':<28} {'mode':<14} {'MoE/dense':>9} {'routing':>8}"
     print(f"\n{header}  forward ms: gate permute expert unpermute")
     for p in checks["points"]:
@@ -346,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}
     checks["points"] = check_points(sizes, device)
+    checks["op_sweep"] = op_sweep(sizes, device, checks["matmul"]["tflops"])
     checks["collectives"], exact = check_collectives(device, hardware.backend)
     t = checks["timing"]
     passed = {

@@ -30,5 +30,14 @@ def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path):
     assert c["collectives"] == {"backend": "gloo", "world_size": 1, "nccl_version": None}
     assert record["pass"]["collectives_exact"] and set(record["pass"]) >= {"moe_over_dense", "timing_agreement"}
     assert all(isinstance(v, bool) for v in record["pass"].values())
+    # the throughput table: every point in every routing mode, its forward split measured
+    assert [p["mode"] for p in c["points"]] == ["capacity-1.0", "capacity-1.25", "dropless"]
+    assert all(p["moe_over_dense_tokens_per_s"] > 0 and p["forward_split_ms"]["expert"] > 0 for p in c["points"])
+    assert all(0 < p["routing_share_of_forward"] < 1 for p in c["points"])
+    # the op sweep: 2 token counts x 1 weight shape of GEMMs, 4 memory-bound ops x 2 sizes, a launch cost
+    sweep = c["op_sweep"]
+    assert [(g["m"], g["n"], g["k"]) for g in sweep["gemm"]] == [(8, 32, 64), (64, 32, 64)]
+    assert all(g["tflops"] > 0 for g in sweep["gemm"]) and len(sweep["memory_bound"]) == 8
+    assert all(o["GBps"] > 0 for o in sweep["memory_bound"]) and sweep["launch_us"] > 0
     assert record["environment"]["device"] == "cpu" and record["hardware"] == "local-cpu"
     assert not dist.is_initialized()
