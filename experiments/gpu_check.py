@@ -14,7 +14,7 @@ b. CUDA-event timing against wall-clock timing of the same MoE loop (the suite t
 c. NCCL (gloo on CPU) at world size 1: all_reduce, equal and uneven all_to_all_single, barrier.
 d. The throughput table: MoE / dense tokens per second at several (tokens, d_model, d_ff, experts,
    top-k) points, each with capacity factor 1.0 and 1.25 and dropless, and the MoE forward split into
-   gate, permute, experts and unpermute + combine (the layer's own timer regions). The target on an
+   gate, permute, experts, unpermute and combine (the layer's own timer regions). The target on an
    H200 (issue of the GPU path): MoE >= 0.85 x dense, routing <= 25% of the layer.
 e. The op sweep the simulator's compute model is fitted to: GEMM efficiency against shape,
    memory-bound ops' bandwidth against size, the per-kernel launch cost (``op_sweep``).
@@ -99,7 +99,8 @@ SIZES = {
 }
 # (name, capacity_factor, dropless) of the throughput table
 MODES = [("capacity-1.0", 1.0, False), ("capacity-1.25", 1.25, False), ("dropless", 1.0, True)]
-ROUTING_PHASES = ("gate", "permute", "unpermute")  # the MoE layer's work besides the experts
+SPLIT_PHASES = ("gate", "permute", "expert", "unpermute", "combine")  # the MoE layer's forward, in order
+ROUTING_PHASES = ("gate", "permute", "unpermute", "combine")  # its work besides the experts
 TOP_K = 2
 
 
@@ -264,19 +265,19 @@ def check_moe_vs_dense(s: dict, device: torch.device) -> dict:
 
 
 def forward_split_ms(moe: MoELayer, x: torch.Tensor, device: torch.device, iters: int) -> dict[str, float]:
-    """Mean forward time of the MoE layer's phases (gate, permute, expert, unpermute + combine), from
-    its own timer regions (CUDA events on GPU, read once at the end)."""
+    """Mean forward time of the MoE layer's phases (SPLIT_PHASES), from its own timer regions (CUDA
+    events on GPU, read once at the end)."""
     moe.timer = PhaseTimer(device)
     for _ in range(iters):
         moe(x)
     totals = moe.timer.elapsed_ms()
     moe.timer = PhaseTimer(enabled=False)
-    return {phase: totals.get(f"{phase}.fwd", 0.0) / iters for phase in ("gate", "permute", "expert", "unpermute")}
+    return {phase: totals.get(f"{phase}.fwd", 0.0) / iters for phase in SPLIT_PHASES}
 
 
 def check_points(s: dict, device: torch.device) -> list[dict]:
     """The throughput table: MoE / dense tokens per second at every point and routing mode, and the
-    share of the MoE forward that is routing (gate + permute + unpermute) rather than experts."""
+    share of the MoE forward that is routing (gate, permute, unpermute, combine) rather than experts."""
     rows = []
     for (tokens, d_model, d_ff, experts, top_k), (mode, capacity_factor, dropless) in itertools.product(
         s["points"], MODES
@@ -380,10 +381,10 @@ def print_summary(checks: dict, passed: dict) -> None:
         f"launch {sweep['launch_us']:.1f} us"
     )
     header = f"{'tokens x M x H, E, k':<28} {'mode':<14} {'MoE/dense':>9} {'routing':>8}"
-    print(f"\n{header}  forward ms: gate permute expert unpermute")
+    print(f"\n{header}  forward ms: {' '.join(SPLIT_PHASES)}")
     for p in checks["points"]:
         point = f"{p['tokens']} x {p['d_model']} x {p['d_ff']}, {p['experts']}, {p['top_k']}"
-        split = " ".join(f"{p['forward_split_ms'][k]:.2f}" for k in ("gate", "permute", "expert", "unpermute"))
+        split = " ".join(f"{p['forward_split_ms'][k]:.2f}" for k in SPLIT_PHASES)
         ratio, routing = p["moe_over_dense_tokens_per_s"], p["routing_share_of_forward"]
         print(f"{point:<28} {p['mode']:<14} {ratio:>9.3f} {routing:>8.1%}  {split}")
 

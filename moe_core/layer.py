@@ -97,9 +97,10 @@ class MoELayer(nn.Module):
             buf = buf.view(G, E, C, M).transpose(0, 1).reshape(E * G * C, M)  # expert-major: (E*G*C, M)
 
         out = self._exchange_and_compute_equal(buf, G * C)  # (E*G*C, M)
-        with self.timer.region("unpermute.fwd"):  # and the weighted combine
+        with self.timer.region("unpermute.fwd"):
             out = out.view(E, G, C, M).transpose(0, 1).reshape(G * E * C, M)  # back to group-major
             gathered = out[flat_slot.reshape(-1)].view(G * S, self.top_k, M)  # (N, k, M)
+        with self.timer.region("combine.fwd"):
             return (combine_weight.reshape(G * S, self.top_k, 1).to(gathered.dtype) * gathered).sum(dim=1)
 
     def _exchange_and_compute_equal(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
@@ -138,8 +139,10 @@ class MoELayer(nn.Module):
             counts = torch.bincount(expert, minlength=self.num_experts)  # (E,)
             routed = tokens[token_id]  # (P, M) sorted by expert
         out = self._exchange_and_compute_ragged(routed, counts)  # (P, M)
-        with self.timer.region("unpermute.fwd"):  # and the weighted combine
-            return tokens.new_zeros(N, M).index_add(0, token_id, weight.unsqueeze(1).to(out.dtype) * out)
+        with self.timer.region("combine.fwd"):
+            weighted = weight.unsqueeze(1).to(out.dtype) * out  # (P, M)
+        with self.timer.region("unpermute.fwd"):
+            return tokens.new_zeros(N, M).index_add(0, token_id, weighted)
 
     def _exchange_and_compute_ragged(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x (P, M) sorted by global expert with counts (E,) -> expert outputs in the same order."""
