@@ -231,16 +231,14 @@ def strategy_ranking(records: pd.DataFrame) -> pd.DataFrame:
     model = model[model["metric"].isin(metrics)]
     if model.empty:
         return model
-    keys = ["hardware", "tensor_parallel", "expert_parallel", "data_parallel"]
+    keys = ["hardware", "world_size", "tensor_parallel", "expert_parallel", "data_parallel"]
     table = model.pivot_table(index=keys, columns="metric", values="value").reset_index()
     simulated = _steps(records, "simulated")
     if simulated.empty:
         table["simulated_exchange_ms"] = float("nan")
     else:
         simulated = simulated[simulated["path"].isin(["monta", "none (tp 1)"]) & (simulated["tp_chunks"] == 0)]
-        simulated = simulated[simulated["world_size"] == 16][keys + ["exchange_ms"]].rename(
-            columns={"exchange_ms": "simulated_exchange_ms"}
-        )
+        simulated = simulated[keys + ["exchange_ms"]].rename(columns={"exchange_ms": "simulated_exchange_ms"})
         table = table.merge(simulated, on=keys, how="left")
     # ranked by MoNTA's rule (layouts that fit first), on the simulated exchange instead of the model's
     key = (1 - table["fits"]) * 1e9 + table["simulated_exchange_ms"]
