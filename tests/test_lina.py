@@ -1,7 +1,9 @@
 """Lina's pure decisions: micro-op partitioning, the packing rule and when it is applied."""
 
+import pandas as pd
 import pytest
 
+from analysis.compare import REPRODUCERS
 from moe_core.papers.lina.decisions import packing_due, packing_factor
 from moe_core.plan import a2a_micro_ops, chunk_count, gradient_micro_ops
 
@@ -51,3 +53,29 @@ def test_bad_input_is_named(call, match):
 def test_packing_is_decided_after_the_warm_up_then_every_interval():
     assert [i for i in range(20) if packing_due(i, warmup_iters=10, interval_iters=4)] == [10, 14, 18]
     assert [i for i in range(9) if packing_due(i, warmup_iters=0, interval_iters=4)] == [4, 8]  # a measured step first
+
+
+def test_fig13_compares_the_unpacked_layout():
+    """Lina's Fig 13 times the same backward all-to-all with and without its scheduling; policy lina
+    packs experts onto fewer ranks, which shrinks the exchange itself, so the reproducer reads
+    lina-pipeline (every Lina feature but packing)."""
+    rows = [
+        dict(
+            paper="lina",
+            experiment="sim_train_step",
+            point=policy,
+            mode="simulated",
+            backend="sim",
+            hardware="lina-a100-4x4",
+            world_size=8,
+            num_experts=8,
+            policy=policy,
+            partition_mb=30.0,
+            metric="a2a_bwd_ms",
+            value=value,
+        )
+        for policy, value in (("overlap", 24.0), ("lina-pipeline", 10.0), ("lina", 0.2))
+    ]
+    records = pd.DataFrame(rows)
+    speedup, setting = REPRODUCERS["lina_fig13_bwd_a2a_speedup_8e"](records, records.iloc[0:0])
+    assert speedup == 2.4 and "lina-pipeline" in setting
