@@ -22,12 +22,11 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.capacity import dispatch_rows_per_expert
+from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.papers.monta.decisions import DTYPE_BYTES, dispatch_volume_bytes
+from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
 from moe_core.papers.monta.performance_model import (
     admissible_chunk_counts,
-    choose_chunk_count,
     enumerate_strategies,
     exchange_links,
     pipelined_seconds,
@@ -104,7 +103,7 @@ def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
     paper = OmegaConf.merge(paper, {"parallel": {"world_size": hw.nodes * hw.devices_per_node, "tensor_parallel": tp}})
     slots, volume = dispatch_rows_per_expert(paper), dispatch_volume_bytes(paper)
     links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
-    chosen = choose_chunk_count(volume, slots, ep, tp, links)
+    chosen = monta_chunks(paper)  # the decision the run's monta dispatch takes
     records = []
     for n in admissible_chunk_counts(slots, tp):
         params = {"tensor_parallel": tp, "expert_parallel": ep, "chunks": n, "nics_per_node": hw.nics_per_node}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per activation element (and on the wire)
+
 
 def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
     """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).

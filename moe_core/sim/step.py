@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from ..capacity import dispatch_rows_per_expert
+from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert
 from ..layout import Layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops
@@ -33,8 +33,6 @@ from ..timing import STEP_PHASES
 from .collectives import collective_op, simulate_on
 from .engine import Op, Timeline
 from .topology import Transfer
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per element
 
 
 @dataclass

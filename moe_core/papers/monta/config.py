@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from moe_core.policies import TP_DISPATCHES
 from moe_core.sections import register_section, require, require_at_least, require_profile
+from moe_core.workloads import ELEMENT_BYTES
 
 from .performance_model import DEFAULT_CHUNK_OVERHEAD_S
 
@@ -56,7 +57,7 @@ def exchange_buffer_shape(m: DictConfig, tp: int) -> tuple[int, int]:
     """(blocks, rows per block) of a rank's buffer in the measured exchange at tensor-parallel size
     ``tp``: one block per expert-parallel rank, ``bytes_per_rank`` in float32 rows of ``d_model``."""
     blocks = m.world_size // tp
-    return blocks, m.bytes_per_rank // (4 * m.d_model * blocks)
+    return blocks, m.bytes_per_rank // (ELEMENT_BYTES * m.d_model * blocks)
 
 
 def validate_monta(cfg: DictConfig) -> None:

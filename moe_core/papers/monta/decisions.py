@@ -7,7 +7,7 @@ from :func:`monta_chunks`.
 
 from __future__ import annotations
 
-from moe_core.capacity import dispatch_rows_per_expert
+from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert
 from moe_core.layout import layout_of
 from moe_core.policies import register_tp_dispatch
 
@@ -15,7 +15,6 @@ from .performance_model import admissible_chunk_counts, choose_chunk_count, exch
 
 # The released code's fixed choice (EnflameTechnology/DeepSpeed f733615: ``self.shard_num = 4``).
 CODE_DEFAULT_CHUNKS = 4
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per token element on the wire
 
 
 def dispatch_volume_bytes(cfg) -> float:

@@ -56,10 +56,13 @@ def layout_params(world: int, experts: int, ep: int, tp: int, dispatch: str, chu
 
 
 def paper_config(cfg: DictConfig) -> DictConfig:
-    """The paper's model on its testbed: what the simulated points' sizes are read from."""
-    from moe_core.config import load_config  # the config module imports this one (the registry)
+    """The run's config with the paper's model on its testbed: what the simulated points' sizes, and
+    the performance model's inputs, are read from."""
+    from moe_core.config import load_config, to_container  # the config module imports this one (the registry)
 
-    return load_config(overrides=[*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}"])
+    return load_config(
+        data=to_container(cfg), overrides=[*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}"]
+    )
 
 
 @register_sim_points
