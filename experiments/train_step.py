@@ -27,6 +27,7 @@ from moe_core.config import ConfigError, config_arg_parser, load_config, to_cont
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.executor import make_policy
+from moe_core.grid import GRID_COLLECTIVES
 from moe_core.layout import layout_of
 from moe_core.model import MoETransformer, gradient_tensors
 from moe_core.papers.lina.packing import ExpertPacking
@@ -44,6 +45,11 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     a2a = ms["dispatch_a2a"] + ms["combine_a2a"]
     moe = ms["gate"] + a2a + ms["expert"]
     step, exposed = phases_ms["step"], phases_ms["allreduce_exposed"]
+    # a 3D grid's collectives (moe_core.grid_parallel regions grid_<kind>_<axis>.<pass>), by kind
+    grid = {kind: 0.0 for kind in GRID_COLLECTIVES}
+    for name, value in phases_ms.items():
+        if name.startswith("grid_"):
+            grid[next(k for k in GRID_COLLECTIVES if name.startswith(f"grid_{k}_"))] += value
     return {
         "step_ms": step,
         **{f"{p}_ms": v for p, v in ms.items()},
@@ -52,7 +58,10 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
         "a2a_bwd_ms": phases_ms.get("dispatch_a2a.bwd", 0.0) + phases_ms.get("combine_a2a.bwd", 0.0),
         "moe_layer_ms": moe,
         "allreduce_exposed_ms": exposed,
-        "dense_ms": step - moe - exposed,  # attention, embeddings, dense FFNs, loss, optimizer
+        # attention, embeddings, dense FFNs (with a grid's collectives), loss, optimizer
+        "dense_ms": step - moe - exposed,
+        "grid_comm_ms": sum(grid.values()),
+        **{f"grid_{kind}_ms": v for kind, v in grid.items()},
         "a2a_bytes": counters.get("dispatch_a2a.bytes", 0.0) + counters.get("combine_a2a.bytes", 0.0),
     }
 
@@ -126,7 +135,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
             for name, value in metrics.items():
                 local[name].append(value)
             gating = [layer.last_gating for layer in model.moe_layers()]
-            local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / len(gating))
+            local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
     samples = gather_worst_rank(local)
     samples["loss"] = losses[cfg.train.warmup_iters :]
     samples["a2a_share"] = [a / s for a, s in zip(samples["a2a_ms"], samples["step_ms"])]

@@ -10,7 +10,9 @@ The paper-neutral core, one job per module:
   ``model`` (a small decoder transformer), ``data`` (synthetic learnable tokens);
 * parallelism and communication: ``layout`` (named mesh axes), ``parallel`` (DeviceMesh, process
   groups, expert and tensor sharding), ``tensor_parallel`` (Megatron's column/row-parallel split of
-  the dense layers and experts), ``comm`` (differentiable, pipelined, ordered and tensor-parallel
+  the dense layers and experts), ``grid`` (3D tensor parallelism on a data x depth x row x col grid:
+  each linear's split and its collectives; no torch), ``grid_parallel`` (the grid's linear layers,
+  their collectives and overlaps), ``comm`` (differentiable, pipelined, ordered and tensor-parallel
   drop/all-gather all-to-alls), ``hierarchical_a2a`` (the two-phase all-to-all),
   ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
   (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
@@ -21,9 +23,9 @@ The paper-neutral core, one job per module:
   ``results`` (records), ``benchmark`` (the measured microbenchmarks' skeleton), ``tracking``
   (W&B), ``testbed`` (an emulated multi-node cluster), ``workloads`` (traffic matrices),
   ``dispatch_study`` (which dispatcher when: skewed routing and its section);
-* ``sim/``: the network and step simulator (topology, engine, collectives, step, calibrate); it
-  reads plans, never paper names.
+* ``sim/``: the network and step simulator (topology, engine, collectives, step, grid_ops,
+  calibrate); it reads plans, never paper names.
 
 ``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model
-(gshard, lina, aurora, monta); importing ``moe_core.papers`` registers them with the core.
+(gshard, lina, aurora, monta, axonn); importing ``moe_core.papers`` registers them with the core.
 """

@@ -11,6 +11,12 @@ import math
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per activation element (and on the wire)
 
 
+def moe_blocks(n_layers: int, moe_every: int) -> list[int]:
+    """The blocks whose FFN is an MoE layer: every ``moe_every``-th (GShard: 2, the odd blocks);
+    none when ``moe_every`` is 0, a dense GPT."""
+    return [i for i in range(n_layers) if moe_every and i % moe_every == moe_every - 1]
+
+
 def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
     """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
 

@@ -32,7 +32,8 @@ from . import (
     papers,  # the registry: every paper registers its config section, policies and orders
 )
 from .capacity import dispatch_rows_per_expert
-from .layout import layout_error
+from .grid import grid_split_error
+from .layout import grid_config, layout_error
 from .points import sweep_points
 from .policies import POLICIES, TP_DISPATCHES, plan_features
 from .sections import (
@@ -147,7 +148,7 @@ class ModelConfig:
     n_heads: int = 4
     d_ff: int = 512  # hidden width of the dense FFNs and of every expert
     seq_len: int = 64
-    moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3
+    moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3; 0: a dense GPT
 
 
 @dataclass
@@ -172,13 +173,34 @@ class MoEConfig:
 
 
 @dataclass
+class GridConfig:
+    """The tensor axes of a 3D tensor-parallel grid (moe_core.grid): ``row x col`` ranks split every
+    dense linear layer, ``depth`` shards the blocks and splits the batch; data parallel is the rest."""
+
+    depth: int = 1
+    row: int = 1
+    col: int = 1
+
+
+@dataclass
 class ParallelConfig:
     """Process layout (moe_core.layout): ``expert_parallel = num_experts / experts_per_rank``, ``tensor_parallel``
     ranks share each group's tokens and split its weights, the rest is data parallel."""
 
     world_size: int = 4
     tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.tensor_parallel)
+    grid: GridConfig = field(default_factory=GridConfig)  # 3D tensor parallelism (exclusive with tensor_parallel)
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
+
+
+@dataclass
+class GridOverlapConfig:
+    """AxoNN's overlaps of the grid's collectives with compute (moe_core.grid.GridOverlaps)."""
+
+    all_reduce: bool = False  # backward input-gradient all-reduce behind the weight-gradient matmul
+    reduce_scatter: bool = False  # weight-gradient reduce-scatter completed after the backward pass
+    all_gather: bool = False  # the next layer's weight all-gather issued before this layer computes
+    cached_layers: int = 0  # the first N blocks keep their gathered weights from forward for backward
 
 
 @dataclass
@@ -201,6 +223,8 @@ class CommConfig:
     # "hierarchical": the MoE all-to-all runs in two phases, inside nodes then between same-local-rank
     # peers (moe_core.hierarchical_a2a; the step simulator models the same), when its group spans nodes.
     a2a_algorithm: Literal["flat", "hierarchical"] = "flat"
+    # Under a 3D grid (parallel.grid): which of its collectives overlap compute (moe_core.grid.GridOverlaps)
+    grid_overlap: GridOverlapConfig = field(default_factory=lambda: GridOverlapConfig())
 
 
 @dataclass
@@ -443,12 +467,12 @@ def _validate_run(cfg: DictConfig) -> None:
 
 def _validate_model(cfg: DictConfig) -> None:
     m, moe = cfg.model, cfg.moe
-    require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "moe_every"))
+    require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"))
     require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
     require(
-        m.moe_every <= m.n_layers,
+        0 <= m.moe_every <= m.n_layers,
         "model.moe_every",
-        f"must be <= model.n_layers={m.n_layers} (every moe_every-th layer is MoE; the model needs one), "
+        f"must be between 0 (a dense model) and model.n_layers={m.n_layers} (every moe_every-th layer is MoE), "
         f"got {m.moe_every}",
     )
     embedding_bytes = 2 * m.vocab_size * m.d_model * 4
@@ -478,11 +502,36 @@ def _validate_model(cfg: DictConfig) -> None:
         "moe.group_size",
         f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}",
     )
-    error = layout_error(cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel)
+    error = layout_error(
+        cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel, grid_config(cfg)
+    )
     if error:
         raise ConfigError(error)
     _validate_tensor_parallel(cfg)
+    _validate_grid(cfg)
     _validate_hierarchical_a2a(cfg)
+
+
+def _validate_grid(cfg: DictConfig) -> None:
+    """The grid splits heads, features and weight blocks; its overlaps are counts and switches."""
+    grid, m = grid_config(cfg), cfg.model
+    require(
+        cfg.comm.grid_overlap.cached_layers >= 0,
+        "comm.grid_overlap.cached_layers",
+        f"must be >= 0, got {cfg.comm.grid_overlap.cached_layers}",
+    )
+    if grid.is_trivial:
+        return
+    error = grid_split_error(grid, m.d_model, m.d_ff, m.n_heads)
+    if error:
+        raise ConfigError(f"config key 'parallel.grid': {error}")
+    features = plan_features(cfg)
+    require(
+        not features and cfg.comm.a2a_algorithm == "flat",
+        "comm.policy",
+        f"policy '{cfg.comm.policy}' {' and '.join(features) or 'runs a hierarchical all-to-all'}, which the 3D "
+        "grid does not support yet; use sequential or overlap with comm.a2a_algorithm=flat",
+    )
 
 
 def _validate_hierarchical_a2a(cfg: DictConfig) -> None:

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
 from . import comm
+from .grid import GridOverlaps
+from .grid_parallel import GridLinear, attach_grid_plan, finish_reduce_scatters
 from .model import backward_ordered_params, gradient_tensors
 from .ordered_a2a import gather_traffic_matrix
 from .parallel import ParallelGroups, is_expert_param
@@ -109,22 +111,24 @@ class CommPolicy:
     def __init__(self, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer):
         self.plan, self.groups, self.timer = plan, groups, timer
         self.gradient_units: list[GradientBucket | GradientMicroOp] = []
+        self.grid_layers: list[GridLinear] = []  # the model's 3D tensor-parallel layers
         self.hooks: list[RemovableHandle] = []  # what attach registered on the model
         self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
 
     def attach(self, model: torch.nn.Module) -> None:
         for layer in model.moe_layers():
             layer.comm, layer.timer = self, self.timer
+        self.grid_layers = attach_grid_plan(model, self.plan.grid_overlaps or GridOverlaps(), self.timer)
         named = backward_ordered_params(model)
         self.gradient_units = [self._unit(unit, named) for unit in self.plan.gradient_units]
         if self.plan.launch_when_ready:
             self._hook_units(named)
 
     def _unit(self, unit: GradientUnit, named: list[tuple[str, torch.nn.Parameter]]):
-        group = self.groups.expert_grad_group if unit.expert else self.groups.dense_grad_group
+        group = self.groups.gradient_group(unit.group)
         for i, start, stop in unit.pieces:
             name, p = named[i]
-            if is_expert_param(name) != unit.expert or (unit.fused and (start, stop) != (0, p.numel())):
+            if is_expert_param(name) != (unit.group == "expert") or (unit.fused and (start, stop) != (0, p.numel())):
                 raise RuntimeError(f"the plan's gradient unit {unit} does not fit parameter '{name}' {tuple(p.shape)}")
         if unit.fused:
             return GradientBucket([named[i][1] for i, _, _ in unit.pieces], group, self.groups.layout.data_replicas)
@@ -132,11 +136,15 @@ class CommPolicy:
         return GradientMicroOp(named[i][1], start, stop, group)
 
     def _hook_units(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
-        """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``."""
+        """Per-parameter hooks that hand every unit whose gradients are all ready to ``units_ready``.
+        A grid weight whose reduce-scatter completes after the backward pass gets no hook: its unit
+        launches in ``finish_gradient_sync``, once the gradient is there."""
+        deferred = {id(layer.weight) for layer in self.grid_layers if layer.defers_gradient}
         of_param: dict[int, list] = {}
         for unit in self.gradient_units:
             for p in unit.params:
-                of_param.setdefault(id(p), []).append(unit)
+                if id(p) not in deferred:
+                    of_param.setdefault(id(p), []).append(unit)
         self.pending = {id(u): len(u.params) for u in self.gradient_units}
 
         def grad_ready(p: torch.nn.Parameter) -> None:
@@ -163,7 +171,8 @@ class CommPolicy:
             handle.remove()
         for layer in model.moe_layers():
             layer.comm, layer.timer = None, PhaseTimer(enabled=False)
-        self.hooks, self.gradient_units = [], []
+        attach_grid_plan(model, GridOverlaps(), PhaseTimer(enabled=False))
+        self.hooks, self.gradient_units, self.grid_layers = [], [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
         """One MoE all-to-all on the expert-parallel group: the library's, two-phase when the plan
@@ -211,7 +220,9 @@ class CommPolicy:
 
     def finish_gradient_sync(self) -> None:
         """Complete the step's gradient sync: launch every unit not launched yet (all of them when
-        units launch after the backward pass), wait for all, and average the in-place micro-ops."""
+        units launch after the backward pass), wait for all, and average the in-place micro-ops.
+        A grid's overlapped reduce-scatters complete first: their shards are what "data" units sum."""
+        finish_reduce_scatters(self.grid_layers)
         if not self.plan.launch_when_ready:
             for unit in self.gradient_units:
                 unit.launch(async_op=False)

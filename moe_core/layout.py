@@ -16,6 +16,13 @@ The axes in use:
   so rank r = (dp_index * expert_parallel + ep_index) * tensor_parallel + tp_index. Innermost
   means consecutive ranks, i.e. one node (NVLink) per tensor-parallel group, as Megatron and
   DeepSpeed place it; the expert all-to-all then crosses nodes with stride ``tensor_parallel``.
+* ``row``, ``col``: the tensor axes of a 3D tensor-parallel grid (moe_core.grid; present when
+  ``parallel.grid.row`` or ``col`` > 1), innermost, in place of ``tp``. Their ranks hold the same
+  tokens and split the dense linear layers; the grid's ``depth`` axis splits the data replicas
+  (dp x ep, each its own tokens) further: rank r = (batch_index * row + row_index) * col +
+  col_index with batch_index = dp_index * expert_parallel + ep_index = data_index * depth +
+  depth_index. Experts stay whole: the expert all-to-all runs between the ranks of one (row, col)
+  position, with stride row x col, and every position of a block exchanges its own copy.
 
 A parallelism that splits ranks further adds an axis; code that reads ``dp``, ``ep`` and ``tp`` is
 unchanged, and an axis a layout lacks has size 1.
@@ -28,6 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .grid import Grid
+
+NO_GRID = Grid()  # no tensor axes of a 3D grid
+
 
 class LayoutError(ValueError):
     """A layout that cannot be built; the message names the config key to change."""
@@ -39,6 +50,7 @@ class Layout:
 
     axes: tuple[tuple[str, int], ...]
     num_experts: int
+    depth: int = 1  # the grid's depth axis, which splits the data replicas (moe_core.grid)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,33 +81,58 @@ class Layout:
         return self.size("tp")
 
     @property
+    def token_replicas(self) -> int:
+        """Ranks that hold the same tokens: a "tp" group, or a grid's (row x col) block."""
+        return self.tensor_parallel * self.size("row") * self.size("col")
+
+    @property
     def data_replicas(self) -> int:
         """Ranks that train on different tokens (dp x ep): the tensor-parallel ranks of a group
         share theirs. Gradients are averaged over this many replicas."""
-        return self.world_size // self.tensor_parallel
+        return self.world_size // self.token_replicas
+
+    @property
+    def grid(self) -> Grid:
+        """The 3D tensor-parallel grid (data x depth x row x col; all of it data when there is none)."""
+        row, col = self.size("row"), self.size("col")
+        return Grid(self.world_size // (self.depth * row * col), self.depth, row, col)
 
     @property
     def experts_per_rank(self) -> int:
         return self.num_experts // self.expert_parallel
 
     def groups(self, axis: str) -> np.ndarray:
-        """(groups, size of ``axis``) ranks: each row the ranks that differ only along ``axis``."""
+        """(groups, size of ``axis``) ranks: each row the ranks that differ only along ``axis``
+        (a mesh axis, or the grid's "data" and "depth")."""
+        if axis in ("data", "depth"):
+            return self.grid.groups(axis)
         ranks = np.arange(self.world_size).reshape(self.shape)
         if axis not in self.names:
             return ranks.reshape(-1, 1)
         return np.moveaxis(ranks, self.names.index(axis), -1).reshape(-1, self.size(axis))
 
-    def groups_sharing(self, axis: str) -> np.ndarray:
-        """(size of ``axis``, other ranks) ranks: each row the ranks with the same index along ``axis``
-        (for "tp": the ranks that hold the same shard of every tensor-parallel weight)."""
-        ranks = np.arange(self.world_size).reshape(self.shape)
-        if axis not in self.names:
-            return ranks.reshape(1, -1)
-        return np.moveaxis(ranks, self.names.index(axis), 0).reshape(self.size(axis), -1)
+    def replica_groups(self) -> np.ndarray:
+        """(token replicas, data replicas) ranks: each row the ranks with the same position in their
+        token-sharing block ("tp" group or grid block), which hold the same shard of every
+        tensor-parallel weight and each their own tokens: what dense gradients are summed over."""
+        return np.arange(self.world_size).reshape(-1, self.token_replicas).T
+
+    def gradient_groups(self, group: str) -> np.ndarray:
+        """The rank groups a gradient of ``group`` (moe_core.plan.GRADIENT_GROUPS) is summed over."""
+        if group == "dense":
+            return self.replica_groups()
+        if group == "expert":
+            return self.groups("dp")
+        if group == "data":
+            return self.groups("data")
+        raise ValueError(f"unknown gradient group {group!r}")
 
 
-def layout_error(world_size: int, num_experts: int, experts_per_rank: int, tensor_parallel: int = 1) -> str | None:
-    """Why (world_size, num_experts, experts_per_rank, tensor_parallel) is no dp x ep x tp layout, or None."""
+def layout_error(
+    world_size: int, num_experts: int, experts_per_rank: int, tensor_parallel: int = 1, grid: Grid = NO_GRID
+) -> str | None:
+    """Why (world_size, num_experts, experts_per_rank, tensor_parallel, grid's depth x row x col) is no
+    layout, or None. ``grid.data`` is ignored: the data axis is what is left."""
     if world_size < 1:
         return f"config key 'parallel.world_size': must be >= 1, got {world_size}"
     if tensor_parallel < 1 or world_size % tensor_parallel:
@@ -103,36 +140,62 @@ def layout_error(world_size: int, num_experts: int, experts_per_rank: int, tenso
             f"config key 'parallel.tensor_parallel': must be >= 1 and divide parallel.world_size={world_size}, "
             f"got {tensor_parallel}"
         )
+    tensor = grid.depth * grid.row * grid.col
+    if min(grid.depth, grid.row, grid.col) < 1 or world_size % tensor:
+        return (
+            f"config key 'parallel.grid': depth x row x col = {grid.depth} x {grid.row} x {grid.col} must divide "
+            f"parallel.world_size={world_size} (the data axis is the rest)"
+        )
+    if tensor_parallel > 1 and tensor > 1:
+        return (
+            "config key 'parallel.tensor_parallel': Megatron tensor parallelism and the 3D grid exclude each "
+            "other; set parallel.tensor_parallel=1 or parallel.grid to 1 x 1 x 1 (the grid with row=t is "
+            "Megatron's split)"
+        )
     if experts_per_rank < 1 or num_experts % experts_per_rank:
         return f"config key 'moe.experts_per_rank': must divide moe.num_experts={num_experts}, got {experts_per_rank}"
     ep = num_experts // experts_per_rank
-    replicas = world_size // tensor_parallel
+    replicas = world_size // (tensor_parallel * grid.row * grid.col)
     if replicas % ep:
         return (
             f"config key 'parallel.world_size': the expert-parallel size num_experts/experts_per_rank = "
-            f"{num_experts}/{experts_per_rank} = {ep} times parallel.tensor_parallel={tensor_parallel} must divide "
-            f"world_size={world_size}; use experts_per_rank={max(1, num_experts // replicas)} or a world size "
-            f"that is a multiple of {ep * tensor_parallel}"
+            f"{num_experts}/{experts_per_rank} = {ep} times parallel.tensor_parallel={tensor_parallel} "
+            f"(or the grid's row x col = {grid.row * grid.col}) must divide world_size={world_size}; use "
+            f"experts_per_rank={max(1, num_experts // replicas)} or a world size that is a multiple of "
+            f"{ep * tensor_parallel * grid.row * grid.col}"
         )
     return None
 
 
-def expert_layout(world_size: int, num_experts: int, experts_per_rank: int, tensor_parallel: int = 1) -> Layout:
-    """The ("dp", "ep"[, "tp"]) layout with ``experts_per_rank`` experts per expert-parallel rank;
-    LayoutError if impossible. The "tp" axis exists only when ``tensor_parallel`` > 1."""
-    error = layout_error(world_size, num_experts, experts_per_rank, tensor_parallel)
+def expert_layout(
+    world_size: int, num_experts: int, experts_per_rank: int, tensor_parallel: int = 1, grid: Grid = NO_GRID
+) -> Layout:
+    """The ("dp", "ep"[, "tp" | "row", "col"]) layout with ``experts_per_rank`` experts per
+    expert-parallel rank and ``grid``'s tensor axes; LayoutError if impossible. The "tp", "row" and
+    "col" axes exist only when larger than 1."""
+    error = layout_error(world_size, num_experts, experts_per_rank, tensor_parallel, grid)
     if error:
         raise LayoutError(error)
     ep = num_experts // experts_per_rank
-    axes = (("dp", world_size // (ep * tensor_parallel)), ("ep", ep))
-    if tensor_parallel > 1:
-        axes += (("tp", tensor_parallel),)
-    return Layout(axes, num_experts)
+    inner = tuple((name, size) for name, size in (("tp", tensor_parallel), ("row", grid.row), ("col", grid.col)))
+    inner = tuple(axis for axis in inner if axis[1] > 1)
+    replicas = world_size // math.prod(size for _, size in inner)
+    return Layout((("dp", replicas // ep), ("ep", ep), *inner), num_experts, depth=grid.depth)
+
+
+def grid_config(cfg) -> Grid:
+    """The grid's tensor axes a config asks for (``parallel.grid``; data is the rest)."""
+    g = cfg.parallel.grid
+    return Grid(1, g.depth, g.row, g.col)
 
 
 def layout_of(cfg) -> Layout:
     """The layout a config asks for (``parallel.world_size``, ``parallel.tensor_parallel``,
-    ``moe.num_experts``, ``moe.experts_per_rank``)."""
+    ``parallel.grid``, ``moe.num_experts``, ``moe.experts_per_rank``)."""
     return expert_layout(
-        cfg.parallel.world_size, cfg.moe.num_experts, cfg.moe.experts_per_rank, cfg.parallel.tensor_parallel
+        cfg.parallel.world_size,
+        cfg.moe.num_experts,
+        cfg.moe.experts_per_rank,
+        cfg.parallel.tensor_parallel,
+        grid_config(cfg),
     )

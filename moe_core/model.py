@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
+from .capacity import moe_blocks
+from .grid_parallel import GridGroups, grid_linears, shard_grid
 from .layer import MoELayer
 from .layout import Layout
 from .parallel import is_expert_param
@@ -67,8 +69,9 @@ class MoETransformer(nn.Module):
         self.tok_emb = nn.Embedding(m.vocab_size, m.d_model)
         self.pos_emb = nn.Embedding(m.seq_len, m.d_model)
         blocks = []
+        moe_indices = set(moe_blocks(m.n_layers, m.moe_every))
         for i in range(m.n_layers):
-            if i % m.moe_every == m.moe_every - 1:
+            if i in moe_indices:
                 ffn = MoELayer(
                     d_model=m.d_model,
                     d_ff=m.d_ff,
@@ -132,14 +135,20 @@ def backward_ordered_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 def gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
     """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
-    (meta device, split over "tp" as moe_core.tensor_parallel splits it): dense tensors whole or
-    their tensor-parallel shard, expert tensors the rank's share of the expert stack. What a
-    communication plan is decided from (moe_core.policies.build_plan), in both executors."""
+    (meta device, split over "tp" or the grid as moe_core.tensor_parallel and moe_core.grid_parallel
+    split it): dense tensors whole or their tensor-parallel shard, a grid's weights their depth shard,
+    expert tensors the rank's share of the expert stack. What a communication plan is decided from
+    (moe_core.policies.build_plan), in both executors."""
     share = layout.experts_per_rank / cfg.moe.num_experts
     model = shape_only_model(cfg)
     shard_tensor_parallel(model, 0, layout.tensor_parallel, group=None)
+    no_groups = dict.fromkeys(("depth", "row", "col"))
+    shard_grid(model, GridGroups(layout.grid, dict.fromkeys(no_groups, 0), no_groups))
+    depth_sharded = {id(layer.weight) for layer in grid_linears(model)}
     tensors = []
     for name, p in backward_ordered_params(model):
-        expert = is_expert_param(name)
-        tensors.append(GradientTensor(name, round(p.numel() * share) if expert else p.numel(), expert))
+        if is_expert_param(name):
+            tensors.append(GradientTensor(name, round(p.numel() * share), "expert"))
+        else:
+            tensors.append(GradientTensor(name, p.numel(), "data" if id(p) in depth_sharded else "dense"))
     return tensors

@@ -5,12 +5,16 @@ tensor parallelism, in row-major order: rank r = (dp_index * expert_parallel + e
 tensor_parallel + tp_index. Ranks of one "ep" row hold all experts between them
 (``experts_per_rank`` each) and exchange tokens by all-to-all; ranks of one "dp" column hold
 replicas of the same experts; ranks of one "tp" group hold the same tokens and split the weights
-(moe_core.tensor_parallel). Every data replica (dp x ep) trains on its own tokens.
+(moe_core.tensor_parallel). Under a 3D grid (moe_core.grid) the innermost axes are "row" and "col"
+instead of "tp", and the grid's "depth" and "data" groups are made from the layout's ranks
+(moe_core.grid_parallel). Every data replica (dp x ep) trains on its own tokens.
 
 Gradient synchronisation (see moe_core.policies): dense gradients are summed over the ranks with
-the same "tp" index (all ranks without tensor parallelism), expert gradients over their "dp" column
-(the all-to-all backward already summed over the "ep" row), and both are divided by the number of
-data replicas, which makes the update equal to the single-process update on the concatenated batch.
+the same position in their token-sharing block (all ranks without tensor parallelism), expert
+gradients over their "dp" column (the all-to-all backward already summed over the "ep" row), a
+grid's depth-sharded weights over its "data" axis (their reduce-scatter already summed over
+"depth"), and all are divided by the number of data replicas, which makes the update equal to the
+single-process update on the concatenated batch.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .grid_parallel import GridGroups, shard_grid
 from .hierarchical_a2a import HierarchicalGroups, hierarchical_groups
 from .layer import MoELayer
 from .layout import Layout
@@ -39,6 +45,8 @@ class ParallelGroups:
     dense_grad_group: object  # all-reduce of dense gradients (same "tp" index, its own communicator)
     tp_group: object | None = None  # tensor-parallel activations and dispatch all-gathers; None without "tp"
     tp_rank: int = 0
+    grid: GridGroups | None = None  # the 3D grid's groups; None without one
+    data_grad_group: object | None = None  # all-reduce of a grid's depth-sharded gradients ("data" axis)
     high_priority_ep: bool = False  # the "ep" groups run on high-priority NCCL streams
     # the "ep" group's two-phase subgroups (moe_core.hierarchical_a2a); None: flat all-to-alls
     ep_hierarchical: HierarchicalGroups | None = None
@@ -46,7 +54,11 @@ class ParallelGroups:
     @property
     def data_rank(self) -> int:
         """This rank's data replica (dp x ep index): which tokens it trains on."""
-        return self.rank // self.layout.tensor_parallel
+        return self.rank // self.layout.token_replicas
+
+    def gradient_group(self, group: str):
+        """The process group a gradient of ``group`` (moe_core.plan.GRADIENT_GROUPS) is summed over."""
+        return {"dense": self.dense_grad_group, "expert": self.expert_grad_group, "data": self.data_grad_group}[group]
 
 
 def build_groups(
@@ -77,8 +89,12 @@ def build_groups(
     # contend with) the token all-to-alls instead of queueing behind them on one communicator. Every
     # rank creates every group (new_group is collective) and keeps its own.
     rank = dist.get_rank()
-    dense_grad_group = own_group(layout.groups_sharing("tp"), rank, timeout)
+    dense_grad_group = own_group(layout.replica_groups(), rank, timeout)
     has_tp = "tp" in layout.names
+    grid, data_grad_group = None, None
+    if not layout.grid.is_trivial:
+        grid = grid_groups(layout, rank, timeout)
+        data_grad_group = own_group(layout.groups("data"), rank, timeout)
     ep_hierarchical = None
     if hierarchical_devices_per_node is not None:
         ep_hierarchical = hierarchical_groups(layout.groups("ep").tolist(), hierarchical_devices_per_node, timeout)
@@ -92,9 +108,22 @@ def build_groups(
         dense_grad_group,
         tp_group=mesh.get_group("tp") if has_tp else None,
         tp_rank=mesh.get_local_rank("tp") if has_tp else 0,
+        grid=grid,
+        data_grad_group=data_grad_group,
         high_priority_ep=high_priority_ep,
         ep_hierarchical=ep_hierarchical,
     )
+
+
+def grid_groups(layout: Layout, rank: int, timeout: timedelta) -> GridGroups:
+    """The grid's "depth", "row" and "col" process groups holding ``rank`` (collective), and its
+    index along each."""
+    index, group = {}, {}
+    for axis in ("depth", "row", "col"):
+        rows = layout.groups(axis)
+        index[axis] = int(np.argwhere(rows == rank)[0, 1])
+        group[axis] = own_group(rows, rank, timeout) if layout.grid.size(axis) > 1 else None
+    return GridGroups(layout.grid, index, group)
 
 
 def own_group(groups, rank: int, timeout: timedelta):
@@ -127,13 +156,16 @@ def local_experts(groups: ParallelGroups) -> tuple[int, int]:
 
 def parallelize_model(model: torch.nn.Module, groups: ParallelGroups) -> None:
     """Keep only this rank's experts in every MoE layer, split its blocks over "tp"
-    (moe_core.tensor_parallel) and point the layers at their data replica."""
+    (moe_core.tensor_parallel) or the grid (moe_core.grid_parallel), and point the layers at their
+    data replica."""
     first, count = local_experts(groups)
     for layer in model.modules():
         if isinstance(layer, MoELayer):
             layer.experts.keep(first, count)
             layer.rank = groups.data_rank
     shard_tensor_parallel(model, groups.tp_rank, groups.layout.tensor_parallel, groups.tp_group)
+    if groups.grid is not None:
+        shard_grid(model, groups.grid)
 
 
 def is_expert_param(name: str) -> bool:

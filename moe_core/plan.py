@@ -19,10 +19,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .grid import GridOverlaps
 from .layout import Layout
 
 # (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
 MicroOpCosts = Callable[[Layout], tuple[float, float]]
+
+
+# The groups a gradient is summed over (moe_core.layout.Layout.gradient_groups):
+# "dense": every data replica (a whole weight, or its tensor-parallel shard);
+# "expert": an expert's "dp" column (the all-to-all's backward already summed over "ep");
+# "data": a grid's depth-sharded weight, which the layer's reduce-scatter summed over "depth"
+# (moe_core.grid), over the grid's "data" axis.
+GRADIENT_GROUPS = ("dense", "expert", "data")
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class GradientTensor:
 
     name: str
     numel: int
-    expert: bool  # an expert weight: reduced over its "dp" column, not over all ranks
+    group: str  # one of GRADIENT_GROUPS
 
 
 @dataclass(frozen=True)
@@ -39,12 +48,12 @@ class GradientUnit:
     """One gradient all-reduce: element ranges of gradient tensors, summed together.
 
     ``fused``: the pieces (whole tensors) are flattened into one buffer, as a DDP bucket; else the
-    unit is one slice of one tensor, reduced in place (a micro-op). A unit never mixes expert and
-    dense tensors, which are reduced over different groups.
+    unit is one slice of one tensor, reduced in place (a micro-op). A unit never mixes tensors that
+    are reduced over different groups.
     """
 
     pieces: tuple[tuple[int, int, int], ...]  # (tensor index, start, stop) elements
-    expert: bool
+    group: str  # one of GRADIENT_GROUPS
     fused: bool
 
     @property
@@ -79,6 +88,8 @@ class CommPlan:
       n = 1 is DeepSpeed's drop-gather).
     * ``hierarchical_a2a``: every MoE all-to-all whose group spans nodes runs in two phases, inside
       the nodes and then between same-local-rank peers (moe_core.hierarchical_a2a).
+    * ``grid_overlaps``: under a 3D tensor-parallel grid, which of its collectives overlap compute
+      (moe_core.grid: its layers' collectives, and what each overlap hides); None without a grid.
     * ``choose_packing``: the expert-packing decision, or None for a fixed layout: given the
       configured layout and the executor's costs of one all-to-all micro-op on a candidate layout,
       the layout to train on. The measured run calls it with measured times, the simulator with
@@ -93,35 +104,36 @@ class CommPlan:
     a2a_order: str | None = None
     tp_exchange_chunks: int | None = None
     hierarchical_a2a: bool = False
+    grid_overlaps: GridOverlaps | None = None
     choose_packing: Callable[[Layout, MicroOpCosts], Layout] | None = None
     tensors: tuple[GradientTensor, ...] = ()
 
 
-def assign_buckets(params: list[tuple[int, bool]], bucket_bytes: int) -> list[tuple[bool, list[int]]]:
+def assign_buckets(params: list[tuple[int, str]], bucket_bytes: int) -> list[tuple[str, list[int]]]:
     """Group parameters into gradient buckets (DDP's rule).
 
-    ``params`` are (bytes, is_expert) in the order backward produces their gradients (reverse
-    model order, as DDP assumes). Dense and expert parameters never share a bucket, since they are
-    reduced over different groups; a bucket closes once it holds ``bucket_bytes``. Returns
-    (is_expert, indices into ``params``) per bucket, in launch order.
+    ``params`` are (bytes, gradient group) in the order backward produces their gradients (reverse
+    model order, as DDP assumes). Parameters of different groups (GRADIENT_GROUPS) never share a
+    bucket, since they are reduced over different ranks; a bucket closes once it holds
+    ``bucket_bytes``. Returns (group, indices into ``params``) per bucket, in launch order.
     """
-    open_buckets: dict[bool, list[int]] = {False: [], True: []}
-    size = {False: 0, True: 0}
-    closed: list[tuple[bool, list[int]]] = []
-    for i, (nbytes, expert) in enumerate(params):
-        open_buckets[expert].append(i)
-        size[expert] += nbytes
-        if size[expert] >= bucket_bytes:
-            closed.append((expert, open_buckets[expert]))
-            open_buckets[expert], size[expert] = [], 0
-    return closed + [(expert, b) for expert, b in open_buckets.items() if b]
+    open_buckets: dict[str, list[int]] = {group: [] for group in GRADIENT_GROUPS}
+    size = dict.fromkeys(GRADIENT_GROUPS, 0)
+    closed: list[tuple[str, list[int]]] = []
+    for i, (nbytes, group) in enumerate(params):
+        open_buckets[group].append(i)
+        size[group] += nbytes
+        if size[group] >= bucket_bytes:
+            closed.append((group, open_buckets[group]))
+            open_buckets[group], size[group] = [], 0
+    return closed + [(group, b) for group, b in open_buckets.items() if b]
 
 
 def bucket_units(tensors: list[GradientTensor], element_bytes: int, bucket_bytes: int) -> tuple[GradientUnit, ...]:
     """Gradient units as DDP buckets of whole tensors (:func:`assign_buckets`)."""
-    buckets = assign_buckets([(t.numel * element_bytes, t.expert) for t in tensors], bucket_bytes)
+    buckets = assign_buckets([(t.numel * element_bytes, t.group) for t in tensors], bucket_bytes)
     return tuple(
-        GradientUnit(tuple((i, 0, tensors[i].numel) for i in idx), expert, fused=True) for expert, idx in buckets
+        GradientUnit(tuple((i, 0, tensors[i].numel) for i in idx), group, fused=True) for group, idx in buckets
     )
 
 
@@ -155,7 +167,7 @@ def micro_op_units(
 ) -> tuple[GradientUnit, ...]:
     """Gradient units as per-tensor micro-ops (:func:`gradient_micro_ops`), reduced in place."""
     ops = gradient_micro_ops([t.numel for t in tensors], element_bytes, micro_op_bytes)
-    return tuple(GradientUnit(((i, start, stop),), tensors[i].expert, fused=False) for i, start, stop in ops)
+    return tuple(GradientUnit(((i, start, stop),), tensors[i].group, fused=False) for i, start, stop in ops)
 
 
 def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:

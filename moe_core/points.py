@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from .capacity import moe_blocks
+from .grid import GRID_AXES
 from .layout import layout_error, layout_of
 from .policies import TP_DISPATCHES, policy_spec
 
@@ -148,7 +150,7 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "capacity_factor": cfg.moe.capacity_factor,
         "dropless": cfg.moe.dropless,
         "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
-        "moe_layers": cfg.model.n_layers // cfg.model.moe_every,
+        "moe_layers": len(moe_blocks(cfg.model.n_layers, cfg.model.moe_every)),
         "dtype": cfg.train.dtype,
         "partition_mb": cfg.comm.partition_mb,
         "tensor_parallel": layout.tensor_parallel,
@@ -157,6 +159,9 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         # the chunks the dispatch decided (None: duplicates sent), for the analysis
         "tp_exchange_chunks": TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if layout.tensor_parallel > 1 else None,
         "a2a_algorithm": cfg.comm.a2a_algorithm,
+        # the 3D grid (data x depth x row x col; all data without one) and its overlaps
+        **{f"grid_{axis}": size for axis, size in zip(GRID_AXES, layout.grid.shape)},
+        **{f"grid_overlap_{key}": value for key, value in cfg.comm.grid_overlap.items()},
     }
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .grid import GridOverlaps
+from .layout import grid_config
 from .plan import CommPlan, GradientTensor, bucket_units
 
 DEFAULT_EXECUTOR = "moe_core.executor:CommPolicy"
@@ -98,6 +100,7 @@ def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPl
         tensors=tuple(tensors),
         tp_exchange_chunks=tp_chunks,
         hierarchical_a2a=cfg.comm.a2a_algorithm == "hierarchical",
+        grid_overlaps=None if grid_config(cfg).is_trivial else GridOverlaps(**cfg.comm.grid_overlap),
     )
 
 

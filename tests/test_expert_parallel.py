@@ -5,6 +5,8 @@ seeded model on its own batch; the reference runs one process on the concatenate
 routing group per rank, so routing, capacity drops and random-routing draws are identical.
 """
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -55,6 +57,27 @@ def _batches(cfg, step, ranks):
     return [data.batch(cfg.train.batch_size, cfg.model.seq_len, step, r) for r in ranks]
 
 
+def sgd_steps(cfg, model, policy, data_rank, steps, backward=None):
+    """``steps`` SGD steps of ``model`` under ``policy`` on data replica ``data_rank``'s batches; the
+    gradients of the last step are left in ``.grad``. Returns the mean loss over the ranks per step.
+    ``backward``: a context manager factory wrapped around every forward and backward pass."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        ((x, y),) = _batches(cfg, step, [data_rank])
+        with backward() if backward else nullcontext():
+            loss, _ = model(x, y)
+            loss.backward()
+        policy.finish_gradient_sync()
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        losses.append(mean_loss.item() / dist.get_world_size())
+        if step < steps - 1:
+            optimizer.step()
+            optimizer.zero_grad()
+    return losses
+
+
 def _force_uniform_gate(model):
     """Zero gate weights: every token ties and goes to experts 0 and 1, so other ranks get no tokens."""
     for layer in model.moe_layers():
@@ -77,19 +100,7 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     policy = make_policy(cfg, groups, PhaseTimer(), ELEMENT_BYTES)
     policy.attach(model)
     in_flight_at_exchange, launches = _watch_lina(policy)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(steps):
-        ((x, y),) = _batches(cfg, step, [rank])
-        loss, _ = model(x, y)
-        loss.backward()
-        policy.finish_gradient_sync()
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        losses.append(mean_loss.item() / world)
-        if step < steps - 1:
-            optimizer.step()
-            optimizer.zero_grad()
+    losses = sgd_steps(cfg, model, policy, rank, steps)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     torch.save(
         {

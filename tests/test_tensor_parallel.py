@@ -22,7 +22,7 @@ from moe_core.parallel import build_groups, parallelize_model
 from moe_core.plan import even_ranges
 from moe_core.tensor_parallel import shard_tensor_parallel
 from moe_core.timing import PhaseTimer
-from tests.test_expert_parallel import SMALL, _batches, _force_uniform_gate, run_reference
+from tests.test_expert_parallel import SMALL, _force_uniform_gate, run_reference, sgd_steps
 
 DISPATCHES = [
     ("duplicate", []),
@@ -58,20 +58,7 @@ def _worker(rank, world, init_file, overrides, uniform_gate, out_dir):
         timer = PhaseTimer()
         policy = make_policy(cfg, groups, timer, 4)
         policy.attach(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for step in range(STEPS):
-            ((x, y),) = _batches(cfg, step, [groups.data_rank])
-            timer.reset()
-            loss, _ = model(x, y)
-            loss.backward()
-            policy.finish_gradient_sync()
-            mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)
-            losses.append(mean_loss.item() / world)
-            if step < STEPS - 1:
-                optimizer.step()
-                optimizer.zero_grad()
+        losses = sgd_steps(cfg, model, policy, groups.data_rank, STEPS)
         results[dispatch] = {
             "losses": losses,
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()},

@@ -41,6 +41,15 @@ class Op:
     priority: int = 0  # strict priority class of the transfer, 0 highest
 
 
+def as_deps(after) -> list[int]:
+    """Dependencies given as None, one op index or a list of them (Nones dropped) -> a list."""
+    if after is None:
+        return []
+    if isinstance(after, int):
+        return [after]
+    return [d for d in after if d is not None]
+
+
 @dataclass
 class Timeline:
     start_s: np.ndarray  # (ops,)

@@ -12,7 +12,8 @@ collective is an SPMD operation whose footprint sums all its groups (moe_core.si
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order at twice the forward FLOPs, then gradient
 all-reduces per plan unit: after the whole backward or as soon as a unit's last gradient is ready,
-one unit after another on one communicator.
+one unit after another on one communicator. Under a 3D tensor-parallel grid the attention and dense
+FFN are its linear layers with their collectives and overlaps (moe_core.sim.grid_ops).
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert
+from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
+from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops
 from ..policies import build_plan
 from ..timing import STEP_PHASES
 from .collectives import collective_op, simulate_on
-from .engine import Op, Timeline
+from .engine import Op, Timeline, as_deps
+from .grid_ops import GridOps
 from .topology import Transfer
+
+PASS_COST = {"fwd": 1, "bwd": 2}  # backward computes twice the forward FLOPs (input and weight gradients)
 
 
 @dataclass
@@ -71,6 +76,7 @@ class StepSimulation:
         compute_share = (by_phase["gate"] + by_phase["expert"]) / moe_wall if moe_wall else 0.0
         return {
             "step_ms": step,
+            **self.grid_metrics(),
             **{f"{p}_ms": by_phase[p] for p in STEP_PHASES},
             "a2a_ms": a2a,
             "a2a_fwd_ms": a2a_dir[".fwd"],
@@ -87,22 +93,36 @@ class StepSimulation:
 
     def waiting_ms(self, selected: Callable[[Op], bool]) -> float:
         """Wall time (ms) in which a ``selected`` op is in flight and no compute op runs."""
-
-        def union(keep: Callable[[Op], bool]) -> list[tuple[float, float]]:
-            spans = sorted(
-                (a, b) for op, a, b in zip(self.ops, self.timeline.start_s, self.timeline.end_s) if keep(op) and b > a
-            )
-            merged: list[tuple[float, float]] = []
-            for a, b in spans:
-                if merged and a <= merged[-1][1]:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-                else:
-                    merged.append((a, b))
-            return merged
-
-        waiting, busy = union(selected), union(lambda op: op.transfer is None)  # compute ops have no transfer
+        waiting, busy = self._spans(selected), self._spans(lambda op: op.transfer is None)  # compute: no transfer
         overlap = sum(max(0.0, min(b, d) - max(a, c)) for a, b in waiting for c, d in busy)
         return 1e3 * (sum(b - a for a, b in waiting) - overlap)
+
+    def in_flight_ms(self, selected: Callable[[Op], bool]) -> float:
+        """Wall time (ms) in which a ``selected`` op is in flight, hidden behind compute or not."""
+        return 1e3 * sum(b - a for a, b in self._spans(selected))
+
+    def _spans(self, keep: Callable[[Op], bool]) -> list[tuple[float, float]]:
+        """The union of the ``keep`` ops' [start, end) intervals, as disjoint sorted spans."""
+        spans = sorted(
+            (a, b) for op, a, b in zip(self.ops, self.timeline.start_s, self.timeline.end_s) if keep(op) and b > a
+        )
+        merged: list[tuple[float, float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return merged
+
+    def grid_metrics(self) -> dict[str, float]:
+        """A 3D grid's collectives (moe_core.sim.grid_ops), by kind: the time the compute stream
+        waits for them (``grid_<kind>_ms``, what the measured run times) and their time in flight
+        (``grid_<kind>_busy_ms``); the difference is what the plan's overlaps hide."""
+        metrics = {"grid_comm_ms": self.waiting_ms(lambda op: op.phase.startswith("grid_"))}
+        for kind in GRID_COLLECTIVES:
+            metrics[f"grid_{kind}_ms"] = self.waiting_ms(lambda op, k=kind: op.phase == f"grid_{k}")
+            metrics[f"grid_{kind}_busy_ms"] = self.in_flight_ms(lambda op, k=kind: op.phase == f"grid_{k}")
+        return metrics
 
     def moe_layer_spans_ms(self) -> dict[str, float]:
         """Wall time of the MoE layers per pass (``fwd``, ``bwd``), summed over layers: per layer and
@@ -147,6 +167,7 @@ class StepModel:
             )  # gradient units of the packed layout
 
     def _use_layout(self, layout: Layout) -> None:
+        self._ring_costs: dict = {}
         self.layout = layout
         self.ep_groups = layout.groups("ep")  # rows: the ranks of one expert-parallel group
         self.tp_groups = layout.groups("tp")  # rows: the ranks of one tensor-parallel group
@@ -214,17 +235,17 @@ class StepModel:
             costs[-1]["latency_s"] += fit.in_step_us * 1e-6
         return costs
 
-    def _tensor_parallel(self, collective: str, bytes_per_rank: float) -> dict:
-        """A ring ``collective`` of ``bytes_per_rank`` over every "tp" group at once."""
-        footprint = self._merged([self.topo.ring(g, bytes_per_rank, collective) for g in self.tp_groups])
-        return collective_op(self.cfg.hardware, self.topo, collective, footprint)
-
-    def _all_reduce(self, nbytes: float, expert: bool) -> dict | None:
-        groups = self.layout.groups("dp") if expert else self.layout.groups_sharing("tp")
-        if len(groups[0]) == 1:
-            return None  # a group of one rank has nothing to exchange
-        footprint = self._merged([self.topo.ring(g, nbytes, "all_reduce") for g in groups])
-        return collective_op(self.cfg.hardware, self.topo, "all_reduce", footprint)
+    def _ring(self, collective: str, groups: np.ndarray, bytes_per_rank: float) -> dict | None:
+        """A ring ``collective`` of ``bytes_per_rank`` over every group (row) of ``groups`` at once;
+        None for groups of one rank, which have nothing to exchange. Cached: a step repeats the
+        same collectives layer after layer."""
+        if groups.shape[1] == 1:
+            return None
+        key = (collective, groups.tobytes(), groups.shape, bytes_per_rank)
+        if key not in self._ring_costs:
+            footprint = self._merged([self.topo.ring(g, bytes_per_rank, collective) for g in groups])
+            self._ring_costs[key] = collective_op(self.cfg.hardware, self.topo, collective, footprint)
+        return self._ring_costs[key]
 
     # -- the DAG ---------------------------------------------------------------------------------
     def build(self) -> tuple[list[Op], int]:
@@ -245,13 +266,12 @@ class StepModel:
         a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
         # every micro-op carries its share of the bytes and pays the latency
         a2a = self._all_to_all(a2a_bytes / a2a_share) if self.layout.expert_parallel > 1 else None
-        gather = self._tensor_parallel("all_gather", a2a_bytes / tp_chunks) if tp_chunks else None
+        gather = self._ring("all_gather", self.tp_groups, a2a_bytes / tp_chunks) if tp_chunks else None
         pipelined = self.plan.pipeline_experts
         ops: list[Op] = []
 
         def add(name: str, phase: str, after: int | list[int] | None, **kw) -> int:
-            deps = [] if after is None else [after] if isinstance(after, int) else [d for d in after if d is not None]
-            ops.append(Op(name, phase, deps, **kw))
+            ops.append(Op(name, phase, as_deps(after), **kw))
             return len(ops) - 1
 
         def all_to_all(name: str, phase: str, after) -> int:
@@ -278,7 +298,7 @@ class StepModel:
             """Megatron's f (backward) or g (forward) all-reduce of activations over "tp"."""
             if tp == 1:
                 return after
-            return add(name, "tp_allreduce", after, **self._tensor_parallel("all_reduce", nbytes))
+            return add(name, "tp_allreduce", after, **self._ring("all_reduce", self.tp_groups, nbytes))
 
         def exchange_compute_exchange(i: int, first: str, second: str, expert_s: float, last: int, pass_: str) -> int:
             """first all-to-all -> experts -> second all-to-all, in ``chunks`` micro-ops. Pipelined,
@@ -298,18 +318,31 @@ class StepModel:
                 left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
             return left
 
-        moe_layers = {i for i in range(m.n_layers) if i % m.moe_every == m.moe_every - 1}
         activation_bytes = T * M * self.elem
+        grid = None if self.layout.grid.is_trivial else GridOps(self, add)
+
+        def attention(i: int, pass_: str, last):
+            """The attention's ops: whole or Megatron-split (with its all-reduce), or on the grid."""
+            if grid is not None:
+                return grid.attention(i, pass_, last)
+            last = add(f"L{i}.attn.{pass_}", "dense", last, duration_s=PASS_COST[pass_] * op_seconds["attn"])
+            return tp_all_reduce(f"L{i}.attn_allreduce.{pass_}", last, activation_bytes)
+
+        def dense_ffn(i: int, pass_: str, last):
+            if grid is not None:
+                return grid.ffn(i, pass_, last)
+            last = add(f"L{i}.ffn.{pass_}", "dense", last, duration_s=PASS_COST[pass_] * op_seconds["ffn"])
+            return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", last, activation_bytes)
+
+        moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
         last = None
         for i in range(m.n_layers):
-            last = add(f"L{i}.attn.fwd", "dense", last, duration_s=op_seconds["attn"])
-            last = tp_all_reduce(f"L{i}.attn_allreduce.fwd", last, activation_bytes)
+            last = attention(i, "fwd", last)
             if i in moe_layers:
                 last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"])
                 last = exchange_compute_exchange(i, "dispatch", "combine", op_seconds["expert"], last, "fwd")
             else:
-                last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=op_seconds["ffn"])
-                last = tp_all_reduce(f"L{i}.ffn_allreduce.fwd", last, activation_bytes)
+                last = dense_ffn(i, "fwd", last)
         last = add("head.fwd_bwd", "dense", last, duration_s=3 * op_seconds["head"])
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
@@ -317,28 +350,34 @@ class StepModel:
                 last = exchange_compute_exchange(i, "combine", "dispatch", 2 * op_seconds["expert"], last, "bwd")
                 last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * op_seconds["gate"])
             else:
-                last = add(f"L{i}.ffn.bwd", "dense", last, duration_s=2 * op_seconds["ffn"])
-                last = tp_all_reduce(f"L{i}.ffn_allreduce.bwd", last, activation_bytes)
-            last = add(f"L{i}.attn.bwd", "dense", last, duration_s=2 * op_seconds["attn"])
-            last = tp_all_reduce(f"L{i}.attn_allreduce.bwd", last, activation_bytes)
-            grads_ready[i] = last
-        backward_end = grads_ready["embed"] = last
-        self._add_gradient_sync(ops, grads_ready, backward_end)
+                last = dense_ffn(i, "bwd", last)
+            last = grads_ready[i] = attention(i, "bwd", last)
+        # the embeddings' gradients are the last; one op marks the end of the backward pass
+        backward_end = grads_ready["embed"] = add("embed.bwd", "dense", last, duration_s=0.0)
+        deferred = grid.deferred if grid is not None else []
+        self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
         return ops, backward_end
 
-    def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, backward_end: int) -> None:
+    def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, after_backward: list[int]) -> None:
         """The plan's gradient all-reduces, launched by its rule, one after another on one
-        communicator; units that yield to the all-to-alls run in a lower strict-priority class."""
+        communicator; units that yield to the all-to-alls run in a lower strict-priority class.
+        ``after_backward``: the end of the backward pass and the reduce-scatters a grid completes
+        after it, which units launched after the backward pass, and a grid's depth-sharded units
+        whose reduce-scatter is deferred, wait for (moe_core.executor)."""
         tensors = self.plan.tensors
         priority = 1 if self.plan.gradients_yield_to_a2a else 0
+        overlaps = self.plan.grid_overlaps
+        deferred = overlaps is not None and overlaps.defers_gradients(self.layout.grid)
         previous = None
         for k, unit in enumerate(self.plan.gradient_units):
-            cost = self._all_reduce(unit.numel * self.elem, unit.expert)
+            cost = self._ring("all_reduce", self.layout.gradient_groups(unit.group), unit.numel * self.elem)
             if cost is None:
                 continue
-            ready = grads_ready[_block_of(tensors[unit.last_tensor].name)]
-            launch_after = ready if self.plan.launch_when_ready else backward_end
-            deps = [launch_after] + ([previous] if previous is not None else [])
+            if self.plan.launch_when_ready and not (deferred and unit.group == "data"):
+                launch_after = as_deps(grads_ready[_block_of(tensors[unit.last_tensor].name)])
+            else:
+                launch_after = after_backward
+            deps = [*launch_after] + ([previous] if previous is not None else [])
             ops.append(Op(f"allreduce{k}", "allreduce", deps, priority=priority, **cost))
             previous = len(ops) - 1
 

@@ -1,0 +1,95 @@
+"""The simulated executor of a 3D tensor-parallel grid's linear layers (moe_core.grid).
+
+The same schedule as the measured layers (moe_core.grid_parallel), read from the same decisions:
+every linear's collectives come from ``moe_core.grid.linear_collectives`` and what overlaps what
+from the plan's ``grid_overlaps``. Per linear layer:
+
+* forward: the weight's all-gather over "depth" (issued when the previous layer got its weight, if
+  the plan prefetches; else after the previous op), the matmul, the all-reduce over the inner group,
+  and for a pair's second layer the all-gather of its output over "col";
+* backward: the all-gather over "depth" unless the block caches its weights, ``dX = dY W``, its
+  all-reduce over the outer group, ``dW = dY^T X`` (after the all-reduce, or beside it if the plan
+  overlaps it), the reduce-scatter over "depth" (waited for before the next layer's backward, or
+  after the backward pass if the plan overlaps it), and for a pair's first layer the all-gather of
+  ``dX`` over "col".
+
+Matmuls are split over row x col; the attention core over "row" (heads), computed alike by the
+"col" ranks of a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..grid import LinearSpec, block_linears, linear_collectives
+from .engine import as_deps
+
+
+class GridOps:
+    """Adds a block's grid-split attention and dense FFN to a step DAG (moe_core.sim.step)."""
+
+    def __init__(self, step, add: Callable[..., int]):
+        self.step, self.add = step, add
+        cfg = step.cfg
+        self.grid, self.overlaps = step.layout.grid, step.plan.grid_overlaps
+        self.tokens = cfg.train.batch_size * cfg.model.seq_len
+        self.specs = {s.name: s for s in block_linears(cfg.model.d_model, cfg.model.d_ff, dense_ffn=True)}
+        self.prefetch_anchor: dict[str, int | None] = {"fwd": None, "bwd": None}  # the last weight all-gather
+        self.deferred: list[int] = []  # reduce-scatters completed after the backward pass
+
+    def attention(self, i: int, pass_: str, last) -> int | list[int]:
+        m = self.step.cfg.model
+        core = self.step._seconds(4 * self.tokens * m.seq_len * m.d_model / self.grid.row, "dense")
+        qkv, proj = self.specs["attn.qkv"], self.specs["attn.proj"]
+        if pass_ == "fwd":
+            last = self.linear(i, qkv, True, "fwd", last)
+            last = self.add(f"L{i}.attn.core.fwd", "dense", last, duration_s=core)
+            return self.linear(i, proj, False, "fwd", last)
+        last = self.linear(i, proj, False, "bwd", last)
+        last = self.add(f"L{i}.attn.core.bwd", "dense", last, duration_s=2 * core)
+        return self.linear(i, qkv, True, "bwd", last)
+
+    def ffn(self, i: int, pass_: str, last) -> int | list[int]:
+        w_in, w_out = self.specs["ffn.w_in"], self.specs["ffn.w_out"]
+        if pass_ == "fwd":
+            return self.linear(i, w_out, False, "fwd", self.linear(i, w_in, True, "fwd", last))
+        return self.linear(i, w_in, True, "bwd", self.linear(i, w_out, False, "bwd", last))
+
+    def linear(self, i: int, spec: LinearSpec, first_of_pair: bool, pass_: str, last) -> int | list[int]:
+        """One linear layer's ops in ``pass_``; returns what the next op waits for."""
+        cached = i < self.overlaps.cached_layers
+        planned = {
+            (c.kind, c.axis): c.elements
+            for c in linear_collectives(spec, self.grid, self.tokens, cached, first_of_pair)
+            if c.pass_ == pass_
+        }
+
+        def comm(kind: str, axis: str, after):
+            if (kind, axis) not in planned:
+                return after
+            groups = self.step.layout.groups(axis)
+            cost = self.step._ring(kind, groups, planned[kind, axis] * self.step.elem)
+            return self.add(f"L{i}.{spec.name}.{kind}_{axis}.{pass_}", f"grid_{kind}", after, **cost)
+
+        gathered = None
+        if ("all_gather", "depth") in planned:
+            anchor = self.prefetch_anchor[pass_] if self.overlaps.all_gather else None
+            gathered = comm("all_gather", "depth", anchor if anchor is not None else last)
+            self.prefetch_anchor[pass_] = gathered
+        matmul = self.step._seconds(
+            2 * self.tokens * spec.in_features * spec.out_features / self.grid.tensor_parallel, "dense"
+        )
+        deps = [*as_deps(last), gathered]
+        if pass_ == "fwd":
+            y = self.add(f"L{i}.{spec.name}.fwd", "dense", deps, duration_s=matmul)
+            return comm("all_gather", "col", comm("all_reduce", spec.inner, y))
+        dx = self.add(f"L{i}.{spec.name}.dx.bwd", "dense", deps, duration_s=matmul)
+        reduced = comm("all_reduce", spec.outer, dx)
+        dw = self.add(
+            f"L{i}.{spec.name}.dw.bwd", "dense", dx if self.overlaps.all_reduce else reduced, duration_s=matmul
+        )
+        done = [reduced, dw]
+        scattered = comm("reduce_scatter", "depth", dw)
+        if scattered != dw:
+            (self.deferred if self.overlaps.reduce_scatter else done).append(scattered)
+        return comm("all_gather", "col", done)
