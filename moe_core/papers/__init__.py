@@ -6,6 +6,6 @@ one line below, one rules file (experiments/rules/<paper>.smk) and one analysis 
 (analysis/papers/<paper>.py).
 """
 
-from . import aurora, gshard, lina, monta  # noqa: F401  (each registers itself)
+from . import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
 
-PAPERS = ("gshard", "lina", "aurora", "monta")
+PAPERS = ("gshard", "lina", "aurora", "monta", "axonn")

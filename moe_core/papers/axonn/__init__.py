@@ -1,0 +1,13 @@
+"""AxoNN (Singh et al., arXiv 2305.13525): 3D tensor parallelism of every linear layer on a 4D grid
+(data x depth x row x col; the mechanism is the core's, moe_core.grid and moe_core.grid_parallel),
+its overlaps of collectives with compute, and a communication model that ranks grids.
+
+* ``comm_model``: the ring costs of the grid's collectives with the Plexus placement-aware
+  bandwidths, memory, the enumeration and ranking of grids;
+* ``models``: the GPT models of the weak-scaling study;
+* ``baseline``: the Megatron-LM-style layout and pipeline schedule AxoNN is compared against;
+* ``config``: the ``axonn`` config section and the overlap variants;
+* ``sweeps``: the measured grid sweep's points.
+"""
+
+from . import config  # noqa: F401  (registers the config section)
