@@ -113,6 +113,7 @@ ENTRY_WORLD_SIZE_KEYS = {
     "experiments.inference": "parallel.world_size",
     "experiments.collectives": "collectives.world_size",
     "experiments.aurora_a2a": "aurora.world_size",
+    "experiments.axonn_grids": "axonn.world_size",
 }
 # SLURM c10d rendezvous port: derived from the job id, so two jobs sharing a first node do not
 # collide; below Linux's ephemeral range (32768-) so outgoing connections do not take it first.

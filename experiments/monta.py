@@ -22,8 +22,8 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
 from moe_core.papers.monta.performance_model import (
     admissible_chunk_counts,
@@ -33,7 +33,6 @@ from moe_core.papers.monta.performance_model import (
     rank_strategies,
 )
 from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
-from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
 
 
 def testbeds(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -66,7 +65,7 @@ def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict
             bytes_per_param=m.bytes_per_param,
             hw=hw,
             chunk_overhead_s=m.chunk_overhead_us * 1e-6,
-            moe_layers=model.n_layers // model.moe_every,
+            moe_layers=len(moe_blocks(model.n_layers, model.moe_every)),
         )
     )
     records = []
@@ -130,34 +129,20 @@ def model_points(cfg: DictConfig) -> dict[str, list[str]]:
 
 
 def _record(cfg: DictConfig, experiment: str, point: str, hardware: str, params: dict, metrics: dict) -> dict:
-    return make_record(
+    return predicted_record(
+        cfg,
         paper=PAPER,
         experiment=experiment,
         point=point,
-        mode="simulated",
-        backend="model",
         hardware=hardware,
         params=params,
-        samples={},
-        config=to_container(cfg),
-        extra_metrics=metrics,
+        metrics=metrics,
+        backend="model",
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_arg_parser(__doc__)
-    args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_writable(cfg.results_dir)
-        records = model_records(cfg)
-    except (ConfigError, ResultsDirError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for record in records:
-        write_record(record, record_path(cfg.results_dir, PAPER, record["experiment"], record["point"]))
-    print(f"wrote {len(records)} records", file=sys.stderr)
-    return 0
+    return predictions_main(argv, __doc__, model_records)
 
 
 if __name__ == "__main__":

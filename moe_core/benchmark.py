@@ -1,5 +1,7 @@
-"""The shared skeleton of the measured microbenchmarks (experiments/aurora_a2a.py, monta_a2a.py,
-dispatchers.py): their timing loop, their records, and their entry point under torchrun.
+"""The shared skeleton of the experiments' entry points: the measured microbenchmarks
+(experiments/aurora_a2a.py, monta_a2a.py, dispatchers.py, axonn_grids.py: their timing loop, their
+records, their entry point under torchrun) and the papers' model and simulation studies
+(experiments/monta.py, axonn.py: records of single predicted values, a plain entry point).
 
 Methodology as experiments/collectives.py: warm-up iterations, then timed ones, each after a barrier;
 a rank's sample is its own time, and the worst rank per iteration is kept (gather_worst_rank), so
@@ -17,7 +19,7 @@ from omegaconf import DictConfig
 
 from .config import ConfigError, config_arg_parser, load_config, to_container
 from .distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from .results import make_record, record_path, write_record
+from .results import ResultsDirError, check_writable, make_record, record_path, write_record
 from .timing import PhaseTimer, gather_worst_rank
 
 
@@ -88,3 +90,47 @@ def benchmark_main(
             write_record(record, record_path(cfg.results_dir, record["paper"], record["experiment"], record["point"]))
     finally:
         shutdown()
+
+
+def predicted_record(
+    cfg: DictConfig,
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    hardware: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    backend: str,
+) -> dict[str, Any]:
+    """A record of single predicted values (a paper's model: ``backend="model"``, or the step
+    simulator: ``"sim"``) on the modelled ``hardware``."""
+    return make_record(
+        paper=paper,
+        experiment=experiment,
+        point=point,
+        mode="simulated",
+        backend=backend,
+        hardware=hardware,
+        params=params,
+        samples={},
+        config=to_container(cfg),
+        extra_metrics={name: float(value) for name, value in metrics.items()},
+    )
+
+
+def predictions_main(argv: list[str] | None, doc: str, make_records: Callable[[DictConfig], list[dict]]) -> int:
+    """Parse ``--config``/overrides, compute ``make_records(cfg)`` and write them; exit 2, writing
+    nothing, on a bad config, an unwritable results directory or a model's ValueError."""
+    args = config_arg_parser(doc).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        check_writable(cfg.results_dir)
+        records = make_records(cfg)
+    except (ConfigError, ResultsDirError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for record in records:
+        write_record(record, record_path(cfg.results_dir, record["paper"], record["experiment"], record["point"]))
+    print(f"wrote {len(records)} records", file=sys.stderr)
+    return 0

@@ -1,0 +1,228 @@
+"""AxoNN at Perlmutter scale, simulated: weak scaling against a Megatron-LM-style baseline, the overlap
+ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes).
+
+    python -m experiments.axonn --config configs/default.yaml
+
+Every training step is the step simulator's (moe_core.sim.step) on ``axonn.hardware``, built from the
+same config and decisions as a measured run: the grid's collectives (moe_core.grid), the plan's
+overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Records:
+
+* ``axonn_scaling/<model>_<system>``: each model of moe_core/papers/axonn/models.py on its GPUs,
+  ``axonn`` on the grid AxoNN's communication model ranks first (all three overlaps), ``megatron``
+  on the baseline's layout (tensor parallelism in a node x pipeline x data): one pipeline stage of
+  one micro-batch simulated alone and with its data-parallel replicas (the difference is the
+  gradient all-reduce after the pipeline flush), composed by the 1F1B schedule
+  (moe_core/papers/axonn/baseline.py). Time per batch, model FLOP/s and their share of peak.
+* ``axonn_ablation/<variant>``: the ~2B model under every overlap variant, on the best grid on which
+  every overlap acts.
+* ``axonn_ranking/<grid>``: the model's prediction for every grid of the largest model that fits in
+  memory (rank, predicted communication and its breakdown, memory), and the simulated step of the
+  ``axonn.ranked_grids`` best.
+
+Neither system's simulated step recomputes activations (both train under the memory of full
+recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from omegaconf import DictConfig
+
+from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.config import load_config, to_container
+from moe_core.grid import GRID_AXES, Grid
+from moe_core.papers.axonn.baseline import megatron_layout, pipeline_time_s
+from moe_core.papers.axonn.comm_model import rank_grids
+from moe_core.papers.axonn.config import OVERLAP_VARIANTS, overlap_overrides
+from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters
+from moe_core.papers.axonn.sweeps import PAPER
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+BF16_BYTES = 2
+# Caching a block's weights trades memory the ranking already spent on the grid; the measured
+# ablation covers it.
+SIMULATED_VARIANTS = [v for v in OVERLAP_VARIANTS if v != "all+cache"]
+
+
+def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
+    """The dense GPT ``model`` on ``gpus`` GPUs of ``axonn.hardware`` (``n_layers``: a pipeline stage's)."""
+    hw = load_config(overrides=[f"hardware_profile={cfg.axonn.hardware}"]).hardware
+    return [
+        f"hardware_profile={cfg.axonn.hardware}",
+        f"hardware.nodes={max(1, math.ceil(gpus / hw.devices_per_node))}",
+        f"paper={PAPER}",
+        "model.moe_every=0",
+        "moe.num_experts=1",
+        "moe.top_k=1",
+        f"model.n_layers={n_layers or model.n_layers}",
+        f"model.d_model={model.d_model}",
+        f"model.n_heads={model.n_heads}",
+        f"model.d_ff={model.d_ff}",
+        f"model.vocab_size={model.vocab_size}",
+        f"model.seq_len={model.seq_len}",
+        "train.dtype=bfloat16",
+        f"parallel.world_size={gpus}",
+        "comm.policy=sequential",
+    ]
+
+
+def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:
+    """The simulated step's metrics (ms) of the run's config with ``overrides``."""
+    point = load_config(data=to_container(cfg), overrides=overrides)
+    return StepModel(point, build_topology(point.hardware)).run().metrics()
+
+
+def ranking(cfg: DictConfig, model: GptModel):
+    """AxoNN's communication model's ranking of every grid of ``model`` (AxoNN's placement: the one
+    the measured and simulated executors run)."""
+    hw = load_config(overrides=model_overrides(cfg, model, model.gpus)).hardware
+    return rank_grids(
+        hw,
+        model.gpus,
+        d_model=model.d_model,
+        d_ff=model.d_ff,
+        n_layers=model.n_layers,
+        n_heads=model.n_heads,
+        vocab_size=model.vocab_size,
+        seq_len=model.seq_len,
+        global_sequences=model.global_sequences,
+        memory_GB=cfg.axonn.device_memory_GB,
+        element_bytes=BF16_BYTES,
+        bytes_per_param=cfg.axonn.bytes_per_param,
+    )
+
+
+def grid_overrides(model: GptModel, grid: Grid, variant: str) -> list[str]:
+    return [
+        f"parallel.grid.depth={grid.depth}",
+        f"parallel.grid.row={grid.row}",
+        f"parallel.grid.col={grid.col}",
+        f"train.batch_size={model.global_sequences // (grid.data * grid.depth)}",
+        *overlap_overrides(variant, 0),
+    ]
+
+
+def grid_params(grid: Grid) -> dict[str, int]:
+    """A grid as record parameters (the names moe_core.points gives a measured run's)."""
+    return {f"grid_{axis}": size for axis, size in zip(GRID_AXES, grid.shape)}
+
+
+def best_grid(cfg: DictConfig, model: GptModel, every_overlap: bool = False) -> Grid:
+    """The grid AxoNN's model ranks first for ``model``; with ``every_overlap``, the first on which
+    each overlap has something to hide (depth > 1 for the all-gather and reduce-scatter, an outer
+    group, row, for the backward all-reduce): the ablation's, where the best may be plain data
+    parallelism."""
+    ranked = ranking(cfg, model).query("fits")
+    if every_overlap:
+        ranked = ranked.query("depth > 1 and row > 1")
+    best = ranked.iloc[0]
+    return Grid(int(best.data), int(best.depth), int(best.row), int(best.col))
+
+
+def model_flops(model: GptModel) -> float:
+    """FLOPs of one iteration: 6 per parameter of the blocks and the head per token (forward and
+    backward), plus attention's scores and weighted sums, 12 L s d per token."""
+    tokens = model.global_sequences * model.seq_len
+    matmul = 12 * model.n_layers * model.d_model**2 + model.d_model * model.vocab_size
+    return tokens * (6 * matmul + 12 * model.n_layers * model.seq_len * model.d_model)
+
+
+def throughput(cfg: DictConfig, model: GptModel, batch_s: float) -> dict[str, float]:
+    peak = load_config(overrides=[f"hardware_profile={cfg.axonn.hardware}"]).hardware.peak_tflops * 1e12
+    achieved = model_flops(model) / batch_s
+    return {"batch_s": batch_s, "pflops": achieved / 1e15, "peak_share": achieved / (peak * model.gpus)}
+
+
+def axonn_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
+    grid = best_grid(cfg, model)
+    m = simulate(cfg, [*model_overrides(cfg, model, model.gpus), *grid_overrides(model, grid, "all")])
+    params = {"system": "axonn", **grid_params(grid)}
+    return params, {**throughput(cfg, model, m["step_ms"] / 1e3), **m}
+
+
+def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
+    """The baseline's iteration: a stage's forward and backward of one micro-batch, alone and with its
+    data-parallel replicas, composed by the 1F1B schedule."""
+    hw = load_config(overrides=model_overrides(cfg, model, model.gpus)).hardware
+    layout = megatron_layout(model, model.gpus, hw, cfg.axonn.device_memory_GB, cfg.axonn.bytes_per_param)
+    tp, pp, dp = layout["tp"], layout["pp"], layout["dp"]
+    stage = [
+        f"parallel.tensor_parallel={tp}",
+        "comm.tp_dispatch=duplicate",
+        f"train.batch_size={layout['micro_batch_sequences']}",
+    ]
+    alone = simulate(cfg, [*model_overrides(cfg, model, tp, model.n_layers // pp), *stage])
+    replicated = simulate(cfg, [*model_overrides(cfg, model, tp * dp, model.n_layers // pp), *stage])
+    stage_s, all_reduce_s = alone["step_ms"] / 1e3, (replicated["step_ms"] - alone["step_ms"]) / 1e3
+    # the activations of a micro-batch between stages (and their gradients back), each tensor-parallel
+    # rank sending its 1/tp over its own NIC (Megatron's scatter-gather)
+    boundary = layout["micro_batch_sequences"] * model.seq_len * model.d_model * BF16_BYTES / tp
+    p2p_s = 2 * (boundary / (hw.nic_GBps * 1e9) + hw.inter_node_latency_us * 1e-6) if pp > 1 else 0.0
+    batch_s = pipeline_time_s(stage_s, layout["microbatches"], pp, p2p_s) + all_reduce_s
+    metrics = {"stage_ms": stage_s * 1e3, "dp_allreduce_ms": all_reduce_s * 1e3, "p2p_ms": p2p_s * 1e3}
+    params = {"system": "megatron", **{k: layout[k] for k in ("tp", "pp", "dp", "microbatches")}}
+    return params, {**throughput(cfg, model, batch_s), **metrics}
+
+
+def records(cfg: DictConfig) -> list[dict]:
+    out = []
+    for model in WEAK_SCALING:
+        base = {"model": model.name, "parameters": parameters(model), "gpus": model.gpus}
+        for system in (axonn_scaling, megatron_scaling):
+            params, metrics = system(cfg, model)
+            out.append(_record(cfg, "axonn_scaling", f"{model.name}_{params['system']}", {**base, **params}, metrics))
+    grid = best_grid(cfg, TWO_B, every_overlap=True)
+    for variant in SIMULATED_VARIANTS:
+        m = simulate(cfg, [*model_overrides(cfg, TWO_B, TWO_B.gpus), *grid_overrides(TWO_B, grid, variant)])
+        params = {"model": TWO_B.name, "gpus": TWO_B.gpus, "overlap_variant": variant, **grid_params(grid)}
+        out.append(_record(cfg, "axonn_ablation", f"{TWO_B.name}_{variant}", params, m))
+    largest = WEAK_SCALING[-1]
+    for row in ranking(cfg, largest).query("fits").itertuples():
+        grid = Grid(int(row.data), int(row.depth), int(row.row), int(row.col))
+        metrics = {k: v for k, v in row._asdict().items() if k.endswith("_s") or k == "memory_GB"}
+        metrics["model_rank"] = row.rank
+        if row.rank <= cfg.axonn.ranked_grids:
+            step = simulate(cfg, [*model_overrides(cfg, largest, largest.gpus), *grid_overrides(largest, grid, "none")])
+            metrics["sim_step_ms"] = step["step_ms"]
+            metrics["sim_comm_ms"] = step["grid_comm_ms"] + step["allreduce_exposed_ms"]
+        params = {"model": largest.name, "gpus": largest.gpus, **grid_params(grid)}
+        out.append(_record(cfg, "axonn_ranking", f"{largest.name}_{grid}", params, metrics))
+    return out
+
+
+def record_points(cfg: DictConfig) -> dict[str, list[str]]:
+    """Experiment -> the point names one run writes (pure and quick: the workflow declares them; the
+    ranking's grids are the model's, no simulation)."""
+    largest = WEAK_SCALING[-1]
+    return {
+        "axonn_scaling": [f"{m.name}_{system}" for m in WEAK_SCALING for system in ("axonn", "megatron")],
+        "axonn_ablation": [f"{TWO_B.name}_{v}" for v in SIMULATED_VARIANTS],
+        "axonn_ranking": [
+            f"{largest.name}_{Grid(int(r.data), int(r.depth), int(r.row), int(r.col))}"
+            for r in ranking(cfg, largest).query("fits").itertuples()
+        ],
+    }
+
+
+def _record(cfg: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
+    return predicted_record(
+        cfg,
+        paper=PAPER,
+        experiment=experiment,
+        point=point,
+        hardware=cfg.axonn.hardware,
+        params=params,
+        metrics=metrics,
+        backend="sim",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return predictions_main(argv, __doc__, records)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

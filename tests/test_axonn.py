@@ -1,0 +1,182 @@
+"""AxoNN's experiments and the simulated grid: the step simulator issues exactly the planned grid
+collectives, agrees with Megatron's tensor parallelism where the two are the same split, hides
+communication behind compute with the overlaps; the measured sweep writes every declared point
+with the model's prediction; the Perlmutter-scale study writes every declared record."""
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from experiments.axonn import megatron_scaling, record_points, records
+from moe_core.capacity import moe_blocks
+from moe_core.config import load_config
+from moe_core.grid import block_collectives
+from moe_core.papers.axonn.config import OVERLAP_VARIANTS, overlap_overrides
+from moe_core.papers.axonn.models import WEAK_SCALING
+from moe_core.papers.axonn.sweeps import grid_points
+from moe_core.results import read_record
+from moe_core.sections import ConfigError
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+# A dense GPT on 2 nodes x 4 A100 of Perlmutter (bf16), the simulator's unit of test
+DENSE = [
+    "hardware_profile=axonn-perlmutter",
+    "hardware.nodes=2",
+    "model.moe_every=0",
+    "moe.num_experts=1",
+    "moe.top_k=1",
+    "model.d_model=1024",
+    "model.n_heads=16",
+    "model.d_ff=4096",
+    "model.n_layers=4",
+    "model.seq_len=512",
+    "model.vocab_size=1024",
+    "train.dtype=bfloat16",
+    "train.batch_size=2",
+    "comm.policy=sequential",
+]
+
+
+def _simulate(*overrides):
+    cfg = load_config(overrides=[*DENSE, *overrides])
+    return cfg, StepModel(cfg, build_topology(cfg.hardware)).run()
+
+
+def _grid(depth, row, col, world=8):
+    return [f"parallel.world_size={world}", f"parallel.grid.depth={depth}", f"parallel.grid.row={row}"] + [
+        f"parallel.grid.col={col}"
+    ]
+
+
+@pytest.mark.parametrize("depth,row,col", [(2, 2, 1), (1, 2, 2), (2, 1, 4), (8, 1, 1)])
+def test_simulated_step_issues_exactly_the_planned_grid_collectives(depth, row, col):
+    cfg, sim = _simulate(*_grid(depth, row, col))
+    layout_grid = load_config(overrides=[*DENSE, *_grid(depth, row, col)]).parallel.grid
+    assert (layout_grid.depth, layout_grid.row, layout_grid.col) == (depth, row, col)
+    m, tokens = cfg.model, cfg.train.batch_size * cfg.model.seq_len
+    from moe_core.layout import layout_of
+
+    grid = layout_of(cfg).grid
+    planned = Counter(
+        (c.kind, c.axis, c.pass_)
+        for i in range(m.n_layers)
+        for c in block_collectives(grid, m.d_model, m.d_ff, i not in moe_blocks(m.n_layers, m.moe_every), tokens, False)
+    )
+    issued = Counter(
+        (op.phase.removeprefix("grid_"), op.name.split(".")[-2].split("_")[-1], op.name.split(".")[-1])
+        for op in sim.ops
+        if op.phase.startswith("grid_")
+    )
+    assert issued == planned and sum(planned.values()) > 0
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_grid_of_rows_is_megatron_tensor_parallelism(tp):
+    """row = t (no col, no depth) splits and communicates as Megatron's t-way tensor parallelism: one
+    activation all-reduce per pair and pass, the same FLOPs per rank, so the same simulated step."""
+    _, grid = _simulate(*_grid(1, tp, 1, world=tp))
+    _, megatron = _simulate(f"parallel.world_size={tp}", f"parallel.tensor_parallel={tp}", "comm.tp_dispatch=duplicate")
+    assert grid.metrics()["step_ms"] == pytest.approx(megatron.metrics()["step_ms"], rel=1e-9)
+    assert grid.metrics()["grid_all_reduce_busy_ms"] > 0
+
+
+def test_overlaps_hide_grid_communication_without_changing_it():
+    _, plain = _simulate(*_grid(2, 2, 1))
+    _, hidden = _simulate(*_grid(2, 2, 1), *overlap_overrides("all", 0))
+    p, h = plain.metrics(), hidden.metrics()
+    assert h["grid_comm_ms"] < 0.7 * p["grid_comm_ms"]  # what the compute stream waits for
+    assert h["step_ms"] < p["step_ms"]
+    for kind in ("all_gather", "all_reduce", "reduce_scatter"):  # the same collectives are in flight
+        assert h[f"grid_{kind}_busy_ms"] == pytest.approx(p[f"grid_{kind}_busy_ms"], rel=0.25)
+    _, cached = _simulate(*_grid(2, 2, 1), *overlap_overrides("all+cache", 4))  # every block keeps its weights
+
+    def depth_gathers(sim):
+        return sum(op.name.endswith(("all_gather_depth.fwd", "all_gather_depth.bwd")) for op in sim.ops)
+
+    assert depth_gathers(cached) == depth_gathers(plain) / 2 > 0  # forward only
+
+
+def test_overlap_variants_switch_what_they_name():
+    assert overlap_overrides("none", 3)[-1] == "comm.grid_overlap.cached_layers=0"
+    assert overlap_overrides("all+cache", 3) == [
+        "comm.grid_overlap.all_reduce=true",
+        "comm.grid_overlap.reduce_scatter=true",
+        "comm.grid_overlap.all_gather=true",
+        "comm.grid_overlap.cached_layers=3",
+    ]
+    assert "comm.grid_overlap.reduce_scatter=true" in overlap_overrides("reduce_scatter", 0)
+    assert "comm.grid_overlap.all_gather=false" in overlap_overrides("reduce_scatter", 0)
+
+
+def test_bad_axonn_settings_name_the_key():
+    with pytest.raises(ConfigError, match="axonn.ablation_grid"):
+        load_config(["configs/default.yaml"], ["axonn.ablation_grid=[3,1,1]"])
+    with pytest.raises(ConfigError, match="axonn.global_sequences"):
+        load_config(["configs/default.yaml"], ["axonn.global_sequences=6"])
+
+
+def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point(tmp_path):
+    overrides = [
+        f"results_dir={tmp_path}",
+        "axonn.world_size=2",
+        "axonn.global_sequences=2",
+        "axonn.ablation_grid=[2,1,1]",
+        "axonn.cached_layers=1",
+        "axonn.warmup_iters=0",
+        "axonn.iters=2",
+        "hardware.intra_node_GBps=2.0",  # the model prices the run's own profile: state its link
+        "axonn.measured_overrides=[model.moe_every=0,moe.num_experts=1,moe.top_k=1,model.n_layers=2,model.n_heads=2]",
+    ]
+    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
+    result = subprocess.run([*cmd, "--", "-m", "experiments.axonn_grids"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    cfg = load_config(["configs/default.yaml"], overrides)
+    found = {p.stem: read_record(p) for p in (tmp_path / "raw" / "axonn" / "axonn_grids").glob("*.json")}
+    grids = {"data2xdepth1xrow1xcol1", "data1xdepth2xrow1xcol1", "data1xdepth1xrow2xcol1", "data1xdepth1xrow1xcol2"}
+    variants = [f"ws2_data1xdepth2xrow1xcol1_{v}" for v in OVERLAP_VARIANTS]
+    assert set(found) == set(grid_points(cfg)) == {f"ws2_{g}_none" for g in grids} | set(variants)
+    for name, record in found.items():
+        m = record["metrics"]
+        assert m["comm_ms"]["n"] == 2 and m["comm_ms"]["median"] > 0 and m["predicted_comm_ms"]["value"] > 0, name
+
+
+def test_the_measured_sweep_refuses_a_profile_without_link_rates(tmp_path):
+    overrides = [
+        f"results_dir={tmp_path}",
+        "axonn.world_size=2",
+        "axonn.global_sequences=2",
+        "axonn.ablation_grid=[2,1,1]",
+    ]
+    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
+    result = subprocess.run([*cmd, "--", "-m", "experiments.axonn_grids"], capture_output=True, text=True)
+    assert result.returncode != 0 and "axonn.model_profile" in result.stderr
+    assert not (tmp_path / "raw").exists()
+
+
+def test_megatron_baseline_composes_its_pipeline():
+    cfg = load_config(["configs/default.yaml"])
+    params, metrics = megatron_scaling(cfg, WEAK_SCALING[-1])
+    assert params["tp"] * params["pp"] * params["dp"] == WEAK_SCALING[-1].gpus
+    slots = params["microbatches"] + params["pp"] - 1
+    expected = slots * (metrics["stage_ms"] + metrics["p2p_ms"]) + metrics["dp_allreduce_ms"]
+    assert metrics["batch_s"] * 1e3 == pytest.approx(expected)
+    assert metrics["dp_allreduce_ms"] > 0 and 0 < metrics["peak_share"] < 1
+
+
+def test_simulated_study_writes_every_declared_record():
+    cfg = load_config(["configs/default.yaml"])
+    written = records(cfg)
+    declared = record_points(cfg)
+    assert {e: sorted(r["point"] for r in written if r["experiment"] == e) for e in declared} == {
+        e: sorted(points) for e, points in declared.items()
+    }
+    ranking = [r for r in written if r["experiment"] == "axonn_ranking"]
+    simulated = sorted(
+        (r["metrics"]["model_rank"]["value"], r["metrics"]["sim_comm_ms"]["value"])
+        for r in ranking
+        if "sim_comm_ms" in r["metrics"]
+    )
+    assert len(simulated) == cfg.axonn.ranked_grids
