@@ -32,6 +32,7 @@ include: "experiments/rules/simulator.smk"
 include: "experiments/rules/lina.smk"
 include: "experiments/rules/aurora.smk"
 include: "experiments/rules/monta.smk"
+include: "experiments/rules/axonn.smk"
 include: "experiments/rules/dispatchers.smk"
 include: "experiments/rules/analysis.smk"
 
@@ -43,4 +44,5 @@ rule all:
         f"{RESULTS}/tables/sim_validation.csv",
         f"{RESULTS}/tables/monta_strategies.csv",
         f"{RESULTS}/tables/dispatchers.csv",
+        f"{RESULTS}/tables/axonn_grid_validation.csv",
         FIGURES,

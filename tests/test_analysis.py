@@ -20,6 +20,7 @@ from analysis.collect import RecordError, collect
 from analysis.compare import CONSISTENT, DIFFERS, NOT_REPRODUCED, REPRODUCERS, compare
 from analysis.figures import FIGURE_REGISTRY, FigureDataError, render
 from analysis.published import RegistryError, load_registry
+from analysis.tables import TABLE_REGISTRY
 from analysis.units import KiB, MiB
 from moe_core.results import make_record, record_path, write_record
 
@@ -414,6 +415,96 @@ def write_aurora(root):
     return paths
 
 
+AXONN_GRIDS = [(4, 1, 1, 1), (2, 2, 1, 1), (2, 1, 2, 1), (1, 2, 2, 1), (1, 1, 2, 2), (1, 4, 1, 1)]
+AXONN_MODELS = [("5B", 64), ("10B", 128), ("20B", 256), ("40B", 512), ("80B", 1024)]
+
+
+def _grid_params(grid):
+    return dict(zip(("grid_data", "grid_depth", "grid_row", "grid_col"), grid))
+
+
+def _grid_name(grid):
+    return "data{}xdepth{}xrow{}xcol{}".format(*grid)
+
+
+def write_axonn_grids(root, measured_ms, predicted_ms, hardware="local-cpu"):
+    """AxoNN's measured sweep on 4 ranks: each of AXONN_GRIDS without overlap, communication
+    ``measured_ms[i]`` per step (the grid's and the DP all-reduce's halves) and the model's
+    ``predicted_ms[i]``; then every overlap variant on 1x2x2x1, each hiding a little more."""
+    measured = {"paper": "axonn", "experiment": "axonn_grids", "mode": "measured", "backend": "gloo"}
+    points = [(grid, "none", comm, pred) for grid, comm, pred in zip(AXONN_GRIDS, measured_ms, predicted_ms)]
+    variants = ("all_reduce", "reduce_scatter", "all_gather", "all", "all+cache")
+    points += [((1, 2, 2, 1), v, measured_ms[3] * (1 - i / 10), predicted_ms[3]) for i, v in enumerate(variants, 1)]
+    paths = []
+    for grid, variant, comm, pred in points:
+        grid_ms = {kind: comm / 6 for kind in ("all_gather", "all_reduce", "reduce_scatter")}
+        samples = {f"grid_{kind}_ms": _spread(ms) for kind, ms in grid_ms.items()}
+        samples |= {"grid_comm_ms": _spread(comm / 2), "allreduce_exposed_ms": _spread(comm / 2)}
+        samples |= {"comm_ms": _spread(comm), "step_ms": _spread(100.0 + comm), "dense_ms": _spread(100.0)}
+        params = {"world_size": 4, **_grid_params(grid), "overlap_variant": variant}
+        extra = {"predicted_comm_ms": pred, "predicted_all_gather_depth_ms": pred / 2, "tokens_per_s": 1e3}
+        point = f"ws4_{_grid_name(grid)}_{variant}"
+        paths.append(
+            _write(
+                root, **measured, point=point, hardware=hardware, params=params, samples=samples, extra_metrics=extra
+            )
+        )
+    return paths
+
+
+def write_axonn(root):
+    """AxoNN's records: the measured sweep (the model ranks the grids as measured), and simulated on
+    Perlmutter: weak scaling with the abstract's 80B numbers (AxoNN 1.26x faster, 57% of peak,
+    182 PFLOP/s), the 2B ablation (no overlap 1.53x slower than all three) and the 80B ranking."""
+    paths = write_axonn_grids(root, [10.0 * (i + 1) for i in range(6)], [2.0 * (i + 1) for i in range(6)])
+    sim = {"paper": "axonn", "mode": "simulated", "backend": "sim", "hardware": "axonn-perlmutter", "samples": {}}
+    for model, gpus in AXONN_MODELS:
+        base = {"model": model, "parameters": 1e9 * float(model[:-1]), "gpus": gpus}
+        share = 0.57 if model == "80B" else 0.5
+        runs = [
+            ("axonn", {**_grid_params((4, 32, 8, 1))}, 1.0, share),
+            ("megatron", {"tp": 4, "pp": 16, "dp": 16, "microbatches": 64}, 1.26, share / 1.26),
+        ]
+        for system, layout, batch_s, peak in runs:
+            metrics = {"batch_s": batch_s, "pflops": 182.0 * peak / 0.57, "peak_share": peak}
+            paths.append(
+                _write(
+                    root,
+                    **sim,
+                    experiment="axonn_scaling",
+                    point=f"{model}_{system}",
+                    params={**base, "system": system, **layout},
+                    extra_metrics=metrics,
+                )
+            )
+    for variant, step in (("none", 153.0), ("all_reduce", 130.0), ("reduce_scatter", 140.0), ("all", 100.0)):
+        metrics = {"step_ms": step, "grid_comm_ms": step - 90.0, "allreduce_exposed_ms": 0.0, "dense_ms": 90.0}
+        metrics |= {f"grid_{kind}_ms": (step - 90.0) / 3 for kind in ("all_gather", "all_reduce", "reduce_scatter")}
+        params = {"model": "2B", "gpus": 64, "overlap_variant": variant, **_grid_params((4, 4, 4, 1))}
+        paths.append(
+            _write(
+                root, **sim, experiment="axonn_ablation", point=f"2B_{variant}", params=params, extra_metrics=metrics
+            )
+        )
+    for rank, grid in enumerate([(4, 32, 8, 1), (2, 64, 8, 1), (8, 32, 4, 1), (16, 64, 1, 1)], start=1):
+        metrics = {"predicted_comm_s": 3.0 + rank, "all_gather_depth_s": 2.0, "all_reduce_row_s": 1.0 + rank}
+        metrics |= {"all_reduce_col_s": 0.0, "memory_GB": 30.0, "model_rank": float(rank)}
+        if rank <= 2:
+            metrics |= {"sim_step_ms": 9000.0, "sim_comm_ms": 1000.0 * (3.2 + rank)}
+        params = {"model": "80B", "gpus": 1024, **_grid_params(grid)}
+        paths.append(
+            _write(
+                root,
+                **sim,
+                experiment="axonn_ranking",
+                point=f"80B_{_grid_name(grid)}",
+                params=params,
+                extra_metrics=metrics,
+            )
+        )
+    return paths
+
+
 @pytest.fixture(scope="module")
 def figure_tables(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
@@ -424,6 +515,7 @@ def figure_tables(tmp_path_factory):
         + write_aurora(root)
         + write_lina(root)
         + write_monta(root)
+        + write_axonn(root)
         + write_dispatchers(root)
     )
 
@@ -655,6 +747,9 @@ def test_figures_register_with_their_paper():
             ],
             "monta",
         ),
+        **dict.fromkeys(
+            ["axonn_model_validation", "axonn_overlap_ablation", "axonn_weak_scaling", "axonn_grid_ranking"], "axonn"
+        ),
     }
     assert [name for name, fig in FIGURE_REGISTRY.items() if fig.reads_validation] == ["sim_validation"]
     captions = Path(figures_mod.__file__).with_name("captions")
@@ -692,6 +787,10 @@ NEEDS = {
     "monta_strategy_ranking": "monta_strategy",
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),
     "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
+    "axonn_model_validation": "axonn_grids",
+    "axonn_overlap_ablation": ("axonn_grids", "axonn_ablation"),
+    "axonn_weak_scaling": "axonn_scaling",
+    "axonn_grid_ranking": "axonn_ranking",
 }
 
 
@@ -919,3 +1018,51 @@ def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():
     assert lina["lina-fig17-moe-p95-reduction-16e-bert"]["value"] == 1.81
     assert lina["lina-fig18-tail-a2a-reduction-max"]["value"] == 2.5
     assert lina["lina-expert-packing-speedup-secondary"]["status"] == "UNC"
+
+
+# ---- AxoNN's table and reproducers on known synthetic inputs ------------------------------------
+
+AXONN_NEEDS = {  # reproducer: the experiment whose records it reads
+    "axonn_speedup_over_megatron_80b": "axonn_scaling",
+    "axonn_peak_share_80b": "axonn_scaling",
+    "axonn_pflops_80b": "axonn_scaling",
+    "axonn_overlap_gain_2b": "axonn_ablation",
+}
+
+
+@pytest.mark.parametrize(
+    "predicted, rho, best_in_top3",
+    [
+        ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 1.0, True),  # the measured order
+        ([6.0, 5.0, 4.0, 3.0, 2.0, 1.0], -1.0, False),  # reversed: the measured best is ranked last
+        ([3.0, 1.0, 2.0, 6.0, 5.0, 4.0], 0.6, True),  # the measured best third
+    ],
+)
+def test_axonn_grid_validation_ranks_grids_per_testbed(tmp_path, predicted, rho, best_in_top3):
+    measured = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    ours = collect(write_axonn_grids(tmp_path / "a", measured, predicted))[0]
+    other = collect(write_axonn_grids(tmp_path / "b", measured, measured, hardware="emulated-2x4"))[0]
+    table = TABLE_REGISTRY["axonn_grid_validation"](pd.concat([ours, other]))
+    assert len(table) == 2 * len(AXONN_GRIDS)  # the ablation's overlapped points are left out
+    ours = table[table["hardware"] == "local-cpu"]
+    assert list(ours["comm_ms"]) == measured and list(ours["measured_rank"]) == [1, 2, 3, 4, 5, 6]
+    assert list(ours["grid"]) == ["4x1x1x1", "2x2x1x1", "2x1x2x1", "1x2x2x1", "1x1x2x2", "1x4x1x1"]
+    assert ours["spearman"].tolist() == pytest.approx([rho] * 6)
+    assert (ours["measured_best_in_model_top3"] == best_in_top3).all()
+    other = table[table["hardware"] == "emulated-2x4"]  # its own ranks, not pooled with local-cpu's
+    assert other["spearman"].tolist() == pytest.approx([1.0] * 6) and other["measured_best_in_model_top3"].all()
+    assert TABLE_REGISTRY["axonn_grid_validation"](collect(write_train_step(tmp_path / "c"))[0]).empty
+
+
+def test_axonn_reproducers_give_the_published_numbers(figure_tables):
+    registry = {k: e for k, e in load_registry().items() if e["paper"] == "axonn"}
+    assert {e["reproducer"] for e in registry.values()} == set(AXONN_NEEDS)
+    table = compare(registry, *figure_tables).set_index("id")
+    assert (table["verdict"] == CONSISTENT).all() and (table["hardware"] == "axonn-perlmutter").all()
+    assert table["ratio"].tolist() == pytest.approx([1.0] * 4)
+    assert "tp 4 x pp 16 x dp 16" in table.loc["axonn-80b-speedup-over-megatron", "reproduced_setting"]
+    assert registry["axonn-2b-overlap-gain"]["status"] == "UNC"
+    records, samples = figure_tables
+    for name, experiment in AXONN_NEEDS.items():
+        kept = records["experiment"] != experiment
+        assert REPRODUCERS[name](records[kept], samples) is None, name

@@ -5,4 +5,4 @@ Importing this package registers them all; this is the registries' one list of p
 paper is one more module here and one more line below.
 """
 
-from analysis.papers import aurora, common, gshard, lina, monta  # noqa: F401
+from analysis.papers import aurora, axonn, common, gshard, lina, monta  # noqa: F401

@@ -19,6 +19,8 @@ rule collect:
         MONTA_MODEL_RECORDS,
         DISPATCHER_RECORDS,
         DISPATCHER_SIM_RECORDS,
+        AXONN_GRID_RECORDS,
+        AXONN_SIM_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

@@ -1,0 +1,74 @@
+# AxoNN (arXiv 2305.13525): its grid sweep measured (experiments/axonn_grids.py, one torchrun job;
+# every record carries the communication model's prediction on this testbed's calibrated profile),
+# and its Perlmutter-scale study simulated (experiments/axonn.py: weak scaling against the
+# Megatron-style baseline, the overlap ablation, the ranking of every grid; seconds of CPU).
+
+from experiments.axonn import record_points as axonn_record_points
+from moe_core.papers.axonn.sweeps import MEASURED as AXONN_MEASURED, PAPER as AXONN_PAPER, grid_points
+
+AXONN_GRID_RECORDS = expand(f"{RESULTS}/raw/{AXONN_PAPER}/{AXONN_MEASURED}/{{point}}.json", point=grid_points(CFG))
+AXONN_SIM_RECORDS = [
+    f"{RESULTS}/raw/{AXONN_PAPER}/{experiment}/{point}.json"
+    for experiment, points in axonn_record_points(CFG).items()
+    for point in points
+]
+
+
+rule axonn_grids:
+    """Every grid of axonn.world_size ranks, then the overlap variants on axonn.ablation_grid; the
+    model's predictions on the calibrated profile of this testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        profile=rules.calibrate.output[0],
+    output:
+        AXONN_GRID_RECORDS,
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/axonn_grids.log",
+    params:
+        world_size=CFG.axonn.world_size,
+    threads: CFG.axonn.world_size
+    resources:
+        **measured_resources(CFG.axonn.world_size),
+    shell:
+        "python -m experiments.launch --config {input.config:q} axonn.model_profile={input.profile:q} "
+        "--nproc {params.world_size} -- -m experiments.axonn_grids > {log:q} 2>&1"
+
+
+rule axonn_simulated:
+    """AxoNN and the Megatron-style baseline at Perlmutter scale, the overlap ablation, the grid ranking."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        AXONN_SIM_RECORDS,
+    log:
+        f"{RESULTS}/logs/axonn_simulated.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.axonn --config {input.config:q} > {log:q} 2>&1"
+
+
+rule axonn_validation_table:
+    """Predicted vs measured communication time of every grid, rank correlation and top-3 per testbed."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/axonn_grid_validation.csv",
+            caption="../../analysis/captions/axonn_grid_validation_table.rst",
+            category="Published vs reproduced",
+        ),
+    log:
+        f"{RESULTS}/logs/axonn_validation_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m analysis.tables --records {input.records:q} --table axonn_grid_validation --out {output:q} "
+        "> {log:q} 2>&1"
