@@ -45,4 +45,5 @@ rule all:
         f"{RESULTS}/tables/monta_strategies.csv",
         f"{RESULTS}/tables/dispatchers.csv",
         f"{RESULTS}/tables/axonn_grid_validation.csv",
+        f"{RESULTS}/tables/axonn_scaling.csv",
         FIGURES,

@@ -467,6 +467,10 @@ def write_axonn(root):
         ]
         for system, layout, batch_s, peak in runs:
             metrics = {"batch_s": batch_s, "pflops": 182.0 * peak / 0.57, "peak_share": peak}
+            if system == "axonn":  # each collective 300 ms in flight, 100 ms of it exposed
+                metrics |= {f"grid_{k}_busy_ms": 300.0 for k in ("all_gather", "all_reduce", "reduce_scatter")}
+                metrics |= {f"grid_{k}_ms": 100.0 for k in ("all_gather", "all_reduce", "reduce_scatter")}
+                metrics["allreduce_exposed_ms"] = 50.0
             paths.append(
                 _write(
                     root,
@@ -1052,6 +1056,15 @@ def test_axonn_grid_validation_ranks_grids_per_testbed(tmp_path, predicted, rho,
     other = table[table["hardware"] == "emulated-2x4"]  # its own ranks, not pooled with local-cpu's
     assert other["spearman"].tolist() == pytest.approx([1.0] * 6) and other["measured_best_in_model_top3"].all()
     assert TABLE_REGISTRY["axonn_grid_validation"](collect(write_train_step(tmp_path / "c"))[0]).empty
+
+
+def test_axonn_scaling_table_says_what_the_overlaps_hide(figure_tables):
+    table = TABLE_REGISTRY["axonn_scaling"](figure_tables[0])
+    assert len(table) == 2 * len(AXONN_MODELS) and list(table["gpus"]) == sorted(table["gpus"])
+    axonn, megatron = table[table["system"] == "axonn"], table[table["system"] == "megatron"]
+    assert (axonn["layout"] == "grid 4x32x8x1").all() and (megatron["layout"] == "tp 4 x pp 16 x dp 16").all()
+    for kind in ("all_gather", "all_reduce", "reduce_scatter"):
+        assert (axonn[f"{kind}_hidden_ms"] == 200.0).all() and megatron[f"{kind}_hidden_ms"].isna().all()
 
 
 def test_axonn_reproducers_give_the_published_numbers(figure_tables):

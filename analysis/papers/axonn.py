@@ -157,6 +157,34 @@ def axonn_overlap_gain_2b(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
     )
 
 
+def _megatron_labels(df: pd.DataFrame) -> pd.Series:
+    """Each row's Megatron layout in words, e.g. "tp 4 x pp 16 x dp 16" (NA where it has none)."""
+    sizes = df[["tp", "pp", "dp"]].astype("Int64").astype("string")
+    return "tp " + sizes["tp"] + " x pp " + sizes["pp"] + " x dp " + sizes["dp"]
+
+
+@table
+def axonn_scaling(records: pd.DataFrame) -> pd.DataFrame:
+    """The simulated weak-scaling runs, AxoNN beside the Megatron-style baseline per model: layout, time
+    per batch, model PFLOP/s and share of peak; for AxoNN every grid collective's time in flight, the
+    part the compute stream waits for (exposed) and what the overlaps hide (the difference), and the
+    data-parallel all-reduce left after the backward pass."""
+    df = _points(records, "axonn_scaling")
+    if df.empty:
+        return df
+    df["layout"] = np.where(
+        df["system"] == "axonn",
+        "grid " + _grid_labels(df),
+        _megatron_labels(df),
+    )
+    columns = ["model", "parameters", "gpus", "system", "layout", "batch_s", "pflops", "peak_share"]
+    for kind in KINDS:
+        df[f"{kind}_hidden_ms"] = df[f"grid_{kind}_busy_ms"] - df[f"grid_{kind}_ms"]
+        columns += [f"grid_{kind}_busy_ms", f"grid_{kind}_ms", f"{kind}_hidden_ms"]
+    columns += ["allreduce_exposed_ms", "stage_ms", "dp_allreduce_ms", "p2p_ms"]
+    return df[[c for c in columns if c in df]].sort_values(["gpus", "system"]).reset_index(drop=True)
+
+
 # ---- the model's validation on measured grids ---------------------------------------------------
 
 

@@ -72,3 +72,22 @@ rule axonn_validation_table:
     shell:
         "python -m analysis.tables --records {input.records:q} --table axonn_grid_validation --out {output:q} "
         "> {log:q} 2>&1"
+
+
+rule axonn_scaling_table:
+    """Weak scaling, AxoNN beside the Megatron-style baseline: time, FLOP/s, peak share, what overlaps hide."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/axonn_scaling.csv",
+            caption="../../analysis/captions/axonn_scaling_table.rst",
+            category="Published vs reproduced",
+        ),
+    log:
+        f"{RESULTS}/logs/axonn_scaling_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m analysis.tables --records {input.records:q} --table axonn_scaling --out {output:q} > {log:q} 2>&1"
