@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 
 from experiments.dispatchers import PAPER, slug
 from experiments.simulate import sized_hardware
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.config import load_config
 from moe_core.dispatch_study import (
     capacity_slots,
     dropped_fraction,
@@ -27,7 +28,6 @@ from moe_core.dispatch_study import (
     simulated_round_trip_s,
     token_counts,
 )
-from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
 
 EXPERIMENT = "dispatchers_sim"
 PATHS = ("capacity", "hierarchical", "dropless", "allgather")
@@ -59,35 +59,22 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
                     0.0 if path in ("dropless", "allgather") else dropped_fraction(counts, capacity)
                 )
                 records.append(
-                    make_record(
+                    predicted_record(
+                        cfg,
                         paper=PAPER,
                         experiment=EXPERIMENT,
                         point=f"{profile}_ws{d.sim_world_size}_{slug(skew)}_{path}",
-                        mode="simulated",
-                        backend="sim",
                         hardware=hw.name,
                         params=params,
-                        samples={},
-                        config=to_container(cfg),
-                        extra_metrics=metrics,
+                        metrics=metrics,
+                        backend="sim",
                     )
                 )
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__).parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_writable(cfg.results_dir)
-        records = simulated_records(cfg)
-    except (ConfigError, ResultsDirError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for record in records:
-        write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
-    print(f"wrote {len(records)} records", file=sys.stderr)
-    return 0
+    return predictions_main(argv, __doc__, simulated_records)
 
 
 if __name__ == "__main__":

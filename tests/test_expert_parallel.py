@@ -78,6 +78,31 @@ def sgd_steps(cfg, model, policy, data_rank, steps, backward=None):
     return losses
 
 
+def reference_as_rank(cfg, ref_grads, ep_rank):
+    """The model with the reference gradients as its weights, keeping expert-parallel rank
+    ``ep_rank``'s experts: shard it as a rank's model is sharded to get that rank's expected gradients."""
+    torch.manual_seed(cfg.train.seed)
+    model = MoETransformer(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(ref_grads[name])
+    per_rank = cfg.moe.experts_per_rank
+    for layer in model.moe_layers():
+        layer.experts.keep(ep_rank * per_rank, per_rank)
+    return model
+
+
+def assert_run_equals(got, ref_losses, expected, label):
+    """One rank's run (``got``: its losses and gradients) equals the reference: its losses, and every
+    gradient the ``expected`` one (the reference's, cut as the rank's parameters are cut)."""
+    assert got["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), label
+    assert got["grads"].keys() == expected.keys()
+    for name, grad in got["grads"].items():
+        torch.testing.assert_close(
+            grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{label} {n}: {m}"
+        )
+
+
 def _force_uniform_gate(model):
     """Zero gate weights: every token ties and goes to experts 0 and 1, so other ranks get no tokens."""
     for layer in model.moe_layers():
@@ -174,14 +199,14 @@ def run_reference(cfg, world, steps=1, uniform_gate=False):
 
 
 def assert_matches_reference(results, ref_losses, ref_grads, experts_per_rank):
+    """Every expert-parallel rank's run equals the reference; a rank holds its slice of the stacked experts."""
     for res in results:
-        assert res["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
-        for name, grad in res["grads"].items():
-            expected = ref_grads[name]
-            if is_expert_param(name):  # this rank's slice of the stacked experts
-                first = res["ep_rank"] * experts_per_rank
-                expected = expected[first : first + experts_per_rank]
-            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+        first = res["ep_rank"] * experts_per_rank
+        expected = {
+            name: grad[first : first + experts_per_rank] if is_expert_param(name) else grad
+            for name, grad in ref_grads.items()
+        }
+        assert_run_equals(res, ref_losses, expected, f"ep rank {res['ep_rank']}")
 
 
 @pytest.mark.parametrize("world,experts,per_rank", [(1, 2, 2), (2, 2, 1), (2, 4, 2), (4, 4, 1), (4, 8, 2), (4, 4, 2)])

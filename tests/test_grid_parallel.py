@@ -24,7 +24,7 @@ from moe_core.layout import layout_of
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.timing import PhaseTimer
-from tests.test_expert_parallel import SMALL, run_reference, sgd_steps
+from tests.test_expert_parallel import SMALL, assert_run_equals, reference_as_rank, run_reference, sgd_steps
 
 OVERLAPS = {
     "none": [],
@@ -114,17 +114,9 @@ def _worker(rank, world, init_file, overrides, out_dir):
 
 def _expected_grads(cfg, ref_grads, ep_rank, index):
     """The reference gradients cut as the rank at grid ``index`` (expert-parallel rank ``ep_rank``) cuts them."""
-    torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(ref_grads[name])
-    per_rank = cfg.moe.experts_per_rank
-    for layer in model.moe_layers():
-        layer.experts.keep(ep_rank * per_rank, per_rank)
-    layout = layout_of(cfg)
+    model = reference_as_rank(cfg, ref_grads, ep_rank)
     if index:
-        shard_grid(model, GridGroups(layout.grid, index, dict.fromkeys(index)))
+        shard_grid(model, GridGroups(layout_of(cfg).grid, index, dict.fromkeys(index)))
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
@@ -167,12 +159,7 @@ def test_grid_equals_reference_with_every_overlap(tmp_path, data, depth, row, co
         expected = _expected_grads(cfg, ref_grads, res["ep_rank"], res["index"])
         for name, extra in OVERLAPS.items():
             got = res[name]
-            assert got["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), name
-            assert got["grads"].keys() == expected.keys()
-            for param, grad in got["grads"].items():
-                torch.testing.assert_close(
-                    grad, expected[param], rtol=1e-4, atol=1e-6, msg=lambda m, p=param, n=name: f"{n} {p}: {m}"
-                )
+            assert_run_equals(got, ref_losses, expected, name)
             cached = load_config(overrides=[*overrides, *extra]).comm.grid_overlap.cached_layers
             planned = _planned(cfg, rank, cached)
             grid_groups = {ranks for _, ranks, _ in planned}

@@ -22,7 +22,14 @@ from moe_core.parallel import build_groups, parallelize_model
 from moe_core.plan import even_ranges
 from moe_core.tensor_parallel import shard_tensor_parallel
 from moe_core.timing import PhaseTimer
-from tests.test_expert_parallel import SMALL, _force_uniform_gate, run_reference, sgd_steps
+from tests.test_expert_parallel import (
+    SMALL,
+    _force_uniform_gate,
+    assert_run_equals,
+    reference_as_rank,
+    run_reference,
+    sgd_steps,
+)
 
 DISPATCHES = [
     ("duplicate", []),
@@ -72,14 +79,7 @@ def _worker(rank, world, init_file, overrides, uniform_gate, out_dir):
 
 def _expected_grads(cfg, ref_grads, ep_rank, tp_rank, uniform_gate):
     """The reference gradients cut as rank (ep_rank, tp_rank)'s parameters are cut."""
-    torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(ref_grads[name])
-    per_rank = cfg.moe.experts_per_rank
-    for layer in model.moe_layers():
-        layer.experts.keep(ep_rank * per_rank, per_rank)
+    model = reference_as_rank(cfg, ref_grads, ep_rank)
     shard_tensor_parallel(model, tp_rank, cfg.parallel.tensor_parallel, group=None)
     return {n: p.detach() for n, p in model.named_parameters()}
 
@@ -102,13 +102,7 @@ def test_every_dispatch_equals_reference(tmp_path, world, experts, per_rank, uni
     for res in results:
         expected = _expected_grads(cfg, ref_grads, res["ep_rank"], res["tp_rank"], uniform_gate)
         for dispatch, _ in DISPATCHES:
-            got = res[dispatch]
-            assert got["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), dispatch
-            assert got["grads"].keys() == expected.keys()
-            for name, grad in got["grads"].items():
-                torch.testing.assert_close(
-                    grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name, d=dispatch: f"{d} {n}: {m}"
-                )
+            assert_run_equals(res[dispatch], ref_losses, expected, dispatch)
         # duplicates cross the all-to-all tp times; dropping them sends 1/tp
         assert res["duplicate"]["a2a_bytes"] == tp * res["drop-gather"]["a2a_bytes"] > 0
         assert res["monta"]["a2a_bytes"] == res["drop-gather"]["a2a_bytes"]
