@@ -21,8 +21,18 @@ from moe_core.papers.axonn.comm_model import (
 )
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, parameters
 
-CALIBRATED = "results/calibration/local-cpu-calibrated.yaml"
+# A one-node CPU testbed as calibration leaves it: a loopback rate and an all-reduce fit, no NIC
+CALIBRATED_CPU = [
+    "hardware_profile=local-cpu",
+    "hardware.intra_node_GBps=2.0",
+    "hardware.collectives.all_reduce.alpha_step_us=664",
+    "hardware.collectives.all_reduce.efficiency=0.9",
+]
 TINY = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, vocab_size=128, seq_len=16)
+
+
+def calibrated_cpu():
+    return load_config(overrides=CALIBRATED_CPU).hardware
 
 
 def hardware(profile="axonn-perlmutter", **overrides):
@@ -51,7 +61,7 @@ def test_plexus_placement_examples_on_four_gpu_nodes(perlmutter):
 
 
 def test_one_node_profile_keeps_every_group_inside_and_zero_bandwidth_is_named():
-    calibrated = hardware(CALIBRATED)
+    calibrated = calibrated_cpu()
     assert calibrated.nic_GBps == 0
     assert (
         group_bandwidth_GBps(calibrated, 8, 1) == group_bandwidth_GBps(calibrated, 2, 4) == calibrated.intra_node_GBps
@@ -76,7 +86,7 @@ def test_ring_formulas_match_hand_computation(perlmutter):
     )
     assert collective_seconds(perlmutter, "all_reduce", 1, 1, V) == 0.0
     # a calibrated profile: no all_gather fit, so the all_reduce fit's per-step latency and efficiency
-    calibrated = hardware(CALIBRATED)
+    calibrated = calibrated_cpu()
     fit = calibrated.collectives.all_reduce
     expected = (fit.alpha_us + 7 * fit.alpha_step_us) * 1e-6 + 7 / 8 * V / (
         calibrated.intra_node_GBps * 1e9 * fit.efficiency
@@ -251,6 +261,6 @@ def test_bad_world_sizes_are_named(perlmutter):
     with pytest.raises(ValueError, match="devices_per_node"):
         rank_grids(perlmutter, 6, global_sequences=6, memory_GB=40, **TINY)
     with pytest.raises(ValueError, match="hardware.nodes"):
-        rank_grids(hardware(CALIBRATED), 16, global_sequences=16, memory_GB=40, **TINY)
+        rank_grids(calibrated_cpu(), 16, global_sequences=16, memory_GB=40, **TINY)
     with pytest.raises(ValueError, match="global_sequences"):
         rank_grids(perlmutter, 8, global_sequences=0, memory_GB=40, **TINY)
