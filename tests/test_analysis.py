@@ -265,6 +265,33 @@ def write_dispatchers(root):
     return paths
 
 
+def write_external_validation(root):
+    """Three published measurements on two profiles with the simulator's predictions (one within 15%)."""
+    paths = []
+    for point, hardware, published, low, predicted in (
+        ("nccl-a", "h100-ndr-cluster", 370.0, 360.0, 450.0),
+        ("nccl-b", "h100-ndr-cluster", 48.5, 48.0, 50.0),
+        ("deepep-c", "h800-cx7-cluster", 58.0, 44.0, 32.0),
+    ):
+        metrics = {"published": published, "published_low": low, "published_high": published}
+        metrics.update(predicted=predicted, rel_error=predicted / published - 1, predicted_ms=1.0)
+        paths.append(
+            _write(
+                root,
+                paper="common",
+                experiment="external_validation",
+                point=point,
+                mode="simulated",
+                backend="sim",
+                hardware=hardware,
+                params={"what": f"measurement {point}", "kind": "nccl-tests", "measure": "busbw_GBps"},
+                samples={},
+                extra_metrics=metrics,
+            )
+        )
+    return paths
+
+
 def write_monta(root):
     """MoNTA's records: simulated steps (dispatches vs tp, chunks, layouts, flat vs hierarchical), the
     performance model's ranking and chunk curve, and the measured exchange (2 NIC counts simulated)."""
@@ -521,6 +548,7 @@ def figure_tables(tmp_path_factory):
         + write_monta(root)
         + write_axonn(root)
         + write_dispatchers(root)
+        + write_external_validation(root)
     )
 
 
@@ -718,6 +746,7 @@ def test_figures_register_with_their_paper():
         "busbw_vs_size": "common",
         "sim_validation": "common",
         "dispatchers_under_skew": "common",
+        "external_validation_errors": "common",
         **dict.fromkeys(
             [
                 "a2a_share_vs_experts",
@@ -791,6 +820,7 @@ NEEDS = {
     "monta_strategy_ranking": "monta_strategy",
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),
     "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
+    "external_validation_errors": "external_validation",
     "axonn_model_validation": "axonn_grids",
     "axonn_overlap_ablation": ("axonn_grids", "axonn_ablation"),
     "axonn_weak_scaling": "axonn_scaling",

@@ -1,6 +1,7 @@
 """Paper-neutral figures (results/figures/common/): bus bandwidth of the collectives measured alone,
-the simulator against held-out measurements, and which dispatcher wins under routing skew (with its
-table). No reproducers: no paper publishes these numbers."""
+the simulator against held-out measurements, which dispatcher wins under routing skew (with its
+table), and the simulator against published hardware measurements no one here made (the external
+validation, with its table). No reproducers: no paper publishes these numbers."""
 
 from __future__ import annotations
 
@@ -132,3 +133,75 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", style="mode", ax=axes[-1])
     axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", title="Capacity paths drop tokens")
     fig.suptitle("Which dispatcher when: round trip vs routing skew")
+
+
+# ---- the simulator against published hardware measurements (experiments/external_validation.py) --------
+
+EXTERNAL_TARGET = 0.15  # the simulator-fidelity issue's target for |predicted / published - 1|
+
+
+def _external(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per external_validation entry (id, what, profile, and its metrics side by side), in id order."""
+    df = select(records, paper="common", experiment="external_validation")
+    if df.empty:
+        return df
+    wide = df.pivot_table(index=["point", "what", "hardware"], columns="metric", values="value").reset_index()
+    return wide.rename(columns={"point": "id", "hardware": "profile"})
+
+
+@table
+def external_validation(records: pd.DataFrame) -> pd.DataFrame:
+    """Each published hardware measurement next to the simulator's prediction, then a summary row: the median
+    |relative error| against the issue's 15% target."""
+    df = _external(records)
+    if df.empty:
+        return df
+    columns = ["id", "what", "profile", "published", "published_low", "published_high", "predicted", "rel_error"]
+    df = df[columns].assign(abs_rel_error=df["rel_error"].abs())
+    df["within_target"] = df["abs_rel_error"] <= EXTERNAL_TARGET
+    median = df["abs_rel_error"].median()
+    summary = {
+        "id": "median",
+        "what": f"median |rel_error| over {len(df)} entries (target <= {EXTERNAL_TARGET:.0%})",
+        "abs_rel_error": median,
+        "within_target": median <= EXTERNAL_TARGET,
+    }
+    return pd.concat([df, pd.DataFrame([summary])], ignore_index=True)
+
+
+@figure(paper="common")
+def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Predicted vs published bandwidth of each external measurement (the published range as an error bar), and
+    each relative error against the 15% target."""
+    df = _external(records)
+    if df.empty:
+        raise FigureDataError(
+            "the records table has no common/external_validation rows; run experiments/external_validation.py "
+            "and collect results/raw/common/external_validation/*.json into it first"
+        )
+    fig.set_size_inches(11, 2 + 0.4 * len(df))
+    ax_bw, ax_err = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+    y = np.arange(len(df))
+    spread = [df["published"] - df["published_low"], df["published_high"] - df["published"]]
+    ax_bw.errorbar(df["published"], y, xerr=spread, fmt="o", color="black", capsize=3, label="published (range)")
+    ax_bw.scatter(df["predicted"], y, marker="x", color="C3", zorder=3, label="simulated")
+    ax_bw.set_yticks(y, [f"{i} ({p})" for i, p in zip(df["id"], df["profile"])], fontsize="small")
+    ax_bw.invert_yaxis()
+    ax_bw.set(xscale="log", xlabel="bandwidth (GB/s, as each source defines it)")
+    shown = df[["predicted", "published_low", "published_high"]].to_numpy()
+    ticks = [t for t in (12.5, 25, 50, 100, 200, 400, 800) if shown.min() / 1.5 <= t <= 1.5 * shown.max()]
+    ax_bw.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax_bw.xaxis.set_minor_locator(NullLocator())
+    ax_bw.legend(fontsize="small")
+    within = df["rel_error"].abs() <= EXTERNAL_TARGET
+    ax_err.axvspan(-EXTERNAL_TARGET, EXTERNAL_TARGET, color="0.85", label=f"±{EXTERNAL_TARGET:.0%} target")
+    ax_err.barh(y, df["rel_error"], color=np.where(within, "C2", "C3"))
+    ax_err.axvline(0, color="black", lw=0.8)
+    ax_err.xaxis.set_major_formatter("{x:.0%}")
+    ax_err.set(xlabel="predicted / published - 1")
+    ax_err.legend(fontsize="small")
+    median = df["rel_error"].abs().median()
+    fig.suptitle(
+        f"Simulator vs published hardware measurements: median |error| {median:.0%} "
+        f"(target {EXTERNAL_TARGET:.0%}, {within.sum()} of {len(df)} within)"
+    )

@@ -21,6 +21,7 @@ rule collect:
         DISPATCHER_SIM_RECORDS,
         AXONN_GRID_RECORDS,
         AXONN_SIM_RECORDS,
+        EXTERNAL_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

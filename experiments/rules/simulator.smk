@@ -63,3 +63,44 @@ rule validate:
     shell:
         "python -m experiments.validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
         "> {log:q} 2>&1"
+
+
+from experiments.external_validation import record_points as external_points
+
+EXTERNAL_RECORDS = expand(f"{RESULTS}/raw/common/external_validation/{{point}}.json", point=external_points(CFG))
+
+
+rule external_validation:
+    """The simulator against published hardware measurements (analysis/external_hardware.yaml), nothing fitted."""
+    input:
+        config=RESOLVED_CONFIG,
+        published="analysis/external_hardware.yaml",
+    output:
+        EXTERNAL_RECORDS,
+    log:
+        f"{RESULTS}/logs/external_validation.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m experiments.external_validation --config {input.config:q} > {log:q} 2>&1"
+
+
+rule external_validation_table:
+    """Published vs predicted per entry, relative errors and their median."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/external_validation.csv",
+            caption="../../analysis/captions/external_validation_table.rst",
+            category="Simulator",
+        ),
+    log:
+        f"{RESULTS}/logs/external_validation_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m analysis.tables --records {input.records:q} --table external_validation --out {output:q} "
+        "> {log:q} 2>&1"
