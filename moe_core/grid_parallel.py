@@ -100,19 +100,16 @@ class GridLinear(nn.Module):
         group, size = self.groups.group[axis], self.groups.grid.size(axis)
         if size == 1:
             return tensor, None
-        if kind == "all_reduce":
-            out = tensor
-            issue = lambda: dist.all_reduce(out, group=group, async_op=async_op)  # noqa: E731
-        elif kind == "all_gather":
-            out = tensor.new_empty(tensor.numel() * size)
-            issue = lambda: dist.all_gather_single(out, tensor.contiguous(), group=group, async_op=async_op)  # noqa: E731
-        else:  # reduce_scatter
-            out = tensor.new_empty(tensor.numel() // size)
-            issue = lambda: dist.reduce_scatter_single(out, tensor.contiguous(), group=group, async_op=async_op)  # noqa: E731
+        tensor = tensor.contiguous()
+        out = {
+            "all_reduce": tensor,  # in place
+            "all_gather": tensor.new_empty(tensor.numel() * size),
+            "reduce_scatter": tensor.new_empty(tensor.numel() // size),
+        }[kind]
         if async_op:
-            return out, issue()
+            return out, _issue(kind, out, tensor, group, async_op=True)
         with self.timer.region(f"grid_{kind}_{axis}.{pass_}"):
-            issue()
+            _issue(kind, out, tensor, group, async_op=False)
         return out, None
 
     def wait(self, work, kind: str, axis: str, pass_: str) -> None:
@@ -150,6 +147,15 @@ class GridLinear(nn.Module):
         (shard, work), self._scattering = self._scattering, None
         self.wait(work, "reduce_scatter", "depth", "bwd")
         self.weight.grad = shard if self.weight.grad is None else self.weight.grad + shard
+
+
+def _issue(kind: str, out: torch.Tensor, tensor: torch.Tensor, group, async_op: bool):
+    """One grid collective of ``tensor`` into ``out`` on ``group``; its work handle when ``async_op``."""
+    if kind == "all_reduce":
+        return dist.all_reduce(out, group=group, async_op=async_op)
+    if kind == "all_gather":
+        return dist.all_gather_single(out, tensor, group=group, async_op=async_op)
+    return dist.reduce_scatter_single(out, tensor, group=group, async_op=async_op)
 
 
 class _GridMatmul(torch.autograd.Function):
