@@ -218,8 +218,14 @@ def test_all_to_all_time_is_the_compute_streams_wait_for_it():
         assert 0 < m["a2a_share"] < 1
         if hidden:
             assert m["a2a_ms"] < own_ms(sim)
+            assert 0 < m["a2a_pipelining_efficiency"] < 1
         else:
             assert m["a2a_ms"] == pytest.approx(own_ms(sim))
+            assert m["a2a_pipelining_efficiency"] == pytest.approx(0.0, abs=1e-9)  # nothing computes meanwhile
+        assert m["a2a_in_flight_ms"] >= m["a2a_ms"]
+        # everything the compute stream waits for: at least the all-to-alls and the exposed all-reduce tail
+        assert max(m["a2a_ms"], m["allreduce_exposed_ms"]) <= m["exposed_comm_ms"] <= m["step_ms"]
+        assert m["exposed_comm_share"] == pytest.approx(m["exposed_comm_ms"] / m["step_ms"])
 
 
 MONTA = [

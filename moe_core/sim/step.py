@@ -74,8 +74,17 @@ class StepSimulation:
         moe_wall = span["fwd"] + span["bwd"]
         # the compute stream's busy share of the MoE layers' wall time (Lina Fig 11-12's GPU utilisation)
         compute_share = (by_phase["gate"] + by_phase["expert"]) / moe_wall if moe_wall else 0.0
+        # all-to-all time in flight, hidden behind compute or not: its pipelining efficiency is the share
+        # of it compute overlaps (Lina's and MoNTA's measure of a pipelined exchange; 0 when blocking)
+        a2a_in_flight = self.in_flight_ms(lambda op: op.phase.endswith("a2a"))
         return {
             "step_ms": step,
+            "a2a_in_flight_ms": a2a_in_flight,
+            "a2a_pipelining_efficiency": 1 - a2a / a2a_in_flight if a2a_in_flight else 0.0,
+            # every collective (all-to-alls, gradient and tensor-parallel all-reduces, a grid's) that the
+            # compute stream waits for, and its share of the step
+            "exposed_comm_ms": self.waiting_ms(lambda op: op.transfer is not None),
+            "exposed_comm_share": self.waiting_ms(lambda op: op.transfer is not None) / step if step else 0.0,
             **self.grid_metrics(),
             **{f"{p}_ms": by_phase[p] for p in STEP_PHASES},
             "a2a_ms": a2a,
