@@ -25,6 +25,7 @@ recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forwar
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -47,9 +48,15 @@ BF16_BYTES = 2
 SIMULATED_VARIANTS = [v for v in OVERLAP_VARIANTS if v != "all+cache"]
 
 
+@functools.cache
+def profile(name: str) -> DictConfig:
+    """A hardware profile as it is (read once: every simulated point needs it)."""
+    return load_config(overrides=[f"hardware_profile={name}"]).hardware
+
+
 def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
     """The dense GPT ``model`` on ``gpus`` GPUs of ``axonn.hardware`` (``n_layers``: a pipeline stage's)."""
-    hw = load_config(overrides=[f"hardware_profile={cfg.axonn.hardware}"]).hardware
+    hw = profile(cfg.axonn.hardware)
     return [
         f"hardware_profile={cfg.axonn.hardware}",
         f"hardware.nodes={max(1, math.ceil(gpus / hw.devices_per_node))}",
@@ -131,7 +138,7 @@ def model_flops(model: GptModel) -> float:
 
 
 def throughput(cfg: DictConfig, model: GptModel, batch_s: float) -> dict[str, float]:
-    peak = load_config(overrides=[f"hardware_profile={cfg.axonn.hardware}"]).hardware.peak_tflops * 1e12
+    peak = profile(cfg.axonn.hardware).peak_tflops * 1e12
     achieved = model_flops(model) / batch_s
     return {"batch_s": batch_s, "pflops": achieved / 1e15, "peak_share": achieved / (peak * model.gpus)}
 

@@ -172,6 +172,10 @@ class GridOverlaps:
     all_gather: bool = False
     cached_layers: int = 0
 
+    def caches(self, block: int) -> bool:
+        """Whether block ``block`` (0-based) keeps the weights it gathered in forward for backward."""
+        return block < self.cached_layers
+
     def defers_gradients(self, grid: Grid) -> bool:
         """Whether the depth-sharded weight gradients are complete only after the backward pass
         (an overlapped reduce-scatter; without "depth" there is none): their data-parallel

@@ -260,7 +260,7 @@ def attach_grid_plan(model: nn.Module, overlaps: GridOverlaps, timer: PhaseTimer
     ``overlaps.cached_layers`` keep their gathered weights for backward. Returns the layers."""
     for i, block in enumerate(model.blocks):
         for layer in grid_linears(block):
-            layer.overlaps, layer.timer, layer.cached = overlaps, timer, i < overlaps.cached_layers
+            layer.overlaps, layer.timer, layer.cached = overlaps, timer, overlaps.caches(i)
     return grid_linears(model)
 
 

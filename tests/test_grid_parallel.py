@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moe_core.capacity import moe_blocks
 from moe_core.config import load_config
 from moe_core.executor import make_policy
-from moe_core.grid import block_collectives
+from moe_core.grid import GridOverlaps, block_collectives
 from moe_core.grid_parallel import GridGroups, shard_grid
 from moe_core.layout import layout_of
 from moe_core.model import MoETransformer
@@ -126,8 +127,9 @@ def _planned(cfg, rank, cached_layers):
     tokens = cfg.train.batch_size * m.seq_len
     planned = []
     for i in range(m.n_layers):
-        dense = i % m.moe_every != m.moe_every - 1
-        for c in block_collectives(layout.grid, m.d_model, m.d_ff, dense, tokens, cached=i < cached_layers):
+        dense = i not in moe_blocks(m.n_layers, m.moe_every)
+        cached = GridOverlaps(cached_layers=cached_layers).caches(i)
+        for c in block_collectives(layout.grid, m.d_model, m.d_ff, dense, tokens, cached=cached):
             (ranks,) = [tuple(int(r) for r in g) for g in layout.groups(c.axis) if rank in g]
             planned.append((c.kind, ranks, c.elements))
     return Counter(planned)

@@ -57,7 +57,7 @@ class GridOps:
 
     def linear(self, i: int, spec: LinearSpec, first_of_pair: bool, pass_: str, last) -> int | list[int]:
         """One linear layer's ops in ``pass_``; returns what the next op waits for."""
-        cached = i < self.overlaps.cached_layers
+        cached = self.overlaps.caches(i)
         planned = {
             (c.kind, c.axis): c.elements
             for c in linear_collectives(spec, self.grid, self.tokens, cached, first_of_pair)

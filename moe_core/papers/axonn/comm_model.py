@@ -35,7 +35,8 @@ from collections import Counter
 
 import pandas as pd
 
-from moe_core.grid import Grid, block_collectives, block_linears, grid_split_error
+from moe_core.capacity import moe_blocks
+from moe_core.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
 
 GB = 1e9
 AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.grid's rank order
@@ -139,11 +140,6 @@ def collective_seconds(hw, kind: str, size: int, stride: int, nbytes: float) -> 
     return latency_s + steps / size * nbytes / bandwidth_Bps
 
 
-def _dense_ffn(block: int, moe_every: int) -> bool:
-    """Whether block ``block`` (0-based) has a dense, grid-split FFN: every ``moe_every``-th is MoE."""
-    return moe_every == 0 or block % moe_every != moe_every - 1
-
-
 def predicted_communication(
     hw,
     grid: Grid,
@@ -186,7 +182,8 @@ def predicted_communication(
     strides = axis_strides(grid, order)
     seconds = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     shard_bytes = 0
-    kinds = Counter((_dense_ffn(i, moe_every), i < cached_layers) for i in range(n_layers))
+    moe, overlaps = set(moe_blocks(n_layers, moe_every)), GridOverlaps(cached_layers=cached_layers)
+    kinds = Counter((i not in moe, overlaps.caches(i)) for i in range(n_layers))
     for (dense_ffn, cached), blocks in kinds.items():
         for c in block_collectives(grid, d_model, d_ff, dense_ffn, tokens_per_rank, cached):
             t = collective_seconds(hw, c.kind, grid.size(c.axis), strides[c.axis], c.elements * element_bytes)
