@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from scipy.optimize import linprog
 
 from moe_core.config import HardwareConfig
-from moe_core.sim.engine import Op, simulate
+from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
 from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer
 
 pytestmark = []
@@ -105,6 +106,111 @@ def test_max_min_fairness_gives_leftover_bandwidth_to_the_unbottlenecked_transfe
     c = Transfer(np.array([0]), np.array([1e9]), 1, True)
     res = simulate([Op("a", "x", transfer=a), Op("b", "x", transfer=b), Op("c", "x", transfer=c)], cap)
     assert res.end_s == pytest.approx([3.0, 3.0, 3.0])  # link 0 shared three ways, link 1 idles
+
+
+def test_links_of_unequal_capacity_are_shared_max_min_fairly_in_bytes():
+    """The textbook case: links of capacity 10 and 1 B/s; A (1 B) crosses both, B (9 B) only the
+    first. Progressive filling in bytes: A is held to 1 B/s by the slow link, B takes the other
+    9 B/s of the fast one, and both finish at 1 s (equal fractions of their own speeds would give
+    A 1.1 s and B 0.99 s)."""
+    cap = np.array([10.0, 1.0])
+    a = Transfer(np.array([0, 1]), np.array([1.0, 1.0]), 1, True)
+    b = Transfer(np.array([0]), np.array([9.0]), 1, True)
+    res = simulate([Op("a", "x", transfer=a), Op("b", "x", transfer=b)], cap)
+    assert res.end_s == pytest.approx([1.0, 1.0])
+
+
+def _bounds(fixed: dict[int, float], unfrozen: list[int], cap: np.ndarray, floor: float) -> list[tuple]:
+    """Rate bounds of the reference's LPs: frozen rates fixed, the current class's unfrozen ones in
+    [floor, cap], the rest (later classes) 0."""
+    return [
+        (fixed[j], fixed[j]) if j in fixed else (floor, cap[j]) if j in unfrozen else (0.0, 0.0)
+        for j in range(len(cap))
+    ]
+
+
+def _alone_rate(t: Transfer, capacity: np.ndarray) -> float:
+    """Bytes/s of a transfer's largest per-link stream when it runs alone: its efficiency times what
+    its slowest link allows."""
+    return t.efficiency * t.nbytes.max() / (t.nbytes / capacity[t.links]).max()
+
+
+def _byte_fair_reference(transfers: list[Transfer], priority: list[int], capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rates in bytes/s by linear programs, from the transfers themselves, not the
+    engine's footprints. A transfer's rate r counts bytes/s of its largest per-link stream S; on a
+    link with b of its bytes it moves r b / S bytes/s; it runs at most at its efficiency times the
+    rate its slowest link allows alone. Per priority class: raise the floor t of every unfrozen
+    transfer as far as the links allow (LP 1), then freeze at t each transfer that cannot exceed it
+    with the others at least at t (LP 2)."""
+    n, num_links = len(transfers), len(capacity)
+    usage = np.zeros((num_links, n))  # bytes/s on each link per byte/s of each transfer's rate
+    for j, t in enumerate(transfers):
+        usage[t.links, j] = t.nbytes / t.nbytes.max()
+    cap = np.array([_alone_rate(t, capacity) for t in transfers])
+    fixed: dict[int, float] = {}
+    for cls in sorted(set(priority)):
+        unfrozen = [j for j in range(n) if priority[j] == cls]
+        while unfrozen:
+            # LP 1: the highest common floor t (variables: rates, then t)
+            floor_rows = np.zeros((len(unfrozen), n + 1))
+            for r, j in enumerate(unfrozen):
+                floor_rows[r, j], floor_rows[r, n] = -1.0, 1.0  # t - r_j <= 0
+            res = linprog(
+                np.r_[np.zeros(n), -1.0],
+                A_ub=np.vstack([np.hstack([usage, np.zeros((num_links, 1))]), floor_rows]),
+                b_ub=np.r_[capacity, np.zeros(len(unfrozen))],
+                bounds=[*_bounds(fixed, unfrozen, cap, 0.0), (0, None)],
+            )
+            floor = res.x[n]
+            # LP 2: which unfrozen transfer cannot exceed the floor
+            stuck = []
+            for j in unfrozen:
+                objective = np.zeros(n)
+                objective[j] = -1.0
+                bounds = _bounds(fixed, unfrozen, cap, floor * (1 - 1e-9))
+                if -linprog(objective, A_ub=usage, b_ub=capacity, bounds=bounds).fun <= floor * (1 + 1e-7):
+                    stuck.append(j)
+            fixed.update({j: floor for j in stuck})
+            unfrozen = [j for j in unfrozen if j not in stuck]
+    return np.array([fixed[j] for j in range(n)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fair_rates_equal_a_linear_programming_max_min_reference(seed):
+    """Random transfers over links of unequal capacities, with uneven bytes per link, rate caps and
+    two priority classes: the engine's rates are the max-min fair allocation in bytes/s, and every
+    transfer is capped or crosses a link its class saturates on which no transfer of its class is
+    faster (the bottleneck characterisation of max-min fairness)."""
+    rng = np.random.default_rng(seed)
+    num_links, count = 6, 5
+    capacity = rng.uniform(1.0, 10.0, num_links)
+    transfers, priority = [], []
+    for _ in range(count):
+        links = rng.choice(num_links, size=rng.integers(1, 4), replace=False)
+        efficiency = 1.0 if rng.random() < 0.5 else rng.uniform(0.3, 1.0)
+        transfers.append(Transfer(links, rng.uniform(1.0, 5.0, links.size), 1, True, efficiency=efficiency))
+        priority.append(int(rng.random() < 0.3))
+    progress = fair_rates(
+        {i: _footprint(t, capacity) for i, t in enumerate(transfers)}, dict(enumerate(priority)), num_links
+    )
+    rates = np.array([progress[i] * t.nbytes.max() for i, t in enumerate(transfers)])  # bytes/s
+    reference = _byte_fair_reference(transfers, priority, capacity)
+    assert rates == pytest.approx(reference, rel=1e-6)
+    for cls in sorted(set(priority)):
+        used = np.zeros(num_links)
+        for t, r, p in zip(transfers, rates, priority):
+            if p <= cls:
+                np.add.at(used, t.links, r * t.nbytes / t.nbytes.max())
+        assert (used <= capacity * (1 + 1e-9)).all()
+        peers = [j for j in range(count) if priority[j] == cls]
+        for i in peers:
+            if rates[i] >= _alone_rate(transfers[i], capacity) * (1 - 1e-9):
+                continue
+            assert any(
+                used[link] >= capacity[link] * (1 - 1e-9)
+                and all(rates[i] >= rates[j] * (1 - 1e-9) for j in peers if link in transfers[j].links)
+                for link in transfers[i].links
+            ), f"transfer {i} is neither capped nor bottlenecked"
 
 
 def test_heterogeneous_nics_bound_the_slowest_device():

@@ -1,14 +1,18 @@
 """Event-driven fluid simulation of a DAG of compute and communication operations.
 
 Operations, not flows: a collective is one fluid entity with a footprint (bytes per link,
-moe_core.sim.topology.Transfer). Concurrent transfers share links by weighted max-min fairness
-(progressive filling): every unfrozen transfer speeds up at the same pace, measured as the fraction
-of the speed that fills its bottleneck, until a link saturates or it reaches its cap (its
-calibrated efficiency, 1 by default); transfers crossing a saturated link freeze, the rest go on.
-Strict priority classes fill one after another, lower class numbers first, each on what the classes
-before it left (Lina's all-to-all-first rule). A transfer alone therefore takes exactly its
-bottleneck time over its efficiency, two equal transfers on one link take twice as long, one capped
-below its fair share leaves the rest of the link to the others, and a high-priority transfer keeps
+moe_core.sim.topology.Transfer) that moves at one rate, in bytes per second of its largest per-link
+stream, on every link it crosses. Concurrent transfers share links by max-min fairness in those
+bytes per second (progressive filling): every unfrozen transfer speeds up by the same bytes per
+second until a link saturates or the transfer reaches its cap (its calibrated efficiency times the
+speed it has alone); transfers crossing a saturated link freeze, the rest go on. So two transfers
+of one byte stream each on a shared link get the same bytes per second whatever their other links,
+and one limited elsewhere (a slower link, its cap) leaves the rest of the shared link to the others:
+textbook max-min fairness for point-to-point flows, which TCP approximates (measured on the
+emulated testbed with nodes of unequal rates: experiments/link_sharing.py). Strict priority classes
+fill one after another, lower class numbers first, each on what the classes before it left (Lina's
+all-to-all-first rule). A transfer alone therefore takes exactly its bottleneck time over its
+efficiency, two equal transfers on one link take twice as long, and a high-priority transfer keeps
 the whole link.
 
 Cost: rates are recomputed only when the set of active transfers changes, each time in
@@ -119,6 +123,7 @@ def simulate(
         for i, op in enumerate(ops):
             if op.transfer is not None and op.latency_s > 0:
                 latency_stage[i] = -1 - i
+                # its size is its seconds of latency, at most one second of them per second
                 footprints[-1 - i] = (host, np.ones(1), op.latency_s, 1.0)
 
     buckets = _Buckets(capacity, burst_bytes, ops)
@@ -266,42 +271,50 @@ class _Buckets:
 
 
 def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """(links, share of each link's capacity the transfer uses when it fills its bottleneck, the
-    seconds it then takes, the cap on that speed: its efficiency)."""
+    """(links, the share of each link's capacity one byte per second of the transfer's rate uses,
+    its size: the bytes of its largest per-link stream, in which its rate is counted, its highest
+    rate: its efficiency times the rate that fills its bottleneck). Links whose capacity is infinite
+    (or that carry nothing) are left out; a transfer with no link left passes at once."""
     seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
     finite = seconds > 0
-    links, seconds = transfer.links[finite], seconds[finite]
-    bottleneck_s = float(seconds.max()) if seconds.size else 0.0
-    return links, (seconds / bottleneck_s if bottleneck_s else seconds), bottleneck_s, transfer.efficiency
+    links, nbytes, seconds = transfer.links[finite], transfer.nbytes[finite], seconds[finite]
+    if not links.size:
+        return links, seconds, 0.0, transfer.efficiency
+    size = float(nbytes.max())
+    return links, seconds / size, size, transfer.efficiency * size / float(seconds.max())
 
 
 def fair_rates(
     footprints: dict[int, tuple[np.ndarray, np.ndarray, float, float]], priority: dict[int, int], num_links: int
 ) -> dict[int, float]:
-    """Progress rates (fraction of the transfer per second) by max-min fair sharing with rate caps.
+    """Progress rates (fraction of the transfer per second) by max-min fair sharing, in bytes per
+    second, with rate caps (progressive filling).
 
-    ``y`` is each transfer's speed as a fraction of the speed that fills its bottleneck, at most its
-    cap (its efficiency: what it reaches alone); coefficients are the fraction of each link's
-    capacity the transfer uses at ``y = 1`` (1 on its bottleneck). Transfers sharing a bottleneck
-    thus get equal shares of it, except that one capped below its share leaves the rest to others.
+    Every unfrozen transfer of a priority class gains the same bytes per second of its size until a
+    link it crosses saturates (a transfer at rate ``r`` uses ``r * load`` of each of its links'
+    capacity) or it reaches its highest rate; then it freezes. The result is the max-min fair
+    allocation: every transfer is at its cap or crosses a saturated link on which no transfer of
+    its class gets a higher rate.
     """
-    residual = np.ones(num_links)
-    y: dict[int, float] = {}
+    residual = np.ones(num_links)  # share of each link's capacity not yet given out
+    rate: dict[int, float] = {}
     for cls in sorted(set(priority.values())):
         unfrozen = [i for i in footprints if priority[i] == cls]
         for i in unfrozen:
-            y[i] = 0.0
+            rate[i] = 0.0
         while unfrozen:
             idx = np.concatenate([footprints[i][0] for i in unfrozen])
-            coef = np.concatenate([footprints[i][1] for i in unfrozen])
-            demand = np.bincount(idx, weights=coef, minlength=num_links)
+            load = np.concatenate([footprints[i][1] for i in unfrozen])
+            demand = np.bincount(idx, weights=load, minlength=num_links)
             used = demand > 0
-            step = min(float(np.min(residual[used] / demand[used])), min(footprints[i][3] - y[i] for i in unfrozen))
+            step = min(float(np.min(residual[used] / demand[used])), min(footprints[i][3] - rate[i] for i in unfrozen))
             for i in unfrozen:
-                y[i] += step
+                rate[i] += step
             residual[used] -= step * demand[used]
             saturated = residual <= 1e-9
             unfrozen = [
-                i for i in unfrozen if y[i] < footprints[i][3] - 1e-12 and not saturated[footprints[i][0]].any()
+                i
+                for i in unfrozen
+                if rate[i] < footprints[i][3] * (1 - 1e-12) and not saturated[footprints[i][0]].any()
             ]
-    return {i: y[i] / footprints[i][2] for i in footprints}
+    return {i: rate[i] / footprints[i][2] for i in footprints}
