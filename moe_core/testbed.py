@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 
 SUBNET = ipaddress.IPv4Network("198.18.0.0/15")
 _instances = itertools.count()
@@ -136,7 +137,8 @@ def _delete_netns(name: str) -> None:
 
 
 class EmulatedTestbed:
-    """``nodes`` emulated nodes joined by a switch through links of ``rate_mbit`` per direction.
+    """``nodes`` emulated nodes joined by a switch through links of ``rate_mbit`` per direction
+    (one rate for every node, or a list of one per node: nodes of unequal speed).
 
     ``burst_kb`` and ``latency_ms`` are tbf's bucket size and queue bound (packets that would wait
     longer are dropped); neither adds delay. ``prefix`` names the namespaces; the default
@@ -146,16 +148,26 @@ class EmulatedTestbed:
     """
 
     def __init__(
-        self, nodes: int, rate_mbit: float, burst_kb: int = 256, latency_ms: float = 50.0, prefix: str | None = None
+        self,
+        nodes: int,
+        rate_mbit: float | Sequence[float],
+        burst_kb: int = 256,
+        latency_ms: float = 50.0,
+        prefix: str | None = None,
     ):
         if nodes < 1 or nodes > SUBNET.num_addresses - 2:
             raise ValueError(f"nodes must be in 1..{SUBNET.num_addresses - 2}, got {nodes}")
-        if rate_mbit <= 0 or burst_kb <= 0 or latency_ms <= 0:
+        rates = [rate_mbit] * nodes if isinstance(rate_mbit, int | float) else list(rate_mbit)
+        if len(rates) != nodes:
+            raise ValueError(f"rate_mbit must be one rate or one per node ({nodes}), got {len(rates)} rates")
+        if min(rates) <= 0 or burst_kb <= 0 or latency_ms <= 0:
             raise ValueError(
                 f"rate_mbit, burst_kb and latency_ms must be > 0, got {rate_mbit}, {burst_kb}, {latency_ms}"
             )
         self.nodes = nodes
-        self.tbf = ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms:g}ms"]
+        self.tbf = [
+            ["tbf", "rate", f"{rate:g}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms:g}ms"] for rate in rates
+        ]
         self.prefix = prefix or f"mt{os.getpid()}-{next(_instances)}"
         self.switch = f"{self.prefix}-sw"
         self._created: list[str] = []  # namespaces, in creation order
@@ -201,8 +213,8 @@ class EmulatedTestbed:
             _run("ip", "-n", ns, "addr", "add", f"{self.address(k)}/{SUBNET.prefixlen}", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self.tbf)  # node -> switch
-            _run("ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", port, "root", *self.tbf)  # switch -> node
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self.tbf[k])  # node -> switch
+            _run("ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", port, "root", *self.tbf[k])  # switch -> node
 
     def _add_netns(self, name: str) -> None:
         _run("ip", "netns", "add", name)

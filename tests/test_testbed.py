@@ -217,6 +217,45 @@ def test_inter_node_all_to_all_is_rate_limited_and_nothing_is_left(tmp_path):
     assert host_links() == links_before
 
 
+def test_rates_are_one_for_all_nodes_or_one_per_node():
+    with pytest.raises(ValueError, match="one per node"):
+        EmulatedTestbed(nodes=3, rate_mbit=[100, 50])
+    with pytest.raises(ValueError, match="must be > 0"):
+        EmulatedTestbed(nodes=2, rate_mbit=[100, 0])
+
+
+@needs_testbed
+def test_each_node_link_is_shaped_to_its_own_rate():
+    with EmulatedTestbed(nodes=2, rate_mbit=[100, 50]) as testbed:
+        for node, rate in enumerate(("100Mbit", "50Mbit")):
+            shown = [
+                subprocess.run(
+                    ["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev], capture_output=True, text=True
+                ).stdout
+                for ns, dev in ((testbed.netns(node), "eth0"), (testbed.switch, f"v{node}"))
+            ]
+            assert all(f"rate {rate}" in out for out in shown), shown
+
+
+def test_link_sharing_rejects_bad_input_with_exit_code_2(capsys):
+    from experiments import link_sharing
+
+    with pytest.raises(SystemExit) as exit_info:
+        link_sharing.main(["--out", "x.json", "--repeats", "0"])
+    assert exit_info.value.code == 2 and "--repeats" in capsys.readouterr().err
+
+
+def test_link_sharing_rules_differ_where_the_measurement_decides():
+    """The two rules of experiments/link_sharing.py on its setting (A's link at half B's): byte-fair
+    sharing ends both flows together at A's stand-alone time; own-speed fractions end B at 3/4 of
+    it and A at 5/4."""
+    from experiments import link_sharing
+
+    rates, nbytes = {"A": 1e6, "B": 2e6}, 1e6
+    assert link_sharing.predict(rates, nbytes) == pytest.approx({"A": 1.0, "B": 1.0})
+    assert link_sharing.own_speed_fractions(rates, nbytes) == pytest.approx({"A": 1.25, "B": 0.75})
+
+
 @needs_testbed
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_a_failing_body_leaves_nothing_behind(error):
