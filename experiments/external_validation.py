@@ -23,6 +23,7 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,17 +196,25 @@ def nccl_prediction(entry: dict, hw: DictConfig, topo) -> tuple[float, float]:
     return nic_GBps(hw, n, size, seconds), seconds
 
 
-def deepep_routing(
-    workload: dict, world_size: int, nodes: int, tokens: int = 16384, seed: int = 0
-) -> tuple[float, float]:
-    """Expected routing of DeepEP's benchmark: (probability that a token goes to a given rank, destination nodes
-    per token), from a seeded sample of its procedure (tests/test_internode.py; tests/test_intranode.py is the
-    one-group case).
+@dataclass(frozen=True)
+class DeepepRouting:
+    """Expected routing of one token of DeepEP's benchmark, sent by a rank of local index 0 on node 0."""
+
+    rank_hit: float  # probability that the token goes to a given rank
+    nodes: float  # destination nodes, its own included (DeepEP's "RDMA" count)
+    remote_nodes: float  # destination nodes other than its own: its copies over the network
+    forwarded: float  # NVLink copies: per destination node, the ranks beyond the one of local index 0
+
+
+def deepep_routing(workload: dict, world_size: int, nodes: int, tokens: int = 16384, seed: int = 0) -> DeepepRouting:
+    """Expected routing of DeepEP's benchmark, from a seeded sample of its procedure (tests/test_internode.py;
+    tests/test_intranode.py is the one-group case).
 
     Scores are |randn| + 1 per (token, expert); a token keeps the ``topk_groups`` nodes whose best expert scores
     highest, then its ``top_k`` experts among those nodes' experts. It goes to a rank once however many of its
     experts the rank holds, and (over RDMA) to a node once. The groups' best experts usually make the top k, so a
-    token reaches about ``topk_groups`` nodes, more than uniform top-k over the same experts would give.
+    token reaches about ``topk_groups`` nodes, more than uniform top-k over the same experts would give. Routing
+    is the same from every rank, so the sender is taken to be rank 0.
     """
     k, groups, experts = workload["top_k"], workload["topk_groups"], workload["num_experts"]
     scores = np.abs(np.random.default_rng(seed).standard_normal((tokens, experts))) + 1  # (tokens, experts)
@@ -215,7 +224,13 @@ def deepep_routing(
     top = np.argpartition(-masked, k - 1, axis=1)[:, :k]  # (tokens, k) expert ids
     ranks_hit = _hits(top // (experts // world_size), world_size)  # (tokens, ranks)
     nodes_hit = _hits(top // (experts // nodes), nodes)  # (tokens, nodes)
-    return float(ranks_hit.mean()), float(nodes_hit.sum(axis=1).mean())
+    per_node = ranks_hit.reshape(tokens, nodes, world_size // nodes)  # (tokens, node, local index)
+    return DeepepRouting(
+        rank_hit=float(ranks_hit.mean()),
+        nodes=float(nodes_hit.sum(axis=1).mean()),
+        remote_nodes=float(nodes_hit[:, 1:].sum(axis=1).mean()),
+        forwarded=float(per_node[:, :, 1:].sum(axis=(1, 2)).mean()),
+    )
 
 
 def _hits(owners: np.ndarray, count: int) -> np.ndarray:
@@ -228,18 +243,23 @@ def _hits(owners: np.ndarray, count: int) -> np.ndarray:
 def deepep_prediction(entry: dict, hw: DictConfig, topo) -> tuple[float, float]:
     """(DeepEP's bandwidth as simulated, the simulated seconds) of one dispatch or combine.
 
-    The exchange is the simulator's uniform all-to-all of the expected traffic: every rank sends
-    tokens_per_rank x P(token -> rank) tokens to every rank, itself included (those bytes stay on the GPU). A
-    combine is the same exchange reversed, which leaves a uniform exchange unchanged; only its dtype differs.
+    The exchange is DeepEP's own: each token crosses the network once per remote destination node and is
+    forwarded there over NVLink (``forwarded_all_to_all``), with every rank sending and receiving the expected
+    traffic of its tokens_per_rank tokens. A combine is the same exchange reversed, which leaves a uniform
+    exchange unchanged; only its dtype differs. Inside one node this is a uniform all-to-all over NVLink.
     """
     w, n = entry["workload"], entry["world_size"]
     token_bytes = w["hidden"] * DEEPEP_ELEMENT_BYTES[w["dtype"]]
-    rank_hit, nodes_per_token = deepep_routing(w, n, entry["nodes"])
-    received = n * w["tokens_per_rank"] * rank_hit * token_bytes  # per rank, its own tokens included
-    seconds = simulated_seconds(hw, topo, "all_to_all", topo.uniform_all_to_all(np.arange(n), received))
-    if entry["metric"] == "deepep_nvl_GBps":
-        return received / seconds / GB, seconds
-    return w["tokens_per_rank"] * nodes_per_token * token_bytes / seconds / GB, seconds
+    routing = deepep_routing(w, n, entry["nodes"])
+    sent = {
+        leg: w["tokens_per_rank"] * copies * token_bytes
+        for leg, copies in (("network", routing.remote_nodes), ("nvlink", routing.forwarded))
+    }
+    exchange = topo.forwarded_all_to_all(np.arange(n), sent["network"], sent["nvlink"])
+    seconds = simulated_seconds(hw, topo, "all_to_all", exchange)
+    if entry["metric"] == "deepep_nvl_GBps":  # every token the rank receives, its own included
+        return n * w["tokens_per_rank"] * routing.rank_hit * token_bytes / seconds / GB, seconds
+    return w["tokens_per_rank"] * routing.nodes * token_bytes / seconds / GB, seconds
 
 
 PREDICTORS = {"nccl-tests": nccl_prediction, "deepep": deepep_prediction}

@@ -79,18 +79,22 @@ def test_deepep_routing_without_a_node_limit_is_uniform_top_k(nodes):
     missed with probability C(256 - e, 8) / C(256, 8), a node holding 256 / nodes likewise."""
     ranks, experts, k = 8 * nodes, 256, 8
     workload = {"top_k": k, "topk_groups": nodes, "num_experts": experts}
-    rank_hit, nodes_per_token = ev.deepep_routing(workload, ranks, nodes)
+    routing = ev.deepep_routing(workload, ranks, nodes)
     missed = math.comb(experts - experts // ranks, k) / math.comb(experts, k)
     node_missed = math.comb(experts - experts // nodes, k) / math.comb(experts, k)
-    assert rank_hit == pytest.approx(1 - missed, abs=0.005)
-    assert nodes_per_token == pytest.approx(nodes * (1 - node_missed), abs=0.01)
+    assert routing.rank_hit == pytest.approx(1 - missed, abs=0.005)
+    assert routing.nodes == pytest.approx(nodes * (1 - node_missed), abs=0.01)
+    # the network carries one copy per remote node hit; NVLink one per rank hit beyond local index 0, which
+    # receives the node's copy (each of the ranks - nodes other ranks is hit with the same probability)
+    assert routing.remote_nodes == pytest.approx((nodes - 1) * (1 - node_missed), abs=0.01)
+    assert routing.forwarded == pytest.approx((ranks - nodes) * (1 - missed), abs=0.02)
 
 
 def test_deepep_routing_reaches_about_topk_groups_nodes():
     """Node-limited routing (8 nodes, 4 groups): each chosen node's best expert nearly always makes the top 8,
     so a token reaches ~4 nodes (uniform top 8 over those 128 experts would give ~3.6), and never more."""
-    rank_hit, nodes_per_token = ev.deepep_routing({"top_k": 8, "topk_groups": 4, "num_experts": 256}, 64, 8)
-    assert 3.9 < nodes_per_token <= 4 and 0 < rank_hit * 64 <= 8
+    routing = ev.deepep_routing({"top_k": 8, "topk_groups": 4, "num_experts": 256}, 64, 8)
+    assert 3.9 < routing.nodes <= 4 and 0 < routing.rank_hit * 64 <= 8
 
 
 def _file_with(tmp_path, entries, edit):

@@ -134,6 +134,24 @@ class Cluster:
         self._add_inter(loads, group, inter, inter, None, node)
         return self._transfer(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
 
+    def forwarded_all_to_all(self, group: np.ndarray, network_bytes: float, forwarded_bytes: float) -> Transfer:
+        """A dispatch that crosses the network once per destination node and fans out inside it
+        (DeepEP's normal kernels): a token for several devices of one node goes, once, to the device
+        of the sender's local index there, which forwards it over NVLink to the others; tokens for
+        the sender's own node go straight over NVLink. Both legs run at once (one pipelined kernel),
+        so the footprint is one transfer. Every member sends and receives ``network_bytes`` through
+        its NIC and ``forwarded_bytes`` over its NVLink (a uniform exchange; compare
+        :meth:`uniform_all_to_all`, where a token crosses the network once per destination device).
+        """
+        loads = np.zeros(self.num_links)
+        np.add.at(loads, self.intra_out[group], forwarded_bytes)
+        np.add.at(loads, self.intra_in[group], forwarded_bytes)
+        node = self.node_of[group]
+        spans = len(np.unique(node)) > 1
+        if spans:
+            self._add_inter(loads, group, network_bytes, network_bytes, None, node)
+        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=spans)
+
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
 
