@@ -152,7 +152,7 @@ def axonn_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
 
 def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     """The baseline's iteration: a stage's forward and backward of one micro-batch, alone and with its
-    data-parallel replicas, composed by the 1F1B schedule."""
+    data-parallel replicas, composed by the 1F1B schedule, then one optimizer step."""
     hw = load_config(overrides=model_overrides(cfg, model, model.gpus)).hardware
     layout = megatron_layout(model, model.gpus, hw, cfg.axonn.device_memory_GB, cfg.axonn.bytes_per_param)
     tp, pp, dp = layout["tp"], layout["pp"], layout["dp"]
@@ -163,13 +163,20 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     ]
     alone = simulate(cfg, [*model_overrides(cfg, model, tp, model.n_layers // pp), *stage])
     replicated = simulate(cfg, [*model_overrides(cfg, model, tp * dp, model.n_layers // pp), *stage])
-    stage_s, all_reduce_s = alone["step_ms"] / 1e3, (replicated["step_ms"] - alone["step_ms"]) / 1e3
+    # a simulated step ends with the optimizer, which the iteration runs once, not per micro-batch
+    optimizer_s = alone["optimizer_ms"] / 1e3
+    stage_s, all_reduce_s = alone["step_ms"] / 1e3 - optimizer_s, (replicated["step_ms"] - alone["step_ms"]) / 1e3
     # the activations of a micro-batch between stages (and their gradients back), each tensor-parallel
     # rank sending its 1/tp over its own NIC (Megatron's scatter-gather)
     boundary = layout["micro_batch_sequences"] * model.seq_len * model.d_model * BF16_BYTES / tp
     p2p_s = 2 * (boundary / (hw.nic_GBps * 1e9) + hw.inter_node_latency_us * 1e-6) if pp > 1 else 0.0
-    batch_s = pipeline_time_s(stage_s, layout["microbatches"], pp, p2p_s) + all_reduce_s
-    metrics = {"stage_ms": stage_s * 1e3, "dp_allreduce_ms": all_reduce_s * 1e3, "p2p_ms": p2p_s * 1e3}
+    batch_s = pipeline_time_s(stage_s, layout["microbatches"], pp, p2p_s) + all_reduce_s + optimizer_s
+    metrics = {
+        "stage_ms": stage_s * 1e3,
+        "dp_allreduce_ms": all_reduce_s * 1e3,
+        "p2p_ms": p2p_s * 1e3,
+        "optimizer_ms": optimizer_s * 1e3,
+    }
     params = {"system": "megatron", **{k: layout[k] for k in ("tp", "pp", "dp", "microbatches")}}
     return params, {**throughput(cfg, model, batch_s), **metrics}
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from experiments.op_sweep import measure_ops
 from moe_core.capacity import capacity
 from moe_core.config import load_config
 from moe_core.layer import MoELayer
@@ -153,42 +154,17 @@ def check_matmul(s: dict, device: torch.device) -> dict:
 
 
 def op_sweep(s: dict, device: torch.device, ceiling_tflops: float) -> dict:
-    """The measurements a compute model of the step is fitted to (bf16, forward ops):
-
-    * GEMMs (m, n, k) over the ``gemm_m`` token counts for each ``gemm_nk`` weight shape: TFLOP/s and
-      the fraction of ``ceiling_tflops``, this device's square bf16 matmul (check a): efficiency
-      against shape;
-    * memory-bound ops over ``memory_elements``: softmax and layer norm over rows of 1024, a row
-      gather (index_select, the permute) and an elementwise add, as GB/s of bytes read + written;
-    * the launch cost: the time of an add of one element, per kernel.
-    """
+    """The measurements the simulator's compute model is fitted to (experiments/op_sweep.py, bf16;
+    ``python -m experiments.op_sweep --fit gpu_check.json`` fits them): GEMMs (m, n, k) over the
+    ``gemm_m`` token counts for each ``gemm_nk`` weight shape, with the fraction of ``ceiling_tflops``
+    (this device's square bf16 matmul, check a) each reaches; memory-bound ops over
+    ``memory_elements``; the launch cost of one kernel."""
+    shapes = [(m, n, k) for (n, k), m in itertools.product(s["gemm_nk"], s["gemm_m"])]
     iters = (s["warmup_iters"], s["timed_iters"])
-
-    def median_ms(fn) -> float:
-        return statistics.median(time_loop(fn, device, *iters)[0])
-
-    gemms = []
-    for (n, k), m in itertools.product(s["gemm_nk"], s["gemm_m"]):
-        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
-        achieved = tflops(2 * m * n * k, median_ms(lambda a=a, b=b: a @ b))
-        gemms.append({"m": m, "n": n, "k": k, "tflops": achieved, "of_square_matmul": achieved / ceiling_tflops})
-    memory = []
-    for elements in s["memory_elements"]:
-        x = torch.randn(elements // 1024 or 1, min(elements, 1024), device=device, dtype=torch.bfloat16)
-        rows = torch.randint(0, x.shape[0], (x.shape[0],), device=device)
-        nbytes = x.numel() * x.element_size()
-        ops = {
-            "softmax": (lambda x=x: torch.softmax(x, dim=-1), 2 * nbytes),
-            "layer_norm": (lambda x=x: torch.nn.functional.layer_norm(x, x.shape[-1:]), 2 * nbytes),
-            "gather_rows": (lambda x=x, rows=rows: x.index_select(0, rows), 2 * nbytes),
-            "add": (lambda x=x: x + x, 3 * nbytes),
-        }
-        for name, (fn, moved) in ops.items():
-            ms = median_ms(fn)
-            memory.append({"op": name, "elements": x.numel(), "ms": ms, "GBps": moved / (ms * 1e-3) / 1e9})
-    one = torch.ones(1, device=device)
-    return {"gemm": gemms, "memory_bound": memory, "launch_us": median_ms(lambda: one + one) * 1e3}
+    sweep = measure_ops(device, torch.bfloat16, shapes, s["memory_elements"], iters)
+    for g in sweep["gemm"]:
+        g["of_square_matmul"] = g["tflops"] / ceiling_tflops
+    return sweep
 
 
 def make_layers(device, tokens, d_model, d_ff, num_experts, top_k, capacity_factor, dropless, batch=1):

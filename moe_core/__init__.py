@@ -23,8 +23,8 @@ The paper-neutral core, one job per module:
   ``results`` (records), ``benchmark`` (the measured microbenchmarks' skeleton), ``tracking``
   (W&B), ``testbed`` (an emulated multi-node cluster), ``workloads`` (traffic matrices),
   ``dispatch_study`` (which dispatcher when: skewed routing and its section);
-* ``sim/``: the network and step simulator (topology, engine, collectives, step, grid_ops,
-  calibrate); it reads plans, never paper names.
+* ``sim/``: the network and step simulator (topology, engine, collectives, compute, step, grid_ops,
+  forward: an inference pass, calibrate); it reads plans, never paper names.
 
 ``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model
 (gshard, lina, aurora, monta, axonn); importing ``moe_core.papers`` registers them with the core.

@@ -119,12 +119,19 @@ class HardwareConfig:
     nics_per_node: int = 1  # = devices_per_node for one NIC per device
     inter_node_latency_us: float = 0.0
     oversubscription: float = 1.0  # node uplink = nics_per_node * nic_GBps / oversubscription
-    # -- compute model --
+    # -- compute model (moe_core.sim.compute; experiments/op_sweep.py measures and fits it) --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
-    compute_efficiency: float = 0.5  # fraction of peak the model's GEMMs reach
-    # Per op class ("dense", "gate", "expert"), overriding compute_efficiency: routing bookkeeping
-    # (softmax, top-k, cumsum) and small expert GEMMs run far from dense-GEMM efficiency. Calibration
-    # fits it from the measured phase times.
+    compute_efficiency: float = 0.5  # fraction of peak large, compute-bound GEMMs reach (the curve's maximum)
+    # Share (0..1) of a GEMM's operand-traffic time (bytes / memory bandwidth) its math does not hide:
+    # the GEMM efficiency curve's knee, efficiency(I) = compute_efficiency * I / (I + this * ridge point).
+    gemm_exposed_memory: float = 0.0
+    # Device memory bandwidth from the spec sheet (HBM, or a CPU's DRAM), B/s per device; 0 = memory
+    # traffic not modelled: every GEMM at compute_efficiency, memory-bound ops cost their launches only.
+    memory_GBps: float = 0.0
+    memory_efficiency: float = 1.0  # fraction of memory_GBps streaming kernels reach
+    kernel_launch_us: float = 0.0  # cost of one kernel as eager PyTorch issues it; 0 = not modelled
+    # Per op class ("dense", "gate", "expert"): calibrated multipliers on the compute model's speed
+    # (an op takes model time / this); 1 when absent. Calibration fits them from measured phase times.
     phase_efficiency: dict[str, float] = field(default_factory=dict)
     # CPU testbeds: the ranks of a node share this many cores, so each rank computes at
     # peak * min(1, host_cores / ranks on its node), and concurrent collectives share the host for
@@ -456,13 +463,33 @@ def _validate_run(cfg: DictConfig) -> None:
             f"'{value}' must be a plain name (letters, digits, '_', '-', '.', '+'; no '/' or spaces)",
         )
     require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
-    for phase, eff in cfg.hardware.phase_efficiency.items():
+    _validate_compute_model(cfg.hardware)
+
+
+def _validate_compute_model(hw: DictConfig) -> None:
+    """The compute model's parameters (moe_core.sim.compute): rates and costs >= 0, fractions in range."""
+    for key in ("peak_tflops", "memory_GBps", "kernel_launch_us"):
+        require(
+            math.isfinite(hw[key]) and hw[key] >= 0, f"hardware.{key}", f"must be a finite number >= 0, got {hw[key]}"
+        )
+    for key in ("compute_efficiency", "memory_efficiency"):
+        require(0 < hw[key] <= 1, f"hardware.{key}", f"is a fraction of the spec rate, in (0, 1]; got {hw[key]}")
+    require(
+        0 <= hw.gemm_exposed_memory <= 1,
+        "hardware.gemm_exposed_memory",
+        f"is the share of a GEMM's memory time left exposed, in [0, 1]; got {hw.gemm_exposed_memory}",
+    )
+    for phase, multiplier in hw.phase_efficiency.items():
         require(
             phase in COMPUTE_PHASES,
             f"hardware.phase_efficiency.{phase}",
             f"unknown op class; expected one of {list(COMPUTE_PHASES)}",
         )
-        require(0 < eff <= 1, f"hardware.phase_efficiency.{phase}", f"must be in (0, 1], got {eff}")
+        require(
+            math.isfinite(multiplier) and multiplier > 0,
+            f"hardware.phase_efficiency.{phase}",
+            f"is a multiplier on the compute model's speed, a finite number > 0; got {multiplier}",
+        )
 
 
 def _validate_model(cfg: DictConfig) -> None:

@@ -5,6 +5,7 @@ import json
 import torch.distributed as dist
 
 from experiments.gpu_check import main
+from experiments.op_sweep import fit
 
 
 def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path):
@@ -34,10 +35,12 @@ def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path):
     assert [p["mode"] for p in c["points"]] == ["capacity-1.0", "capacity-1.25", "dropless"]
     assert all(p["moe_over_dense_tokens_per_s"] > 0 and p["forward_split_ms"]["expert"] > 0 for p in c["points"])
     assert all(0 < p["routing_share_of_forward"] < 1 for p in c["points"])
-    # the op sweep: 2 token counts x 1 weight shape of GEMMs, 4 memory-bound ops x 2 sizes, a launch cost
+    # the op sweep (experiments/op_sweep.py's): 2 token counts x 1 weight shape of GEMMs, its 7
+    # memory-bound ops x 2 sizes, a launch cost; what experiments/op_sweep.py --fit fits
     sweep = c["op_sweep"]
     assert [(g["m"], g["n"], g["k"]) for g in sweep["gemm"]] == [(8, 32, 64), (64, 32, 64)]
-    assert all(g["tflops"] > 0 for g in sweep["gemm"]) and len(sweep["memory_bound"]) == 8
+    assert all(g["tflops"] > 0 for g in sweep["gemm"]) and len(sweep["memory_bound"]) == 7 * 2
     assert all(o["GBps"] > 0 for o in sweep["memory_bound"]) and sweep["launch_us"] > 0
+    assert fit(sweep)["converged"]
     assert record["environment"]["device"] == "cpu" and record["hardware"] == "local-cpu"
     assert not dist.is_initialized()

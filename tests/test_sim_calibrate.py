@@ -81,14 +81,11 @@ def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times
 
 
 def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_steps():
-    hw = OmegaConf.merge(
-        truth(),
-        {
-            "peak_tflops": 2.0,
-            "compute_efficiency": 1.0,
-            "phase_efficiency": {"dense": 0.5, "gate": 0.01, "expert": 0.8},
-        },
-    )
+    """The truth: a compute model (an op sweep's fields) with per-class multipliers. Calibrating a
+    profile with the same model recovers the multipliers; one with another peak and no memory or
+    launch terms gets multipliers under which it reproduces every measured class time."""
+    model = {"peak_tflops": 2.0, "compute_efficiency": 0.9, "memory_GBps": 10.0, "kernel_launch_us": 20.0}
+    hw = OmegaConf.merge(truth(), {**model, "phase_efficiency": {"dense": 0.5, "gate": 0.01, "expert": 0.8}})
     hw.collectives.all_to_all.in_step_us = 3000.0
     train = []
     for experts, per_rank in ((4, 1), (8, 2)):
@@ -99,12 +96,19 @@ def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_ste
             {"hardware": hw},
         )
         train.append((to_container(cfg), StepModel(cfg, build_topology(hw)).run().metrics()))
-    start = OmegaConf.merge(hw, {"peak_tflops": 0.5, "phase_efficiency": {"dense": 0.3}})
+    start = OmegaConf.merge(hw, {"phase_efficiency": {"dense": 0.3}})
     start.collectives.all_to_all.in_step_us = 0.0
     OmegaConf.set_readonly(start, True)  # as load_config returns it
     fitted, stats = fit_compute(start, train)
-    assert fitted.peak_tflops == pytest.approx(2.0 * 0.8, rel=1e-6)  # the fastest class, expert
-    assert fitted.phase_efficiency.dense == pytest.approx(0.5 / 0.8, rel=1e-6)
-    assert fitted.phase_efficiency.gate == pytest.approx(0.01 / 0.8, rel=1e-6)
+    assert fitted.peak_tflops == 2.0 and stats["points"] == 2
+    assert dict(fitted.phase_efficiency) == pytest.approx({"dense": 0.5, "gate": 0.01, "expert": 0.8}, rel=1e-6)
     fitted, stats = fit_in_step_wait(fitted, train)
     assert fitted.collectives.all_to_all.in_step_us == pytest.approx(3000.0, rel=1e-6) and stats["points"] == 2
+    # another model: one experts' step pins each multiplier, and the fitted profile reproduces it
+    flops_only = OmegaConf.merge(start, {"peak_tflops": 0.5, "memory_GBps": 0.0, "kernel_launch_us": 0.0})
+    refitted, _ = fit_compute(flops_only, train[:1])
+    cfg = OmegaConf.merge(load_config(data=train[0][0]), {"hardware": refitted})
+    ops, _ = StepModel(cfg, build_topology(refitted)).build()
+    for phase in ("gate", "expert"):
+        modelled = sum(op.duration_s for op in ops if op.phase == phase) * 1e3
+        assert modelled == pytest.approx(train[0][1][f"{phase}_ms"], rel=1e-6)

@@ -6,9 +6,10 @@
   latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
   times (:func:`moe_core.sim.collectives.simulate_collective` is the model, so what is fitted is
   exactly what predicts).
-* Compute: from measured training steps, the effective FLOP rate of each op class (dense, gate,
-  expert): the step model's FLOPs of that class over its measured phase time. Written as the
-  fastest class's rate (``peak_tflops``) and fractions of it (``phase_efficiency``).
+* Compute: from measured training steps, a multiplier per op class (dense, gate, expert) on the
+  speed of the profile's compute model (moe_core.sim.compute, whose parameters an op sweep fits,
+  experiments/op_sweep.py): the model's time of that class over its measured phase time, written as
+  ``phase_efficiency``.
 * In-step wait: what the measured steps' all-to-alls take beyond the fitted model, per call (peers
   arriving late), as ``collectives.all_to_all.in_step_us``.
 
@@ -24,7 +25,7 @@ from scipy.optimize import least_squares
 
 from ..config import COMPUTE_PHASES, load_config
 from .collectives import simulate_collective
-from .step import StepModel
+from .step import StepModel, calibration_class
 from .topology import build_topology
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
@@ -89,32 +90,34 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
 
 
 def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictConfig, dict]:
-    """Effective FLOP rate per op class (dense, gate, expert) from measured training steps.
+    """A multiplier per op class (dense, gate, expert) on the compute model's speed, from measured
+    training steps.
 
-    ``train`` holds (resolved config, metric medians) pairs. At 1 TFLOP/s the step model predicts
-    each class's compute time; its ratio to the measured phase time (``dense_ms``, ``gate_ms``,
-    ``expert_ms``) is the class's rate. The fastest class's rate becomes ``peak_tflops`` and the
-    others its ``phase_efficiency`` fractions (per device; per core share on CPU hosts).
+    ``train`` holds (resolved config, metric medians) pairs. With every multiplier 1 the step model
+    predicts each class's compute time (its ops' times, :func:`moe_core.sim.step.calibration_class`);
+    its ratio to the measured phase time (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over
+    steps, is the class's ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast.
+    A profile without a peak (a testbed no op sweep has measured) gets a nominal 1 TFLOP/s GEMM-only
+    model, so its multipliers are the classes' achieved TFLOP/s.
     """
-    unit = _with(hw, peak_tflops=1.0, compute_efficiency=1.0, phase_efficiency={p: 1.0 for p in COMPUTE_PHASES})
-    rates: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
-    for config, metrics in train:
-        cfg = OmegaConf.merge(load_config(data=config), {"hardware": unit})
-        ops, _ = StepModel(cfg, build_topology(unit)).build()
-        for phase in COMPUTE_PHASES:
-            predicted_s = sum(op.duration_s for op in ops if op.transfer is None and op.phase == phase)
-            rates[phase].append(predicted_s / (metrics[f"{phase}_ms"] * 1e-3))
     if not train:
         raise ValueError("no measured training step to calibrate compute on; run experiments/train_step.py first")
-    rate = {phase: float(np.median(r)) for phase, r in rates.items()}
-    peak = max(rate.values())
-    fitted = _with(
-        hw, peak_tflops=peak, compute_efficiency=1.0, phase_efficiency={phase: r / peak for phase, r in rate.items()}
-    )
-    return fitted, {
+    nominal = {} if hw.peak_tflops > 0 else {"peak_tflops": 1.0, "compute_efficiency": 1.0}
+    model = _with(hw, phase_efficiency={phase: 1.0 for phase in COMPUTE_PHASES}, **nominal)
+    ratios: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
+    for config, metrics in train:
+        cfg = OmegaConf.merge(load_config(data=config), {"hardware": model})
+        ops, _ = StepModel(cfg, build_topology(model)).build()
+        for phase in COMPUTE_PHASES:
+            predicted_s = sum(
+                op.duration_s for op in ops if op.transfer is None and calibration_class(op.phase) == phase
+            )
+            ratios[phase].append(predicted_s / (metrics[f"{phase}_ms"] * 1e-3))
+    multiplier = {phase: float(np.median(r)) for phase, r in ratios.items()}
+    return _with(model, phase_efficiency=multiplier), {
         "points": len(train),
-        "tflops_median": rate,
-        "tflops_spread": {phase: float(max(r) / min(r)) for phase, r in rates.items()},
+        "multiplier_median": multiplier,
+        "multiplier_spread": {phase: float(max(r) / min(r)) for phase, r in ratios.items()},
     }
 
 

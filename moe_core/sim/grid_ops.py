@@ -13,8 +13,9 @@ from the plan's ``grid_overlaps``. Per linear layer:
   after the backward pass if the plan overlaps it), and for a pair's first layer the all-gather of
   ``dX`` over "col".
 
-Matmuls are split over row x col; the attention core over "row" (heads), computed alike by the
-"col" ranks of a row.
+Matmuls are split over row x col: a rank's GEMM is its tokens x its block of the weight, priced by
+the step's compute model (moe_core.sim.compute) with that shape; the attention core over "row"
+(heads), computed alike by the "col" ranks of a row.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..grid import LinearSpec, block_linears, linear_collectives
+from .compute import backward_shapes
 from .engine import as_deps
+
+RELU_INPUT = {"ffn.w_out"}  # linear layers whose input is the FFN's ReLU output
 
 
 class GridOps:
@@ -38,15 +42,14 @@ class GridOps:
         self.deferred: list[int] = []  # reduce-scatters completed after the backward pass
 
     def attention(self, i: int, pass_: str, last) -> int | list[int]:
-        m = self.step.cfg.model
-        core = self.step._seconds(4 * self.tokens * m.seq_len * m.d_model / self.grid.row, "dense")
+        core = self.step.attention_core_seconds(pass_, head_split=self.grid.row)
         qkv, proj = self.specs["attn.qkv"], self.specs["attn.proj"]
         if pass_ == "fwd":
             last = self.linear(i, qkv, True, "fwd", last)
             last = self.add(f"L{i}.attn.core.fwd", "dense", last, duration_s=core)
             return self.linear(i, proj, False, "fwd", last)
         last = self.linear(i, proj, False, "bwd", last)
-        last = self.add(f"L{i}.attn.core.bwd", "dense", last, duration_s=2 * core)
+        last = self.add(f"L{i}.attn.core.bwd", "dense", last, duration_s=core)
         return self.linear(i, qkv, True, "bwd", last)
 
     def ffn(self, i: int, pass_: str, last) -> int | list[int]:
@@ -76,20 +79,41 @@ class GridOps:
             anchor = self.prefetch_anchor[pass_] if self.overlaps.all_gather else None
             gathered = comm("all_gather", "depth", anchor if anchor is not None else last)
             self.prefetch_anchor[pass_] = gathered
-        matmul = self.step._seconds(
-            2 * self.tokens * spec.in_features * spec.out_features / self.grid.tensor_parallel, "dense"
-        )
         deps = [*as_deps(last), gathered]
         if pass_ == "fwd":
-            y = self.add(f"L{i}.{spec.name}.fwd", "dense", deps, duration_s=matmul)
+            y = self.add(f"L{i}.{spec.name}.fwd", "dense", deps, duration_s=self.compute_seconds(spec, "fwd"))
             return comm("all_gather", "col", comm("all_reduce", spec.inner, y))
-        dx = self.add(f"L{i}.{spec.name}.dx.bwd", "dense", deps, duration_s=matmul)
+        dx = self.add(f"L{i}.{spec.name}.dx.bwd", "dense", deps, duration_s=self.compute_seconds(spec, "dx"))
         reduced = comm("all_reduce", spec.outer, dx)
         dw = self.add(
-            f"L{i}.{spec.name}.dw.bwd", "dense", dx if self.overlaps.all_reduce else reduced, duration_s=matmul
+            f"L{i}.{spec.name}.dw.bwd",
+            "dense",
+            dx if self.overlaps.all_reduce else reduced,
+            duration_s=self.compute_seconds(spec, "dw"),
         )
         done = [reduced, dw]
         scattered = comm("reduce_scatter", "depth", dw)
         if scattered != dw:
             (self.deferred if self.overlaps.reduce_scatter else done).append(scattered)
         return comm("all_gather", "col", done)
+
+    def compute_seconds(self, spec: LinearSpec, part: str) -> float:
+        """One compute op of a grid-split linear layer on this rank's block, X (tokens, in_local) and
+        W (out_local, in_local): ``part`` "fwd" (Y = X W^T, after the ReLU if its input is the FFN's
+        hidden layer), "dx" (dX = dY W, then the ReLU's backward) or "dw" (dW = dY^T X and the bias
+        gradient), priced as the whole layers' ops are (moe_core.sim.step)."""
+        step = self.step
+        out_local = spec.out_features // self.grid.size(spec.outer)
+        in_local = spec.in_features // self.grid.size(spec.inner)
+        shape = (self.tokens, out_local, in_local)
+        if part == "fwd":
+            seconds = step.compute.gemm(*shape)
+        else:
+            dx_shape, dw_shape = backward_shapes(*shape)
+            seconds = step.compute.gemm(*(dx_shape if part == "dx" else dw_shape))
+        relu_pass = {"fwd": "fwd", "dx": "bwd"}.get(part)
+        if relu_pass and spec.name in RELU_INPUT:
+            seconds += step._elementwise("relu", relu_pass, self.tokens * in_local)
+        if part == "dw":
+            seconds += step._elementwise("bias", "bwd", self.tokens * out_local)
+        return step._priced(seconds, "dense")

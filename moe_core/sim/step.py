@@ -5,15 +5,22 @@ Built from the same config as a measured run and through the same decisions: the
 plan (``policies.build_plan`` of ``model.gradient_tensors``: gradient units over the model's real
 parameters, instantiated on the meta device, their launch rule and priority, all-to-all micro-ops
 and pipelining, expert packing). The plan's transmission order (``a2a_order``) does not change a
-uniform all-to-all's time in this flow model, so it is not modelled here. Compute time is
-FLOPs / (peak x efficiency of the op class: dense, gate, expert) of the slowest device; every
-collective is an SPMD operation whose footprint sums all its groups (moe_core.sim.topology).
+uniform all-to-all's time in this flow model, so it is not modelled here. Every collective is an
+SPMD operation whose footprint sums all its groups (moe_core.sim.topology).
+
+Compute is priced by the compute model (moe_core.sim.compute) on the slowest device, op by op with
+the model's real shapes: every linear layer a GEMM (backward: its dX and dW GEMMs), the attention
+core two batched GEMMs per pass, layer norms, residual adds and activations memory-bound, the
+gate its GEMM plus the routing's kernels and bytes (counted on the real code, ``GATE_ROUTING``),
+the experts one batched GEMM pair over the local experts, the contiguous copies on each side of an
+all-to-all, and the optimizer step once the gradients are reduced. A calibrated profile's
+``phase_efficiency`` multiplies the speed of each op class (dense, gate, expert), :meth:`StepModel._priced`.
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
-forward ops in order, then backward ops in reverse order at twice the forward FLOPs, then gradient
-all-reduces per plan unit: after the whole backward or as soon as a unit's last gradient is ready,
-one unit after another on one communicator. Under a 3D tensor-parallel grid the attention and dense
-FFN are its linear layers with their collectives and overlaps (moe_core.sim.grid_ops).
+forward ops in order, then backward ops in reverse order, then gradient all-reduces per plan unit:
+after the whole backward or as soon as a unit's last gradient is ready, one unit after another on
+one communicator, then the optimizer. Under a 3D tensor-parallel grid the attention and dense FFN
+are its linear layers with their collectives and overlaps (moe_core.sim.grid_ops).
 """
 
 from __future__ import annotations
@@ -33,11 +40,42 @@ from ..plan import a2a_micro_ops
 from ..policies import build_plan
 from ..timing import STEP_PHASES
 from .collectives import collective_op, simulate_on
+from .compute import ComputeModel
 from .engine import Op, Timeline, as_deps
 from .grid_ops import GridOps
 from .topology import Transfer
 
-PASS_COST = {"fwd": 1, "bwd": 2}  # backward computes twice the forward FLOPs (input and weight gradients)
+# The memory-bound ops beside the GEMMs (moe_core.model), per pass: (kernels, passes over their
+# activation, reads + writes). Layer norm's backward is dX and then its weight and bias gradients;
+# a residual add's backward adds the two branches' gradients; a linear layer's bias gradient is a
+# reduction over the tokens (its forward add is fused into the GEMM); the embedding is the token
+# gather plus the position add, its backward a scatter-add; cross-entropy casts the logits to
+# float32, log-softmaxes them and takes the loss.
+ELEMENTWISE = {
+    "layer_norm": {"fwd": (1, 2), "bwd": (2, 4)},
+    "residual": {"fwd": (1, 3), "bwd": (1, 3)},
+    "relu": {"fwd": (1, 2), "bwd": (1, 3)},
+    "bias": {"fwd": (0, 0), "bwd": (1, 1)},
+    "embedding": {"fwd": (3, 5), "bwd": (3, 4)},
+    "cross_entropy": {"fwd": (3, 5), "bwd": (3, 5)},
+}
+# The gate's routing (moe_core.gating.gshard_gating forward, its backward to the logits) per top_k and
+# pass: (kernels, bytes per token and expert, bytes per token), counted by running the code on meta
+# tensors (tests/test_sim_compute.py traces it and checks this table): top-2 makes 7 float32 passes
+# over the tokens x experts gate matrix forward and 19 backward, plus index work per token (sort,
+# cumsum, gathers on int64). Random routing adds one kernel, dropless routing drops two.
+GATE_ROUTING = {
+    1: {"fwd": (43, 16, 329), "bwd": (12, 44, 25)},
+    2: {"fwd": (55, 28, 759), "bwd": (29, 76, 206)},
+}
+# Which calibrated op class (moe_core.config.COMPUTE_PHASES) prices an op phase: the measured
+# ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
+PHASE_CLASS = {"copy": "dense", "optimizer": "dense"}
+
+
+def calibration_class(phase: str) -> str:
+    """The op class whose calibrated multiplier (``hardware.phase_efficiency``) an op phase takes."""
+    return PHASE_CLASS.get(phase, phase)
 
 
 @dataclass
@@ -65,7 +103,9 @@ class StepSimulation:
         by_phase.update({p: a2a * w / sum(own.values()) if a2a else 0.0 for p, w in own.items()})
         moe = by_phase["gate"] + a2a + by_phase["expert"]
         step = self.timeline.makespan_s * 1e3
-        exposed = step - float(self.timeline.end_s[self.backward_end]) * 1e3
+        optimizer = next(i for i, op in enumerate(self.ops) if op.phase == "optimizer")
+        # the gradient all-reduces' wait: from the end of the backward pass to the optimizer's start
+        exposed = float(self.timeline.start_s[optimizer] - self.timeline.end_s[self.backward_end]) * 1e3
         a2a_dir = {
             d: self.waiting_ms(lambda op, d=d: op.phase.endswith("a2a") and op.name.endswith(d))
             for d in (".fwd", ".bwd")
@@ -95,6 +135,7 @@ class StepSimulation:
             "moe_layer_bwd_ms": span["bwd"],
             "moe_compute_share": compute_share,
             "allreduce_exposed_ms": exposed,
+            "optimizer_ms": float(dur[optimizer]),  # one Adam step (in dense_ms)
             "dense_ms": step - moe - exposed,
             "a2a_share": a2a / step,
             "a2a_share_of_moe": a2a / moe if moe else 0.0,
@@ -137,7 +178,8 @@ class StepSimulation:
         """Wall time of the MoE layers per pass (``fwd``, ``bwd``), summed over layers: per layer and
         pass, from the start of its first MoE op (gate or all-to-all) to the end of its last (Lina
         Figs 11-12). Unlike ``moe_layer_ms`` (the sum of the phases' op times) it counts experts
-        pipelined behind an all-to-all once, so it is the time the layer holds up the step."""
+        pipelined behind an all-to-all once, and it holds the copy between the gate and the
+        exchanges, so it is the time the layer holds up the step."""
         spans: dict[tuple[str, str], tuple[float, float]] = {}
         for op, start, end in zip(self.ops, self.timeline.start_s, self.timeline.end_s):
             if op.phase in STEP_PHASES:
@@ -167,7 +209,7 @@ class StepModel:
             raise ValueError(f"hardware '{topo.name}' has no peak_tflops; set it or calibrate the profile")
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
-        self.flop_rate = tflops * 1e12 * share
+        self.compute = ComputeModel.from_profile(cfg.hardware, tflops, self.elem, share)
         self.plan = build_plan(cfg, gradient_tensors(cfg, self.layout), self.elem)
         if self.plan.choose_packing is not None:
             self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
@@ -192,9 +234,7 @@ class StepModel:
             count = len(self._a2a_chunks())
             a2a = self._all_to_all(a2a_bytes)[0] if self.layout.expert_parallel > 1 else None
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
-            return self._seconds(
-                4 * rows * self.cfg.model.d_model * self.cfg.model.d_ff, "expert"
-            ) / count, a2a_s / count
+            return self._expert_seconds(rows / count, "fwd"), a2a_s / count
 
         return per_micro_op
 
@@ -216,9 +256,109 @@ class StepModel:
         row_bytes = self.cfg.moe.num_experts * self.cfg.model.d_model * self.elem  # a row for every expert
         return a2a_micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes, self.plan.a2a_micro_op_bytes)
 
-    def _seconds(self, flops: float, phase: str) -> float:
-        hw = self.cfg.hardware
-        return flops / (self.flop_rate * hw.phase_efficiency.get(phase, hw.compute_efficiency))
+    # -- compute -------------------------------------------------------------------------------
+    def _priced(self, seconds: float, phase: str) -> float:
+        """An op's compute-model time under the profile's calibrated multiplier for its class."""
+        return seconds / self.cfg.hardware.phase_efficiency.get(calibration_class(phase), 1.0)
+
+    def _gemm(self, pass_: str, m: float, n: float, k: float, count: float = 1) -> float:
+        """A GEMM in ``pass_``: forward, or its backward dX and dW GEMMs."""
+        if pass_ == "fwd":
+            return self.compute.gemm(m, n, k, count)
+        return self.compute.gemm_backward(m, n, k, count)
+
+    def _elementwise(self, op: str, pass_: str, elements: float, element_bytes: int | None = None) -> float:
+        """A memory-bound op of ``ELEMENTWISE`` over ``elements`` activation elements."""
+        kernels, passes = ELEMENTWISE[op][pass_]
+        return self.compute.memory_bound(passes * elements * (element_bytes or self.elem), kernels)
+
+    def _linear(self, pass_: str, tokens: float, out_features: float, in_features: float) -> float:
+        """An ``nn.Linear`` with bias: Y = X W^T + b, its GEMM and, backward, its bias gradient."""
+        return self._gemm(pass_, tokens, out_features, in_features) + self._elementwise(
+            "bias", pass_, tokens * out_features
+        )
+
+    def _tokens(self) -> int:
+        return self.cfg.train.batch_size * self.cfg.model.seq_len
+
+    def attention_core_seconds(self, pass_: str, head_split: int) -> float:
+        """The attention core (scaled-dot-product attention, one fused kernel per batched GEMM):
+        scores Q K^T and context P V for each sequence and head, heads split over ``head_split``
+        ranks."""
+        m = self.cfg.model
+        count, head_dim = self.cfg.train.batch_size * m.n_heads / head_split, m.d_model // m.n_heads
+        scores = self._gemm(pass_, m.seq_len, m.seq_len, head_dim, count)
+        context = self._gemm(pass_, m.seq_len, head_dim, m.seq_len, count)
+        return self._priced(scores + context, "dense")
+
+    def _norms_seconds(self, pass_: str) -> float:
+        """A block's two pre-norms and two residual adds, on whole activations (also under a grid)."""
+        elements = self._tokens() * self.cfg.model.d_model
+        return self._priced(
+            2 * (self._elementwise("layer_norm", pass_, elements) + self._elementwise("residual", pass_, elements)),
+            "dense",
+        )
+
+    def _attention_seconds(self, pass_: str) -> float:
+        """QKV projection, attention core, output projection; heads split over "tp"."""
+        T, M, tp = self._tokens(), self.cfg.model.d_model, self.layout.tensor_parallel
+        linears = self._linear(pass_, T, 3 * M / tp, M) + self._linear(pass_, T, M, M / tp)
+        return self._priced(linears, "dense") + self.attention_core_seconds(pass_, tp)
+
+    def _ffn_seconds(self, pass_: str) -> float:
+        """The dense FFN, hidden units split over "tp": W_in, ReLU, W_out."""
+        T, M, tp = self._tokens(), self.cfg.model.d_model, self.layout.tensor_parallel
+        H = self.cfg.model.d_ff / tp
+        seconds = self._linear(pass_, T, H, M) + self._elementwise("relu", pass_, T * H) + self._linear(pass_, T, M, H)
+        return self._priced(seconds, "dense")
+
+    def _expert_seconds(self, rows: float, pass_: str) -> float:
+        """The local experts on ``rows`` rows in all (rows / experts each): one batched GEMM pair
+        (torch.bmm over the local experts), the ReLU between; hidden units split over "tp"."""
+        e_local, M = self.layout.experts_per_rank, self.cfg.model.d_model
+        H, per_expert = self.cfg.model.d_ff / self.layout.tensor_parallel, rows / e_local
+        seconds = (
+            self._gemm(pass_, per_expert, H, M, e_local)
+            + self._elementwise("relu", pass_, rows * H)
+            + self._gemm(pass_, per_expert, M, H, e_local)
+        )
+        return self._priced(seconds, "expert")
+
+    def _gate_seconds(self, pass_: str) -> float:
+        """The gate: its GEMM (tokens x d_model x experts) and the routing's kernels and bytes."""
+        T, E = self._tokens(), self.cfg.moe.num_experts
+        kernels, per_token_expert, per_token = GATE_ROUTING[self.cfg.moe.top_k][pass_]
+        routing = self.compute.memory_bound(T * (per_token_expert * E + per_token), kernels)
+        return self._priced(self._gemm(pass_, T, E, self.cfg.model.d_model) + routing, "gate")
+
+    def _head_seconds(self, passes: tuple[str, ...] = ("fwd", "bwd")) -> float:
+        """Final norm, LM head (no bias) and cross-entropy (float32 logits) in ``passes``."""
+        T, m = self._tokens(), self.cfg.model
+        seconds = sum(
+            self._elementwise("layer_norm", p, T * m.d_model)
+            + self._gemm(p, T, m.vocab_size, m.d_model)
+            + self._elementwise("cross_entropy", p, T * m.vocab_size, element_bytes=4)
+            for p in passes
+        )
+        return self._priced(seconds, "dense")
+
+    def _embedding_seconds(self, pass_: str) -> float:
+        return self._priced(self._elementwise("embedding", pass_, self._tokens() * self.cfg.model.d_model), "dense")
+
+    def _copy_seconds(self, buffer_bytes: float) -> float:
+        """The contiguous copies on one side of an MoE exchange: the sender's permute of its tokens
+        into the expert-major buffer (or back), and under expert parallelism the receiver's
+        re-layout of what arrived (moe_core.layer). Modelled together on the sender's side."""
+        copies = 2 if self.layout.expert_parallel > 1 else 1
+        return self._priced(copies * self.compute.copy(buffer_bytes), "copy")
+
+    def _optimizer_seconds(self) -> float:
+        """AdamW over this rank's parameters; torch runs its multi-tensor implementation on CUDA."""
+        tensors = self.plan.tensors
+        params = sum(t.numel for t in tensors)
+        return self._priced(
+            self.compute.optimizer(params, len(tensors), multi_tensor=self.cfg.hardware.device == "cuda"), "optimizer"
+        )
 
     # -- collectives -----------------------------------------------------------------------------
     def _merged(self, transfers: list[Transfer]) -> Transfer:
@@ -258,18 +398,25 @@ class StepModel:
 
     # -- the DAG ---------------------------------------------------------------------------------
     def build(self) -> tuple[list[Op], int]:
-        m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
-        T, M, H, E = tr.batch_size * m.seq_len, m.d_model, m.d_ff, moe.num_experts
+        m = self.cfg.model
+        T, M = self._tokens(), m.d_model
         tp = self.layout.tensor_parallel
         rows, a2a_bytes = self._moe_sizes()
-        op_seconds = {  # attention heads, dense FFN and expert hidden units are split over "tp"
-            "attn": self._seconds((8 * T * M * M + 4 * T * m.seq_len * M) / tp, "dense"),
-            "ffn": self._seconds(4 * T * M * H / tp, "dense"),
-            "gate": self._seconds(2 * T * M * E, "gate"),
-            "expert": self._seconds(4 * rows * M * H / tp, "expert"),
-            "head": self._seconds(2 * T * M * m.vocab_size, "dense"),
-        }
         chunks = len(self._a2a_chunks())
+        passes = ("fwd", "bwd")
+        op_seconds = {  # per pass
+            name: {p: seconds(p) for p in passes}
+            for name, seconds in (
+                ("norms", self._norms_seconds),
+                ("attn", self._attention_seconds),
+                ("ffn", self._ffn_seconds),
+                ("gate", self._gate_seconds),
+                ("expert", lambda p: self._expert_seconds(rows, p)),
+                ("expert_micro_op", lambda p: self._expert_seconds(rows / chunks, p)),
+                ("embed", self._embedding_seconds),
+            )
+        }
+        copy_s = self._copy_seconds(a2a_bytes)
         # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
         tp_chunks = self.plan.tp_exchange_chunks if tp > 1 else None
         a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
@@ -309,70 +456,85 @@ class StepModel:
                 return after
             return add(name, "tp_allreduce", after, **self._ring("all_reduce", self.tp_groups, nbytes))
 
-        def exchange_compute_exchange(i: int, first: str, second: str, expert_s: float, last: int, pass_: str) -> int:
-            """first all-to-all -> experts -> second all-to-all, in ``chunks`` micro-ops. Pipelined,
-            the experts work on micro-op k while k+1 arrives and k-1 leaves; else one after another."""
+        def exchange_compute_exchange(i: int, first: str, second: str, last: int, pass_: str) -> int:
+            """copy -> first all-to-all -> experts -> second all-to-all -> copy, the exchanges in
+            ``chunks`` micro-ops. Pipelined, the experts work on micro-op k while k+1 arrives and k-1
+            leaves; else one after another."""
+            last = add(f"L{i}.copy_before.{pass_}", "copy", last, duration_s=copy_s)
             if not pipelined:
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", last)
-                last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=expert_s)
+                last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=op_seconds["expert"][pass_])
                 last = tp_all_reduce(f"L{i}.expert_allreduce.{pass_}", last, rows * M * self.elem)
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
-                return last
-            arrived = computed = left = None
-            for k in range(chunks):
-                arrived = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", [last if arrived is None else arrived])
-                computed = add(f"L{i}.expert{k}.{pass_}", "expert", [arrived, computed], duration_s=expert_s / chunks)
-                left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
-            return left
+            else:
+                arrived = computed = left = None
+                for k in range(chunks):
+                    arrived = moe_comm(
+                        f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", [last if arrived is None else arrived]
+                    )
+                    computed = add(
+                        f"L{i}.expert{k}.{pass_}",
+                        "expert",
+                        [arrived, computed],
+                        duration_s=op_seconds["expert_micro_op"][pass_],
+                    )
+                    left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
+                last = left
+            return add(f"L{i}.copy_after.{pass_}", "copy", last, duration_s=copy_s)
 
         activation_bytes = T * M * self.elem
         grid = None if self.layout.grid.is_trivial else GridOps(self, add)
+
+        def compute(kind: str, pass_: str, last, layer: int | None = None) -> int:
+            """An op of ``op_seconds``' dense ``kind``, of block ``layer`` or of the whole model."""
+            name = kind if layer is None else f"L{layer}.{kind}"
+            return add(f"{name}.{pass_}", "dense", last, duration_s=op_seconds[kind][pass_])
 
         def attention(i: int, pass_: str, last):
             """The attention's ops: whole or Megatron-split (with its all-reduce), or on the grid."""
             if grid is not None:
                 return grid.attention(i, pass_, last)
-            last = add(f"L{i}.attn.{pass_}", "dense", last, duration_s=PASS_COST[pass_] * op_seconds["attn"])
-            return tp_all_reduce(f"L{i}.attn_allreduce.{pass_}", last, activation_bytes)
+            return tp_all_reduce(f"L{i}.attn_allreduce.{pass_}", compute("attn", pass_, last, i), activation_bytes)
 
         def dense_ffn(i: int, pass_: str, last):
             if grid is not None:
                 return grid.ffn(i, pass_, last)
-            last = add(f"L{i}.ffn.{pass_}", "dense", last, duration_s=PASS_COST[pass_] * op_seconds["ffn"])
-            return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", last, activation_bytes)
+            return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", compute("ffn", pass_, last, i), activation_bytes)
 
         moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
-        last = None
+        last = compute("embed", "fwd", None)
         for i in range(m.n_layers):
-            last = attention(i, "fwd", last)
+            last = attention(i, "fwd", compute("norms", "fwd", last, i))
             if i in moe_layers:
-                last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"])
-                last = exchange_compute_exchange(i, "dispatch", "combine", op_seconds["expert"], last, "fwd")
+                last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"])
+                last = exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
             else:
                 last = dense_ffn(i, "fwd", last)
-        last = add("head.fwd_bwd", "dense", last, duration_s=3 * op_seconds["head"])
+        last = add("head.fwd_bwd", "dense", last, duration_s=self._head_seconds())
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
             if i in moe_layers:
-                last = exchange_compute_exchange(i, "combine", "dispatch", 2 * op_seconds["expert"], last, "bwd")
-                last = add(f"L{i}.gate.bwd", "gate", last, duration_s=2 * op_seconds["gate"])
+                last = exchange_compute_exchange(i, "combine", "dispatch", last, "bwd")
+                last = add(f"L{i}.gate.bwd", "gate", last, duration_s=op_seconds["gate"]["bwd"])
             else:
                 last = dense_ffn(i, "bwd", last)
-            last = grads_ready[i] = attention(i, "bwd", last)
-        # the embeddings' gradients are the last; one op marks the end of the backward pass
-        backward_end = grads_ready["embed"] = add("embed.bwd", "dense", last, duration_s=0.0)
+            last = grads_ready[i] = compute("norms", "bwd", attention(i, "bwd", last), i)
+        # the embeddings' gradients are the last: their op ends the backward pass
+        backward_end = grads_ready["embed"] = compute("embed", "bwd", last)
         deferred = grid.deferred if grid is not None else []
-        self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
+        reduced = self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
+        add("optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=self._optimizer_seconds())
         return ops, backward_end
 
-    def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, after_backward: list[int]) -> None:
+    def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, after_backward: list[int]) -> list[int]:
         """The plan's gradient all-reduces, launched by its rule, one after another on one
         communicator; units that yield to the all-to-alls run in a lower strict-priority class.
         ``after_backward``: the end of the backward pass and the reduce-scatters a grid completes
         after it, which units launched after the backward pass, and a grid's depth-sharded units
-        whose reduce-scatter is deferred, wait for (moe_core.executor)."""
+        whose reduce-scatter is deferred, wait for (moe_core.executor). Returns the last all-reduce
+        (the optimizer's wait), none when no gradient is reduced."""
         tensors = self.plan.tensors
         priority = 1 if self.plan.gradients_yield_to_a2a else 0
         overlaps = self.plan.grid_overlaps
@@ -389,6 +551,7 @@ class StepModel:
             deps = [*launch_after] + ([previous] if previous is not None else [])
             ops.append(Op(f"allreduce{k}", "allreduce", deps, priority=priority, **cost))
             previous = len(ops) - 1
+        return [] if previous is None else [previous]
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
