@@ -47,4 +47,5 @@ rule all:
         f"{RESULTS}/tables/dispatchers.csv",
         f"{RESULTS}/tables/axonn_grid_validation.csv",
         f"{RESULTS}/tables/axonn_scaling.csv",
+        f"{RESULTS}/tables/gshard_scaling.csv",
         FIGURES,

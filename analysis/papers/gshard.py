@@ -1,5 +1,12 @@
-"""GShard (arXiv 2006.16668): the figure of its MoE layer's training step, broken down by phase
-(results/figures/gshard/). The published numbers it is compared with are Lina's (analysis/papers/lina.py)."""
+"""GShard (arXiv 2006.16668): its figures (results/figures/gshard/), table and reproducers.
+
+* Measured: the MoE layer's training step broken down by phase (``step_breakdown``; the published
+  numbers it is compared with are Lina's, analysis/papers/lina.py).
+* Simulated scaling study on the TPU v3 torus (experiments/gshard.py): Table 1's models at 128, 512
+  and 2048 experts (table ``gshard_scaling``; the runtime breakdown against its roofline, Fig 8),
+  memory per core (Fig 7), the collectives against the number of partitions (Fig 9); reproducers of
+  Table 3's steps/s and model (1)'s training cost, and of Table 4's O(sqrt(D)) all-to-all.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,17 @@ import itertools
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.figures import figure, train_step_rows
+from analysis.collect import TESTBED_COLUMNS, param_columns, select
+from analysis.compare import describe_testbeds, reproducer
+from analysis.figures import FigureDataError, figure, train_step_rows
+from analysis.published import load_registry, published_value
+from analysis.tables import table
+from analysis.units import format_bytes
+from moe_core.papers.gshard.models import MODELS, core_years, training_days
+from moe_core.papers.gshard.study import COLLECTIVES, MEMORY, PAPER, SCALING
 
 STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "dense_ms", "allreduce_exposed_ms"]
 
@@ -43,3 +58,242 @@ def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
     fig.suptitle("Training step time by phase (GShard MoE layer)")
     handles, labels = next(ax.get_legend_handles_labels() for ax in axes.flat if ax.axison)
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), title="phase")
+
+
+# ---- the simulated scaling study ----------------------------------------------------------------
+
+# Fig 8's components: (label, simulated metric, roofline metric or None where none is meaningful)
+BREAKDOWN = [
+    ("transformer", "dense_ms", "transformer_roofline_ms"),
+    ("gate", "gate_ms", "gate_roofline_ms"),
+    ("MoE FFN", "expert_ms", "expert_roofline_ms"),
+    ("all-to-all", "a2a_ms", "a2a_roofline_ms"),
+    ("gradient all-reduce", "allreduce_exposed_ms", None),
+]
+MEMORY_KINDS = {
+    "replicated_weights_GB": "replicated weights",
+    "distributed_weights_GB": "distributed weights",
+    "optimizer_GB": "optimizer state",
+    "gradients_GB": "gradients",
+    "activations_GB": "activations",
+}
+STEPS_PER_S_ID = "gshard-table3-model{}-steps-per-s"
+
+
+def _points(records: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    """One row per point of gshard/<experiment> (every testbed): its testbed, its parameters and every
+    metric as a column; no rows when the records have none."""
+    df = select(records, paper=PAPER, experiment=experiment)
+    if df.empty:
+        return df
+    keys = [*TESTBED_COLUMNS, "point"]
+    params = [c for c in param_columns(df) if c != "point" and df[c].notna().any()]
+    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    return df.drop_duplicates(keys)[keys + params].merge(wide, on=keys)
+
+
+def _required(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    if df.empty:
+        raise FigureDataError(f"the records table has no {what}; run experiments/gshard.py and collect its records")
+    return df
+
+
+def _with_training_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the days and core-years of training on 1T tokens at its steps/s and batch (Table 3's
+    arithmetic, moe_core/papers/gshard/models.py)."""
+    return df.assign(
+        training_days=training_days(df["steps_per_s"], df["batch_tokens"]),
+        core_years=core_years(df["steps_per_s"], df["batch_tokens"], df["cores"]),
+    )
+
+
+def _scaling(records: pd.DataFrame) -> pd.DataFrame:
+    """The simulated models of Table 1, one row each (ints where the parameters are counts)."""
+    df = _points(records, SCALING)
+    if df.empty:
+        return df
+    counts = ["gshard_model", "num_experts", "n_layers", "cores", "chips", "batch_tokens", "moe_layers"]
+    return _with_training_cost(df.astype({c: int for c in counts})).sort_values("gshard_model")
+
+
+@table
+def gshard_scaling(records: pd.DataFrame) -> pd.DataFrame:
+    """Per Table 1 model simulated on its torus: step time and steps/s beside Table 3's, the days and
+    core-years of 1T tokens at that rate, all-to-all time and share of the step, the step's other
+    components, the MoE compute's fraction of its roofline, memory per core in that run."""
+    df = _scaling(records)
+    if df.empty:
+        return df
+    registry = load_registry()
+    df["published_steps_per_s"] = [published_value(registry, STEPS_PER_S_ID.format(i)) for i in df["gshard_model"]]
+    columns = ["gshard_model", "num_experts", "n_layers", "cores", "hardware", "batch_tokens", "step_ms"]
+    columns += ["steps_per_s", "published_steps_per_s", "training_days", "core_years", "a2a_ms", "a2a_share"]
+    columns += ["gate_ms", "expert_ms", "dense_ms", "allreduce_exposed_ms", "moe_roofline_fraction"]
+    columns += ["a2a_roofline_ms", "memory_GB", "memory_share_of_device"]
+    return df[columns].reset_index(drop=True)
+
+
+# ---- reproducers ------------------------------------------------------------------------------
+
+
+def _model_row(records: pd.DataFrame, model_id: int) -> pd.Series | None:
+    """Model ``model_id``'s simulated point on this testbed, or None."""
+    df = _scaling(records)
+    found = df[df["gshard_model"] == model_id] if not df.empty else df
+    return None if found.empty else found.iloc[0]
+
+
+def _setting(row: pd.Series) -> str:
+    return (
+        f"{row['hardware']} {row['backend']}, model ({row['gshard_model']}) {MODELS[row['gshard_model']].name} on "
+        f"{row['cores']} cores ({row['chips']} chips), batch {row['batch_tokens']:,} tokens: step "
+        f"{row['step_ms']:.0f} ms ({row['steps_per_s']:.3g} steps/s), all-to-all {row['a2a_share']:.0%} of it; "
+        f"1T tokens in {row['training_days']:.2f} days = {row['core_years']:.2f} core-years"
+    )
+
+
+def _model_reproducer(model_id: int, metric: str):
+    """The reproducer of ``metric`` (a column of the scaling points) for model ``model_id``."""
+
+    def reproduce(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        row = _model_row(records, model_id)
+        return None if row is None else (float(row[metric]), _setting(row))
+
+    reproduce.__doc__ = f"Model ({model_id})'s simulated {metric} (Table 3)."
+    return reproduce
+
+
+for _model_id in MODELS:
+    reproducer(_model_reproducer(_model_id, "steps_per_s"), f"gshard_steps_per_s_model{_model_id}")
+reproducer(_model_reproducer(1, "core_years"), "gshard_core_years_model1")
+reproducer(_model_reproducer(1, "training_days"), "gshard_training_days_model1")
+
+
+def scaling_exponent(x: pd.Series, y: pd.Series) -> float:
+    """b of the least-squares fit y = a x^b on log-log axes."""
+    return float(np.polyfit(np.log(x.astype(float)), np.log(y.astype(float)), 1)[0])
+
+
+def _collective_exponents(records: pd.DataFrame) -> pd.DataFrame:
+    """Per collective and size per partition: the fitted exponent of its time and of its line-rate
+    bound in the number of partitions, over how many partition counts."""
+    df = _points(records, COLLECTIVES)
+    if df.empty:
+        return df
+    rows = []
+    for (kind, size), points in df.groupby(["collective", "size_bytes"]):
+        rows.append(
+            {
+                "collective": kind,
+                "size_bytes": int(size),
+                "exponent": scaling_exponent(points["partitions"], points["time_ms"]),
+                "line_rate_exponent": scaling_exponent(points["partitions"], points["line_rate_ms"]),
+                "partition_counts": int(points["partitions"].nunique()),
+                "partitions": f"{points['partitions'].min():.0f}-{points['partitions'].max():.0f}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@reproducer
+def gshard_a2a_exponent(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """The exponent of the all-to-all's time in the number of partitions on the torus, at the largest
+    size per partition of the sweep (Table 4: O(sqrt(D)), the bandwidth term d h / l, which dominates
+    the latency at the largest size); the other sizes' exponents are in the setting."""
+    fits = _collective_exponents(records)
+    fits = fits[(fits["collective"] == "all_to_all") & (fits["partition_counts"] >= 3)] if not fits.empty else fits
+    if fits.empty:
+        return None
+    fits = fits.sort_values("size_bytes")
+    largest = fits.iloc[-1]
+    others = ", ".join(f"{format_bytes(r.size_bytes)}: D^{r.exponent:.2f}" for r in fits.iloc[:-1].itertuples())
+    return largest["exponent"], (
+        f"{describe_testbeds(_points(records, COLLECTIVES))}, torus slices of {largest['partitions']} partitions, "
+        f"{format_bytes(largest['size_bytes'])} per partition: time ~ D^{largest['exponent']:.2f} (at line rate "
+        f"alone D^{largest['line_rate_exponent']:.2f}); smaller sizes: {others or 'none'}"
+    )
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+
+@figure(paper=PAPER)
+def gshard_runtime_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Per MoE layer and its adjacent Transformer layer, simulated time by component against its
+    roofline, from 128 to 2048 experts; one panel per depth (GShard Fig 8)."""
+    df = _required(_scaling(records), "gshard_scaling points")
+    depths = sorted(df["n_layers"].unique())
+    fig.set_size_inches(5.5 * len(depths), 4.5)
+    for ax, depth in zip(fig.subplots(1, len(depths), squeeze=False)[0], depths):
+        _breakdown_panel(ax, df[df["n_layers"] == depth].sort_values("num_experts"))
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.suptitle("GShard on the TPU v3 torus (simulated): time per MoE layer + Transformer layer vs roofline")
+
+
+def _breakdown_panel(ax: Axes, df: pd.DataFrame) -> None:
+    """Per expert count, a simulated bar and a roofline bar (hatched), stacked by component, ms per
+    layer pair (the step's components over its MoE layers)."""
+    x = np.arange(len(df))
+    colors = sns.color_palette("colorblind", len(BREAKDOWN))
+    simulated, roofline = np.zeros(len(df)), np.zeros(len(df))
+    per_pair = df["moe_layers"].to_numpy()
+    for (label, metric, bound), color in zip(BREAKDOWN, colors):
+        ax.bar(x - 0.2, df[metric] / per_pair, 0.38, bottom=simulated, color=color, label=label)
+        simulated += df[metric].to_numpy() / per_pair
+        if bound is not None:
+            ax.bar(x + 0.2, df[bound] / per_pair, 0.38, bottom=roofline, color=color, hatch="//", alpha=0.6)
+            roofline += df[bound].to_numpy() / per_pair
+    tokens = df["tokens_per_rank"] * df["chips"] / df["cores"]  # a chip's tokens over its cores
+    labels = [
+        f"{e} experts, {t:.0f} tokens/core\n{h}\nsimulated | roofline"
+        for e, t, h in zip(df["num_experts"], tokens, df["hardware"])
+    ]
+    ax.set_xticks(x, labels, fontsize="x-small")
+    ax.set(ylabel="ms per layer pair (forward + backward)", title=f"{df['n_layers'].iloc[0]} layers")
+
+
+@figure(paper=PAPER)
+def gshard_collective_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """All-to-all and all-reduce time vs number of partitions on torus slices, per size per partition,
+    log-log, with sqrt(D) for reference and each line's fitted exponent (GShard Fig 9)."""
+    df = _required(_points(records, COLLECTIVES), "gshard_collectives points")
+    fits = _collective_exponents(records).set_index(["collective", "size_bytes"])
+    ax = fig.subplots()
+    fig.set_size_inches(7, 5)
+    for (kind, size), points in df.sort_values("partitions").groupby(["collective", "size_bytes"]):
+        fit = fits.loc[(kind, size), "exponent"]
+        style = "-o" if kind == "all_to_all" else "--s"
+        ax.plot(points["partitions"], points["time_ms"], style, label=f"{kind}, {format_bytes(size)}: D^{fit:.2f}")
+    smallest = df[df["partitions"] == df["partitions"].min()]
+    start = smallest.loc[smallest["collective"] == "all_to_all", "time_ms"].max()
+    d = np.sort(df["partitions"].unique())
+    ax.plot(d, start * np.sqrt(d / d[0]), ":", color="gray", label="sqrt(D)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="partitions D (TPU v3 cores)", ylabel="time (ms)")
+    ax.set_title("Collectives on the TPU v3 torus vs partitions (simulated)", fontsize="medium")
+    ax.legend(fontsize="small")
+
+
+@figure(paper=PAPER)
+def gshard_memory(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Memory per core by kind for each depth and expert count, against the core's HBM (GShard Fig 7)."""
+    df = _required(_points(records, MEMORY), "gshard_memory points").astype({"num_experts": int, "n_layers": int})
+    df = df.sort_values(["n_layers", "num_experts"]).reset_index(drop=True)
+    ax = fig.subplots()
+    fig.set_size_inches(max(7, 0.6 * len(df)), 4.5)
+    parts = df[list(MEMORY_KINDS)].rename(columns=MEMORY_KINDS)
+    parts.set_axis([f"{L}L\n{E}E" for L, E in zip(df["n_layers"], df["num_experts"])]).plot.bar(
+        stacked=True, ax=ax, rot=0, width=0.75
+    )
+    device = (df["memory_GB"] / df["memory_share_of_device"]).iloc[0]
+    ax.axhline(device, color="black", linestyle="--", label=f"HBM per core ({device:g} GB)")
+    ax.set(xlabel="layers and experts per MoE layer", ylabel="GB per core")
+    ax.set_title(
+        f"Memory per core, {df['group_size'].iloc[0]:.0f} tokens per core and side (no rematerialization)",
+        fontsize="medium",
+    )
+    ax.tick_params(axis="x", labelsize="x-small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))

@@ -1,7 +1,12 @@
 # The measured training-step sweep (GShard's MoE model under each policy): one torchrun job per
 # point (experiments/train_step.py). The points are the config's sweep plus those papers register
 # (moe_core.points, e.g. Lina's measured policies).
+# GShard's scaling study on the TPU v3 torus, simulated (experiments/gshard.py: Table 1's models at
+# 128, 512 and 2048 experts on the committed 64-, 256- and 1024-chip profiles; memory per core; the
+# collectives on torus slices; seconds of CPU).
 
+from experiments.gshard import record_points as gshard_record_points
+from moe_core.papers.gshard.study import PAPER as GSHARD_PAPER
 from moe_core.points import measured_points, point_overrides
 
 TRAIN_POINTS = measured_points(CFG)
@@ -31,3 +36,47 @@ rule train_step:
     shell:
         "python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
         "-- -m experiments.train_step --out {output:q} > {log:q} 2>&1"
+
+
+GSHARD_SIM_RECORDS = [
+    f"{RESULTS}/raw/{GSHARD_PAPER}/{experiment}/{point}.json"
+    for experiment, points in gshard_record_points(CFG).items()
+    for point in points
+]
+
+
+rule gshard_simulated:
+    """Table 1's models simulated on their tori, Fig 7's memory per core, Fig 9's collectives."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        GSHARD_SIM_RECORDS,
+    log:
+        f"{RESULTS}/logs/gshard_simulated.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.gshard --config {input.config:q} > {log:q} 2>&1"
+
+
+rule gshard_scaling_table:
+    """Per model: step time, all-to-all share, steps/s beside Table 3's, training cost, roofline, memory."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/gshard_scaling.csv",
+            caption="../../analysis/captions/gshard_scaling_table.rst",
+            category="Published vs reproduced",
+        ),
+    log:
+        f"{RESULTS}/logs/gshard_scaling_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "python -m analysis.tables --records {input.records:q} --table gshard_scaling --out {output:q} > {log:q} 2>&1"

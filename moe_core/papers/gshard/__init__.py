@@ -1,7 +1,19 @@
-"""GShard (Lepikhin et al., arXiv 2006.16668): the MoE model and its measured training step.
+"""GShard (Lepikhin et al., arXiv 2006.16668): the MoE model, its measured training step, and its
+scaling study on the TPU v3 torus.
 
 GShard's mechanisms are the suite's core (moe_core.gating: top-2 gating with capacity and random
 routing; moe_core.layer and model: the MoE transformer; the ``sequential`` and ``overlap`` policies
-of moe_core.policies), so this paper holds no code of its own: it names the measured sweep
-(``paper: gshard``) and the figures of analysis/papers/gshard.py.
+of moe_core.policies), so the measured sweep (``paper: gshard``) needs no code of its own. The
+simulated scaling study (experiments/gshard.py) is this folder's:
+
+* ``models``: Table 1's models, Table 3's batches and training-cost arithmetic, and how the
+  decoder-only step simulator stands in for GShard's encoder-decoder;
+* ``memory``: per-core memory by kind (Fig 7): replicated and distributed weights, Adafactor's
+  state, activations;
+* ``roofline``: FLOPs of the simulated step's components and their time at peak, and the
+  all-to-all's bandwidth bound (Fig 8);
+* ``torus``: slices of the TPU v3 pod for the collectives' scaling (Fig 9);
+* ``config``: the ``gshard`` config section, every unstated parameter with its reasoning.
 """
+
+from . import config  # noqa: F401  (registers the config section)

@@ -1,0 +1,254 @@
+"""GShard's scaling study on the TPU v3 torus, simulated (seconds of CPU, no processes).
+
+    python -m experiments.gshard --config configs/default.yaml
+
+The models of Table 1 (moe_core/papers/gshard/models.py) at 128, 512 and 2048 experts, one expert per
+core, each on the committed profile with as many cores (``gshard.profiles``: 64-, 256- and 1024-chip
+tori, one simulated device per chip), with Table 3's batch; every unstated parameter is the ``gshard``
+config section's (moe_core/papers/gshard/config.py, with its reasoning). Records:
+
+* ``gshard_scaling/<model>``: the simulated step's metrics (moe_core.sim.step: step time, all-to-all
+  time and share, gate, experts, the rest of the transformer, the gradient all-reduce left after the
+  backward pass), steps/s and the batch it carries, each component's roofline (FLOPs at the
+  profile's peak, the all-to-alls at line rate; moe_core/papers/gshard/roofline.py), the MoE
+  compute's fraction of its roofline, and memory per core by kind in that run (Fig 7's kinds).
+* ``gshard_memory/<layers>l_<experts>e``: memory per core by kind of Fig 7's models (12 to 60 layers x
+  the profiles' expert counts) at the tokens per core of the 512- and 2048-core runs (GShard's N/D
+  constant), against the core's HBM.
+* ``gshard_collectives/<collective>_p<partitions>_<bytes>``: an all-to-all and an all-reduce of
+  ``gshard.collective_bytes_per_partition`` per core on a torus slice of the largest profile of each
+  ``gshard.collective_partitions`` (Fig 9): the simulated time and its line-rate bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from omegaconf import DictConfig
+
+from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.config import load_config, to_container
+from moe_core.papers.gshard.memory import memory_per_core
+from moe_core.papers.gshard.models import (
+    D_FF,
+    D_MODEL,
+    MODELS,
+    N_HEADS,
+    TARGET_VOCAB,
+    GShardModel,
+    simulated_batch_tokens,
+    tokens_per_core,
+)
+from moe_core.papers.gshard.roofline import line_rate_s, roofline_ms
+from moe_core.papers.gshard.study import (
+    COLLECTIVE_KINDS,
+    COLLECTIVES,
+    MEMORY,
+    PAPER,
+    SCALING,
+    collective_point,
+    memory_point,
+    scaling_point,
+)
+from moe_core.papers.gshard.torus import torus_slice
+from moe_core.points import point_params
+from moe_core.sections import ConfigError
+from moe_core.sim.collectives import footprint, simulate_collective
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+GB = 1e9
+
+
+@functools.cache
+def profile(name: str) -> DictConfig:
+    """A hardware profile as it is (read once: every point needs one)."""
+    return load_config(overrides=[f"hardware_profile={name}"]).hardware
+
+
+def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:
+    """Cores -> the profile of ``gshard.profiles`` with that many (chips x ``gshard.cores_per_chip``);
+    ConfigError for a profile that is not a torus of one device per chip."""
+    by_cores = {}
+    for i, name in enumerate(cfg.gshard.profiles):
+        hw = profile(name)
+        if hw.topology != "torus2d" or hw.devices_per_node != 1:
+            raise ConfigError(
+                f"config key 'gshard.profiles[{i}]': '{name}' is not a TPU torus profile "
+                f"(topology torus2d, one device per chip); got topology {hw.topology}, "
+                f"{hw.devices_per_node} devices per node"
+            )
+        by_cores[hw.nodes * cfg.gshard.cores_per_chip] = name
+    return by_cores
+
+
+def profile_for(cfg: DictConfig, cores: int) -> str:
+    """The profile of ``gshard.profiles`` with ``cores`` cores; ConfigError naming those it has."""
+    by_cores = profiles_by_cores(cfg)
+    if cores not in by_cores:
+        raise ConfigError(
+            f"config key 'gshard.profiles': no profile has {cores} cores (chips x gshard.cores_per_chip="
+            f"{cfg.gshard.cores_per_chip}); the profiles have {sorted(by_cores)}"
+        )
+    return by_cores[cores]
+
+
+def step_overrides(cfg: DictConfig, model: GShardModel) -> list[str]:
+    """The suite's config of ``model``'s stand-in (models.py): all its layers, every other FFN MoE, one
+    expert per core on the profile with its cores, each chip holding its cores' share of one side."""
+    g = cfg.gshard
+    chip_tokens = tokens_per_core(model, g.group_size) * g.cores_per_chip
+    return [
+        f"hardware_profile={profile_for(cfg, model.cores)}",
+        f"paper={PAPER}",
+        f"parallel.world_size={model.cores // g.cores_per_chip}",
+        f"moe.num_experts={model.experts}",
+        f"moe.experts_per_rank={g.cores_per_chip}",
+        "moe.top_k=2",
+        f"moe.capacity_factor={g.capacity_factor}",
+        "moe.min_capacity=0",  # GShard's C = 2S/E, no floor
+        f"moe.group_size={g.group_size}",
+        f"model.d_model={D_MODEL}",
+        f"model.n_heads={N_HEADS}",
+        f"model.d_ff={D_FF}",
+        f"model.n_layers={model.n_layers}",
+        "model.moe_every=2",
+        f"model.seq_len={g.seq_len}",
+        f"model.vocab_size={TARGET_VOCAB}",
+        f"train.batch_size={chip_tokens // g.seq_len}",
+        "train.dtype=float32",
+        f"comm.policy={g.policy}",
+    ]
+
+
+def memory_GB(cfg: DictConfig, experts: int, n_layers: int, tokens: int) -> dict[str, float]:
+    """Memory per core by kind (GB), its total, and the total's share of the core's HBM."""
+    g = cfg.gshard
+    kinds = memory_per_core(experts, n_layers, experts, tokens, g.seq_len, g.group_size, g.capacity_factor)
+    metrics = {name.replace("_bytes", "_GB"): size / GB for name, size in kinds.items()}
+    metrics["memory_GB"] = sum(kinds.values()) / GB
+    metrics["memory_share_of_device"] = metrics["memory_GB"] / g.device_memory_GB
+    return metrics
+
+
+def scaling_record(cfg: DictConfig, model: GShardModel) -> dict:
+    """One model of Table 1 simulated on its profile: step, rooflines, memory as trained."""
+    g = cfg.gshard
+    point = load_config(data=to_container(cfg), overrides=step_overrides(cfg, model))
+    topo = build_topology(point.hardware)
+    step = StepModel(point, topo).run().metrics()
+    roof = roofline_ms(point, topo)
+    moe_roofline = roof["gate_roofline_ms"] + roof["expert_roofline_ms"]
+    metrics = {
+        **step,
+        **roof,
+        "steps_per_s": 1e3 / step["step_ms"],
+        "moe_roofline_fraction": moe_roofline / (step["gate_ms"] + step["expert_ms"]),
+        **memory_GB(cfg, model.experts, model.n_layers, tokens_per_core(model, g.group_size)),
+    }
+    params = {
+        **point_params(point),
+        "gshard_model": model.id,
+        "n_layers": model.n_layers,
+        "cores": model.cores,
+        "chips": model.cores // g.cores_per_chip,
+        "batch_tokens": simulated_batch_tokens(model, g.group_size),
+        "group_size": g.group_size,
+        "seq_len": g.seq_len,
+    }
+    return _record(cfg, SCALING, scaling_point(model), point.hardware.name, params, metrics)
+
+
+def memory_records(cfg: DictConfig) -> list[dict]:
+    """Fig 7: memory per core of every ``gshard.memory_layers`` x profile's expert count, at one group
+    of ``gshard.group_size`` tokens per core and side (N/D constant)."""
+    out = []
+    for experts, name in sorted(profiles_by_cores(cfg).items()):
+        for n_layers in cfg.gshard.memory_layers:
+            params = {
+                "num_experts": experts,
+                "n_layers": n_layers,
+                "cores": experts,
+                "group_size": cfg.gshard.group_size,
+            }
+            metrics = memory_GB(cfg, experts, n_layers, cfg.gshard.group_size)
+            out.append(_record(cfg, MEMORY, memory_point(n_layers, experts), name, params, metrics, backend="model"))
+    return out
+
+
+def collective_records(cfg: DictConfig) -> list[dict]:
+    """Fig 9: each collective of each size per partition on each torus slice of the largest profile."""
+    g = cfg.gshard
+    by_cores = profiles_by_cores(cfg)
+    pod = profile(by_cores[max(by_cores)])
+    return [
+        collective_record(cfg, pod, partitions, kind, size)
+        for partitions in g.collective_partitions
+        for kind in COLLECTIVE_KINDS
+        for size in g.collective_bytes_per_partition
+    ]
+
+
+def collective_record(cfg: DictConfig, pod: DictConfig, partitions: int, kind: str, size: int) -> dict:
+    """One collective of ``size`` bytes per partition over ``partitions`` cores of ``pod``'s chips. A chip
+    holds ``gshard.cores_per_chip`` partitions: it sends their all-to-all buffers together, and
+    all-reduces one buffer (its cores' partial sums added on the chip first)."""
+    chips = partitions // cfg.gshard.cores_per_chip
+    hw = torus_slice(pod, chips)
+    topo = build_topology(hw)
+    chip_bytes = size * (cfg.gshard.cores_per_chip if kind == "all_to_all" else 1)
+    metrics = {
+        "time_ms": simulate_collective(hw, topo, {"collective": kind, "world_size": chips, "size_bytes": chip_bytes}),
+        "line_rate_ms": 1e3 * line_rate_s(footprint(topo, kind, chips, chip_bytes), topo),
+    }
+    x, y = hw.torus_dims
+    params = {"collective": kind, "partitions": partitions, "chips": chips, "world_size": chips}
+    params |= {"torus_x": x, "torus_y": y, "size_bytes": size}
+    return _record(cfg, COLLECTIVES, collective_point(kind, partitions, size), pod.name, params, metrics)
+
+
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of the study (validates the profiles first: a bad one fails before any simulation)."""
+    profiles_by_cores(cfg)
+    scaling = [scaling_record(cfg, MODELS[i]) for i in cfg.gshard.models]
+    return [*scaling, *memory_records(cfg), *collective_records(cfg)]
+
+
+def record_points(cfg: DictConfig) -> dict[str, list[str]]:
+    """Experiment -> the point names one run writes (pure and quick: the workflow declares them)."""
+    g = cfg.gshard
+    experts = sorted(profiles_by_cores(cfg))
+    return {
+        SCALING: [scaling_point(MODELS[i]) for i in g.models],
+        MEMORY: [memory_point(n_layers, e) for e in experts for n_layers in g.memory_layers],
+        COLLECTIVES: [
+            collective_point(kind, p, size)
+            for p in g.collective_partitions
+            for kind in COLLECTIVE_KINDS
+            for size in g.collective_bytes_per_partition
+        ],
+    }
+
+
+def _record(
+    cfg: DictConfig, experiment: str, point: str, hardware: str, params: dict, metrics: dict, backend: str = "sim"
+) -> dict:
+    return predicted_record(
+        cfg,
+        paper=PAPER,
+        experiment=experiment,
+        point=point,
+        hardware=hardware,
+        params=params,
+        metrics=metrics,
+        backend=backend,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return predictions_main(argv, __doc__, records)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
