@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -22,6 +23,8 @@ from analysis.figures import FIGURE_REGISTRY, FigureDataError, render
 from analysis.published import RegistryError, load_registry
 from analysis.tables import TABLE_REGISTRY
 from analysis.units import KiB, MiB
+from experiments.gshard import records as gshard_records
+from moe_core.config import load_config
 from moe_core.results import make_record, record_path, write_record
 
 SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share
@@ -179,7 +182,7 @@ def write_sim_train_step(root):
 
 def write_lina(root):
     """Lina's simulated policies at 4 and 8 experts (= GPUs) and the partition sweep at 8, on Lina's
-    testbed; and its measured inference, one record per placement policy."""
+    testbed; and its inference, measured and simulated, one record per placement policy."""
     paths = []
     sim = {
         "paper": "lina",
@@ -209,17 +212,19 @@ def write_lina(root):
         paths.append(
             _write(root, **sim, point=f"lina_ws{experts}_{policy}_p{partition:g}", params=params, samples=samples)
         )
-    for policy, norm in (("ideal", 1.0), ("static", 1.4), ("lina", 1.1), ("lina-no-estimation", 1.2)):
+    testbeds = [("", "measured", "gloo", "local-cpu"), ("sim_", "simulated", "sim", "lina-a100-4x4")]
+    policies = (("ideal", 1.0), ("static", 1.4), ("lina", 1.1), ("lina-no-estimation", 1.2))
+    for (prefix, mode, backend, hardware), (policy, norm) in itertools.product(testbeds, policies):
         params = {"world_size": 4, "num_experts": 4, "path_length": 3, "policy": policy, "seed": 0, "moe_layers": 2}
         paths.append(
             _write(
                 root,
                 paper="lina",
                 experiment="inference",
-                point=f"inference_{policy}",
-                mode="measured",
-                backend="gloo",
-                hardware="local-cpu",
+                point=f"{prefix}inference_{policy}",
+                mode=mode,
+                backend=backend,
+                hardware=hardware,
                 params=params,
                 samples={
                     "moe_layer_norm": [norm, norm * 1.1, norm * 1.3],
@@ -536,6 +541,18 @@ def write_axonn(root):
     return paths
 
 
+def write_gshard(root):
+    """GShard's scaling study as experiments/gshard.py simulates it, a few points of each experiment."""
+    cfg = load_config(
+        ["configs/default.yaml"],
+        ["gshard.models=[2,4,6]", "gshard.memory_layers=[12,36]", "gshard.collective_partitions=[16,64,256]"],
+    )
+    return [
+        write_record(record, record_path(root, record["paper"], record["experiment"], record["point"]))
+        for record in gshard_records(cfg)
+    ]
+
+
 @pytest.fixture(scope="module")
 def figure_tables(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
@@ -547,6 +564,7 @@ def figure_tables(tmp_path_factory):
         + write_lina(root)
         + write_monta(root)
         + write_axonn(root)
+        + write_gshard(root)
         + write_dispatchers(root)
         + write_external_validation(root)
     )
@@ -757,6 +775,7 @@ def test_figures_register_with_their_paper():
                 "lina_moe_speedup",
                 "lina_partition_sweep",
                 "lina_inference",
+                "lina_inference_simulated",
             ],
             "lina",
         ),
@@ -783,6 +802,7 @@ def test_figures_register_with_their_paper():
         **dict.fromkeys(
             ["axonn_model_validation", "axonn_overlap_ablation", "axonn_weak_scaling", "axonn_grid_ranking"], "axonn"
         ),
+        **dict.fromkeys(["gshard_runtime_breakdown", "gshard_collective_scaling", "gshard_memory"], "gshard"),
     }
     assert [name for name, fig in FIGURE_REGISTRY.items() if fig.reads_validation] == ["sim_validation"]
     captions = Path(figures_mod.__file__).with_name("captions")
@@ -813,6 +833,7 @@ NEEDS = {
     "lina_moe_speedup": "sim_train_step",
     "lina_partition_sweep": "sim_train_step",
     "lina_inference": "inference",
+    "lina_inference_simulated": "inference",
     # MoNTA's figures draw measured and simulated panels: each needs all of its sources gone
     "monta_a2a_vs_tp": ("monta_a2a", "sim_train_step"),
     "monta_chunks": ("sim_train_step", "monta_chunk_model", "monta_a2a"),
@@ -825,6 +846,9 @@ NEEDS = {
     "axonn_overlap_ablation": ("axonn_grids", "axonn_ablation"),
     "axonn_weak_scaling": "axonn_scaling",
     "axonn_grid_ranking": "axonn_ranking",
+    "gshard_runtime_breakdown": "gshard_scaling",
+    "gshard_collective_scaling": "gshard_collectives",
+    "gshard_memory": "gshard_memory",
 }
 
 

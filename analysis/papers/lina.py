@@ -204,12 +204,14 @@ def _inference(records: pd.DataFrame, policy: str, metric: str, experts: int | N
 def _our_inference(rows: pd.DataFrame, path_length: bool = True) -> str:
     """Our inference setting in words: model, experts, ranks (and Lina's path length, which the
     rows were selected on)."""
-    known = [c for c in ("moe_layers", "data_zipf") if c in rows and rows[c].notna().all()]
-    model = ", ".join(
-        [f"{span(rows['moe_layers'])} MoE layers"] * ("moe_layers" in known)
-        + ["top-1 gate"]
-        + [f"trained on Zipf {span(rows['data_zipf'])} tokens"] * ("data_zipf" in known)
-    )
+    known = {c for c in ("moe_layers", "data_zipf", "routing_zipf") if c in rows and rows[c].notna().all()}
+    parts = [f"{span(rows['moe_layers'])} MoE layers"] if "moe_layers" in known else []
+    parts.append("top-1 gate")
+    if "data_zipf" in known:
+        parts.append(f"trained on Zipf {span(rows['data_zipf'])} tokens")
+    if "routing_zipf" in known:
+        parts.append("synthetic routing with Lina's Fig 6 skew and Fig 9 paths")
+    model = ", ".join(parts)
     return (
         f"{describe_testbeds(rows)}, our MoE transformer ({model}) with {span(rows['num_experts'])} experts on "
         f"{span(rows['world_size'])} ranks" + (f", path length {LINA_PATH_LENGTH}" if path_length else "")
@@ -658,11 +660,27 @@ def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
     """Measured inference per placement policy, one row per expert count: whole inference time (Fig
     16) and the MoE layers' time (Fig 17), median and p95 normalised to a perfectly balanced gate's
     median; and each MoE layer's p95 all-to-all time, static vs lina (Fig 18)."""
+    _draw_inference(select(records, mode="measured"), fig, "experiments/inference.py (rule lina_inference)")
+
+
+@figure(paper="lina")
+def lina_inference_simulated(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """As lina_inference, simulated at the paper's scale (experts = GPUs of Lina's testbed, synthetic
+    routing with the paper's skew and path following)."""
+    _draw_inference(
+        select(records, mode="simulated"),
+        fig,
+        "experiments/lina_inference_sim.py (rule lina_inference_simulated)",
+    )
+
+
+def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> None:
+    """The inference figure of one testbed's records."""
     rows = select(records, paper="lina", experiment="inference")
     if rows.empty or not {"forward_ms", "moe_layer_ms"} & set(rows["metric"]):
         raise FigureDataError(
-            "the records table has no lina inference forward_ms / moe_layer_ms rows; run "
-            "experiments/inference.py (rule lina_inference) and collect its records"
+            f"the records table has no lina inference forward_ms / moe_layer_ms rows; run {producer} and "
+            "collect its records"
         )
     one_testbed(rows)
     panels = [

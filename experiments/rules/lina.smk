@@ -37,3 +37,28 @@ rule lina_inference:
     shell:
         "python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
         "-- -m experiments.inference --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+from experiments.lina_inference_sim import record_points as lina_sim_inference_points
+
+LINA_SIM_INFERENCE_RECORDS = expand(
+    f"{RESULTS}/raw/lina/inference/{{point}}.json", point=lina_sim_inference_points(CFG)
+)
+
+
+rule lina_inference_simulated:
+    """Every placement policy at the paper's scale, simulated (seconds, no processes)."""
+    input:
+        config=RESOLVED_CONFIG,
+    output:
+        LINA_SIM_INFERENCE_RECORDS,
+    log:
+        f"{RESULTS}/logs/lina_inference_simulated.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "python -m experiments.lina_inference_sim --config {input.config:q} > {log:q} 2>&1"

@@ -34,6 +34,10 @@ class LinaConfig:
     overrides: list[str] = field(default_factory=list)  # the simulated model
     measured_policy: list[str] = field(default_factory=lambda: ["lina-priority", "lina-pipeline", "lina"])
     measured_partition_mb: float = 0.25
+    # Inference simulated on ``hardware`` (experiments/lina_inference_sim.py): experts = GPUs, the
+    # model above with top-1 routing and no capacity, synthetic routing (routing.py), the
+    # ``inference`` section's policies, path length, profiled and timed batch counts.
+    inference_experts: list[int] = field(default_factory=lambda: [4, 8, 16])
 
 
 @dataclass
@@ -67,6 +71,11 @@ def validate_lina(cfg: DictConfig) -> None:
     require_choices(lina.measured_policy, POLICIES, "lina.measured_policy")
     require(
         min(lina.partition_mb, default=1) > 0, "lina.partition_mb", f"must be > 0 MB, got {list(lina.partition_mb)}"
+    )
+    require(
+        min(lina.inference_experts, default=2) >= 2,
+        "lina.inference_experts",
+        f"expert counts must be >= 2, got {list(lina.inference_experts)}",
     )
     require(
         lina.measured_partition_mb > 0,

@@ -1,0 +1,130 @@
+"""Lina's inference at the paper's scale, simulated: every placement policy on the paper's testbed.
+
+    python -m experiments.lina_inference_sim --config configs/default.yaml
+
+For each count in ``lina.inference_experts`` (experts = GPUs of ``lina.hardware``): the simulated
+training model (``lina.overrides``) with top-1 routing and no capacity, on synthetic routing with
+the paper's popularity skew (Fig 6) and path following (Fig 9) (moe_core/papers/lina/routing.py).
+``inference.profile_batches`` batches are profiled into expert paths of ``inference.path_length``
+layers; then ``lina.inference_batches`` batches run under every policy (``ideal`` and
+``inference.policies``), each batch's forward pass simulated (moe_core.sim.forward).
+
+Records (paper ``lina``, experiment ``inference``, mode simulated, backend sim, the profile as
+hardware), one per policy and expert count, in the measured inference's schema, so the same
+reproducers read both: per batch ``forward_ms`` (Fig 16), ``moe_layer_ms`` (Fig 17) and
+``moe_layer_norm`` (over ideal's median), per-phase times, each MoE layer's all-to-all time
+``a2a_layer<i>_ms`` (Fig 18) and ``load_imbalance``; for Lina's policies the estimation accuracy
+and re-plan rate. Point names start with ``sim_``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from omegaconf import DictConfig
+
+from moe_core.benchmark import predictions_main
+from moe_core.capacity import moe_blocks
+from moe_core.config import load_config, to_container
+from moe_core.papers.lina.config import INFERENCE_POLICIES
+from moe_core.papers.lina.inference_sim import simulate_policies
+from moe_core.papers.lina.placement import profile_paths, schedule_rates
+from moe_core.papers.lina.routing import lina_routing
+from moe_core.results import make_record
+from moe_core.sim.forward import ForwardModel
+from moe_core.sim.topology import build_topology
+
+PAPER, EXPERIMENT = "lina", "inference"
+
+
+def policies(cfg: DictConfig) -> list[str]:
+    return ["ideal", *(p for p in INFERENCE_POLICIES if p in cfg.inference.policies)]
+
+
+def point_name(cfg: DictConfig, experts: int, policy: str) -> str:
+    return f"sim_ws{experts}_e{experts}_k1_l{cfg.inference.path_length}_{policy}_s{cfg.train.seed}"
+
+
+def record_points(cfg: DictConfig) -> list[str]:
+    """The record names of a run (the workflow's outputs)."""
+    return [point_name(cfg, e, p) for e in cfg.lina.inference_experts for p in policies(cfg)]
+
+
+def inference_config(cfg: DictConfig, experts: int) -> DictConfig:
+    """The run's config for ``experts`` experts on as many GPUs of ``lina.hardware``."""
+    overrides = [
+        *cfg.lina.overrides,
+        f"hardware_profile={cfg.lina.hardware}",
+        f"parallel.world_size={experts}",
+        f"moe.num_experts={experts}",
+        "moe.experts_per_rank=1",
+        "moe.top_k=1",
+        "moe.dropless=true",
+        "comm.policy=sequential",
+    ]
+    return load_config(data=to_container(cfg), overrides=overrides)
+
+
+def experts_records(cfg: DictConfig, experts: int) -> list[dict]:
+    """Every policy's record at ``experts`` experts."""
+    run = inference_config(cfg, experts)
+    model = ForwardModel(run, build_topology(run.hardware))
+    layers = len(moe_blocks(run.model.n_layers, run.model.moe_every))
+    routing = lina_routing(experts, layers, seed=cfg.train.seed)
+    tokens = experts * run.train.batch_size * run.model.seq_len
+    inference = cfg.inference
+    profiled = np.concatenate([routing.batch(tokens, b) for b in range(inference.profile_batches)], axis=1)
+    profile = profile_paths(profiled, experts, inference.path_length)
+    keep = inference.keep or 1
+    samples, schedulers = simulate_policies(
+        model, routing, profile, policies(cfg), inference.batches, inference.profile_batches, keep
+    )
+    ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
+    records = []
+    for policy, scheduler in schedulers.items():
+        batch = samples[policy]
+        batch["moe_layer_norm"] = [t / ideal_median for t in batch["moe_layer_ms"]]
+        extra = schedule_rates(scheduler.estimate_right, scheduler.replanned) if scheduler.estimate_right else {}
+        params = {
+            "world_size": experts,
+            "num_experts": experts,
+            "policy": policy,
+            "top_k": 1,
+            "path_length": inference.path_length,
+            "keep": keep,
+            "seed": cfg.train.seed,
+            "tokens_per_rank": run.train.batch_size * run.model.seq_len,
+            "moe_layers": layers,
+            "a2a_policy": "library",
+            "routing_zipf": routing.zipf,
+            "routing_stickiness": routing.stickiness,
+            "routing_drift": routing.drift,
+        }
+        records.append(
+            make_record(
+                paper=PAPER,
+                experiment=EXPERIMENT,
+                point=point_name(cfg, experts, policy),
+                mode="simulated",
+                backend="sim",
+                hardware=run.hardware.name,
+                params=params,
+                samples=batch,
+                config=to_container(run),
+                extra_metrics=extra,
+            )
+        )
+    return records
+
+
+def make_records(cfg: DictConfig) -> list[dict]:
+    return [record for experts in cfg.lina.inference_experts for record in experts_records(cfg, experts)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return predictions_main(argv, __doc__, make_records)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

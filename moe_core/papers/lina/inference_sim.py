@@ -1,0 +1,80 @@
+"""Lina's inference at the paper's scale, simulated: every policy's placements on synthetic routing
+(routing.py), each batch priced by the simulator's forward pass (moe_core.sim.forward).
+
+The decisions are the measured executor's: one :class:`Scheduler` per policy (inference.py), the
+same phase-1/phase-2 functions and the same dealing of tokens to replicas (placement.py). A device
+holds ``tokens_per_device`` tokens of the batch; the estimate the measured ranks all-gather is the
+sum of their local estimates, which is the estimate over all the batch's tokens, so one scheduler
+sees the whole batch. The ``ideal`` policy's gate is forced to perfect balance, as measured.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from moe_core.sim.forward import ForwardModel
+
+from .inference import Scheduler
+from .placement import PathProfile, load_imbalance, replica_token_counts
+from .routing import SyntheticRouting
+
+
+def source_counts(choices: np.ndarray, devices: int, num_experts: int) -> np.ndarray:
+    """(S, E) rows each source device sends to each expert; device s holds the s-th equal slice of tokens."""
+    per_device = choices.reshape(devices, -1)
+    return np.stack([np.bincount(row, minlength=num_experts) for row in per_device])
+
+
+def balanced_counts(tokens_per_device: int, devices: int, num_experts: int) -> np.ndarray:
+    """(S, E) rows of Lina's Ideal: every source sends every expert the same share (the remainder dealt
+    to the lowest experts)."""
+    base, extra = divmod(tokens_per_device, num_experts)
+    return np.tile(base + (np.arange(num_experts) < extra), (devices, 1))
+
+
+def placed_batch(scheduler: Scheduler, choices: np.ndarray, devices: int) -> tuple[list[np.ndarray], float]:
+    """One batch under ``scheduler``: per MoE layer the (S, D, E) rows of its exchange, and the mean
+    over layers of the largest device's rows over the mean device's."""
+    num_experts = scheduler.profile.num_experts
+    tokens = choices.shape[1]
+    scheduler.begin_batch()
+    routed, imbalance = [], []
+    for layer, ids in enumerate(choices):
+        if scheduler.balanced_gate:
+            counts = balanced_counts(tokens // devices, devices, num_experts)
+            ids = np.repeat(np.arange(num_experts), counts.sum(axis=0))
+        else:
+            counts = source_counts(ids, devices, num_experts)
+        estimate = scheduler.local_estimate(layer, tokens)
+        placement = scheduler.decide(layer, ids, estimate, counts.sum(axis=0))
+        routed.append(replica_token_counts(counts, placement))
+        imbalance.append(load_imbalance(routed[-1]))
+    return routed, float(np.mean(imbalance))
+
+
+def simulate_policies(
+    model: ForwardModel,
+    routing: SyntheticRouting,
+    profile: PathProfile,
+    policies: list[str],
+    batches: int,
+    first_batch: int,
+    keep: int,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, Scheduler]]:
+    """Per policy, the per-batch metrics of ``batches`` batches (``ForwardSimulation.metrics`` plus
+    ``load_imbalance``), and the schedulers (their decision statistics). Every policy sees the
+    same batches, numbered from ``first_batch`` (after the profiled ones)."""
+    devices = model.layout.world_size
+    tokens = devices * model.cfg.train.batch_size * model.cfg.model.seq_len
+    schedulers = {p: Scheduler(p, profile, devices, top_k=1, keep=keep) for p in policies}
+    samples: dict[str, dict[str, list[float]]] = {p: defaultdict(list) for p in policies}
+    for b in range(batches):
+        choices = routing.batch(tokens, first_batch + b)
+        for policy, scheduler in schedulers.items():
+            routed, imbalance = placed_batch(scheduler, choices, devices)
+            for name, value in model.run(routed).metrics().items():
+                samples[policy][name].append(value)
+            samples[policy]["load_imbalance"].append(imbalance)
+    return {p: dict(s) for p, s in samples.items()}, schedulers
