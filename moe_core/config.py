@@ -119,6 +119,11 @@ class HardwareConfig:
     nics_per_node: int = 1  # = devices_per_node for one NIC per device
     inter_node_latency_us: float = 0.0
     oversubscription: float = 1.0  # node uplink = nics_per_node * nic_GBps / oversubscription
+    # The share of the line rates above that a collective library (NCCL) reaches on them, from
+    # published microbenchmarks cited in the profile: the simulator's link capacities are line rate x
+    # this. 1 where the bandwidths are achieved rates already (calibrated, or a model's constants).
+    intra_node_efficiency: float = 1.0
+    nic_efficiency: float = 1.0
     # -- compute model (moe_core.sim.compute; experiments/op_sweep.py measures and fits it) --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
     compute_efficiency: float = 0.5  # fraction of peak large, compute-bound GEMMs reach (the curve's maximum)
@@ -472,7 +477,7 @@ def _validate_compute_model(hw: DictConfig) -> None:
         require(
             math.isfinite(hw[key]) and hw[key] >= 0, f"hardware.{key}", f"must be a finite number >= 0, got {hw[key]}"
         )
-    for key in ("compute_efficiency", "memory_efficiency"):
+    for key in ("compute_efficiency", "memory_efficiency", "intra_node_efficiency", "nic_efficiency"):
         require(0 < hw[key] <= 1, f"hardware.{key}", f"is a fraction of the spec rate, in (0, 1]; got {hw[key]}")
     require(
         0 <= hw.gemm_exposed_memory <= 1,

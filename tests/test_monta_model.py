@@ -30,6 +30,8 @@ A800_2X8 = SimpleNamespace(
     nics_per_node=4,
     inter_node_latency_us=3.0,
     oversubscription=1.0,
+    intra_node_efficiency=1.0,  # the rates above are the achieved ones
+    nic_efficiency=1.0,
 )
 LINKS = ExchangeLinks(a2a_Bps=1e9, a2a_latency_s=10e-6, ag_Bps=2e9, ag_latency_s=1e-6, chunk_overhead_s=20e-6)
 # 16 experts of 2 * 8192 * 28672 parameters (a 70B-class FFN), 8K tokens per data shard, bf16

@@ -5,9 +5,9 @@ import pytest
 from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
-from moe_core.config import HardwareConfig
+from moe_core.config import ConfigError, HardwareConfig, load_config
 from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
-from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer
+from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer, achieved_GBps
 
 pytestmark = []
 
@@ -211,6 +211,27 @@ def test_fair_rates_equal_a_linear_programming_max_min_reference(seed):
                 and all(rates[i] >= rates[j] * (1 - 1e-9) for j in peers if link in transfers[j].links)
                 for link in transfers[i].links
             ), f"transfer {i} is neither capped nor bottlenecked"
+
+
+def test_links_run_at_the_share_of_line_rate_collectives_reach():
+    """intra_node_efficiency and nic_efficiency scale every link of their class, in both topologies and
+    for devices of their own NIC classes; the papers' analytical models read the same rates."""
+    line, shared = Cluster(hw()), Cluster(hw(intra_node_efficiency=0.8, nic_efficiency=0.5))
+    assert shared.capacity[shared.intra_out] == pytest.approx(0.8 * line.capacity[line.intra_out])
+    assert shared.capacity[shared.nic_out] == pytest.approx(0.5 * line.capacity[line.nic_out])
+    assert achieved_GBps(hw(intra_node_efficiency=0.8, nic_efficiency=0.5)) == pytest.approx((80.0, 5.0))
+    torus = hw(topology="torus2d", torus_dims=[2, 2], nodes=4, devices_per_node=1, intra_node_efficiency=0.5)
+    assert Torus2D(torus).capacity == pytest.approx(50.0 * GB)
+    classes = [dict(name="fast", count=2, nic_GBps=12.5), dict(name="slow", count=2, nic_GBps=5.0)]
+    hetero = Cluster(hw(nodes=4, devices_per_node=1, gpu_classes=classes, nic_efficiency=0.5))
+    assert hetero.capacity[hetero.nic_out] == pytest.approx([6.25 * GB, 6.25 * GB, 2.5 * GB, 2.5 * GB])
+
+
+@pytest.mark.parametrize("key", ["intra_node_efficiency", "nic_efficiency"])
+@pytest.mark.parametrize("value", [0, 1.2])
+def test_a_share_of_line_rate_outside_0_1_is_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=f"hardware\\.{key}"):
+        load_config(overrides=["hardware_profile=h100-ndr-cluster", f"hardware.{key}={value}"])
 
 
 def test_heterogeneous_nics_bound_the_slowest_device():

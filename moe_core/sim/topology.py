@@ -83,13 +83,14 @@ class Cluster:
         self.host = 2 * self.n + 2 * nic_count + 2 * self.nodes if hw.host_GBps > 0 else None
         self.num_links = 2 * self.n + 2 * nic_count + 2 * self.nodes + (self.host is not None)
         cap = np.empty(self.num_links)
-        cap[self.intra_out] = cap[self.intra_in] = hw.intra_node_GBps * GB
+        intra_GBps, nic_GBps = achieved_GBps(hw)
+        cap[self.intra_out] = cap[self.intra_in] = intra_GBps * GB
         if hw.gpu_classes and self.nics_per_node != self.g:
             raise ValueError(
                 f"hardware '{hw.name}': gpu_classes set per-device NIC speeds, so nics_per_node "
                 f"must equal devices_per_node ({self.g})"
             )
-        nic_bw = (self.device_nic_GBps if hw.gpu_classes else np.full(nic_count, hw.nic_GBps)) * GB
+        nic_bw = (self.device_nic_GBps * hw.nic_efficiency if hw.gpu_classes else np.full(nic_count, nic_GBps)) * GB
         cap[self.nic_out] = cap[self.nic_in] = nic_bw
         uplink = nic_bw.reshape(self.nodes, self.nics_per_node).sum(axis=1) / hw.oversubscription
         cap[self.node_up] = cap[self.node_down] = uplink
@@ -247,7 +248,7 @@ class Torus2D:
         self.X, self.Y = hw.torus_dims
         self.n = self.X * self.Y
         self.num_links = 4 * self.n  # link 4*d + k, k: +x, -x, +y, -y
-        self.capacity = np.full(self.num_links, hw.intra_node_GBps * GB)
+        self.capacity = np.full(self.num_links, achieved_GBps(hw)[0] * GB)
         self.latency_hop_s = hw.intra_node_latency_us * 1e-6
         self.device_tflops = np.full(self.n, hw.peak_tflops)
         self.node_of = np.arange(self.n)
@@ -331,6 +332,14 @@ def _device_classes(hw: DictConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
     nic = np.concatenate([np.full(c.count, c.nic_GBps or hw.nic_GBps) for c in hw.gpu_classes])
     tflops = np.concatenate([np.full(c.count, c.peak_tflops or hw.peak_tflops) for c in hw.gpu_classes])
     return nic.astype(float), tflops.astype(float)
+
+
+def achieved_GBps(hw: DictConfig) -> tuple[float, float]:
+    """(per device inside a node, per NIC) GB/s per direction that a collective library reaches: the
+    profile's line rates times the shares published microbenchmarks measure (intra_node_efficiency,
+    nic_efficiency). Every model of the links reads them here: the topologies and the papers'
+    analytical models."""
+    return hw.intra_node_GBps * hw.intra_node_efficiency, hw.nic_GBps * hw.nic_efficiency
 
 
 def build_topology(hw: DictConfig) -> Cluster | Torus2D:

@@ -60,7 +60,7 @@ def big_switch_of(hardware: DictConfig, n: int, reference_flops: float) -> BigSw
             f"(GPU classes of {[c['count'] for c in classes]} devices) cannot be scaled to {n} GPUs in "
             f"equal proportion; use a multiple of {len(classes)} GPUs"
         )
-    bandwidth = np.repeat([c["nic_GBps"] * 1e9 for c in classes], counts)
+    bandwidth = np.repeat([c["nic_GBps"] * hardware.nic_efficiency * 1e9 for c in classes], counts)
     flops = np.repeat([c["peak_tflops"] * 1e12 * hardware.compute_efficiency for c in classes], counts)
     if (bandwidth <= 0).any() or (flops <= 0).any():
         raise ConfigError(

@@ -37,6 +37,7 @@ import pandas as pd
 
 from moe_core.capacity import moe_blocks
 from moe_core.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
+from moe_core.sim.topology import achieved_GBps
 
 GB = 1e9
 AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.grid's rank order
@@ -66,10 +67,11 @@ def _spans_nodes(hw, size: int, stride: int) -> bool:
 def group_bandwidth_GBps(hw, size: int, stride: int) -> float:
     """Per-rank bandwidth (GB/s per direction) of a group of ``size`` ranks ``stride`` apart.
 
-    Plexus's placement-aware rule: ``intra_node_GBps`` inside a node; across nodes the node's NIC
-    bandwidth (nic_GBps * nics_per_node / oversubscription) divided by min(devices_per_node, stride),
-    the groups that share it. On a one-node profile (nodes = 1, usually nic_GBps = 0) every group is
-    inside the node. ValueError naming the profile key when the bandwidth needed is 0.
+    Plexus's placement-aware rule: the intra-node rate inside a node; across nodes the node's NIC
+    bandwidth (per-NIC rate * nics_per_node / oversubscription) divided by min(devices_per_node,
+    stride), the groups that share it; rates as collectives reach them
+    (moe_core.sim.topology.achieved_GBps). On a one-node profile (nodes = 1, usually nic_GBps = 0)
+    every group is inside the node. ValueError naming the profile key when the bandwidth needed is 0.
     """
     if size < 1 or stride < 1:
         raise ValueError(f"a group needs size >= 1 and stride >= 1, got size={size}, stride={stride}")
@@ -79,8 +81,8 @@ def group_bandwidth_GBps(hw, size: int, stride: int) -> float:
                 f"hardware '{hw.name}': hardware.intra_node_GBps must be > 0 to price a group of {size} ranks "
                 f"inside a node, got {hw.intra_node_GBps}"
             )
-        return float(hw.intra_node_GBps)
-    node_GBps = hw.nic_GBps * hw.nics_per_node / hw.oversubscription
+        return float(achieved_GBps(hw)[0])
+    node_GBps = achieved_GBps(hw)[1] * hw.nics_per_node / hw.oversubscription
     if node_GBps <= 0:
         raise ValueError(
             f"hardware '{hw.name}': hardware.nic_GBps and hardware.nics_per_node must be > 0 to price a group of "

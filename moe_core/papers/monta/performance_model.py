@@ -16,7 +16,9 @@ has stride tp.
 
 Hardware profiles (``configs/hardware/*.yaml``, or any object with these attributes): nodes,
 devices_per_node, intra_node_GBps (per device per direction), intra_node_latency_us, nic_GBps (per
-NIC), nics_per_node, inter_node_latency_us, oversubscription. GB = 1e9 bytes.
+NIC), nics_per_node, inter_node_latency_us, oversubscription, and the shares of the line rates
+collectives reach, intra_node_efficiency and nic_efficiency (moe_core.sim.topology.achieved_GBps).
+GB = 1e9 bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from moe_core.sim.topology import achieved_GBps
 
 PATHS = ("duplicate", "drop-gather", "monta")
 DEFAULT_CHUNK_OVERHEAD_S = 10e-6  # assumption: a few µs each for a chunk's launches and its copy; calibrate
@@ -70,8 +74,9 @@ def exchange_links(hw, ep: int, tp: int, chunk_overhead_s: float) -> ExchangeLin
     intra Bps), for the slowest member of the group. All-gather: intra-node when the TP group fits in
     a node (tp divides devices_per_node), else the ring crosses nodes and runs at the NIC share.
     """
-    intra_Bps = hw.intra_node_GBps * 1e9
-    inter_Bps = hw.nics_per_node * hw.nic_GBps * 1e9 / hw.oversubscription / hw.devices_per_node
+    intra_GBps, nic_GBps = achieved_GBps(hw)  # line rates x the shares a collective library reaches
+    intra_Bps = intra_GBps * 1e9
+    inter_Bps = hw.nics_per_node * nic_GBps * 1e9 / hw.oversubscription / hw.devices_per_node
     members = ep_members_per_node(hw.devices_per_node, ep, tp)
     a2a_s_per_byte = max(max(_per_byte((ep - m) / ep, inter_Bps), _per_byte((m - 1) / ep, intra_Bps)) for m in members)
     ep_spans_nodes = min(members) < ep
