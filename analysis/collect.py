@@ -143,6 +143,19 @@ def param_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in RESERVED_COLUMNS]
 
 
+def wide_points(records: pd.DataFrame, paper: str, experiment: str) -> pd.DataFrame:
+    """One row per point of <paper>/<experiment> (every testbed): its testbed, its parameters and every
+    metric's value (a per-iteration metric's median) as a column; no rows when the records have none."""
+    df = select(records, paper=paper, experiment=experiment)
+    if df.empty:
+        return df
+    keys = [*TESTBED_COLUMNS, "point"]
+    params = [c for c in param_columns(df) if c != "point" and df[c].notna().any()]
+    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    return df.drop_duplicates(keys)[keys + params].merge(wide, on=keys)
+
+
 def select(df: pd.DataFrame, **equal: Any) -> pd.DataFrame:
     """Rows whose columns equal the given values; no rows when a column is absent (no such records)."""
     if not set(equal) <= set(df.columns):

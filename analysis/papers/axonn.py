@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
-from analysis.collect import TESTBED_COLUMNS, param_columns, select
+from analysis.collect import TESTBED_COLUMNS, wide_points
 from analysis.compare import describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, one_testbed
 from analysis.published import load_registry, published_value
@@ -39,17 +39,10 @@ RANKED_SHOWN = 12  # grids drawn in the ranking figure
 
 
 def _points(records: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """One row per point of axonn/<experiment>: its testbed, its parameters and every metric's value (a
-    per-iteration metric's median) as a column; no rows when the records have none."""
-    df = select(records, paper=PAPER, experiment=experiment)
-    if df.empty:
-        return df
-    keys = [*TESTBED_COLUMNS, "point"]
-    params = [c for c in param_columns(df) if c != "point" and df[c].notna().any()]
-    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    points = df.drop_duplicates(keys)[keys + params].merge(wide, on=keys)
-    return points.astype({c: "Int64" for c in GRID_COLUMNS if c in points})  # NA: a baseline's point
+    """One row per point of axonn/<experiment> (every testbed), metrics as columns; grid sizes as
+    integers (NA: a baseline's point)."""
+    points = wide_points(records, PAPER, experiment)
+    return points.astype({c: "Int64" for c in GRID_COLUMNS if c in points})
 
 
 def _required(df: pd.DataFrame, what: str, how: str) -> pd.DataFrame:

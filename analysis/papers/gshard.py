@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.collect import TESTBED_COLUMNS, param_columns, select
+from analysis.collect import wide_points
 from analysis.compare import describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, train_step_rows
 from analysis.published import load_registry, published_value
@@ -81,16 +81,8 @@ STEPS_PER_S_ID = "gshard-table3-model{}-steps-per-s"
 
 
 def _points(records: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """One row per point of gshard/<experiment> (every testbed): its testbed, its parameters and every
-    metric as a column; no rows when the records have none."""
-    df = select(records, paper=PAPER, experiment=experiment)
-    if df.empty:
-        return df
-    keys = [*TESTBED_COLUMNS, "point"]
-    params = [c for c in param_columns(df) if c != "point" and df[c].notna().any()]
-    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    return df.drop_duplicates(keys)[keys + params].merge(wide, on=keys)
+    """One row per point of gshard/<experiment> (every testbed), metrics as columns."""
+    return wide_points(records, PAPER, experiment)
 
 
 def _required(df: pd.DataFrame, what: str) -> pd.DataFrame:
