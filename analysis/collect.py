@@ -31,6 +31,7 @@ from moe_core.results import MODES, SCHEMA_VERSION
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
 TESTBED_COLUMNS = ["mode", "backend", "hardware"]
+UNSTATED = "unstated"  # the param of a sensitivity run's records: the unstated parameter's setting
 STAT_COLUMNS = ("median", "p95", "mean", "min", "max", "n")
 RESERVED_COLUMNS = {*ID_COLUMNS, *STAT_COLUMNS, "metric", "value", "iteration"}
 
@@ -141,6 +142,15 @@ def _sample_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def param_columns(df: pd.DataFrame) -> list[str]:
     """The swept-parameter columns of a records or samples table."""
     return [c for c in df.columns if c not in RESERVED_COLUMNS]
+
+
+def at_setting(df: pd.DataFrame, setting: str | None = None) -> pd.DataFrame:
+    """The rows of a records or samples table at one setting of a paper's unstated parameters: None,
+    the chosen values (what figures, tables and verdicts show); "key=value", that sensitivity run's
+    (moe_core.points.unstated_variants; records carry it as the param ``unstated``)."""
+    if UNSTATED not in df:
+        return df if setting is None else df.iloc[0:0]
+    return df[df[UNSTATED].isna()] if setting is None else df[df[UNSTATED] == setting]
 
 
 def wide_points(records: pd.DataFrame, paper: str, experiment: str) -> pd.DataFrame:

@@ -6,6 +6,12 @@ the data it needs. Each paper's reproducers live in analysis/papers/<paper>.py a
 (mode × backend × hardware), so measured and simulated numbers, or numbers from different machines, are
 never pooled into one value.
 
+A paper's unstated parameters (moe_core.points.unstated_variants): records of a sensitivity run carry
+the param ``unstated`` ("key=value"). The verdict compares the chosen values' number (records without
+it); the same reproducer on each sensitivity run's records gives ``reproduced_low`` and
+``reproduced_high`` (the extremes over the chosen run and the variants that reproduce it) and
+``unstated``, the parameters varied.
+
     python -m analysis.compare --records results/tables/records.csv \
         --samples results/tables/samples.csv --out results/tables/comparison.csv
 """
@@ -21,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.collect import TESTBED_COLUMNS, select
+from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
 from analysis.files import read_tables, write_csv
 from analysis.published import REGISTRY_PATH, load_registry
 
@@ -39,6 +45,9 @@ COMPARISON_COLUMNS = [
     "tolerance",
     *TESTBED_COLUMNS,
     "reproduced",
+    "reproduced_low",
+    "reproduced_high",
+    "unstated",
     "reproduced_setting",
     "ratio",
     "verdict",
@@ -78,13 +87,16 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         found = [] if fn is None else list(_reproductions(fn, records, samples))
         if not found:
             rows.append({**published, "verdict": NOT_REPRODUCED})
-        for testbed, value, setting in found:
+        for testbed, value, setting, variants in found:
             ratio = value / entry["value"]
             rows.append(
                 {
                     **published,
                     **testbed,
                     "reproduced": value,
+                    "reproduced_low": min([value, *variants.values()]),
+                    "reproduced_high": max([value, *variants.values()]),
+                    "unstated": "; ".join(variants) or None,
                     "reproduced_setting": setting,
                     "ratio": ratio,
                     "verdict": verdict(ratio, entry["tolerance"]),
@@ -109,11 +121,19 @@ def _reproducer_of(entry: dict[str, Any]) -> Reproducer | None:
 
 
 def _reproductions(fn: Reproducer, records: pd.DataFrame, samples: pd.DataFrame):
-    """(testbed, value, setting) for every testbed whose records hold the data ``fn`` needs."""
+    """(testbed, value, setting, {unstated setting: value}) for every testbed whose chosen-value
+    records hold the data ``fn`` needs; the dict holds the sensitivity runs that reproduce it too."""
     for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records"):
-        result = fn(select(records, **testbed), select(samples, **testbed))
-        if result is not None:
-            yield testbed, *result
+        recs, samps = select(records, **testbed), select(samples, **testbed)
+        result = fn(at_setting(recs), at_setting(samps))
+        if result is None:
+            continue
+        variants = {}
+        for setting in sorted(recs[UNSTATED].dropna().unique()) if UNSTATED in recs else []:
+            varied = fn(at_setting(recs, setting), at_setting(samps, setting))
+            if varied is not None:
+                variants[setting] = varied[0]
+        yield testbed, *result, variants
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from analysis.collect import TESTBED_COLUMNS, param_columns, select
+from analysis.collect import TESTBED_COLUMNS, at_setting, param_columns, select
 from analysis.files import read_tables
 from moe_core.results import atomic_output
 
@@ -123,7 +123,7 @@ def render(
         if registered.reads_validation:
             registered.draw(validation, fig)
         else:
-            registered.draw(records, samples, fig)
+            registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
         fig.tight_layout()
         outputs = [out_png, out_png.with_suffix(".pdf")]
         for path in outputs:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.collect import at_setting
 from analysis.files import write_csv
 
 TABLE_REGISTRY: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {}  # filled by @table in analysis/papers/
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.table not in TABLE_REGISTRY:
         sys.exit(f"analysis.tables: error: unknown table {args.table!r}; choose one of {sorted(TABLE_REGISTRY)}")
-    df = TABLE_REGISTRY[args.table](pd.read_csv(args.records))
+    df = TABLE_REGISTRY[args.table](at_setting(pd.read_csv(args.records)))  # the chosen values' runs
     if df.empty:
         sys.exit(f"analysis.tables: error: the records table has no data for {args.table}; run its experiments first")
     write_csv(df, args.out)

@@ -27,10 +27,11 @@ from omegaconf import DictConfig
 from moe_core.benchmark import predictions_main
 from moe_core.capacity import moe_blocks
 from moe_core.config import load_config, to_container
-from moe_core.papers.lina.config import INFERENCE_POLICIES
+from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
+from moe_core.points import unstated_param, unstated_variants
 from moe_core.results import make_record
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
@@ -42,17 +43,30 @@ def policies(cfg: DictConfig) -> list[str]:
     return ["ideal", *(p for p in INFERENCE_POLICIES if p in cfg.inference.policies)]
 
 
-def point_name(cfg: DictConfig, experts: int, policy: str) -> str:
-    return f"sim_ws{experts}_e{experts}_k1_l{cfg.inference.path_length}_{policy}_s{cfg.train.seed}"
+def point_name(cfg: DictConfig, experts: int, policy: str, variant: str = "") -> str:
+    return f"sim_ws{experts}_e{experts}_k1_l{cfg.inference.path_length}_{policy}_s{cfg.train.seed}{variant}"
+
+
+def runs(cfg: DictConfig) -> dict[tuple[int, str], list[str]]:
+    """(experts, variant suffix) -> overrides: every expert count at the chosen values of the unstated
+    parameters, and at the other ends of their ranges (``INFERENCE_UNSTATED``)."""
+    out = {}
+    for experts in cfg.lina.inference_experts:
+        out[experts, ""] = []
+        stem = f"e{experts}"
+        for name, overrides in unstated_variants(stem, [], INFERENCE_UNSTATED).items():
+            out[experts, name.removeprefix(stem)] = overrides
+    return out
 
 
 def record_points(cfg: DictConfig) -> list[str]:
     """The record names of a run (the workflow's outputs)."""
-    return [point_name(cfg, e, p) for e in cfg.lina.inference_experts for p in policies(cfg)]
+    return [point_name(cfg, e, p, variant) for e, variant in runs(cfg) for p in policies(cfg)]
 
 
-def inference_config(cfg: DictConfig, experts: int) -> DictConfig:
-    """The run's config for ``experts`` experts on as many GPUs of ``lina.hardware``."""
+def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> DictConfig:
+    """The run's config for ``experts`` experts on as many GPUs of ``lina.hardware``, with a
+    sensitivity variant's overrides."""
     overrides = [
         *cfg.lina.overrides,
         f"hardware_profile={cfg.lina.hardware}",
@@ -62,16 +76,17 @@ def inference_config(cfg: DictConfig, experts: int) -> DictConfig:
         "moe.top_k=1",
         "moe.dropless=true",
         "comm.policy=sequential",
+        *variant,
     ]
     return load_config(data=to_container(cfg), overrides=overrides)
 
 
-def experts_records(cfg: DictConfig, experts: int) -> list[dict]:
-    """Every policy's record at ``experts`` experts."""
-    run = inference_config(cfg, experts)
+def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: list[str] = ()) -> list[dict]:
+    """Every policy's record at ``experts`` experts (of a sensitivity variant: its name suffix and overrides)."""
+    run = inference_config(cfg, experts, variant)
     model = ForwardModel(run, build_topology(run.hardware))
     layers = len(moe_blocks(run.model.n_layers, run.model.moe_every))
-    routing = lina_routing(experts, layers, seed=cfg.train.seed)
+    routing = lina_routing(experts, layers, run.lina.inference_drift, seed=cfg.train.seed)
     tokens = experts * run.train.batch_size * run.model.seq_len
     inference = cfg.inference
     profiled = np.concatenate([routing.batch(tokens, b) for b in range(inference.profile_batches)], axis=1)
@@ -87,6 +102,7 @@ def experts_records(cfg: DictConfig, experts: int) -> list[dict]:
         batch["moe_layer_norm"] = [t / ideal_median for t in batch["moe_layer_ms"]]
         extra = schedule_rates(scheduler.estimate_right, scheduler.replanned) if scheduler.estimate_right else {}
         params = {
+            **unstated_param(run),
             "world_size": experts,
             "num_experts": experts,
             "policy": policy,
@@ -105,7 +121,7 @@ def experts_records(cfg: DictConfig, experts: int) -> list[dict]:
             make_record(
                 paper=PAPER,
                 experiment=EXPERIMENT,
-                point=point_name(cfg, experts, policy),
+                point=point_name(cfg, experts, policy, suffix),
                 mode="simulated",
                 backend="sim",
                 hardware=run.hardware.name,
@@ -119,7 +135,7 @@ def experts_records(cfg: DictConfig, experts: int) -> list[dict]:
 
 
 def make_records(cfg: DictConfig) -> list[dict]:
-    return [record for experts in cfg.lina.inference_experts for record in experts_records(cfg, experts)]
+    return [record for (e, suffix), variant in runs(cfg).items() for record in experts_records(cfg, e, suffix, variant)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -321,6 +321,11 @@ def _root_schema() -> type:
         ("experiment", str, field(default="train_step")),
         ("hardware_profile", str, field(default="local-cpu")),
         ("results_dir", str, field(default="results")),
+        # A sensitivity run: the parameter a paper leaves unstated that this run sets to one end of its
+        # plausible range, as "key=value" (the run's overrides set it too); its records carry it as the
+        # param ``unstated``, and analysis.compare reports their range beside the chosen value's.
+        # Empty: every parameter at its chosen value.
+        ("unstated", str, field(default="")),
         ("hardware", HardwareConfig, field(default_factory=HardwareConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("moe", MoEConfig, field(default_factory=MoEConfig)),

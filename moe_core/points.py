@@ -135,10 +135,28 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
     return [f"{keys[k]}={v}" for k, v in point.items()]
 
 
+def unstated_param(cfg: DictConfig) -> dict[str, str]:
+    """A sensitivity run's record param (``{"unstated": "key=value"}``), none for a chosen-value run."""
+    return {"unstated": cfg.unstated} if cfg.unstated else {}
+
+
+def unstated_variants(name: str, overrides: list[str], ranges: dict[str, tuple[float, ...]]) -> dict[str, list[str]]:
+    """Sensitivity variants of one run: for every unstated parameter (config key -> the ends of its
+    plausible range) and end, the run's name with the setting appended and its overrides with the
+    parameter set and recorded (config key ``unstated``)."""
+    variants = {}
+    for key, values in ranges.items():
+        for value in values:
+            setting = f"{key}={value:g}"
+            variants[f"{name}_{key.rsplit('.', 1)[-1]}{value:g}"] = [*overrides, setting, f"unstated={setting}"]
+    return variants
+
+
 def point_params(cfg: DictConfig) -> dict[str, Any]:
     """The parameters a training-step record carries (measured and simulated alike)."""
     layout = layout_of(cfg)
     return {
+        **unstated_param(cfg),
         "world_size": layout.world_size,
         "num_experts": layout.num_experts,
         "experts_per_rank": layout.experts_per_rank,

@@ -747,6 +747,36 @@ def test_compare_keeps_testbeds_apart(tmp_path):
     assert (table["verdict"] == CONSISTENT).all()
 
 
+def test_compare_verdicts_the_chosen_values_and_ranges_the_unstated_ones(tmp_path):
+    """Records of sensitivity runs (param ``unstated``) never enter the verdict; the same reproducer on
+    each run gives the reproduced range beside it."""
+    paths = []
+    for setting, share in ((None, 0.34), ("hardware.intra_node_GBps=240", 0.10), ("lina.x=1", 0.50)):
+        params = {"world_size": 4, "num_experts": 4, "experts_per_rank": 1, "policy": "overlap", "seed": 0}
+        params |= {"unstated": setting} if setting else {}
+        paths.append(
+            _write(
+                tmp_path,
+                paper="gshard",
+                experiment="train_step",
+                point=f"p_{share}",
+                mode="simulated",
+                backend="sim",
+                hardware="a100-ib",
+                params=params,
+                samples={"a2a_share": [share]},
+            )
+        )
+    registry = load_registry(_registry_file(tmp_path, [_entry("share", 34.0, "lina_table1_a2a_share")]))
+    row = compare(registry, *collect(paths)).iloc[0]
+    assert row["reproduced"] == pytest.approx(34.0) and row["verdict"] == CONSISTENT
+    assert (row["reproduced_low"], row["reproduced_high"]) == pytest.approx((10.0, 50.0))
+    assert row["unstated"] == "hardware.intra_node_GBps=240; lina.x=1"
+    chosen = compare(registry, *collect(paths[:1])).iloc[0]
+    assert chosen["reproduced_low"] == chosen["reproduced_high"] == chosen["reproduced"]
+    assert pd.isna(chosen["unstated"])
+
+
 def test_compare_rejects_unknown_reproducer(tmp_path, tables):
     registry = load_registry(_registry_file(tmp_path, [_entry("x", 1.0, "no_such_function")]))
     with pytest.raises(ValueError, match="no_such_function"):

@@ -42,7 +42,7 @@ def test_tokens_follow_their_path_as_often_as_fig9_says():
 
 
 def test_batches_are_seeded_and_drift_from_each_other():
-    routing = lina_routing(8, 3)
+    routing = lina_routing(8, 3, drift=400)
     a, b = routing.batch(50_000, 0), routing.batch(50_000, 1)
     assert np.array_equal(a, routing.batch(50_000, 0))
     shares = [np.bincount(x[0], minlength=8) / x.shape[1] for x in (a, b)]
@@ -110,7 +110,7 @@ def test_the_forward_pass_needs_top1_dropless_routing_and_one_exchange_per_moe_l
 
 
 def test_placements_deal_every_token_and_balance_where_static_cannot():
-    routing = lina_routing(4, 4)
+    routing = lina_routing(4, 4, drift=400)
     tokens = 4 * 4096
     choices = routing.batch(tokens, 5)
     profile = profile_paths(np.concatenate([routing.batch(tokens, b) for b in range(3)], axis=1), 4, 3)
@@ -133,5 +133,14 @@ def test_records_feed_the_measured_inference_reproducers(tmp_path):
         paths.append(path)
     assert sorted(p.stem for p in paths) == sorted(sim.record_points(cfg))
     records, samples = collect(paths)
-    value, setting = REPRODUCERS["lina_fig16_median_reduction_4e"](records, samples)
+    chosen = records[records["unstated"].isna()]
+    value, setting = REPRODUCERS["lina_fig16_median_reduction_4e"](chosen, samples[samples["unstated"].isna()])
     assert math.isfinite(value) and value > 1 and "lina-a100-4x4" in setting  # static slower than lina
+    # a sensitivity run per other end of each unstated parameter's range, every policy in each
+    variants = records.dropna(subset=["unstated"]).drop_duplicates("point")
+    assert variants.groupby("unstated")["policy"].nunique().to_dict() == {
+        "hardware.intra_node_GBps=240": 5,
+        "lina.inference_drift=100": 5,
+        "lina.inference_drift=1600": 5,
+    }
+    assert set(variants["routing_drift"]) == {400.0, 100.0, 1600.0}

@@ -113,10 +113,15 @@ def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
     args = ["--config", "configs/default.yaml", "--config", str(sweeps), f"results_dir={tmp_path}"]
     assert simulate_main([*args, "--sweep"]) == 0
     points = sim_points(load_config(["configs/default.yaml", str(sweeps)]))
-    assert len(points) == 4  # ws8 overlap; 2 experts x (overlap, lina); lina at 10 MB micro-ops
+    # ws8 overlap; 2 experts x (overlap, lina), and both again on Lina's other intra-node link (its
+    # unstated parameter); lina at 10 MB micro-ops
+    assert len(points) == 6
     for name, (paper, _) in points.items():
         record = json.loads((tmp_path / "raw" / paper / "sim_train_step" / f"{name}.json").read_text())
         assert record["point"] == name and record["mode"] == "simulated"
+        varied = name.endswith("_intra_node_GBps240")
+        assert record["params"].get("unstated") == ("hardware.intra_node_GBps=240" if varied else None)
+        assert (record["config"]["hardware"]["intra_node_GBps"] == 240) == varied
     # one point without a network model: an error, and no record of any point
     bad = tmp_path / "bad"
     assert simulate_main([*args, f"results_dir={bad}", "sim_sweep.hardware=[local-cpu]", "--sweep"]) == 2

@@ -13,6 +13,14 @@ from moe_core.sections import register_section, require, require_at_least, requi
 # Lina's inference policies besides ``ideal`` (the normalisation, which always runs).
 INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune")
 
+# Parameters the paper leaves unstated that its simulated studies depend on: config key -> the other
+# ends of the plausible range (moe_core.points.unstated_variants runs each). The chosen values and why:
+# the intra-node link, 25 GB/s (PCIe), in configs/hardware/lina-a100-4x4.yaml's header (NVLink3 as
+# NCCL reaches it, 240 GB/s, is the other end); the inference batches' popularity drift, 400, in
+# routing.py (100 to 1600).
+TRAINING_UNSTATED = {"hardware.intra_node_GBps": (240.0,)}
+INFERENCE_UNSTATED = {**TRAINING_UNSTATED, "lina.inference_drift": (100.0, 1600.0)}
+
 
 @dataclass
 class LinaConfig:
@@ -38,6 +46,7 @@ class LinaConfig:
     # model above with top-1 routing and no capacity, synthetic routing (routing.py), the
     # ``inference`` section's policies, path length, profiled and timed batch counts.
     inference_experts: list[int] = field(default_factory=lambda: [4, 8, 16])
+    inference_drift: float = 400.0  # batch-to-batch popularity drift (routing.py); not in the paper
 
 
 @dataclass
@@ -77,6 +86,7 @@ def validate_lina(cfg: DictConfig) -> None:
         "lina.inference_experts",
         f"expert counts must be >= 2, got {list(lina.inference_experts)}",
     )
+    require(lina.inference_drift > 0, "lina.inference_drift", f"must be > 0, got {lina.inference_drift}")
     require(
         lina.measured_partition_mb > 0,
         "lina.measured_partition_mb",

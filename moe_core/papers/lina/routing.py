@@ -26,9 +26,10 @@ Parameters from the paper's own numbers (:func:`lina_routing`), none fitted to a
   rho + (1 - rho) sum_e p_e^2 (the group of expert e is p_e of the tokens, its successor has the
   same base share); solved for rho. The paper's figure pools two 12-layer models; one rho serves
   every layer.
-* ``drift`` is not in the paper (assumption): 400, so an expert holding 1/16 of the tokens varies
-  by about 20% (one standard deviation) from batch to batch: 16 GPUs x 8 sequences of 1024 tokens
-  average the topics of 128 sequences. The plausible range 100-1600 (40% to 10%).
+* ``drift`` is not in the paper (assumption; config ``lina.inference_drift``): 400, so an expert
+  holding 1/16 of the tokens varies by about 20% (one standard deviation) from batch to batch: 16
+  GPUs x 8 sequences of 1024 tokens average the topics of 128 sequences. The plausible range
+  100-1600 (40% to 10%; ``config.INFERENCE_UNSTATED``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ import numpy as np
 # Lina Fig 6 [FT]: most over least popular expert's tokens in inference, by expert count.
 POPULARITY_RATIO = {4: 4.02, 16: 5.56}
 NEXT_LAYER_TOP1_SHARE = 0.4194  # Lina Fig 9 [FT]
-DRIFT = 400.0  # assumption (module docstring); plausible range below
-DRIFT_RANGE = (100.0, 1600.0)
 
 
 def zipf_popularity(num_experts: int, exponent: float) -> np.ndarray:
@@ -113,7 +112,7 @@ class SyntheticRouting:
         return choices
 
 
-def lina_routing(num_experts: int, num_layers: int, drift: float = DRIFT, seed: int = 0) -> SyntheticRouting:
+def lina_routing(num_experts: int, num_layers: int, drift: float, seed: int = 0) -> SyntheticRouting:
     """The routing of Lina's setting at ``num_experts`` experts, its parameters from Figs 6 and 9."""
     zipf = popularity_exponent(num_experts)
     return SyntheticRouting(

@@ -14,7 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from moe_core.points import register_measured_points, register_sim_points, sim_point
+from moe_core.points import register_measured_points, register_sim_points, sim_point, unstated_variants
+
+from .config import TRAINING_UNSTATED
 
 
 @register_sim_points
@@ -23,6 +25,11 @@ def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     points = [
         sim_point(cfg, lina.hardware, "lina", experts, 1, policy, model, cfg.comm.partition_mb)
         for experts, policy in itertools.product(lina.experts, lina.policy)
+    ]
+    points += [  # the same at the other ends of the unstated parameters' ranges
+        (name, (paper, overrides))
+        for point, (paper, base) in points
+        for name, overrides in unstated_variants(point, base, TRAINING_UNSTATED).items()
     ]
     points += [
         sim_point(cfg, lina.hardware, "lina", max(lina.experts), 1, "lina", model, partition_mb)
