@@ -82,7 +82,9 @@ def test_forward_pass_is_a_chain_and_its_metrics_add_up(model):
         sum(metrics[f"{p}_ms"] for p in ("gate", "dispatch_a2a", "expert", "combine_a2a"))
     )
     a2a = [metrics[f"a2a_layer{i}_ms"] for i in range(layers)]
-    assert sum(a2a) == pytest.approx(metrics["dispatch_a2a_ms"] + metrics["combine_a2a_ms"])
+    assert sum(a2a) == pytest.approx(metrics["dispatch_a2a_ms"] + metrics["combine_a2a_ms"]) == metrics["a2a_ms"]
+    assert metrics["a2a_share"] == pytest.approx(metrics["a2a_ms"] / metrics["forward_ms"])
+    assert 0 < metrics["a2a_share"] < 1
 
 
 def test_a_hot_device_slows_the_pass_and_local_traffic_costs_no_bandwidth(model):

@@ -35,11 +35,14 @@ class ForwardSimulation:
     def metrics(self) -> dict[str, float]:
         """The measured inference's per-batch metrics, in ms: ``forward_ms`` (the whole pass),
         ``<phase>_ms`` summed over the MoE layers, ``moe_layer_ms`` (their sum: Lina's MoE-layer
-        time) and ``a2a_layer<i>_ms``, both all-to-alls of the i-th MoE layer."""
+        time) and ``a2a_layer<i>_ms``, both all-to-alls of the i-th MoE layer; and ``a2a_ms`` with
+        ``a2a_share``, the all-to-alls' time and share of the pass."""
         ms = (self.timeline.end_s - self.timeline.start_s) * 1e3
         out = {"forward_ms": self.timeline.makespan_s * 1e3}
         out |= {f"{p}_ms": float(sum(d for op, d in zip(self.ops, ms) if op.phase == p)) for p in INFERENCE_PHASES}
         out["moe_layer_ms"] = sum(out[f"{p}_ms"] for p in INFERENCE_PHASES)
+        out["a2a_ms"] = out["dispatch_a2a_ms"] + out["combine_a2a_ms"]
+        out["a2a_share"] = out["a2a_ms"] / out["forward_ms"]  # of the inference pass (Lina Table 1)
         layers = sorted(
             {op.name.split(".")[0] for op in self.ops if op.phase.endswith("a2a")}, key=lambda s: int(s[1:])
         )
