@@ -7,11 +7,13 @@ core, each on the committed profile with as many cores (``gshard.profiles``: 64-
 tori, one simulated device per chip), with Table 3's batch; every unstated parameter is the ``gshard``
 config section's (moe_core/papers/gshard/config.py, with its reasoning). Records:
 
-* ``gshard_scaling/<model>``: the simulated step's metrics (moe_core.sim.step: step time, all-to-all
-  time and share, gate, experts, the rest of the transformer, the gradient all-reduce left after the
-  backward pass), steps/s and the batch it carries, each component's roofline (FLOPs at the
-  profile's peak, the all-to-alls at line rate; moe_core/papers/gshard/roofline.py), the MoE
-  compute's fraction of its roofline, and memory per core by kind in that run (Fig 7's kinds).
+* ``gshard_scaling/<model>`` (and ``<model>_<parameter><value>``, sensitivity runs at the other ends
+  of the unstated parameters' ranges, ``SCALING_UNSTATED``): the simulated step's metrics
+  (moe_core.sim.step: step time, all-to-all time and share, gate, experts, the rest of the
+  transformer, the gradient all-reduce left after the backward pass), steps/s and the batch it
+  carries, each component's roofline (FLOPs at the profile's peak, the all-to-alls at line rate;
+  moe_core/papers/gshard/roofline.py), the MoE compute's fraction of its roofline, and memory per
+  core by kind in that run (Fig 7's kinds).
 * ``gshard_memory/<layers>l_<experts>e``: memory per core by kind of Fig 7's models (12 to 60 layers x
   the profiles' expert counts) at the tokens per core of the 512- and 2048-core runs (GShard's N/D
   constant), against the core's HBM.
@@ -29,6 +31,7 @@ from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
 from moe_core.config import load_config, to_container
+from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
     D_FF,
@@ -52,7 +55,7 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.points import point_params
+from moe_core.points import point_params, unstated_variants
 from moe_core.sections import ConfigError
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
@@ -132,10 +135,18 @@ def memory_GB(cfg: DictConfig, experts: int, n_layers: int, tokens: int) -> dict
     return metrics
 
 
-def scaling_record(cfg: DictConfig, model: GShardModel) -> dict:
-    """One model of Table 1 simulated on its profile: step, rooflines, memory as trained."""
+def scaling_runs(cfg: DictConfig, model: GShardModel) -> dict[str, list[str]]:
+    """Point name -> overrides: ``model`` at the chosen values of the unstated parameters, and at the
+    other ends of their ranges (``SCALING_UNSTATED``)."""
+    name, overrides = scaling_point(model), step_overrides(cfg, model)
+    return {name: overrides, **unstated_variants(name, overrides, SCALING_UNSTATED)}
+
+
+def scaling_record(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]) -> dict:
+    """One model of Table 1 simulated on its profile (one run of ``scaling_runs``): step, rooflines,
+    memory as trained."""
     g = cfg.gshard
-    point = load_config(data=to_container(cfg), overrides=step_overrides(cfg, model))
+    point = load_config(data=to_container(cfg), overrides=overrides)
     topo = build_topology(point.hardware)
     step = StepModel(point, topo).run().metrics()
     roof = roofline_ms(point, topo)
@@ -157,7 +168,7 @@ def scaling_record(cfg: DictConfig, model: GShardModel) -> dict:
         "group_size": g.group_size,
         "seq_len": g.seq_len,
     }
-    return _record(cfg, SCALING, scaling_point(model), point.hardware.name, params, metrics)
+    return _record(cfg, SCALING, name, point.hardware.name, params, metrics)
 
 
 def memory_records(cfg: DictConfig) -> list[dict]:
@@ -211,7 +222,11 @@ def collective_record(cfg: DictConfig, pod: DictConfig, partitions: int, kind: s
 def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study (validates the profiles first: a bad one fails before any simulation)."""
     profiles_by_cores(cfg)
-    scaling = [scaling_record(cfg, MODELS[i]) for i in cfg.gshard.models]
+    scaling = [
+        scaling_record(cfg, MODELS[i], name, overrides)
+        for i in cfg.gshard.models
+        for name, overrides in scaling_runs(cfg, MODELS[i]).items()
+    ]
     return [*scaling, *memory_records(cfg), *collective_records(cfg)]
 
 
@@ -220,7 +235,7 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     g = cfg.gshard
     experts = sorted(profiles_by_cores(cfg))
     return {
-        SCALING: [scaling_point(MODELS[i]) for i in g.models],
+        SCALING: [name for i in g.models for name in scaling_runs(cfg, MODELS[i])],
         MEMORY: [memory_point(n_layers, e) for e in experts for n_layers in g.memory_layers],
         COLLECTIVES: [
             collective_point(kind, p, size)

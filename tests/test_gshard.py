@@ -17,6 +17,7 @@ from analysis.published import load_registry
 from experiments.gshard import collective_records, profile, record_points, records, step_overrides
 from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.config import load_config, to_container
+from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import MODELS, core_years, parameter_counts, training_days
 from moe_core.papers.gshard.study import COLLECTIVES, PAPER, SCALING
@@ -118,7 +119,8 @@ def test_the_study_writes_every_declared_record_and_scales_as_gshard():
     assert sorted((r["experiment"], r["point"]) for r in written) == sorted(
         (experiment, point) for experiment, points in declared.items() for point in points
     )
-    models = _wide([r for r in written if r["experiment"] == SCALING]).set_index("gshard_model")
+    scaling = [r for r in written if r["experiment"] == SCALING]
+    models = _wide([r for r in scaling if "unstated" not in r["params"]]).set_index("gshard_model")
     assert (models["steps_per_s"] == 1e3 / models["step_ms"]).all()
     assert (models["moe_roofline_fraction"] <= 1).all() and (models["a2a_ms"] > models["a2a_roofline_ms"]).all()
     # the same tokens per core on 512 and 2048 cores: the same compute and memory, a longer all-to-all
@@ -126,6 +128,15 @@ def test_the_study_writes_every_declared_record_and_scales_as_gshard():
     assert models.loc[1, "memory_GB"] == pytest.approx(models.loc[3, "memory_GB"], rel=0.05)
     assert models.loc[1, "a2a_ms"] > models.loc[3, "a2a_ms"] and models.loc[2, "a2a_share"] > models.loc[4, "a2a_share"]
     assert {r["hardware"] for r in written if r["experiment"] == COLLECTIVES} == {"gshard-tpuv3-torus"}
+    # sensitivity runs: every model at both other ends of each unstated parameter, the chosen value between
+    steps_per_s = {
+        (r["params"]["gshard_model"], r["params"].get("unstated")): r["metrics"]["steps_per_s"]["value"]
+        for r in scaling
+    }
+    for model in models.index:
+        for key, (low, high) in SCALING_UNSTATED.items():
+            at = [steps_per_s[model, f"{key}={value:g}"] for value in (low, high)]
+            assert at[0] < models.loc[model, "steps_per_s"] < at[1]  # a faster link or GEMM, a faster step
 
 
 @pytest.mark.parametrize(

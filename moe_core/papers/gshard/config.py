@@ -19,6 +19,15 @@ from .models import MODELS, tokens_per_core, tokens_per_side
 MiB = 2**20
 
 
+# Unstated hardware parameters of the TPU v3 profiles (configs/hardware/gshard-tpuv3-*.yaml headers):
+# config key -> the other ends of the plausible range, each run as a sensitivity run of the scaling
+# study (moe_core.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud
+# page's pod bisection over the torus's bisection links) to 82 (656 Gb/s per link). GEMMs' share of
+# the bf16 peak: chosen 0.5; 0.17 if XLA ran GShard's float32 matmuls in three bf16 passes at that
+# efficiency, 0.87 the largest share measured here (the H200's GEMM curve).
+SCALING_UNSTATED = {"hardware.intra_node_GBps": (50.0, 82.0), "hardware.compute_efficiency": (0.17, 0.87)}
+
+
 @dataclass
 class GshardConfig:
     """GShard's scaling study (experiments/gshard.py): the MoE Transformers of Table 1 on the TPU v3
