@@ -110,11 +110,5 @@ class ForwardModel(StepModel):
         return collective_op(self.cfg.hardware, self.topo, "all_to_all", self.topo.all_to_all(self.group, traffic))
 
     def _device_experts_seconds(self, rows_per_expert: np.ndarray) -> float:
-        """One device's experts, one after another: per expert with rows, W_in, ReLU, W_out."""
-        M, H = self.cfg.model.d_model, self.cfg.model.d_ff
-        seconds = sum(
-            self.compute.gemm(r, H, M) + self._elementwise("relu", "fwd", r * H) + self.compute.gemm(r, M, H)
-            for r in rows_per_expert
-            if r > 0
-        )
-        return self._priced(seconds, "expert")
+        """One device's experts, one after another: a GEMM pair per expert with rows."""
+        return sum(self.expert_ffn_seconds("fwd", r, 1, self.cfg.model.d_ff) for r in rows_per_expert if r > 0)

@@ -315,12 +315,19 @@ class StepModel:
     def _expert_seconds(self, rows: float, pass_: str) -> float:
         """The local experts on ``rows`` rows in all (rows / experts each): one batched GEMM pair
         (torch.bmm over the local experts), the ReLU between; hidden units split over "tp"."""
-        e_local, M = self.layout.experts_per_rank, self.cfg.model.d_model
-        H, per_expert = self.cfg.model.d_ff / self.layout.tensor_parallel, rows / e_local
+        e_local = self.layout.experts_per_rank
+        return self.expert_ffn_seconds(
+            pass_, rows / e_local, e_local, self.cfg.model.d_ff / self.layout.tensor_parallel
+        )
+
+    def expert_ffn_seconds(self, pass_: str, rows_each: float, count: int, hidden: float) -> float:
+        """``count`` experts of ``hidden`` units on ``rows_each`` rows each, as one (batched) GEMM
+        pair with the ReLU between: W_in, ReLU, W_out."""
+        M = self.cfg.model.d_model
         seconds = (
-            self._gemm(pass_, per_expert, H, M, e_local)
-            + self._elementwise("relu", pass_, rows * H)
-            + self._gemm(pass_, per_expert, M, H, e_local)
+            self._gemm(pass_, rows_each, hidden, M, count)
+            + self._elementwise("relu", pass_, count * rows_each * hidden)
+            + self._gemm(pass_, rows_each, M, hidden, count)
         )
         return self._priced(seconds, "expert")
 
