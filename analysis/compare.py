@@ -6,6 +6,12 @@ the data it needs. Each paper's reproducers live in analysis/papers/<paper>.py a
 (mode × backend × hardware), so measured and simulated numbers, or numbers from different machines, are
 never pooled into one value.
 
+Like for like: a number is judged only where the suite reproduced the paper's quantity in the paper's
+setting. A row on another testbed than the entry's ``testbed`` (the paper's hardware profiles), or of an
+entry whose ``not_comparable`` says why no run of the suite matches it, keeps its value but gets the
+verdict ``not-comparable`` and the reason. A published bound (``bound: lower`` for "> 1.83x") is met by
+anything above it, within the tolerance.
+
 A paper's unstated parameters (moe_core.points.unstated_variants): records of a sensitivity run carry
 the param ``unstated`` ("key=value"). The verdict compares the chosen values' number (records without
 it); the same reproducer on each sensitivity run's records gives ``reproduced_low`` and
@@ -51,8 +57,9 @@ COMPARISON_COLUMNS = [
     "reproduced_setting",
     "ratio",
     "verdict",
+    "reason",
 ]
-CONSISTENT, DIFFERS, NOT_REPRODUCED = "consistent", "differs", "not-reproduced"
+CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED = "consistent", "differs", "not-comparable", "not-reproduced"
 
 
 def reproducer(fn: Reproducer, name: str | None = None) -> Reproducer:
@@ -69,12 +76,32 @@ def describe_testbeds(df: pd.DataFrame) -> str:
     return ", ".join(sorted(set(df["hardware"] + " " + df["backend"])))
 
 
-def verdict(ratio: float, tolerance: float) -> str:
+def verdict(ratio: float, tolerance: float, bound: str | None = None) -> str:
+    """Whether reproduced / published = ``ratio`` agrees with the published number: within the
+    tolerance of a point, or on the right side of a bound (less the tolerance)."""
+    if bound == "lower":
+        return CONSISTENT if ratio >= 1 - tolerance else DIFFERS
+    if bound == "upper":
+        return CONSISTENT if ratio <= 1 + tolerance else DIFFERS
     return CONSISTENT if abs(ratio - 1) <= tolerance else DIFFERS
 
 
+def judge(entry: dict[str, Any], testbed: dict[str, str], ratio: float) -> tuple[str, str | None]:
+    """(verdict, reason) of one reproduction of ``entry`` on ``testbed``: not comparable when the entry
+    says no run matches it or the testbed is not the paper's, else the ratio's verdict."""
+    if entry["not_comparable"]:
+        return NOT_COMPARABLE, entry["not_comparable"]
+    if testbed["hardware"] not in entry["testbed"]:
+        return NOT_COMPARABLE, (
+            f"{testbed['mode']} on {testbed['hardware']}, not on the paper's testbed "
+            f"({', '.join(entry['testbed'])}); a run on that profile gets a verdict"
+        )
+    return verdict(ratio, entry["tolerance"], entry["bound"]), None
+
+
 def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per entry and testbed that reproduces it; one not-reproduced row for an entry none does.
+    """One row per entry and testbed that reproduces it; one row for an entry none does: not-comparable
+    with the entry's reason when it gives one, else not-reproduced.
 
     Rows without a finite value are no data point: they are left out before any reproducer sees the
     tables, so the counts a reproducer writes into its setting are of the points it used.
@@ -86,9 +113,11 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         fn = _reproducer_of(entry)
         found = [] if fn is None else list(_reproductions(fn, records, samples))
         if not found:
-            rows.append({**published, "verdict": NOT_REPRODUCED})
+            reason = entry["not_comparable"]
+            rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
         for testbed, value, setting, variants in found:
             ratio = value / entry["value"]
+            judged, reason = judge(entry, testbed, ratio)
             rows.append(
                 {
                     **published,
@@ -99,7 +128,8 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
                     "unstated": "; ".join(variants) or None,
                     "reproduced_setting": setting,
                     "ratio": ratio,
-                    "verdict": verdict(ratio, entry["tolerance"]),
+                    "verdict": judged,
+                    "reason": reason,
                 }
             )
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)

@@ -1,7 +1,9 @@
 """The registry of published numbers (published.yaml): load it and check every entry.
 
 A bad entry fails loudly here, naming the entry and the key, rather than turning into a silently wrong
-comparison row later.
+comparison row later. Every entry leaves here with its ``testbed``: the hardware profiles that are the
+paper's setting (the entry's own key, else the file's ``testbeds`` for its paper), so that
+analysis.compare judges a number only where it was reproduced like for like.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import yaml
 REGISTRY_PATH = Path(__file__).with_name("published.yaml")
 STATUSES = ("FT", "ABS", "CODE", "DER", "UNC")  # confirmation tags of shared/reference/papers.md
 REQUIRED_KEYS = ("id", "paper", "figure", "metric", "setting", "value", "unit", "source", "status", "reproducer")
-DEFAULTS = {"tolerance": 0.25}
+DEFAULTS = {"tolerance": 0.25, "testbed": None, "bound": None, "not_comparable": None}
+BOUNDS = ("lower", "upper")  # the published value is a bound ("> 1.83x", ">= 16%"), not a point
 
 
 class RegistryError(ValueError):
@@ -32,16 +35,19 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> dict[str, dict[str, Any]]
     entries = data.get("numbers") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise RegistryError(f"{path}: expected a top-level 'numbers:' list of entries")
+    testbeds = data.get("testbeds") or {}
+    if not isinstance(testbeds, dict):
+        raise RegistryError(f"{path}: 'testbeds:' must map each paper to its hardware profiles")
     registry: dict[str, dict[str, Any]] = {}
     for i, entry in enumerate(entries, start=1):
-        entry = _checked(entry, f"{path}: entry #{i}")
+        entry = _checked(entry, f"{path}: entry #{i}", testbeds)
         if entry["id"] in registry:
             raise RegistryError(f"{path}: entry #{i}: duplicate id {entry['id']!r}; ids must be unique")
         registry[entry["id"]] = entry
     return registry
 
 
-def _checked(entry: Any, where: str) -> dict[str, Any]:
+def _checked(entry: Any, where: str, testbeds: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(entry, dict):
         raise RegistryError(f"{where} is not a mapping of key: value")
     if entry.get("id"):
@@ -58,9 +64,23 @@ def _checked(entry: Any, where: str) -> dict[str, Any]:
     for key in ("value", "tolerance"):
         if not isinstance(entry[key], numbers.Real) or isinstance(entry[key], bool) or entry[key] <= 0:
             raise RegistryError(f"{where}: key {key!r} is {entry[key]!r}; it must be a positive number")
-    if entry["reproducer"] is not None and not (isinstance(entry["reproducer"], str) and entry["reproducer"]):
+    if entry["reproducer"] is not None and not _is_text(entry["reproducer"]):
         raise RegistryError(f"{where}: key 'reproducer' must name a reproducer of analysis/papers/, or be null")
+    if entry["bound"] not in (None, *BOUNDS):
+        raise RegistryError(f"{where}: key 'bound' is {entry['bound']!r}; use one of {list(BOUNDS)} or leave it out")
+    if entry["not_comparable"] is not None and not _is_text(entry["not_comparable"]):
+        raise RegistryError(f"{where}: key 'not_comparable' must say why no run of the suite is like for like")
+    entry["testbed"] = entry["testbed"] or testbeds.get(entry["paper"])
+    if not (isinstance(entry["testbed"], list) and entry["testbed"] and all(map(_is_text, entry["testbed"]))):
+        raise RegistryError(
+            f"{where}: no testbed; give the paper's hardware profiles as 'testbeds: {{{entry['paper']}: [...]}}' "
+            f"at the top of the file, or as the entry's key 'testbed'"
+        )
     return entry
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
 
 
 def published_value(registry: dict[str, dict[str, Any]], entry_id: str) -> float:

@@ -12,8 +12,9 @@ far less than starting a Python process with torch. Records are written once all
 Each point gives a record in the measured runs' schema with ``mode: simulated`` and ``backend: sim`` (one
 sample per metric: the model is deterministic). A cluster profile smaller than ``world_size`` is
 grown with more nodes of its kind. For the ``overlap`` policy the same step is also simulated with
-``sequential``, and every backward all-to-all's slowdown (overlap / sequential) is kept as samples
-(``a2a_bwd_slowdown``, Lina Fig 3 at paper scale).
+``sequential``, and the slowdown (overlap / sequential) of every backward all-to-all that a gradient
+all-reduce overlaps is kept as samples (``a2a_bwd_slowdown``, Lina Fig 3 at paper scale: its CDF is
+of the all-to-alls "overlapping DDP allreduce").
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
         alone_cfg = OmegaConf.merge(cfg, {"comm": {"policy": "sequential"}})
         alone = StepModel(alone_cfg, topo).run()
         contended, by_itself = result.durations_ms(".bwd"), alone.durations_ms(".bwd")
-        moving = by_itself > 0  # an all-to-all within one rank (expert parallel size 1) takes no time
-        if moving.any():
-            samples["a2a_bwd_slowdown"] = list(contended[moving] / by_itself[moving])
+        # the all-to-alls that move data (within one rank they take no time) while an all-reduce runs
+        kept = (by_itself > 0) & result.overlapping(".bwd", "allreduce")
+        if kept.any():
+            samples["a2a_bwd_slowdown"] = list(contended[kept] / by_itself[kept])
     extra = {"operations": len(result.ops), "links": topo.num_links, "simulation_s": time.perf_counter() - started}
     return samples, extra
 

@@ -45,20 +45,32 @@ def _slowdown_setting(s: pd.DataFrame) -> str:
     )
 
 
-def _train_step_mean_pct(records: pd.DataFrame, metric: str) -> tuple[float, str] | None:
-    """Mean over training-step points of a fraction's median, in percent: measured points, else
-    simulated points at Lina's scale (up to 16 GPUs)."""
-    rows = select(records, paper="gshard", experiment="train_step", metric=metric)
-    if rows.empty:
-        rows = select(records, experiment="sim_train_step", metric=metric)
-        rows = rows[rows["world_size"] <= LINA_GPUS] if not rows.empty else rows
-    if rows.empty:
-        return None
-    setting = (
-        f"{describe_testbeds(rows)}, {len(rows)} points, {span(rows['num_experts'])} experts, "
-        f"{span(rows['world_size'])} ranks, policy {'/'.join(sorted(rows['policy'].unique()))}"
+def _baseline_points(records: pd.DataFrame, metrics: list[str], experts: tuple[int, ...]) -> pd.DataFrame:
+    """One row per training-step point of DeepSpeed-MoE's schedule (policy ``overlap``) with experts =
+    ranks in ``experts``, a column per metric: the measured points, else the simulated ones."""
+    for experiment in ("train_step", "sim_train_step"):
+        rows = select(records, experiment=experiment, policy="overlap")
+        if rows.empty:
+            continue
+        rows = rows[
+            rows["metric"].isin(metrics)
+            & (rows["world_size"] == rows["num_experts"])
+            & rows["num_experts"].isin(experts)
+        ]
+        index = ["point", "hardware", "backend", "num_experts"]
+        wide = rows.pivot_table(index=index, columns="metric", values="value").reset_index()
+        if set(metrics) <= set(wide.columns):
+            wide = wide.dropna(subset=metrics)
+            if not wide.empty:
+                return wide
+    return pd.DataFrame()
+
+
+def _baseline_setting(points: pd.DataFrame, what: str) -> str:
+    return (
+        f"{describe_testbeds(points)}, policy overlap (DeepSpeed-MoE's), {len(points)} training points, "
+        f"{span(points['num_experts'])} experts = GPUs, {what}"
     )
-    return 100 * float(rows["value"].mean()), setting
 
 
 # ---- reproducers: all-to-all share and slowdown (Table 1, Figs 2-3) -------------------------------
@@ -90,14 +102,40 @@ def lina_fig3_slowdown_worst(records: pd.DataFrame, samples: pd.DataFrame) -> tu
     return None if found is None else (float(found[0].max()), found[1])
 
 
+LINA_TABLE1_EXPERTS = (4, 16)  # Table 1's Transformer-XL variants
+
+
+@reproducer
+def lina_table1_training_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Table 1's training rows: the all-to-all's share of the step under DeepSpeed-MoE, 4 and 16 experts."""
+    points = _baseline_points(records, ["a2a_share"], LINA_TABLE1_EXPERTS)
+    if points.empty:
+        return None
+    return 100 * float(points["a2a_share"].mean()), _baseline_setting(points, "mean of a2a_share")
+
+
 @reproducer
 def lina_table1_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _train_step_mean_pct(records, "a2a_share")
+    """Table 1's average over training and inference: the training rows' shares and the inference
+    pass's under static placement (Lina's baseline), 4 and 16 experts; both needed."""
+    points = _baseline_points(records, ["a2a_share"], LINA_TABLE1_EXPERTS)
+    inference = select(records, experiment="inference", policy="static", metric="a2a_share")
+    inference = inference[inference["num_experts"].isin(LINA_TABLE1_EXPERTS)] if not inference.empty else inference
+    if points.empty or inference.empty:
+        return None
+    shares = [*points["a2a_share"], *inference["value"]]
+    what = f"mean of a2a_share over them and over {len(inference)} inference runs (static placement)"
+    return 100 * float(sum(shares) / len(shares)), _baseline_setting(points, what)
 
 
 @reproducer
 def lina_fig2_a2a_share_of_moe(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    return _train_step_mean_pct(records, "a2a_share_of_moe")
+    """Fig 2: the all-to-alls' share of the MoE layers' forward time under DeepSpeed-MoE, 16 experts."""
+    points = _baseline_points(records, ["a2a_fwd_ms", "moe_layer_fwd_ms"], (LINA_GPUS,))
+    if points.empty:
+        return None
+    share = points["a2a_fwd_ms"] / points["moe_layer_fwd_ms"]
+    return 100 * float(share.mean()), _baseline_setting(points, "forward all-to-alls / MoE layers' forward time")
 
 
 # ---- reproducers: Lina's speedups (Figs 10-13) -----------------------------------------------
@@ -164,6 +202,22 @@ def lina_fig10_step_speedup_mean(records: pd.DataFrame, samples: pd.DataFrame) -
     return float(s["speedup"].mean()), (
         f"{describe_testbeds(s)}, mean over {'/'.join(map(str, LINA_FIG10_EXPERTS))} experts = GPUs, "
         f"step_ms of overlap / lina, micro-ops {s['partition_mb'].iloc[0]:g} MB"
+    )
+
+
+@reproducer
+def lina_packing_step_speedup(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Expert packing's own step-time gain: Lina without packing (lina-pipeline) over Lina, the mean
+    over Fig 10's expert counts (all needed), the secondary summaries' "packing gives 1.19x" read so."""
+    s = lina_speedups(records, "step_ms")
+    s = s if s.empty else s[s["experts"].isin(LINA_FIG10_EXPERTS)]
+    by_policy = s.pivot_table(index="experts", columns="policy", values="speedup") if not s.empty else s
+    if s.empty or not {"lina", "lina-pipeline"} <= set(by_policy) or set(by_policy.index) != set(LINA_FIG10_EXPERTS):
+        return None
+    gain = by_policy["lina"] / by_policy["lina-pipeline"]
+    return float(gain.mean()), (
+        f"{describe_testbeds(s)}, mean over {'/'.join(map(str, LINA_FIG10_EXPERTS))} experts = GPUs, step_ms of "
+        f"lina-pipeline / lina (packing alone: {', '.join(f'{g:.2f}x' for g in gain)})"
     )
 
 

@@ -190,8 +190,21 @@ class StepSimulation:
 
     def durations_ms(self, suffix: str, phase_suffix: str = "a2a") -> np.ndarray:
         """Durations of the ops whose phase ends with ``phase_suffix`` and name with ``suffix``."""
-        keep = [i for i, op in enumerate(self.ops) if op.phase.endswith(phase_suffix) and op.name.endswith(suffix)]
+        keep = self._matching(suffix, phase_suffix)
         return (self.timeline.end_s[keep] - self.timeline.start_s[keep]) * 1e3
+
+    def overlapping(self, suffix: str, other_phase: str, phase_suffix: str = "a2a") -> np.ndarray:
+        """For the ops of :meth:`durations_ms`, in its order: whether an op of ``other_phase`` is in
+        flight at some moment of theirs: which all-to-alls a gradient all-reduce slows, say."""
+        start, end = self.timeline.start_s, self.timeline.end_s
+        others = [i for i, op in enumerate(self.ops) if op.phase == other_phase and end[i] > start[i]]
+        overlapped = [
+            any(start[j] < end[i] and start[i] < end[j] for j in others) for i in self._matching(suffix, phase_suffix)
+        ]
+        return np.array(overlapped, dtype=bool)
+
+    def _matching(self, suffix: str, phase_suffix: str) -> list[int]:
+        return [i for i, op in enumerate(self.ops) if op.phase.endswith(phase_suffix) and op.name.endswith(suffix)]
 
 
 class StepModel:
