@@ -8,6 +8,7 @@ same config and decisions as a measured run: the grid's collectives (moe_core.gr
 overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Records:
 
 * ``axonn_scaling/<model>_<system>``: each model of moe_core/papers/axonn/models.py on its GPUs,
+  trained on ``axonn.sequences_per_gpu`` sequences per GPU,
   ``axonn`` on the grid AxoNN's communication model ranks first (all three overlaps), ``megatron``
   on the baseline's layout (tensor parallelism in a node x pipeline x data): one pipeline stage of
   one micro-batch simulated alone and with its data-parallel replicas (the difference is the
@@ -18,6 +19,10 @@ overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Record
 * ``axonn_ranking/<grid>``: the model's prediction for every grid of the largest model that fits in
   memory (rank, predicted communication and its breakdown, memory), and the simulated step of the
   ``axonn.ranked_grids`` best.
+* Sensitivity runs (``<point>_<parameter><value>``, param ``unstated``): what the abstract's numbers are
+  read from (the 80B model's two systems, the 2B model without and with every overlap) again at the
+  other end of each unstated parameter's range that is simulated (``AXONN_UNSTATED``: the batch per
+  GPU and the NICs' share of line rate; moe_core/papers/axonn/config.py gives every value and why).
 
 Neither system's simulated step recomputes activations (both train under the memory of full
 recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forward pass.
@@ -36,16 +41,19 @@ from moe_core.config import load_config, to_container
 from moe_core.grid import GRID_AXES, Grid
 from moe_core.papers.axonn.baseline import megatron_layout, pipeline_time_s
 from moe_core.papers.axonn.comm_model import rank_grids
-from moe_core.papers.axonn.config import OVERLAP_VARIANTS, overlap_overrides
-from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters
+from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
+from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
+from moe_core.points import unstated_param, unstated_variants
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
 BF16_BYTES = 2
 # Caching a block's weights trades memory the ranking already spent on the grid; the measured
 # ablation covers it.
-SIMULATED_VARIANTS = [v for v in OVERLAP_VARIANTS if v != "all+cache"]
+SIMULATED_VARIANTS = tuple(v for v in OVERLAP_VARIANTS if v != "all+cache")
+# What the sensitivity runs simulate: the abstract's 80B model and the 2B model's overlap gain.
+SENSITIVITY_MODELS, SENSITIVITY_VARIANTS = (WEAK_SCALING[-1],), ("none", "all")
 
 
 @functools.cache
@@ -76,16 +84,22 @@ def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int |
     ]
 
 
+def point_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """The run's config with ``overrides``, then its sensitivity setting (``unstated``) again: the
+    profile the overrides load would otherwise replace a ``hardware.`` one."""
+    return load_config(data=to_container(cfg), overrides=[*overrides, *([cfg.unstated] if cfg.unstated else [])])
+
+
 def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:
     """The simulated step's metrics (ms) of the run's config with ``overrides``."""
-    point = load_config(data=to_container(cfg), overrides=overrides)
+    point = point_config(cfg, overrides)
     return StepModel(point, build_topology(point.hardware)).run().metrics()
 
 
 def ranking(cfg: DictConfig, model: GptModel):
     """AxoNN's communication model's ranking of every grid of ``model`` (AxoNN's placement: the one
     the measured and simulated executors run)."""
-    hw = load_config(overrides=model_overrides(cfg, model, model.gpus)).hardware
+    hw = point_config(cfg, model_overrides(cfg, model, model.gpus)).hardware
     return rank_grids(
         hw,
         model.gpus,
@@ -153,7 +167,7 @@ def axonn_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
 def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     """The baseline's iteration: a stage's forward and backward of one micro-batch, alone and with its
     data-parallel replicas, composed by the 1F1B schedule, then one optimizer step."""
-    hw = load_config(overrides=model_overrides(cfg, model, model.gpus)).hardware
+    hw = point_config(cfg, model_overrides(cfg, model, model.gpus)).hardware
     layout = megatron_layout(model, model.gpus, hw, cfg.axonn.device_memory_GB, cfg.axonn.bytes_per_param)
     tp, pp, dp = layout["tp"], layout["pp"], layout["dp"]
     stage = [
@@ -181,19 +195,46 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     return params, {**throughput(cfg, model, batch_s), **metrics}
 
 
-def records(cfg: DictConfig) -> list[dict]:
+SCALING = {"axonn": axonn_scaling, "megatron": megatron_scaling}
+
+
+def sensitivity_runs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """Point-name suffix -> the run's config at the other end of an unstated parameter's range
+    (``AXONN_UNSTATED``), its ``unstated`` set."""
+    variants = unstated_variants("", [], AXONN_UNSTATED)
+    return {suffix: load_config(data=to_container(cfg), overrides=overrides) for suffix, overrides in variants.items()}
+
+
+def scaling_records(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[dict]:
+    """Each of ``models`` at the run's batch under AxoNN and the Megatron-style baseline."""
     out = []
-    for model in WEAK_SCALING:
+    for model in (with_batch(m, cfg.axonn.sequences_per_gpu) for m in models):
         base = {"model": model.name, "parameters": parameters(model), "gpus": model.gpus}
-        for system in (axonn_scaling, megatron_scaling):
-            params, metrics = system(cfg, model)
-            out.append(_record(cfg, "axonn_scaling", f"{model.name}_{params['system']}", {**base, **params}, metrics))
-    grid = best_grid(cfg, TWO_B, every_overlap=True)
-    for variant in SIMULATED_VARIANTS:
-        m = simulate(cfg, [*model_overrides(cfg, TWO_B, TWO_B.gpus), *grid_overrides(TWO_B, grid, variant)])
-        params = {"model": TWO_B.name, "gpus": TWO_B.gpus, "overlap_variant": variant, **grid_params(grid)}
-        out.append(_record(cfg, "axonn_ablation", f"{TWO_B.name}_{variant}", params, m))
-    largest = WEAK_SCALING[-1]
+        base["global_sequences"] = model.global_sequences
+        for system, run in SCALING.items():
+            params, metrics = run(cfg, model)
+            out.append(_record(cfg, "axonn_scaling", f"{model.name}_{system}{suffix}", {**base, **params}, metrics))
+    return out
+
+
+def ablation_records(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "") -> list[dict]:
+    """The ~2B model at the run's batch under each overlap of ``variants``, on the best grid on which
+    every overlap acts."""
+    model = with_batch(TWO_B, cfg.axonn.sequences_per_gpu)
+    grid = best_grid(cfg, model, every_overlap=True)
+    out = []
+    for variant in variants:
+        m = simulate(cfg, [*model_overrides(cfg, model, model.gpus), *grid_overrides(model, grid, variant)])
+        params = {"model": model.name, "gpus": model.gpus, "global_sequences": model.global_sequences}
+        params.update(overlap_variant=variant, **grid_params(grid))
+        out.append(_record(cfg, "axonn_ablation", f"{model.name}_{variant}{suffix}", params, m))
+    return out
+
+
+def ranking_records(cfg: DictConfig) -> list[dict]:
+    """The model's ranking of every grid of the largest model that fits, the best few simulated."""
+    largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
+    out = []
     for row in ranking(cfg, largest).query("fits").itertuples():
         grid = Grid(int(row.data), int(row.depth), int(row.row), int(row.col))
         metrics = {k: v for k, v in row._asdict().items() if k.endswith("_s") or k == "memory_GB"}
@@ -207,13 +248,28 @@ def records(cfg: DictConfig) -> list[dict]:
     return out
 
 
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of the study: at the chosen values, then the sensitivity runs."""
+    out = [*scaling_records(cfg, WEAK_SCALING), *ablation_records(cfg, SIMULATED_VARIANTS), *ranking_records(cfg)]
+    for suffix, varied in sensitivity_runs(cfg).items():
+        out += [
+            *scaling_records(varied, SENSITIVITY_MODELS, suffix),
+            *ablation_records(varied, SENSITIVITY_VARIANTS, suffix),
+        ]
+    return out
+
+
 def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     """Experiment -> the point names one run writes (pure and quick: the workflow declares them; the
     ranking's grids are the model's, no simulation)."""
-    largest = WEAK_SCALING[-1]
+    largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
+    runs = [("", WEAK_SCALING, SIMULATED_VARIANTS)]
+    runs += [(suffix, SENSITIVITY_MODELS, SENSITIVITY_VARIANTS) for suffix in sensitivity_runs(cfg)]
     return {
-        "axonn_scaling": [f"{m.name}_{system}" for m in WEAK_SCALING for system in ("axonn", "megatron")],
-        "axonn_ablation": [f"{TWO_B.name}_{v}" for v in SIMULATED_VARIANTS],
+        "axonn_scaling": [
+            f"{m.name}_{system}{suffix}" for suffix, models, _ in runs for m in models for system in SCALING
+        ],
+        "axonn_ablation": [f"{TWO_B.name}_{v}{suffix}" for suffix, _, variants in runs for v in variants],
         "axonn_ranking": [
             f"{largest.name}_{Grid(int(r.data), int(r.depth), int(r.row), int(r.col))}"
             for r in ranking(cfg, largest).query("fits").itertuples()
@@ -222,13 +278,14 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
 
 
 def _record(cfg: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
+    """A simulated record on ``axonn.hardware``, a sensitivity run's with its setting (``unstated``)."""
     return predicted_record(
         cfg,
         paper=PAPER,
         experiment=experiment,
         point=point,
         hardware=cfg.axonn.hardware,
-        params=params,
+        params={**unstated_param(cfg), **params},
         metrics=metrics,
         backend="sim",
     )

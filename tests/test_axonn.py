@@ -8,12 +8,13 @@ import sys
 from collections import Counter
 
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.axonn import megatron_scaling, record_points, records
 from moe_core.capacity import moe_blocks
 from moe_core.config import load_config
 from moe_core.grid import block_collectives
-from moe_core.papers.axonn.config import OVERLAP_VARIANTS, overlap_overrides
+from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
 from moe_core.papers.axonn.sweeps import grid_points
 from moe_core.results import read_record
@@ -116,6 +117,18 @@ def test_bad_axonn_settings_name_the_key():
         load_config(["configs/default.yaml"], ["axonn.ablation_grid=[3,1,1]"])
     with pytest.raises(ConfigError, match="axonn.global_sequences"):
         load_config(["configs/default.yaml"], ["axonn.global_sequences=6"])
+    with pytest.raises(ConfigError, match="axonn.sequences_per_gpu"):
+        load_config(["configs/default.yaml"], ["axonn.sequences_per_gpu=0"])
+
+
+def test_unstated_parameters_list_the_chosen_values_the_run_uses():
+    """Every listed parameter's chosen value is what AxoNN's simulated points resolve to; the
+    simulated sensitivity runs are listed parameters, each at values other than the chosen one."""
+    cfg = load_config(["configs/default.yaml"], [f"hardware_profile={AxonnConfig.hardware}"])
+    for key, (chosen, ends) in UNSTATED.items():
+        assert OmegaConf.select(cfg, key) == pytest.approx(chosen), key
+        assert chosen not in ends
+    assert all(UNSTATED[key][1] == ends for key, ends in AXONN_UNSTATED.items())
 
 
 def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point(tmp_path):
@@ -173,6 +186,20 @@ def test_simulated_study_writes_every_declared_record():
     assert {e: sorted(r["point"] for r in written if r["experiment"] == e) for e in declared} == {
         e: sorted(points) for e, points in declared.items()
     }
+    # the chosen batch (one sequence per GPU) in the chosen runs; the sensitivity runs say their setting
+    chosen = {r["point"]: r["params"] for r in written if "unstated" not in r["params"]}
+    assert chosen["80B_axonn"]["global_sequences"] == chosen["80B_megatron"]["global_sequences"] == 1024
+    assert chosen["2B_none"]["global_sequences"] == 64
+    varied = {r["point"]: r["params"] for r in written if "unstated" in r["params"]}
+    assert {(point, params["unstated"]) for point, params in varied.items()} == {
+        (f"{point}_{key.rsplit('.', 1)[-1]}{value:g}", f"{key}={value:g}")
+        for point in ("80B_axonn", "80B_megatron", "2B_none", "2B_all")
+        for key, (value,) in AXONN_UNSTATED.items()
+    }
+    assert varied["80B_axonn_sequences_per_gpu2"]["global_sequences"] == 2048
+    assert varied["80B_axonn_nic_efficiency0.67"]["global_sequences"] == 1024
+    batch_s = {r["point"]: r["metrics"]["batch_s"]["value"] for r in written if r["experiment"] == "axonn_scaling"}
+    assert batch_s["80B_axonn_nic_efficiency0.67"] > batch_s["80B_axonn"]  # slower NICs reach the simulator
     ranking = [r for r in written if r["experiment"] == "axonn_ranking"]
     simulated = sorted(
         (r["metrics"]["model_rank"]["value"], r["metrics"]["sim_comm_ms"]["value"])

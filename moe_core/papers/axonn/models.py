@@ -8,12 +8,13 @@ SC'21): parameters ~ 12 L d^2, head dimension 128 (n_heads = d / 128), FFN 4 d, 
 vocabulary of 51200 and 2048-token sequences. Each doubles the parameters and the GPUs of the one
 before (weak scaling).
 
-Assumption: ``global_sequences = gpus``, a constant 2048 tokens per GPU per iteration.
+The global batch is not stated either: a model here carries one sequence per GPU, and a run trains it
+on ``axonn.sequences_per_gpu`` (:func:`with_batch`; the value and its range: config.py, UNSTATED).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 VOCAB_SIZE = 51200  # GPT-2's 50257 padded to a multiple of 1024 (Megatron-LM)
 SEQ_LEN = 2048
@@ -38,6 +39,12 @@ class GptModel:
 def gpt(name: str, n_layers: int, d_model: int, gpus: int) -> GptModel:
     """A model by the shape rules above (head dim 128, FFN 4 d), one sequence per GPU."""
     return GptModel(name, n_layers, d_model, d_model // HEAD_DIM, 4 * d_model, VOCAB_SIZE, SEQ_LEN, gpus, gpus)
+
+
+def with_batch(model: GptModel, sequences_per_gpu: int) -> GptModel:
+    """``model`` trained on ``sequences_per_gpu`` sequences per GPU per iteration (weak scaling: the
+    same per GPU at every size)."""
+    return replace(model, global_sequences=sequences_per_gpu * model.gpus)
 
 
 def parameters(model: GptModel) -> int:
