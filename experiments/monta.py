@@ -3,14 +3,15 @@
     python -m experiments.monta --config configs/default.yaml
 
 No processes, no torch: the model is closed-form (moe_core/papers/monta/performance_model.py). For
-the paper's model (``monta.overrides``) on its testbed (``monta.hardware``) with each
-``monta.nics_per_node``, it writes
+the paper's model (``monta.overrides``) on its testbed (``monta.hardware``), it writes
 
 * ``monta_strategy``: every (tp, ep, dp) layout of the 16 GPUs with its predicted dispatch time
   (MoNTA's pipelined exchange, chunk count chosen by the model), inter-node bytes, expert memory per
   GPU, whether that fits ``monta.device_memory_GB``, and its rank (MoNTA's choice is rank 1);
 * ``monta_chunk_model``: the predicted pipelined dispatch time at the largest tensor-parallel size
-  of ``monta.sim_tensor_parallel`` for every admissible chunk count, and the count the model picks.
+  of ``monta.sim_tensor_parallel`` for every admissible chunk count, and the count the model picks;
+  again at the other end of each unstated parameter's range (``MONTA_UNSTATED``, the NIC count;
+  points ``<testbed>_<parameter><value>_...``, param ``unstated``), for the range of that pick.
 
 Records carry ``mode: simulated`` and ``backend: model`` (a testbed of their own, beside the step
 simulator's ``sim``), ``results/raw/monta/<experiment>/<point>.json``, all written at the end.
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_core.benchmark import predicted_record, predictions_main
 from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
+from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
 from moe_core.papers.monta.performance_model import (
     admissible_chunk_counts,
@@ -33,16 +35,16 @@ from moe_core.papers.monta.performance_model import (
     rank_strategies,
 )
 from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
+from moe_core.points import unstated_param, unstated_variants
 
 
-def testbeds(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The paper's config on its testbed with each ``monta.nics_per_node``, by testbed name."""
-    paper = paper_config(cfg)
+def settings(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The paper's config on its testbed by name: at the chosen values (the testbed's name), then at
+    the other end of each unstated parameter's range (the name with the setting appended)."""
+    runs = {cfg.monta.hardware: [], **unstated_variants(cfg.monta.hardware, [], MONTA_UNSTATED)}
     return {
-        f"{cfg.monta.hardware}-nic{nics}": OmegaConf.merge(
-            paper, {"moe": {"num_experts": EXPERTS}, "hardware": {"nics_per_node": nics}}
-        )
-        for nics in cfg.monta.nics_per_node
+        name: OmegaConf.merge(paper_config(cfg, setting), {"moe": {"num_experts": EXPERTS}})
+        for name, setting in runs.items()
     }
 
 
@@ -87,8 +89,7 @@ def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict
             "model_rank": rank,
             "chunks": s.chunks,
         }
-        point = f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}"
-        records.append(_record(cfg, "monta_strategy", point, name, params, metrics))
+        records.append(_record(cfg, paper, "monta_strategy", f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}", params, metrics))
     return records
 
 
@@ -107,16 +108,17 @@ def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
     for n in admissible_chunk_counts(slots, tp):
         params = {"tensor_parallel": tp, "expert_parallel": ep, "chunks": n, "nics_per_node": hw.nics_per_node}
         metrics = {"model_exchange_ms": pipelined_seconds(volume, n, ep, tp, links) * 1e3, "chosen": float(n == chosen)}
-        records.append(_record(cfg, "monta_chunk_model", f"{name}_tp{tp}_n{n}", name, params, metrics))
+        records.append(_record(cfg, paper, "monta_chunk_model", f"{name}_tp{tp}_n{n}", params, metrics))
     return records
 
 
 def model_records(cfg: DictConfig) -> list[dict]:
-    """Every record of this run, for each NIC count."""
+    """Every record of this run: the strategy ranking at the chosen values, the chunk curve at each setting."""
+    runs = settings(cfg)
+    chosen = cfg.monta.hardware
     return [
-        record
-        for name, paper in testbeds(cfg).items()
-        for record in [*strategy_records(cfg, name, paper), *chunk_records(cfg, name, paper)]
+        *strategy_records(cfg, chosen, runs[chosen]),
+        *(record for name, paper in runs.items() for record in chunk_records(cfg, name, paper)),
     ]
 
 
@@ -128,14 +130,15 @@ def model_points(cfg: DictConfig) -> dict[str, list[str]]:
     return points
 
 
-def _record(cfg: DictConfig, experiment: str, point: str, hardware: str, params: dict, metrics: dict) -> dict:
+def _record(cfg: DictConfig, paper: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
+    """A record of the model's predictions at ``paper``'s setting, on its testbed."""
     return predicted_record(
         cfg,
         paper=PAPER,
         experiment=experiment,
         point=point,
-        hardware=hardware,
-        params=params,
+        hardware=paper.hardware.name,
+        params={**unstated_param(paper), **params},
         metrics=metrics,
         backend="model",
     )

@@ -300,48 +300,48 @@ def write_external_validation(root):
 
 def write_monta(root):
     """MoNTA's records: simulated steps (dispatches vs tp, chunks, layouts, flat vs hierarchical), the
-    performance model's ranking and chunk curve, and the measured exchange (2 NIC counts simulated)."""
+    performance model's ranking and chunk curve, and the measured exchange; on one testbed at the
+    chosen 4 NICs per node, the abstract's layout and the chunk curve again at 8 (``unstated``)."""
     paths = []
-    sim = {"paper": "monta", "experiment": "sim_train_step", "mode": "simulated", "backend": "sim"}
+    hw = "monta-a800-2x8"
+    sim = {"paper": "monta", "experiment": "sim_train_step", "mode": "simulated", "backend": "sim", "hardware": hw}
+    model = {"paper": "monta", "mode": "simulated", "backend": "model", "hardware": hw, "samples": {}}
     base = {"world_size": 16, "num_experts": 2, "moe_layers": 10, "a2a_algorithm": "flat", "tp_chunks": 0}
     layouts = [(tp, ep, path) for tp in (1, 2, 4, 8) for ep in (1, 2) for path in ("duplicate", "drop-gather", "monta")]
-    for nics in (4, 8):
-        hw = f"monta-a800-2x8-nic{nics}"
+    for nics, setting in ((4, None), (8, "hardware.nics_per_node=8")):
+        varied = {"unstated": setting} if setting else {}
         for tp, ep, path in layouts:
-            if tp == 1 and path != "drop-gather":
+            if (tp == 1 and path != "drop-gather") or (setting and (tp, ep) != (8, 2)):
                 continue
             exchange = {"duplicate": 4.0 * tp, "drop-gather": 4.0, "monta": 3.0}[path] / nics
-            for chunks in (0, 1, 4) if (tp, ep, path) == (8, 2, "monta") else (0,):
+            for chunks in (0, 1, 4) if (tp, ep, path, setting) == (8, 2, "monta", None) else (0,):
                 params = {**base, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": 16 // (tp * ep)}
-                params.update(tp_dispatch=path, tp_chunks=chunks)
+                params.update(tp_dispatch=path, tp_chunks=chunks, **varied)
                 samples = {"a2a_ms": [40 * exchange * (1 + chunks / 10)], "step_ms": [1000 + 40 * exchange]}
                 samples.update(expert_ms=[500.0], gate_ms=[50.0], dense_ms=[400.0], allreduce_exposed_ms=[10.0])
-                point = f"{hw}_tp{tp}_ep{ep}_{path}_n{chunks}"
-                paths.append(_write(root, **sim, point=point, hardware=hw, params=params, samples=samples))
-        for nodes, algorithm in ((2, "flat"), (2, "hierarchical"), (4, "flat"), (4, "hierarchical")):
-            params = {**base, "world_size": 8 * nodes, "num_experts": 8 * nodes, "tensor_parallel": 1}
-            params.update(
-                expert_parallel=8 * nodes, data_parallel=1, tp_dispatch="drop-gather", a2a_algorithm=algorithm
-            )
-            samples = {"a2a_ms": [100.0 * nodes * (1.1 if algorithm == "hierarchical" else 1.0)], "step_ms": [2000.0]}
-            point = f"{hw}-n{nodes}_{algorithm}"
-            paths.append(_write(root, **sim, point=point, hardware=hw, params=params, samples=samples))
-        model = {"paper": "monta", "mode": "simulated", "backend": "model", "hardware": hw, "samples": {}}
-        for rank, (tp, ep) in enumerate([(8, 2), (1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1)], start=1):
-            params = {"world_size": 16, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": 16 // (tp * ep)}
-            metrics = {"model_exchange_ms": 0.1 * tp * ep, "inter_node_bytes": 1e6 * (tp == 8), "memory_GB": 75.0}
-            metrics.update(fits=float(rank == 1), model_rank=rank, chunks=4.0, model_a2a_ms=0.1, model_allgather_ms=0.1)
-            point = f"{hw}_tp{tp}_ep{ep}"
-            paths.append(
-                _write(root, **model, experiment="monta_strategy", point=point, params=params, extra_metrics=metrics)
-            )
+                point = f"{hw}_tp{tp}_ep{ep}_{path}_n{chunks}_nics{nics}"
+                paths.append(_write(root, **sim, point=point, params=params, samples=samples))
         for n in (1, 2, 4, 8):
-            params = {"tensor_parallel": 8, "expert_parallel": 2, "chunks": n}
-            metrics = {"model_exchange_ms": 1.0 / n + 0.1 * n, "chosen": float(n == 4)}
-            point = f"{hw}_n{n}"
+            params = {"tensor_parallel": 8, "expert_parallel": 2, "chunks": n, **varied}
+            metrics = {"model_exchange_ms": 1.0 / n + 0.1 * n * nics / 4, "chosen": float(n == 16 // nics)}
+            point = f"{hw}_n{n}_nics{nics}"
             paths.append(
                 _write(root, **model, experiment="monta_chunk_model", point=point, params=params, extra_metrics=metrics)
             )
+    for nodes, algorithm in ((2, "flat"), (2, "hierarchical"), (4, "flat"), (4, "hierarchical")):
+        params = {**base, "world_size": 8 * nodes, "num_experts": 8 * nodes, "tensor_parallel": 1}
+        params.update(expert_parallel=8 * nodes, data_parallel=1, tp_dispatch="drop-gather", a2a_algorithm=algorithm)
+        samples = {"a2a_ms": [100.0 * nodes * (1.1 if algorithm == "hierarchical" else 1.0)], "step_ms": [2000.0]}
+        point = f"{hw}-n{nodes}_{algorithm}"
+        paths.append(_write(root, **sim, point=point, params=params, samples=samples))
+    for rank, (tp, ep) in enumerate([(8, 2), (1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1)], start=1):
+        params = {"world_size": 16, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": 16 // (tp * ep)}
+        metrics = {"model_exchange_ms": 0.1 * tp * ep, "inter_node_bytes": 1e6 * (tp == 8), "memory_GB": 75.0}
+        metrics.update(fits=float(rank == 1), model_rank=rank, chunks=4.0, model_a2a_ms=0.1, model_allgather_ms=0.1)
+        point = f"{hw}_tp{tp}_ep{ep}"
+        paths.append(
+            _write(root, **model, experiment="monta_strategy", point=point, params=params, extra_metrics=metrics)
+        )
     measured = {
         "paper": "monta",
         "experiment": "monta_a2a",

@@ -7,17 +7,19 @@ import sys
 import pandas as pd
 import pytest
 
-from analysis.collect import collect, read_valid_record
+from analysis.collect import at_setting, collect, read_valid_record
 from analysis.compare import REPRODUCERS
 from analysis.papers.monta import strategy_ranking
 from experiments import monta
 from experiments.monta_a2a import measured_points as a2a_points
 from moe_core.config import ConfigError, load_config
+from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import monta_chunks
-from moe_core.points import measured_points, sim_points
+from moe_core.points import measured_points, sim_points, unstated_param
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TP2 = ["parallel.tensor_parallel=2", "moe.num_experts=2", "moe.experts_per_rank=1", "comm.tp_dispatch=monta"]
+NICS_8 = "hardware.nics_per_node=8"  # the other end of the unstated NIC count (MONTA_UNSTATED)
 
 
 def _paper(*extra):
@@ -35,23 +37,46 @@ def test_chunk_count_is_forced_modelled_or_the_code_default():
     # MoNTA's testbed: the model weighs NVLink gathers against NIC-bound all-to-alls per chunk
     assert monta_chunks(_paper()) == 8
     assert monta_chunks(_paper("monta.chunk_overhead_us=500")) < 8  # costly chunks: fewer of them
-    assert monta_chunks(_paper("hardware.nics_per_node=8")) < 8  # a faster all-to-all hides fewer gathers
+    assert monta_chunks(_paper(NICS_8)) < 8  # a faster all-to-all hides fewer gathers
 
 
 def test_points_are_named_uniquely_and_load():
     cfg = load_config(["configs/default.yaml"])
     points = {name: ov for name, (paper, ov) in sim_points(cfg).items() if paper == "monta"}
-    assert len(points) >= 40
-    tps = set()
+    assert len(points) >= 30
+    tps, hardware = set(), set()
     for name, overrides in points.items():
         point_cfg = load_config(["configs/default.yaml"], overrides)  # every point is a valid config
         tps.add(point_cfg.parallel.tensor_parallel)
-        assert point_cfg.hardware.name in name
+        hardware.add(point_cfg.hardware.name)
+        assert name.startswith(point_cfg.hardware.name)
     assert tps == {1, 2, 4, 8}
+    assert hardware == {"monta-a800-2x8"}  # one testbed: the NIC count is a setting of it, not a testbed
     measured = [name for name, p in measured_points(cfg).items() if p["paper"] == "monta"]
     assert measured == [f"ws4_e2_epr1_overlap_s0_tp2-{d}" for d in ("duplicate", "drop-gather", "monta")]
     # the CI sweep's 2 ranks cannot hold tp 2 x ep 2: no measured MoNTA points, not an error
     assert not [p for p in measured_points(load_config(CONFIGS)).values() if p["paper"] == "monta"]
+
+
+def test_the_chosen_nic_count_runs_everywhere_and_the_other_end_at_the_abstracts_layout():
+    """Chosen points carry the profile's 4 NICs and no ``unstated``; the sensitivity runs are the tp 8
+    dispatches at 8 NICs, recorded as such (MONTA_UNSTATED)."""
+    cfg = load_config(["configs/default.yaml"])
+    points = {name: ov for name, (paper, ov) in sim_points(cfg).items() if paper == "monta"}
+    varied = {}
+    for name, overrides in points.items():
+        point_cfg = load_config(["configs/default.yaml"], overrides)
+        if point_cfg.unstated:
+            varied[name] = point_cfg
+        else:
+            assert point_cfg.hardware.nics_per_node == 4 and not unstated_param(point_cfg)
+    assert set(MONTA_UNSTATED) == {"hardware.nics_per_node"}
+    assert sorted(varied) == [
+        f"monta-a800-2x8_ws16_e2_epr1_overlap_s0_tp8-{d}_nics_per_node8" for d in ("drop-gather", "duplicate", "monta")
+    ]
+    for point_cfg in varied.values():
+        assert point_cfg.hardware.nics_per_node == 8 and point_cfg.parallel.tensor_parallel == 8
+        assert unstated_param(point_cfg) == {"unstated": "hardware.nics_per_node=8"}
 
 
 def test_model_ranks_8_card_tensor_parallelism_first_at_the_paper_setting(tmp_path):
@@ -61,27 +86,33 @@ def test_model_ranks_8_card_tensor_parallelism_first_at_the_paper_setting(tmp_pa
     declared = {(e, p) for e, points in monta.model_points(cfg).items() for p in points}
     assert {(f.parent.name, f.stem) for f in files} == declared
     records, _ = collect(files)
-    table = strategy_ranking(records)
-    assert set(table["hardware"]) == {"monta-a800-2x8-nic4", "monta-a800-2x8-nic8"}
-    for _, layouts in table.groupby("hardware"):
-        best = layouts.sort_values("model_rank").iloc[0]
-        assert (best["tensor_parallel"], best["expert_parallel"], best["data_parallel"]) == (8, 2, 1)
-        assert layouts["fits"].sum() == 1  # 2 experts of 80 layers fit 80 GB only split 16 ways
-        assert (layouts["tensor_parallel"] * layouts["expert_parallel"] * layouts["data_parallel"] == 16).all()
-    chosen = [r for r in map(read_valid_record, files) if r["experiment"] == "monta_chunk_model"]
-    picks = {(r["hardware"], r["params"]["chunks"]) for r in chosen if r["metrics"]["chosen"]["value"] == 1}
-    assert len(picks) == 2  # one pick per testbed, the fastest of its curve
-    for hardware, n in picks:
+    layouts = strategy_ranking(at_setting(records))  # the table shows the chosen NIC count only
+    assert set(layouts["hardware"]) == {"monta-a800-2x8"} and set(records["hardware"]) == {"monta-a800-2x8"}
+    assert set(records.loc[records["experiment"] == "monta_strategy", "nics_per_node"]) == {4}  # chosen only
+    best = layouts.sort_values("model_rank").iloc[0]
+    assert (best["tensor_parallel"], best["expert_parallel"], best["data_parallel"]) == (8, 2, 1)
+    assert layouts["fits"].sum() == 1  # 2 experts of 80 layers fit 80 GB only split 16 ways
+    assert (layouts["tensor_parallel"] * layouts["expert_parallel"] * layouts["data_parallel"] == 16).all()
+    curves = [r for r in map(read_valid_record, files) if r["experiment"] == "monta_chunk_model"]
+    # one pick per setting, the fastest of its curve: the chosen 4 NICs' and the 8 of the other end
+    picks = {r["params"].get("unstated"): r["params"]["chunks"] for r in curves if r["metrics"]["chosen"]["value"]}
+    assert picks == {None: monta_chunks(_paper()), "hardware.nics_per_node=8": monta_chunks(_paper(NICS_8))}
+    for setting, n in picks.items():
         curve = {
             r["params"]["chunks"]: r["metrics"]["model_exchange_ms"]["value"]
-            for r in chosen
-            if r["hardware"] == hardware
+            for r in curves
+            if r["params"].get("unstated") == setting
         }
         assert curve[n] == min(curve.values())
+    pick = REPRODUCERS["monta_model_chunks"]
+    assert pick(at_setting(records), records.iloc[0:0])[0] == picks[None]
+    assert pick(at_setting(records, NICS_8), records.iloc[0:0])[0] == picks[NICS_8]
 
 
-def test_model_run_refuses_a_bad_config_without_writing(tmp_path):
-    assert monta.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}", "monta.nics_per_node=[0]"]) == 2
+@pytest.mark.parametrize("override", ["monta.sim_chunks=[0]", "monta.nics_per_node=[4,8]"])
+def test_model_run_refuses_a_bad_config_without_writing(tmp_path, override):
+    """A bad value, or the NIC-count list that became the profile's unstated parameter: exit 2, nothing written."""
+    assert monta.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}", override]) == 2
     assert not list(tmp_path.rglob("*.json"))
 
 
@@ -92,6 +123,7 @@ def test_model_run_refuses_a_bad_config_without_writing(tmp_path):
         ("monta.bytes_per_rank=100", "monta.bytes_per_rank"),
         ("monta.measured_dispatch=[scatter]", "monta.measured_dispatch"),
         ("monta.hardware=nowhere", "monta.hardware"),
+        ("monta.nics_per_node=[4,8]", "monta.nics_per_node"),  # now hardware.nics_per_node (the profile's)
     ],
 )
 def test_bad_monta_settings_name_the_key(override, key):
@@ -134,7 +166,7 @@ def test_reproducers_compute_the_papers_quantities():
                     point=path,
                     mode="simulated",
                     backend="sim",
-                    hardware="monta-a800-2x8-nic4",
+                    hardware="monta-a800-2x8",
                     tensor_parallel=8,
                     expert_parallel=2,
                     data_parallel=1,

@@ -108,7 +108,7 @@ sim_sweep: {hardware: [lina-a100-4x4], world_size: [8], policy: [overlap], exper
             overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
 lina: {hardware: lina-a100-4x4, experts: [2], policy: [overlap, lina], partition_mb: [10],
        overrides: [model.d_model=256, model.d_ff=1024, model.moe_every=1]}
-monta: {nics_per_node: []}
+monta: {sim_tensor_parallel: [], hierarchical_nodes: []}
 """
 
 

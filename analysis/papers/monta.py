@@ -133,7 +133,7 @@ def monta_a2a_vs_tp(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -
         right.set(
             xlabel="tensor-parallel size (ep 2, the rest data parallel)",
             ylabel="one exchange (ms)",
-            title="Simulated: 2x70B-class, 16 A800 (4 or 8 NICs per node)",
+            title="Simulated: 2x70B-class, 16 A800 (the profile's 4 NICs per node)",
             yscale="log",
         )
         right.set_xticks(sorted(paper["tensor_parallel"].unique()))

@@ -13,6 +13,13 @@ from moe_core.workloads import ELEMENT_BYTES
 
 from .performance_model import DEFAULT_CHUNK_OVERHEAD_S
 
+# Parameters the paper leaves unstated that its simulated studies depend on: config key -> the other
+# ends of the plausible range (moe_core.points.unstated_variants runs each). The NIC count per node:
+# chosen 4 x 200 Gb/s, from the abstract's 8x all-to-all gain at tp 8 and 13% iteration gain, which
+# both need the pipelined exchange to be all-to-all bound (configs/hardware/monta-a800-2x8.yaml's
+# header has the arithmetic); 8 x 200 Gb/s, the top of what A800 nodes ship with, is the other end.
+MONTA_UNSTATED = {"hardware.nics_per_node": (8,)}
+
 
 @dataclass
 class MontaConfig:
@@ -25,10 +32,10 @@ class MontaConfig:
     * Measured training steps (experiments/train_step.py): the measured sweep's largest world size at
       ``measured_tensor_parallel``, two experts, one run per ``measured_dispatch``.
     * Simulated at MoNTA's scale (moe_core/papers/monta/sweeps.py): the paper's model
-      (``overrides``) on ``hardware`` with each ``nics_per_node`` (the paper does not state it), every
-      dispatch at every ``sim_tensor_parallel``, MoNTA at every ``sim_chunks``, every (tp, ep, dp)
-      layout of the strategy ranking, and the flat vs hierarchical all-to-all on clusters of
-      ``hierarchical_nodes`` nodes.
+      (``overrides``) on ``hardware``, every dispatch at every ``sim_tensor_parallel`` (those at the
+      largest again at the other end of the unstated NIC count, ``MONTA_UNSTATED``), MoNTA at every
+      ``sim_chunks``, every (tp, ep, dp) layout of the strategy ranking whose tp is simulated, and the
+      flat vs hierarchical all-to-all on clusters of ``hierarchical_nodes`` nodes.
     """
 
     # Per-chunk fixed cost of the pipelined dispatch (kernel launches and the copy of a chunk into the
@@ -44,7 +51,6 @@ class MontaConfig:
     measured_tensor_parallel: int = 2
     measured_dispatch: list[str] = field(default_factory=lambda: ["duplicate", "drop-gather", "monta"])
     hardware: str = "monta-a800-2x8"
-    nics_per_node: list[int] = field(default_factory=lambda: [4, 8])
     sim_tensor_parallel: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     sim_chunks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     hierarchical_nodes: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
@@ -69,7 +75,7 @@ def validate_monta(cfg: DictConfig) -> None:
     require_at_least(m, "monta", 0, ("warmup_iters",))
     for key in ("tensor_parallel", "chunks"):
         require(len(m[key]) > 0 and min(m[key]) >= 1, f"monta.{key}", f"must list values >= 1, got {list(m[key])}")
-    for key in ("nics_per_node", "sim_tensor_parallel", "sim_chunks", "hierarchical_nodes"):  # empty: not simulated
+    for key in ("sim_tensor_parallel", "sim_chunks", "hierarchical_nodes"):  # empty: not simulated
         require(min(m[key], default=1) >= 1, f"monta.{key}", f"values must be >= 1, got {list(m[key])}")
     require(m.measured_tensor_parallel >= 1, "monta.measured_tensor_parallel", "must be >= 1")
     unknown = [d for d in m.measured_dispatch if d not in TP_DISPATCHES]

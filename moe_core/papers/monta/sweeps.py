@@ -1,13 +1,16 @@
 """MoNTA's training-step points, added to the run's measured and simulated sweeps (moe_core.points).
 
-Simulated on MoNTA's testbed (``monta.hardware``, with each ``monta.nics_per_node``) with the
-paper's model (``monta.overrides``), every point a full training step of the step simulator:
+Simulated on MoNTA's testbed (``monta.hardware``) with the paper's model (``monta.overrides``),
+every point a full training step of the step simulator:
 
 * ``dispatch``: every dispatch at every ``monta.sim_tensor_parallel`` (ep = 2 experts' ranks, the
-  rest data parallel), MoNTA's chunk count from its model (Fig (a), (c));
+  rest data parallel), MoNTA's chunk count from its model (Fig (a), (c)); those at the largest
+  tensor-parallel size again at the other end of each unstated parameter's range
+  (``MONTA_UNSTATED``: the NIC count), for the range of the abstract's numbers;
 * ``chunks``: MoNTA's dispatch at the largest tensor-parallel size with each admissible
   ``monta.sim_chunks`` (Fig (b));
-* ``strategy``: every (tp, ep, dp) layout of the strategy ranking (Fig (d));
+* ``strategy``: every (tp, ep, dp) layout of the strategy ranking whose tp is in
+  ``monta.sim_tensor_parallel`` (Fig (d));
 * ``hierarchical``: flat vs hierarchical all-to-all, one expert per GPU, on clusters of
   ``monta.hierarchical_nodes`` nodes (Fig (e)).
 
@@ -23,22 +26,27 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.capacity import dispatch_rows_per_expert
-from moe_core.points import point_name, point_overrides, register_measured_points, register_sim_points
+from moe_core.points import (
+    point_name,
+    point_overrides,
+    register_measured_points,
+    register_sim_points,
+    unstated_variants,
+)
 
+from .config import MONTA_UNSTATED
 from .performance_model import admissible_chunk_counts
 
 PAPER = "monta"
 EXPERTS = 2  # "2x70B" [ABS]
 
 
-def sim_point(cfg: DictConfig, nics: int, nodes: int | None = None, **params) -> tuple[str, tuple[str, list[str]]]:
-    """One simulated point on ``monta.hardware`` with ``nics`` NICs per node (and ``nodes`` nodes, if given)."""
+def sim_point(cfg: DictConfig, nodes: int | None = None, **params) -> tuple[str, tuple[str, list[str]]]:
+    """One simulated point on ``monta.hardware`` (with ``nodes`` nodes, if given)."""
     m = cfg.monta
     point = {"seed": cfg.train.seed, "policy": "overlap", "tp_chunks": 0, "a2a_algorithm": "flat", **params}
-    hardware = [f"hardware.nics_per_node={nics}"] + ([f"hardware.nodes={nodes}"] if nodes else [])
-    testbed = f"{m.hardware}-nic{nics}"  # a testbed of its own: the NIC count brackets an unstated one
-    hardware.append(f"hardware.name={testbed}")
-    name = testbed + (f"-n{nodes}" if nodes else "") + f"_{point_name(point)}"
+    hardware = [f"hardware.nodes={nodes}"] if nodes else []
+    name = m.hardware + (f"-n{nodes}" if nodes else "") + f"_{point_name(point)}"
     overrides = [*m.overrides, f"hardware_profile={m.hardware}", f"paper={PAPER}", *hardware, *point_overrides(point)]
     return name, (PAPER, overrides)
 
@@ -55,14 +63,14 @@ def layout_params(world: int, experts: int, ep: int, tp: int, dispatch: str, chu
     )
 
 
-def paper_config(cfg: DictConfig) -> DictConfig:
-    """The run's config with the paper's model on its testbed: what the simulated points' sizes, and
-    the performance model's inputs, are read from."""
+def paper_config(cfg: DictConfig, setting: list[str] = ()) -> DictConfig:
+    """The run's config with the paper's model on its testbed (and ``setting``'s overrides after it, e.g.
+    a sensitivity run's): what the simulated points' sizes, and the performance model's inputs, are
+    read from."""
     from moe_core.config import load_config, to_container  # the config module imports this one (the registry)
 
-    return load_config(
-        data=to_container(cfg), overrides=[*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}"]
-    )
+    overrides = [*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}", *setting]
+    return load_config(data=to_container(cfg), overrides=overrides)
 
 
 @register_sim_points
@@ -70,26 +78,42 @@ def monta_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     m, paper = cfg.monta, paper_config(cfg)
     hw = paper.hardware
     world = hw.nodes * hw.devices_per_node  # 16 A800 [ABS]
-    points = []
-    for nics, tp in itertools.product(m.nics_per_node, m.sim_tensor_parallel):
-        dispatches = ["duplicate", "drop-gather", "monta"] if tp > 1 else ["drop-gather"]
-        points += [sim_point(cfg, nics, **layout_params(world, EXPERTS, EXPERTS, tp, d)) for d in dispatches]
-    tp = max(m.sim_tensor_parallel)
+    points = [sim_point(cfg, **params) for tp in m.sim_tensor_parallel for params in dispatch_layouts(world, tp)]
+    tp = max(m.sim_tensor_parallel, default=1)
     if tp > 1:
+        points += sensitivity_points(cfg, world, tp)
         slots = dispatch_rows_per_expert(OmegaConf.merge(paper, {"moe": {"num_experts": EXPERTS}}))
         admissible = set(admissible_chunk_counts(slots, tp))
         points += [
-            sim_point(cfg, nics, **layout_params(world, EXPERTS, EXPERTS, tp, "monta", n))
-            for nics, n in itertools.product(m.nics_per_node, m.sim_chunks)
+            sim_point(cfg, **layout_params(world, EXPERTS, EXPERTS, tp, "monta", n))
+            for n in m.sim_chunks
             if n in admissible
         ]
-    for nics, (tp, ep) in itertools.product(m.nics_per_node, strategy_layouts(world, hw.devices_per_node)):
-        points.append(sim_point(cfg, nics, **layout_params(world, EXPERTS, ep, tp, "monta")))
+    for tp, ep in strategy_layouts(world, hw.devices_per_node):
+        if tp in m.sim_tensor_parallel:
+            points.append(sim_point(cfg, **layout_params(world, EXPERTS, ep, tp, "monta")))
     for nodes, algorithm in itertools.product(m.hierarchical_nodes, ("flat", "hierarchical")):
         ranks = nodes * hw.devices_per_node  # one expert per GPU
         params = {**layout_params(ranks, ranks, ranks, 1, "drop-gather"), "a2a_algorithm": algorithm}
-        points += [sim_point(cfg, nics, nodes=nodes, **params) for nics in m.nics_per_node[:1]]
+        points.append(sim_point(cfg, nodes=nodes, **params))
     return dict(points)
+
+
+def dispatch_layouts(world: int, tp: int) -> list[dict[str, Any]]:
+    """The paper's layout (both experts on their own ranks) at ``tp`` with every dispatch (tp 1: none
+    to choose)."""
+    dispatches = ["duplicate", "drop-gather", "monta"] if tp > 1 else ["drop-gather"]
+    return [layout_params(world, EXPERTS, EXPERTS, tp, d) for d in dispatches]
+
+
+def sensitivity_points(cfg: DictConfig, world: int, tp: int) -> list[tuple[str, tuple[str, list[str]]]]:
+    """The paper's layout at ``tp`` with every dispatch, at the other end of each unstated parameter's
+    range (``MONTA_UNSTATED``): what the abstract's numbers are reproduced from, so their range."""
+    points = []
+    for params in dispatch_layouts(world, tp):
+        name, (_, overrides) = sim_point(cfg, **params)
+        points += [(v, (PAPER, o)) for v, o in unstated_variants(name, overrides, MONTA_UNSTATED).items()]
+    return points
 
 
 def strategy_layouts(world: int, devices_per_node: int) -> list[tuple[int, int]]:
