@@ -1132,6 +1132,34 @@ def test_lina_inference_reproducers_need_their_policies(tmp_path):
     assert all(REPRODUCERS[name](empty, samples) is None for name in INFERENCE_EXPECTED)
 
 
+def test_lina_fig15_overheads_read_lina_at_16_experts(tmp_path):
+    """Partition copies over the step at the default 30 MB micro-ops; the all-reduces alone at 30 MB
+    over the sweep's largest micro-ops (whole tensors)."""
+    paths = []
+    for partition_mb, (copies, alone) in {10: (9.0, 130.0), 30: (4.0, 102.0), 100: (0.0, 100.0)}.items():
+        params = {"world_size": 16, "num_experts": 16, "experts_per_rank": 1, "policy": "lina", "seed": 0}
+        samples = {"step_ms": [400.0], "partition_ms": [copies], "allreduce_alone_ms": [alone]}
+        paths.append(
+            _write(
+                tmp_path,
+                paper="lina",
+                experiment="sim_train_step",
+                point=f"lina_part{partition_mb}",
+                mode="simulated",
+                backend="sim",
+                hardware="lina-a100-4x4",
+                params={**params, "partition_mb": partition_mb},
+                samples=samples,
+            )
+        )
+    records, samples = collect(paths)
+    assert REPRODUCERS["lina_fig15_partition_overhead"](records, samples)[0] == pytest.approx(1.0)
+    value, setting = REPRODUCERS["lina_fig15_transmission_overhead"](records, samples)
+    assert value == pytest.approx(2.0) and "30 MB micro-ops over 100 MB ones" in setting
+    without_whole = records[records["partition_mb"] != 100]
+    assert REPRODUCERS["lina_fig15_transmission_overhead"](without_whole, samples) is None  # no reference
+
+
 def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():
     registry = load_registry()
     lina = {k: e for k, e in registry.items() if e["paper"] == "lina"}
@@ -1139,7 +1167,7 @@ def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():
     reproduced = {e["reproducer"] for e in lina.values()} - {None}
     assert reproduced <= set(REPRODUCERS) and set(INFERENCE_EXPECTED) <= reproduced
     unaddressed = {k for k, e in lina.items() if e["reproducer"] is None and not e["not_comparable"]}
-    assert unaddressed == {"lina-fig15-partition-overhead", "lina-fig15-micro-op-transmission-overhead"}
+    assert unaddressed == {"lina-fig6-least-popular-idle-share"}
     assert "SM" in lina["lina-fig2-sm-efficiency-during-a2a"]["not_comparable"]
     assert lina["lina-expert-packing-speedup-secondary"]["reproducer"] == "lina_packing_step_speedup"
     assert lina["lina-fig17-moe-p95-reduction-16e-bert"]["value"] == 1.81

@@ -1,6 +1,7 @@
 """The simulated training step: same decisions as the measured executor, sane timelines, records."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -326,3 +327,20 @@ def test_hierarchical_all_to_all_runs_in_two_phases_only_across_nodes():
     assert inter.steps == 1 < flat_op.transfer.steps
     _, one_node = step([*base[:1], "parallel.world_size=8", "moe.num_experts=8", "comm.a2a_algorithm=hierarchical"])
     assert len([op for op in one_node.ops if op.name == "L1.dispatch0.fwd"]) == 1
+
+
+def test_micro_ops_cost_their_copies_and_latencies():
+    """Cutting the pipelined all-to-alls into micro-ops adds the copies out of and back into one buffer
+    (nothing without micro-ops); cutting the gradients adds a latency per micro-op to their all-reduces
+    alone, which equal the units' stand-alone times one after another."""
+    lina = [*LINA, "comm.policy=lina-pipeline"]
+    _, whole = step([*lina, "comm.partition_mb=1000"])
+    _, cut = step([*lina, "comm.partition_mb=0.25"])
+    copies = whole.metrics()["partition_ms"], cut.metrics()["partition_ms"]
+    assert copies[0] == 0 and copies[1] > 0
+    assert cut.metrics()["allreduce_alone_ms"] > whole.metrics()["allreduce_alone_ms"]
+    cfg, sim = step([*LINA, "comm.policy=overlap"])
+    model = StepModel(cfg, build_topology(cfg.hardware))
+    units = [op for op in sim.ops if op.phase == "allreduce"]
+    alone = sum(model._alone_seconds([replace(op, deps=[])], "allreduce") for op in units)
+    assert sim.metrics()["allreduce_alone_ms"] == pytest.approx(alone * 1e3, rel=1e-9)

@@ -221,6 +221,41 @@ def lina_packing_step_speedup(records: pd.DataFrame, samples: pd.DataFrame) -> t
     )
 
 
+def _lina_at_16(records: pd.DataFrame, metric: str, policy: str = "lina") -> pd.DataFrame:
+    """Simulated ``metric`` of ``policy`` at Lina's 16 experts = GPUs, one row per micro-op size."""
+    rows = select(records, experiment="sim_train_step", metric=metric, policy=policy, world_size=LINA_GPUS)
+    if rows.empty or "partition_mb" not in rows:
+        return rows.iloc[0:0]
+    return rows[rows["num_experts"] == LINA_GPUS].drop_duplicates("partition_mb").set_index("partition_mb")
+
+
+@reproducer
+def lina_fig15_partition_overhead(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Fig 15's partition + concatenation cost: Lina's copies into and out of micro-ops, share of its step."""
+    copies, step = _lina_at_16(records, "partition_ms"), _lina_at_16(records, "step_ms")
+    size = CommConfig.partition_mb
+    if size not in copies.index or size not in step.index:
+        return None
+    return 100 * float(copies.loc[size, "value"] / step.loc[size, "value"]), (
+        f"{describe_testbeds(step)}, {LINA_GPUS} experts = GPUs, policy lina, {size:g} MB micro-ops: partition "
+        "and concatenation copies / step time"
+    )
+
+
+@reproducer
+def lina_fig15_transmission_overhead(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Fig 15's micro-op transmission overhead: Lina's gradient all-reduces each alone, in default
+    micro-ops over the partition sweep's largest (whole tensors, where it exceeds every tensor), minus 1."""
+    alone = _lina_at_16(records, "allreduce_alone_ms")
+    size, largest = CommConfig.partition_mb, alone.index.max() if not alone.empty else None
+    if size not in alone.index or largest is None or largest <= size:
+        return None
+    return 100 * float(alone.loc[size, "value"] / alone.loc[largest, "value"] - 1), (
+        f"{describe_testbeds(alone)}, {LINA_GPUS} experts = GPUs, policy lina, the gradient all-reduces each "
+        f"alone: {size:g} MB micro-ops over {largest:g} MB ones, minus 1"
+    )
+
+
 @reproducer
 def lina_fig12_moe_utilisation_gain_16e(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     """Relative gain (%) of the compute stream's busy share of the MoE layers' wall time, lina over

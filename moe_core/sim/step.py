@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from omegaconf import DictConfig
@@ -70,7 +70,7 @@ GATE_ROUTING = {
 }
 # Which calibrated op class (moe_core.config.COMPUTE_PHASES) prices an op phase: the measured
 # ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
-PHASE_CLASS = {"copy": "dense", "optimizer": "dense"}
+PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
 
 
 def calibration_class(phase: str) -> str:
@@ -83,6 +83,7 @@ class StepSimulation:
     ops: list[Op]
     timeline: Timeline
     backward_end: int  # index of the last backward compute op
+    allreduce_alone_s: float = 0.0  # the gradient all-reduces each alone, one after another
 
     def metrics(self) -> dict[str, float]:
         """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms; and
@@ -136,6 +137,10 @@ class StepSimulation:
             "moe_compute_share": compute_share,
             "allreduce_exposed_ms": exposed,
             "optimizer_ms": float(dur[optimizer]),  # one Adam step (in dense_ms)
+            # cutting pipelined all-to-alls into micro-ops and joining them (in dense_ms)
+            "partition_ms": float(sum(d for op, d in zip(self.ops, dur) if op.phase == "partition")),
+            # what the gradient sync's units cost to transmit, without contention or overlap
+            "allreduce_alone_ms": self.allreduce_alone_s * 1e3,
             "dense_ms": step - moe - exposed,
             "a2a_share": a2a / step,
             "a2a_share_of_moe": a2a / moe if moe else 0.0,
@@ -437,6 +442,9 @@ class StepModel:
             )
         }
         copy_s = self._copy_seconds(a2a_bytes)
+        # a pipelined exchange in micro-ops copies each one's rows out of the buffer and the results
+        # back into one (moe_core.comm.pipelined_exchange): Lina's partition and concatenation
+        partition_s = self._priced(self.compute.copy(a2a_bytes), "partition")
         # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
         tp_chunks = self.plan.tp_exchange_chunks if tp > 1 else None
         a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
@@ -489,6 +497,8 @@ class StepModel:
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
             else:
+                if chunks > 1:
+                    last = add(f"L{i}.partition.{pass_}", "partition", last, duration_s=partition_s)
                 arrived = computed = left = None
                 for k in range(chunks):
                     arrived = moe_comm(
@@ -502,6 +512,8 @@ class StepModel:
                     )
                     left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
                 last = left
+                if chunks > 1:
+                    last = add(f"L{i}.concat.{pass_}", "partition", last, duration_s=partition_s)
             return add(f"L{i}.copy_after.{pass_}", "copy", last, duration_s=copy_s)
 
         activation_bytes = T * M * self.elem
@@ -575,7 +587,14 @@ class StepModel:
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
-        return StepSimulation(ops, simulate_on(self.cfg.hardware, self.topo, ops), backward_end)
+        timeline = simulate_on(self.cfg.hardware, self.topo, ops)
+        return StepSimulation(ops, timeline, backward_end, self._alone_seconds(ops, "allreduce"))
+
+    def _alone_seconds(self, ops: list[Op], phase: str) -> float:
+        """The ``phase`` ops' time each alone on the network, one after another: what their units
+        (whole tensors, buckets or micro-ops, each paying its latency) cost to transmit."""
+        chain = [replace(op, deps=[k - 1] if k else []) for k, op in enumerate(o for o in ops if o.phase == phase)]
+        return simulate_on(self.cfg.hardware, self.topo, chain).makespan_s if chain else 0.0
 
 
 def _block_of(param_name: str):
