@@ -30,8 +30,7 @@ from moe_core.benchmark import benchmark_main, measured_record
 from moe_core.config import ConfigError
 from moe_core.distributed import Env
 from moe_core.ordered_a2a import ordered_all_to_all_single
-from moe_core.papers.aurora.study import token_workloads
-from moe_core.papers.aurora.system_model import PAPER
+from moe_core.papers.aurora.study import PAPER, token_workloads
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.transmission import lower_bound, make_schedule
 from moe_core.workloads import ELEMENT_BYTES

@@ -6,7 +6,8 @@ of those orders: the same contract as ``torch.distributed.all_to_all_single`` wi
 any backend with point-to-point operations (gloo, NCCL). Each rank walks its own steps of the
 schedule (``transmission.rank_steps``): one ``batch_isend_irecv`` of at most one send and one receive
 per step, waited for before the next. There is no barrier between rounds, so a rank waits only for
-its own peers (the ``async_time`` model); the result is exact whatever the order.
+its own peers (as the simulator's ordered exchange models it, moe_core.sim.collectives); the result is
+exact whatever the order.
 
 Every rank must hold the same schedule, so every rank needs the whole traffic matrix:
 ``gather_traffic_matrix`` all-gathers the split sizes once per exchange (a small collective and a

@@ -21,10 +21,10 @@ which no GPU sends twice and no GPU receives twice. A flow may be split over sev
   contention costs time in the round model.
 * ``make_schedule(kind, ...)`` builds the schedule of any registered order (``ORDERS``).
 
-Two time models of a schedule: ``rounds_time`` (rounds one after another with a barrier between
-them, time slots) and ``async_time`` (no barriers: a transfer starts when its sender and receiver
-have finished their previous transfers of the schedule; the measured executor,
-moe_core.ordered_a2a, runs this way). Both executors get their per-rank work from ``rank_steps``.
+A schedule's time in the paper's slot model is ``rounds_time`` (rounds one after another with a
+barrier between them). Without barriers, as the measured executor (moe_core.ordered_a2a) runs it,
+each rank walks its own steps (``rank_steps``) and waits only for its peers; the simulator times that
+through its network engine (moe_core.sim.collectives.add_ordered_exchange).
 """
 
 from __future__ import annotations
@@ -231,15 +231,3 @@ def rounds_time(schedule: Schedule, bandwidth=1.0) -> float:
     """Rounds one after another, each as long as its slowest transfer bytes / min(B_src, B_dst)."""
     rate = _schedule_rate(schedule, bandwidth)
     return float(sum(max(nbytes / rate[s, d] for s, d, nbytes in transfers) for transfers in schedule))
-
-
-def async_time(schedule: Schedule, bandwidth=1.0) -> float:
-    """No barriers: a transfer starts once its sender and its receiver have finished their previous
-    transfers of the schedule (each GPU follows its own ``rank_steps``); returns the last finish."""
-    rate = _schedule_rate(schedule, bandwidth)
-    send_free, recv_free = np.zeros(len(rate)), np.zeros(len(rate))
-    for transfers in schedule:
-        for s, d, nbytes in transfers:
-            end = max(send_free[s], recv_free[d]) + nbytes / rate[s, d]
-            send_free[s] = recv_free[d] = end
-    return float(max(send_free.max(initial=0.0), recv_free.max(initial=0.0)))

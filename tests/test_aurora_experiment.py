@@ -1,4 +1,4 @@
-"""experiments/aurora.py (Aurora's simulated executor) on a tiny setting, and its bad-config path."""
+"""experiments/aurora.py (Aurora's decisions on the simulator) on a tiny setting, and its bad-config path."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,8 @@ from analysis.collect import read_valid_record
 from experiments import aurora
 from experiments.aurora_a2a import measured_points, scaled
 from moe_core.config import load_config
-from moe_core.papers.aurora.study import aurora_points
+from moe_core.papers.aurora.config import AURORA_UNSTATED
+from moe_core.papers.aurora.study import SENSITIVITY_POLICIES, aurora_points
 from moe_core.workloads import ELEMENT_BYTES
 
 TINY = [
@@ -19,6 +20,7 @@ TINY = [
     "aurora.trace_batch_size=4",
     "aurora.random_draws=2",
     "aurora.imprecision=[0.0,0.5]",
+    "aurora.tokens_per_gpu=512",
 ]
 CONFIGS = ["--config", "configs/default.yaml", "--config", "configs/ci.yaml"]
 
@@ -56,8 +58,9 @@ def test_algorithm1_never_beats_the_lower_bound_and_exact_meets_it(records):
     for r in _of(records, "aurora_order", network="homogeneous"):
         m = {k: v["median"] for k, v in r["metrics"].items() if "median" in v}
         assert m["a2a_over_lower_bound"] >= 1 - 1e-9 and m["rounds_over_lower_bound"] >= 1 - 1e-9
-        if r["params"]["policy"] == "exact":
+        if r["params"]["policy"] == "exact":  # through the network engine too
             assert m["rounds_over_lower_bound"] == pytest.approx(1.0, abs=1e-9)
+            assert m["a2a_over_lower_bound"] == pytest.approx(1.0, abs=1e-9)
     toy = {
         r["params"]["policy"]: r["metrics"]["rounds"]["value"]
         for r in _of(records, "aurora_order", workload="fig4-toy")
@@ -74,8 +77,23 @@ def test_speedups_and_gaps_are_consistent_with_optimality(records):
     assert len(rga["samples"]["inference_ms"]) == 2  # one sample per random draw
     for r in _of(records, "aurora_gap"):
         assert r["metrics"]["gap_to_optimum"]["median"] >= 1 - 1e-9  # brute force is the optimum
+        assert r["metrics"]["simulated_gap"]["median"] > 0
     for r in _of(records, "aurora_deployment"):
         assert 0 < r["metrics"]["gpu_utilisation"]["median"] < 1
+        assert 0 < r["metrics"]["a2a_ms"]["median"] < r["metrics"]["inference_ms"]["median"] * 2
+
+
+def test_sensitivity_runs_repeat_figs_11_12_at_each_unstated_end(records):
+    """One deployment record per other end of an unstated parameter and Fig 11's policies, marked."""
+    varied = [r for r in records.values() if "unstated" in r["params"]]
+    assert {r["experiment"] for r in varied} == {"aurora_deployment"}
+    assert {r["params"]["policy"] for r in varied} <= set(SENSITIVITY_POLICIES)
+    settings = {r["params"]["unstated"] for r in varied}
+    assert settings == {f"{key}={value:g}" for key, values in AURORA_UNSTATED.items() for value in values}
+    launch = {r["config"]["hardware"]["kernel_launch_us"] for r in varied if "kernel_launch" in r["params"]["unstated"]}
+    assert launch == {38.0}
+    chosen = _of(records, "aurora_deployment", setting="exclusive-homogeneous", policy="aurora")
+    assert {r["config"]["hardware"]["kernel_launch_us"] for r in chosen if "unstated" not in r["params"]} == {5.0}
 
 
 @pytest.mark.parametrize(

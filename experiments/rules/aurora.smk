@@ -1,10 +1,10 @@
-# Aurora (arXiv 2410.17043): its decisions on the big-switch system model (experiments/aurora.py,
-# simulated, one cheap local job) and its transmission orders measured with gloo/NCCL
-# (experiments/aurora_a2a.py, one torchrun job). Each job writes one record per point.
+# Aurora (arXiv 2410.17043): its decisions simulated on the big switch (experiments/aurora.py, the
+# simulator's forward executor, one local job of about half a minute, sensitivity runs included) and its
+# transmission orders measured with gloo/NCCL (experiments/aurora_a2a.py, one torchrun job). Each job
+# writes one record per point.
 
 from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
-from moe_core.papers.aurora.study import aurora_points
-from moe_core.papers.aurora.system_model import PAPER as AURORA_PAPER
+from moe_core.papers.aurora.study import PAPER as AURORA_PAPER, aurora_points
 
 AURORA_SIM_RECORDS = [
     f"{RESULTS}/raw/{AURORA_PAPER}/{experiment}/{point}.json"
@@ -17,8 +17,9 @@ AURORA_A2A_RECORDS = expand(
 
 
 rule aurora_simulated:
-    """Transmission orders, the four deployment settings, the gap to the brute-force optimum and
-    traffic imprecision on gating traces and Zipf matrices (seconds of CPU, no processes)."""
+    """Transmission orders, the four deployment settings (and their sensitivity runs), the gap to the
+    brute-force optimum and traffic imprecision on gating traces and Zipf matrices, simulated (about
+    half a minute of one CPU, no processes)."""
     input:
         config=RESOLVED_CONFIG,
     output:

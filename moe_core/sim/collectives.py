@@ -1,10 +1,13 @@
-"""Collectives as simulated operations: calibrated cost terms, and the simulated microbenchmark.
+"""Collectives as simulated operations: calibrated cost terms, ordered exchanges, and the simulated
+microbenchmark.
 
 :func:`collective_op` turns a footprint into engine arguments, applying a profile's calibrated terms
 (``hardware.collectives[kind]``: per-step latency, fixed latency, bandwidth efficiency) when it has
-them. :func:`simulate_collective` is the simulated executor of experiments/collectives.py: it
-predicts the time of one measured point (a collective alone, or an all-to-all next to an
-all-reduce), which calibration fits and validation checks.
+them. :func:`add_ordered_exchange` issues an all-to-all's transfers one by one in a given order of
+rounds (each priced by :class:`PointToPoint`) instead of as one fluid operation.
+:func:`simulate_collective` is the simulated executor of experiments/collectives.py: it predicts the
+time of one measured point (a collective alone, or an all-to-all next to an all-reduce), which
+calibration fits and validation checks.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
+from ..transmission import Schedule
 from ..workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
@@ -28,6 +32,65 @@ def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
         "transfer": replace(transfer, efficiency=fit.efficiency),
         "latency_s": topo.latency_s(transfer, fit.alpha_us * 1e-6, fit.alpha_step_us * 1e-6),
     }
+
+
+class PointToPoint:
+    """The op costs of point-to-point transfers between two devices (collective kind ``send_recv``:
+    one algorithm step's latency, the profile's fit if it has one), priced once per device pair."""
+
+    def __init__(self, hw: DictConfig, topo):
+        self.hw, self.topo = hw, topo
+        self._per_byte: dict[tuple[int, int], dict] = {}  # (src, dst) devices -> the costs of one byte
+
+    def op(self, src: int, dst: int, nbytes: float) -> dict:
+        """Op keyword arguments (transfer, latency_s) of ``nbytes`` from device ``src`` to ``dst``."""
+        if (src, dst) not in self._per_byte:
+            unit = self.topo.all_to_all(np.array([src, dst]), np.array([[0.0, 1.0], [0.0, 0.0]]))
+            self._per_byte[src, dst] = collective_op(self.hw, self.topo, "send_recv", unit)
+        cost = self._per_byte[src, dst]
+        return {
+            "transfer": replace(cost["transfer"], nbytes=cost["transfer"].nbytes * nbytes),
+            "latency_s": cost["latency_s"],
+        }
+
+
+def add_ordered_exchange(
+    ops: list[Op], links: PointToPoint, group: np.ndarray, rounds: Schedule, name: str, phase: str, after: list[int]
+) -> int:
+    """Append an all-to-all over the devices ``group`` issued as point-to-point transfers (priced by
+    ``links``) in ``rounds``' order; returns the index of a zero-time op that ends when the last
+    transfer has.
+
+    ``rounds``: an ordered list of rounds, each a list of ``(src, dst, bytes)`` over group indices in
+    which no member sends twice or receives twice (moe_core.transmission's schedules). Every member
+    walks the rounds it takes part in, in order, as moe_core.ordered_a2a runs them: at each step it
+    posts its send and its receive of that round together and waits for both before its next step.
+    There is no barrier between rounds, so a transfer starts once its sender and its receiver have
+    both finished their previous steps (and the ops ``after``), pays one message's latency and then
+    crosses its two devices' links, shared with whatever else is in flight by the engine's max-min
+    fairness.
+
+    Why: the fluid all-to-all (one operation, every flow at once) is as fast as the busiest link
+    allows whatever the order, which is the order-free bound. The order of the transfers matters
+    only when they are separate operations: a member that waits for a busy peer idles its own links.
+    Within one exchange no link carries two of its transfers at once; two exchanges in flight
+    together (two models on the same devices) contend.
+    """
+    start = len(ops)
+    ops.append(Op(f"{name}[start]", phase, list(after)))
+    previous: dict[int, list[int]] = {}  # member -> its previous step's transfer ops
+    for k, transfers in enumerate(rounds):
+        step: dict[int, list[int]] = {}
+        for src, dst, nbytes in transfers:
+            deps = sorted({*previous.get(src, [start]), *previous.get(dst, [start])})
+            ops.append(
+                Op(f"{name}[{k}:{src}>{dst}]", phase, deps, **links.op(int(group[src]), int(group[dst]), nbytes))
+            )
+            step.setdefault(src, []).append(len(ops) - 1)
+            step.setdefault(dst, []).append(len(ops) - 1)
+        previous.update(step)
+    ops.append(Op(f"{name}[end]", phase, sorted({i for last in previous.values() for i in last} or {start})))
+    return len(ops) - 1
 
 
 def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:

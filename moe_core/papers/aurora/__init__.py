@@ -3,8 +3,11 @@
 * ``config``: the ``aurora`` config section;
 * ``transmission_order``: Algorithm 1 and the SJF / RCS baselines (registered orders);
 * ``colocation``: expert-to-GPU assignment and two-model colocation;
+* ``deployment``: per setting and policy, where each served model's experts sit and the order of
+  their all-to-alls;
 * ``policy``: the training policies ``aurora``, ``aurora-sjf``, ``aurora-rcs`` (registered);
-* ``system_model`` + ``study``: the big-switch model and the simulated experiments.
+* ``inference_sim`` + ``study``: the deployments timed by the simulator's forward executor on the
+  big switch, and the simulated experiments.
 """
 
 from . import config, policy, transmission_order  # noqa: F401  (each registers itself)

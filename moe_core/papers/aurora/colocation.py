@@ -19,9 +19,9 @@ Heuristic:
 Baselines: ``random_assignment`` (RGA), ``random_colocation`` (REC), ``lina_pairing`` (Lina: the most
 popular expert with the least popular one of the *same* model).
 
-Inference-time model (Eqs. 1, 3, 4 and Table 2, as this suite reads them; see each function):
-all-to-alls are synchronous and take the time of Aurora's optimal order on the GPU-level traffic
-matrix (moe_core.transmission); GPU utilization = (gate + FFN + aggregation time) / inference time.
+What the deployments cost is the simulator's (inference_sim.py); the cost model here is Section 7's
+objective only (``pair_cost_on_gpus``: the busiest GPU's dispatch bytes over its bandwidth plus its
+FFN time over its speed), which the heuristic and the brute force minimize.
 """
 
 from __future__ import annotations
@@ -32,45 +32,27 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from moe_core.transmission import async_time, check_traffic_matrix, make_schedule
-
-# Section 8's big switch, in Gb/s as the paper states it; bytes/s = Gb/s * 1e9 / 8.
-HOMOGENEOUS_GBPS = 100.0
-HETEROGENEOUS_GBPS = (100.0, 80.0, 50.0, 40.0)  # four GPU types, equal counts, fastest first
-
-
-def gbps_to_bytes_per_s(gbps) -> np.ndarray:
-    return np.asarray(gbps, dtype=np.float64) * 1e9 / 8
-
-
-def heterogeneous_bandwidth(n_gpus: int) -> np.ndarray:
-    """Bytes/s per GPU for Section 8's heterogeneous cluster: the four types in equal counts, fastest first."""
-    if n_gpus % len(HETEROGENEOUS_GBPS):
-        raise ValueError(f"n_gpus ({n_gpus}) must be a multiple of the {len(HETEROGENEOUS_GBPS)} GPU types")
-    return gbps_to_bytes_per_s(np.repeat(HETEROGENEOUS_GBPS, n_gpus // len(HETEROGENEOUS_GBPS)))
+from moe_core.transmission import check_traffic_matrix
 
 
 @dataclass
 class LayerStats:
-    """One MoE layer of one model, indexed by expert (Table 1: D_N, |G_i|, |F_i|, |A_i|).
+    """One MoE layer of one model, indexed by expert: the inputs of the decisions (Table 1's D_N and |F_i|).
 
-    ``traffic[i, j]``: dispatch bytes from expert i's GPU to expert j's (the combine is its
-    transpose); times are seconds on a reference GPU (speed 1).
+    ``traffic[i, j]``: dispatch bytes from expert i's GPU (its token shard's) to expert j's (the
+    combine is its transpose); ``ffn_s[j]``: expert j's FFN seconds on a reference GPU (speed 1).
     """
 
     traffic: np.ndarray  # (n, n) bytes
-    gate_s: np.ndarray  # (n,)
     ffn_s: np.ndarray  # (n,)
-    agg_s: np.ndarray  # (n,)
 
     def __post_init__(self):
         self.traffic = check_traffic_matrix(self.traffic)
         n = len(self.traffic)
-        for name in ("gate_s", "ffn_s", "agg_s"):
-            value = np.asarray(getattr(self, name), dtype=np.float64)
-            if value.shape != (n,) or (value < 0).any():
-                raise ValueError(f"LayerStats.{name} must be {n} non-negative times, got {value.tolist()}")
-            setattr(self, name, value)
+        ffn = np.asarray(self.ffn_s, dtype=np.float64)
+        if ffn.shape != (n,) or (ffn < 0).any():
+            raise ValueError(f"LayerStats.ffn_s must be {n} non-negative times, got {ffn.tolist()}")
+        self.ffn_s = ffn
 
     @property
     def send(self) -> np.ndarray:
@@ -211,112 +193,3 @@ def brute_force_heterogeneous(a: LayerStats, b: LayerStats, bandwidth, speed) ->
         if best is None or cost < best[2]:
             best = (partner, gpu_of, cost)
     return best
-
-
-# -- inference time and GPU utilization ---------------------------------------------------------------
-def gpu_traffic(traffic, gpu_of, n_gpus: int) -> np.ndarray:
-    """(n_gpus, n_gpus) bytes between GPUs when expert e sits on GPU gpu_of[e]; same-GPU traffic is local."""
-    m = check_traffic_matrix(traffic)
-    out = np.zeros((n_gpus, n_gpus))
-    np.add.at(out, (np.asarray(gpu_of)[:, None], np.asarray(gpu_of)[None, :]), m)
-    np.fill_diagonal(out, 0.0)
-    return out
-
-
-def a2a_time(traffic, bandwidth, kind: str = "exact", seed: int = 0) -> float:
-    """All-to-all time of the ``kind`` order (moe_core.transmission.ORDERS), GPUs proceeding
-    without slot barriers (``async_time``). ``exact`` is Aurora's optimum: T* when homogeneous."""
-    return async_time(make_schedule(kind, traffic, bandwidth, seed), bandwidth)
-
-
-def _per_gpu(times: np.ndarray, gpu_of, n_gpus: int, speed) -> np.ndarray:
-    """Per-GPU compute time: the hosted experts' reference times summed, divided by the GPU's speed."""
-    out = np.zeros(n_gpus)
-    np.add.at(out, np.asarray(gpu_of), times)
-    return out / np.broadcast_to(np.asarray(speed, dtype=np.float64), (n_gpus,))
-
-
-def exclusive_inference(
-    layers: list[LayerStats], gpu_of, bandwidth, speed=1.0, kind: str = "exact", seed: int = 0
-) -> tuple[float, float]:
-    """(inference time, GPU utilization) of one model on its own GPUs (Eq. 1 with synchronous all-to-alls).
-
-    Per layer: max gate + dispatch a2a + max FFN + combine a2a (the transpose) + max aggregation;
-    all-to-alls in the ``kind`` order (``a2a_time``); a GPU hosting several experts of the model
-    computes them one after another. Utilization is the mean over GPUs of compute time / inference time.
-    """
-    n_gpus = int(np.max(gpu_of)) + 1 if np.ndim(bandwidth) == 0 else len(bandwidth)
-    total, compute = 0.0, np.zeros(n_gpus)
-    for layer in layers:
-        g, f, a = (_per_gpu(x, gpu_of, n_gpus, speed) for x in (layer.gate_s, layer.ffn_s, layer.agg_s))
-        d = gpu_traffic(layer.traffic, gpu_of, n_gpus)
-        dispatch, combine = a2a_time(d, bandwidth, kind, seed), a2a_time(d.T, bandwidth, kind, seed)
-        total += g.max() + dispatch + f.max() + combine + a.max()
-        compute += g + f + a
-    return float(total), float(compute.mean() / total)
-
-
-def colocated_inference(
-    layers_a: list[LayerStats],
-    layers_b: list[LayerStats],
-    partner,
-    gpu_of,
-    bandwidth,
-    speed=1.0,
-    kind: str = "exact",
-    seed: int = 0,
-) -> tuple[float, float]:
-    """(inference time, GPU utilization) of models a and b sharing GPUs: a's expert i and b's expert
-    partner[i] on GPU gpu_of[i].
-
-    Per layer, following Table 2's interleaving (G^a, then G^b and F^a while the dispatch tokens of
-    both models cross the switch, then F^b and A^a while the combine tokens do, then A^b):
-        |G^a| + max(|G^b| + |F^a|, N^{a+b}) + max(|F^b| + |A^a|, C^{a+b}) + |A^b|,
-    compute terms as maxima over GPUs, N^{a+b} the all-to-all time of both models' dispatch traffic
-    together on the shared GPUs in the ``kind`` order (Theorem 6.1's aggregated communication),
-    C^{a+b} its transpose.
-    This suite's reading: the paper's per-component start/end formulas are not reproduced.
-    """
-    partner, gpu_of = np.asarray(partner), np.asarray(gpu_of)
-    n_gpus = len(gpu_of)
-    for name, perm in (("partner", partner), ("gpu_of", gpu_of)):
-        if sorted(perm.tolist()) != list(range(n_gpus)):
-            raise ValueError(
-                f"{name} must be a permutation of 0..{n_gpus - 1} (one expert per model and GPU), got {perm.tolist()}"
-            )
-    gpu_of_b = np.empty(n_gpus, dtype=np.int64)
-    gpu_of_b[partner] = gpu_of
-    total, compute = 0.0, np.zeros(n_gpus)
-    for la, lb in zip(layers_a, layers_b, strict=True):
-        ga, fa, aa = (_per_gpu(x, gpu_of, n_gpus, speed) for x in (la.gate_s, la.ffn_s, la.agg_s))
-        gb, fb, ab = (_per_gpu(x, gpu_of_b, n_gpus, speed) for x in (lb.gate_s, lb.ffn_s, lb.agg_s))
-        d = gpu_traffic(la.traffic, gpu_of, n_gpus) + gpu_traffic(lb.traffic, gpu_of_b, n_gpus)
-        total += (
-            ga.max()
-            + max((gb + fa).max(), a2a_time(d, bandwidth, kind, seed))
-            + max((fb + aa).max(), a2a_time(d.T, bandwidth, kind, seed))
-            + ab.max()
-        )
-        compute += ga + gb + fa + fb + aa + ab
-    return float(total), float(compute.mean() / total)
-
-
-def lina_pairing_inference(
-    layers_a: list[LayerStats], layers_b: list[LayerStats], bandwidth, speed=1.0
-) -> tuple[float, float]:
-    """(inference time, GPU utilization) of Lina's deployment on the same n GPUs: each model packs
-    its experts two per GPU (``lina_pairing`` on the first layer's loads) on its own half of the
-    GPUs and runs there exclusively; both models run side by side. ``bandwidth`` and ``speed`` are
-    per GPU (or scalars); model a gets the first half of the GPUs."""
-    n = len(layers_a[0].send)
-    bw = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), (n,))
-    sp = np.broadcast_to(np.asarray(speed, dtype=np.float64), (n,))
-    results = []
-    for half, layers in ((slice(0, n // 2), layers_a), (slice(n // 2, n), layers_b)):
-        gpu_of = np.empty(n, dtype=np.int64)
-        for gpu, (i, j) in enumerate(lina_pairing(layers[0].send + layers[0].recv)):
-            gpu_of[[i, j]] = gpu
-        results.append(exclusive_inference(layers, gpu_of, bw[half], sp[half]))
-    (t_a, u_a), (t_b, u_b) = results
-    t = max(t_a, t_b)
-    return t, float((u_a * t_a + u_b * t_b) / (2 * t))

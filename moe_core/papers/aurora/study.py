@@ -1,26 +1,31 @@
-"""Aurora's four simulated experiments on its system model: workloads, points and the run.
+"""Aurora's four simulated experiments: workloads, points and the run.
 
 Workloads (moe_core.workloads), each with a name recorded on every point: ``gating-z<zipf>`` are
 real routing traces of our MoE model trained on data of Zipf skew ``aurora.gating_zipf``;
 ``zipf-<zipf>`` are parametric matrices of skew ``aurora.traffic_zipf``. Each has
 ``aurora.moe_layers`` layers of ``aurora.num_experts`` experts, expert e on GPU e. The traces give
-token counts; the served model's size gives each token's cost (``system_model.Costs``).
+how tokens spread; the served model (``aurora`` section: its size and tokens per GPU) how many
+there are and what they cost (inference_sim.py).
 
 Experiments (records under results/raw/aurora/<experiment>/<point>.json, written by experiments/aurora.py):
 
 * ``aurora_order``: per network, workload, layer and transmission order (naive, sjf, rcs,
-  aurora = Algorithm 1, exact = BvN): the dispatch all-to-all's time without slot barriers
-  (``async_time``), in barrier-separated rounds (``rounds_time``), and both over T*. Also Fig. 4's
-  3-GPU example (workload ``fig4-toy``).
+  aurora = Algorithm 1, exact = BvN): the dispatch all-to-all alone, its transfers issued in that
+  order through the simulator's network engine (``a2a_ms``), in barrier-separated rounds (the
+  paper's time slots, ``rounds_ms``), and both over T*. Also Fig. 4's 3-GPU example (``fig4-toy``).
 * ``aurora_deployment``: per setting (exclusive/colocated x homogeneous/heterogeneous), workload
-  (two workloads, one per model, when colocated) and policy: inference time and GPU utilisation of
-  the model(s) over all layers, each layer deployed from its own statistics; a baseline's record
-  also carries Aurora's speedup over it (Figs. 11, 12). Random baselines have one sample per draw.
-* ``aurora_gap``: per model pair and layer, on ``aurora.gap_gpus`` heterogeneous GPUs: the
-  busiest GPU's time of Section 7's colocation heuristic over the brute-force optimum (Fig. 13).
+  (two workloads, one per model, when colocated) and policy (deployment.py): the simulated
+  inference time of the model(s) over all MoE layers, their all-to-all time and GPU utilisation; a
+  baseline's record also carries Aurora's speedup over it (Figs. 11, 12). Random baselines have
+  one sample per draw. Also run at the other ends of the unstated parameters' ranges
+  (``config.AURORA_UNSTATED``), as sensitivity runs whose records carry the param ``unstated``.
+* ``aurora_gap``: per model pair and layer, on ``aurora.gap_gpus`` heterogeneous GPUs: Section 7's
+  colocation heuristic against the brute-force optimum of the same 3-D matching objective (the
+  busiest GPU's dispatch bytes over its bandwidth plus its FFN time over its speed, Fig. 13), and
+  both deployments simulated.
 * ``aurora_imprecision``: per heterogeneous setting, workload and imprecision level p: Aurora
   plans layer l on (1 - p) * D_l + p * D_{l+1} (the next layer's traffic as the noise, Fig. 14's
-  "other layers as noise") and is timed on D_l, against the random baselines.
+  "other layers as noise") and is simulated on D_l, against the random baselines.
 """
 
 from __future__ import annotations
@@ -32,25 +37,26 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.workloads import FIG4_TOY_TOKENS, coarsen, gating_token_matrices, traffic_bytes, zipf_token_matrices
+from moe_core.capacity import DTYPE_BYTES
+from moe_core.points import unstated_param, unstated_variants
+from moe_core.transmission import lower_bound, make_schedule, rounds_time
+from moe_core.workloads import FIG4_TOY_TOKENS, coarsen, gating_token_matrices, receiver_skew, zipf_token_matrices
 
-from . import colocation
-from .system_model import (
-    DEPLOYMENT_ORDER,
-    DEPLOYMENT_POLICIES,
-    IMPRECISION_BASELINE,
-    NETWORKS,
-    SETTINGS,
-    STUDIED_ORDERS,
-    big_switch_of,
-    colocated,
-    costs_of,
-    draws,
-    exclusive,
-    imprecise,
-    order_points,
-    over_layers,
+from . import (
+    colocation,
+    deployment,
+    transmission_order,  # noqa: F401  (registers the orders of STUDIED_ORDERS)
 )
+from .config import AURORA_UNSTATED
+from .inference_sim import BigSwitch, ServedModel, big_switch, exchange_seconds
+
+PAPER = "aurora"
+NETWORKS = ("homogeneous", "heterogeneous")
+STUDIED_ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.transmission.ORDERS names, baselines first
+IMPRECISION_BASELINE = {"exclusive-heterogeneous": "rga", "colocated-heterogeneous": "rga+rec"}
+# What a sensitivity run repeats: the deployment experiment's Aurora and Fig 11's baselines (SJF, RCS,
+# RGA, Lina), the numbers of Figs 11-12; the other baselines only in the chosen values' run.
+SENSITIVITY_POLICIES = ("aurora", "sjf", "rcs", "rga", "lina")
 
 
 def workload_names(cfg: DictConfig) -> list[str]:
@@ -67,6 +73,11 @@ def model_pairs(cfg: DictConfig) -> list[tuple[str, str]]:
 
 def pair_name(pair: tuple[str, str]) -> str:
     return "+".join(pair)
+
+
+def sensitivity_runs() -> dict[str, list[str]]:
+    """Point-name suffix -> overrides of every sensitivity run (``config.AURORA_UNSTATED``)."""
+    return unstated_variants("", [], AURORA_UNSTATED)
 
 
 def trace_config(cfg: DictConfig, data_zipf: float) -> DictConfig:
@@ -96,9 +107,6 @@ def token_workloads(cfg: DictConfig, n_gpus: int) -> dict[str, np.ndarray]:
     return workloads
 
 
-# ---- the run ----
-
-
 @dataclass
 class Point:
     """One record to write: its experiment, point name, parameters, samples and single-value metrics."""
@@ -122,11 +130,11 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
         for layer_index in range(a.moe_layers)
         for k in STUDIED_ORDERS
     ]
-    deployment = [
+    deployment_points = [
         f"{s}_{w}_{p}"
-        for s in SETTINGS
+        for s in deployment.SETTINGS
         for w in (names if s.startswith("exclusive") else pairs)
-        for p in DEPLOYMENT_POLICIES[s]
+        for p in deployment.DEPLOYMENT_POLICIES[s]
     ]
     gap = [f"{pair}_l{layer_index + 1}" for pair in pairs for layer_index in range(a.moe_layers)]
     imprecision = [
@@ -135,172 +143,268 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
         for w in (names if s.startswith("exclusive") else pairs)
         for level in a.imprecision
     ]
+    deployment_points += [
+        f"{name}{suffix}"
+        for suffix in sensitivity_runs()
+        for name in deployment_points
+        if name.rsplit("_", 1)[1] in SENSITIVITY_POLICIES
+    ]
     return {
         "aurora_order": order,
-        "aurora_deployment": deployment,
+        "aurora_deployment": deployment_points,
         "aurora_gap": gap,
         "aurora_imprecision": imprecision,
     }
 
 
-def run(cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[str], None]) -> list[Point]:
-    """Every point of the four experiments (nothing written)."""
-    a = cfg.aurora
-    n, seed = a.num_experts, cfg.train.seed
-    costs = costs_of(cfg, hardware["homogeneous"])
-    clusters = {net: big_switch_of(hardware[net], n, costs.reference_flops) for net in NETWORKS}
-    tokens = token_workloads(cfg, n)
-    progress(f"workloads: {', '.join(tokens)}")
-    stats = {w: [costs.stats(t) for t in layers] for w, layers in tokens.items()}
-    base = {"n_gpus": n, "moe_layers": a.moe_layers}
-    points = []
+class Study:
+    """One run's clusters, served models and workloads (a sensitivity run has its own clusters and
+    served models, the same workloads)."""
 
-    # (a) transmission order
-    toy = traffic_bytes(FIG4_TOY_TOKENS, costs.d_model, costs.element_bytes)
-    toy_bw = clusters["homogeneous"].bandwidth[0]
-    for kind, metrics in order_points(toy, toy_bw, seed).items():
-        points.append(_order_point("homogeneous", "fig4-toy", 0, kind, metrics, {**base, "n_gpus": len(toy)}))
-    for net in NETWORKS:
-        for w, layers in stats.items():
-            for layer_index, layer in enumerate(layers):
-                for kind, metrics in order_points(layer.traffic, clusters[net].bandwidth, seed).items():
-                    points.append(_order_point(net, w, layer_index, kind, metrics, base))
-    progress("transmission order done")
+    def __init__(self, cfg: DictConfig, hardware: dict[str, DictConfig], tokens: dict[str, np.ndarray]):
+        self.cfg, self.tokens = cfg, tokens
+        self.seed = cfg.train.seed
+        n = cfg.aurora.num_experts
+        self.clusters = {net: big_switch(hardware[net], n) for net in NETWORKS}
+        self.served = {net: ServedModel(cfg, cluster) for net, cluster in self.clusters.items()}
+        self.stats = {
+            net: {w: [served.stats(t) for t in layers] for w, layers in tokens.items()}
+            for net, served in self.served.items()
+        }
+        self.base = {**unstated_param(cfg), "n_gpus": n, "moe_layers": cfg.aurora.moe_layers}
 
-    # (b) deployment
-    t_aurora: dict[tuple[str, str], float] = {}
-    for setting in SETTINGS:
-        deployment, net = setting.split("-")
-        cluster = clusters[net]
-        units = list(stats) if deployment == "exclusive" else [pair_name(p) for p in model_pairs(cfg)]
-        for unit in units:
-            for policy in DEPLOYMENT_POLICIES[setting]:
-                times, utils = [], []
-                for s in draws(cfg, policy):
-                    if deployment == "exclusive":
-                        t, u = exclusive(stats[unit], cluster, policy, s)
-                    else:
-                        w_a, w_b = unit.split("+")
-                        t, u = colocated(stats[w_a], stats[w_b], cluster, policy, s)
-                    times.append(1e3 * t)
-                    utils.append(u)
-                samples = {"inference_ms": times, "gpu_utilisation": utils}
-                if policy == "aurora":
-                    t_aurora[setting, unit] = times[0]
-                elif policy != "aurora-exclusive":
-                    samples["aurora_speedup"] = [t / t_aurora[setting, unit] for t in times]
-                points.append(
-                    Point(
-                        "aurora_deployment",
-                        f"{setting}_{unit}_{policy}",
-                        {
-                            **base,
-                            "setting": setting,
-                            "deployment": deployment,
-                            "network": net,
-                            "workload": unit,
-                            "policy": policy,
-                        },
-                        samples,
-                        {},
-                    )
-                )
-    progress("deployment done")
+    def draws(self, policy: str) -> list[int]:
+        """Seeds of a policy's samples: aurora.random_draws for random baselines, one otherwise."""
+        k = self.cfg.aurora.random_draws if policy in deployment.RANDOM_POLICIES else 1
+        return [self.seed + i for i in range(k)]
 
-    # (c) gap of Section 7's heuristic to the brute-force optimum
-    g = a.gap_gpus
-    small = big_switch_of(hardware["heterogeneous"], g, costs.reference_flops)
-    for w_a, w_b in model_pairs(cfg):
-        for layer_index in range(a.moe_layers):
-            la, lb = (costs.stats(coarsen(tokens[w][layer_index], g)) for w in (w_a, w_b))
-            partner, gpu_of = colocation.colocate_heterogeneous(la, lb, small.bandwidth, small.speed)
-            heuristic = colocation.pair_cost_on_gpus(la, lb, partner, small.bandwidth, small.speed)[
-                np.arange(g), gpu_of
-            ].max()
-            optimum = colocation.brute_force_heterogeneous(la, lb, small.bandwidth, small.speed)[2]
-            points.append(
-                Point(
-                    "aurora_gap",
-                    f"{w_a}+{w_b}_l{layer_index + 1}",
-                    {
-                        **base,
-                        "n_gpus": g,
-                        "setting": "colocated-heterogeneous",
-                        "network": "heterogeneous",
-                        "workload": f"{w_a}+{w_b}",
-                        "layer": layer_index + 1,
-                        "policy": "aurora",
-                    },
-                    {
-                        "heuristic_ms": [1e3 * heuristic],
-                        "optimum_ms": [1e3 * optimum],
-                        "gap_to_optimum": [heuristic / optimum],
-                    },
-                    {},
-                )
-            )
-    progress("gap to optimum done")
+    def units(self, setting: str) -> list[str]:
+        """The workloads of a setting: one per model alone, pairs when colocated."""
+        if setting.startswith("exclusive"):
+            return list(self.tokens)
+        return [pair_name(p) for p in model_pairs(self.cfg)]
 
-    # (d) imprecision: Aurora plans on perturbed traffic, is timed on the true traffic
-    for setting, baseline in IMPRECISION_BASELINE.items():
-        deployment, net = setting.split("-")
-        cluster = clusters[net]
-        units = list(stats) if deployment == "exclusive" else [pair_name(p) for p in model_pairs(cfg)]
-        for unit in units:
-            baseline_ms = next(
-                p.samples["inference_ms"]
-                for p in points
-                if p.experiment == "aurora_deployment" and p.name == f"{setting}_{unit}_{baseline}"
-            )
-            for level in a.imprecision:
-                if deployment == "exclusive":
-                    plan = [costs.stats(t) for t in imprecise(tokens[unit], level)]
-                    t, _ = over_layers(
-                        [
-                            colocation.exclusive_inference(
-                                [true],
-                                colocation.assign_exclusive(p.send + p.recv, cluster.speed),
-                                cluster.bandwidth,
-                                cluster.speed,
-                                DEPLOYMENT_ORDER,
-                            )
-                            for true, p in zip(stats[unit], plan)
-                        ]
-                    )
-                else:
-                    w_a, w_b = unit.split("+")
-                    plan_a, plan_b = ([costs.stats(t) for t in imprecise(tokens[w], level)] for w in (w_a, w_b))
-                    t, _ = colocated(stats[w_a], stats[w_b], cluster, "aurora", seed, plan_a, plan_b)
-                points.append(
-                    Point(
-                        "aurora_imprecision",
-                        f"{setting}_{unit}_p{level:g}",
-                        {
-                            **base,
-                            "setting": setting,
-                            "deployment": deployment,
-                            "network": net,
-                            "workload": unit,
-                            "policy": "aurora",
-                            "baseline": baseline,
-                            "imprecision": level,
-                        },
-                        {"inference_ms": [1e3 * t], "aurora_speedup": [b / (1e3 * t) for b in baseline_ms]},
-                        {},
-                    )
-                )
-    progress("imprecision done")
+    def deploy(self, setting: str, unit: str, policy: str, seed: int, stats=None) -> deployment.Deployment:
+        """``policy``'s deployment of ``unit`` in ``setting``, decided on ``stats`` (default: the true ones)."""
+        net = setting.split("-")[1]
+        cluster, stats = self.clusters[net], stats or self.stats[net]
+        if setting.startswith("exclusive"):
+            return deployment.exclusive(stats[unit], cluster.speed, policy, seed)
+        w_a, w_b = unit.split("+")
+        return deployment.colocated((stats[w_a], stats[w_b]), cluster.bandwidth, cluster.speed, policy, seed)
+
+    def simulate(self, setting: str, unit: str, plan: deployment.Deployment, seed: int) -> dict[str, float]:
+        """The simulated inference of ``unit``'s true workloads deployed by ``plan``."""
+        workloads = [self.tokens[w] for w in unit.split("+")]
+        return self.served[setting.split("-")[1]].simulate(workloads, plan, seed)
+
+
+def run(
+    cfg: DictConfig, hardware: dict[str, DictConfig], progress: Callable[[str], None], tokens: dict[str, np.ndarray]
+) -> list[Point]:
+    """Every point of the four experiments (nothing written); ``tokens``: the workloads (``token_workloads``)."""
+    study = Study(cfg, hardware, tokens)
+    points = _order_points(study)
+    progress("aurora_order done")
+    points += _deployment_points(study)
+    progress("aurora_deployment done")
+    points += _gap_points(study)
+    progress("aurora_gap done")
+    points += _imprecision_points(study, points)
+    progress("aurora_imprecision done")
     return points
 
 
+def run_sensitivity(
+    cfg: DictConfig,
+    hardware: dict[str, DictConfig],
+    progress: Callable[[str], None],
+    tokens: dict[str, np.ndarray],
+    suffix: str,
+) -> list[Point]:
+    """A sensitivity run's points (``cfg``: its config): the deployment experiment's
+    ``SENSITIVITY_POLICIES``, their names ending in ``suffix``."""
+    points = _deployment_points(Study(cfg, hardware, tokens), SENSITIVITY_POLICIES)
+    for p in points:
+        p.name += suffix
+    progress(f"aurora_deployment{suffix} done")
+    return points
+
+
+# ---- (a) transmission order ----
+
+
+def _order_points(study: Study) -> list[Point]:
+    """Fig 4's example and every workload's layers in every order, on both networks."""
+    toy = FIG4_TOY_TOKENS * study.cfg.aurora.d_model * DTYPE_BYTES[study.cfg.aurora.dtype]
+    toy_switch = big_switch(study.clusters["homogeneous"].hardware, len(toy))
+    points = [
+        _order_point(study, "homogeneous", "fig4-toy", 0, kind, metrics, len(toy))
+        for kind, metrics in order_metrics(toy_switch, toy, study.seed).items()
+    ]
+    for net in NETWORKS:
+        for w, layers in study.stats[net].items():
+            for layer_index, layer in enumerate(layers):
+                for kind, metrics in order_metrics(study.clusters[net], layer.traffic, study.seed).items():
+                    points.append(_order_point(study, net, w, layer_index, kind, metrics))
+    return points
+
+
+def order_metrics(cluster: BigSwitch, traffic: np.ndarray, seed: int) -> dict[str, dict[str, float]]:
+    """Per order: the all-to-all's time through the network engine and in rounds, both over T*,
+    the number of rounds and the matrix's receiver skew."""
+    bound = lower_bound(traffic, cluster.bandwidth)
+    out = {}
+    for kind in STUDIED_ORDERS:
+        schedule = make_schedule(kind, traffic, cluster.bandwidth, seed)
+        a2a, rounds = exchange_seconds(cluster, traffic, kind, seed), rounds_time(schedule, cluster.bandwidth)
+        out[kind] = {
+            "a2a_ms": 1e3 * a2a,
+            "rounds_ms": 1e3 * rounds,
+            "lower_bound_ms": 1e3 * bound,
+            "a2a_over_lower_bound": a2a / bound,
+            "rounds_over_lower_bound": rounds / bound,
+            "rounds": len(schedule),
+            "receiver_skew": receiver_skew(traffic),
+        }
+    return out
+
+
 def _order_point(
-    net: str, workload: str, layer: int, kind: str, metrics: dict[str, float], base: dict[str, Any]
+    study: Study, net: str, workload: str, layer: int, kind: str, metrics: dict[str, float], n_gpus: int | None = None
 ) -> Point:
     extra = {k: metrics.pop(k) for k in ("rounds", "receiver_skew")}  # single values, not samples
+    params = {**study.base, "network": net, "workload": workload, "layer": layer + 1, "policy": kind}
+    if n_gpus is not None:
+        params["n_gpus"] = n_gpus
     return Point(
-        "aurora_order",
-        f"{net}_{workload}_l{layer + 1}_{kind}",
-        {**base, "network": net, "workload": workload, "layer": layer + 1, "policy": kind},
-        {k: [v] for k, v in metrics.items()},
-        extra,
+        "aurora_order", f"{net}_{workload}_l{layer + 1}_{kind}", params, {k: [v] for k, v in metrics.items()}, extra
     )
+
+
+# ---- (b) deployment ----
+
+
+def _deployment_points(study: Study, policies: tuple[str, ...] | None = None) -> list[Point]:
+    """Every setting, workload and policy (of ``policies`` only, if given; Aurora's first)."""
+    points, t_aurora = [], {}
+    for setting in deployment.SETTINGS:
+        deployed, net = setting.split("-")
+        for unit in study.units(setting):
+            for policy in deployment.DEPLOYMENT_POLICIES[setting]:
+                if policies is not None and policy not in policies:
+                    continue
+                results = [
+                    study.simulate(setting, unit, study.deploy(setting, unit, policy, s), s)
+                    for s in study.draws(policy)
+                ]
+                samples = {k: [r[k] for r in results] for k in ("inference_ms", "a2a_ms", "gpu_utilisation")}
+                if policy == "aurora":
+                    t_aurora[setting, unit] = samples["inference_ms"][0]
+                elif policy != "aurora-exclusive":
+                    samples["aurora_speedup"] = [t / t_aurora[setting, unit] for t in samples["inference_ms"]]
+                params = {
+                    "setting": setting,
+                    "deployment": deployed,
+                    "network": net,
+                    "workload": unit,
+                    "policy": policy,
+                }
+                points.append(
+                    Point("aurora_deployment", f"{setting}_{unit}_{policy}", {**study.base, **params}, samples, {})
+                )
+    return points
+
+
+# ---- (c) gap of Section 7's heuristic to the brute-force optimum ----
+
+
+def _gap_points(study: Study) -> list[Point]:
+    """Every model pair and layer on ``aurora.gap_gpus`` heterogeneous GPUs."""
+    g = study.cfg.aurora.gap_gpus
+    small = big_switch(study.clusters["heterogeneous"].hardware, g)
+    served = ServedModel(study.cfg, small)
+    devices = tuple(range(g))
+    points = []
+    for w_a, w_b in model_pairs(study.cfg):
+        for layer_index in range(study.cfg.aurora.moe_layers):
+            tokens = [coarsen(study.tokens[w][layer_index], g) for w in (w_a, w_b)]
+            la, lb = (served.stats(t) for t in tokens)
+            chosen = colocation.colocate_heterogeneous(la, lb, small.bandwidth, small.speed)
+            *best, optimum = colocation.brute_force_heterogeneous(la, lb, small.bandwidth, small.speed)
+            heuristic = colocation.pair_cost_on_gpus(la, lb, chosen[0], small.bandwidth, small.speed)[
+                np.arange(g), chosen[1]
+            ].max()
+            simulated = [
+                served.simulate([t[None] for t in tokens], _one_layer_colocation(devices, *plan), study.seed)
+                for plan in (chosen, best)
+            ]
+            params = {
+                "n_gpus": g,
+                "setting": "colocated-heterogeneous",
+                "network": "heterogeneous",
+                "workload": f"{w_a}+{w_b}",
+                "layer": layer_index + 1,
+                "policy": "aurora",
+            }
+            samples = {
+                "heuristic_ms": [1e3 * heuristic],
+                "optimum_ms": [1e3 * optimum],
+                "gap_to_optimum": [heuristic / optimum],
+                "simulated_heuristic_ms": [simulated[0]["inference_ms"]],
+                "simulated_optimum_ms": [simulated[1]["inference_ms"]],
+                "simulated_gap": [simulated[0]["inference_ms"] / simulated[1]["inference_ms"]],
+            }
+            points.append(Point("aurora_gap", f"{w_a}+{w_b}_l{layer_index + 1}", {**study.base, **params}, samples, {}))
+    return points
+
+
+def _one_layer_colocation(devices: tuple[int, ...], partner: np.ndarray, gpu_of: np.ndarray) -> deployment.Deployment:
+    """One layer of a and b colocated: a's expert i with b's ``partner[i]`` on GPU ``gpu_of[i]``."""
+    hosted = (
+        deployment.Hosted(0, devices, (gpu_of,)),
+        deployment.Hosted(1, devices, (deployment.partnered(partner, gpu_of),)),
+    )
+    return deployment.Deployment((hosted,), deployment.DEPLOYMENT_ORDER)
+
+
+# ---- (d) imprecision: Aurora plans on perturbed traffic, is simulated on the true traffic ----
+
+
+def imprecise(tokens: np.ndarray, level: float) -> np.ndarray:
+    """(layers, n, n) planning traffic: layer l mixed with layer l + 1 (cyclic) at ``level``."""
+    return (1 - level) * tokens + level * np.roll(tokens, -1, axis=0)
+
+
+def _imprecision_points(study: Study, done: list[Point]) -> list[Point]:
+    """Every heterogeneous setting, workload and level, against the baseline's points in ``done``."""
+    points = []
+    for setting, baseline in IMPRECISION_BASELINE.items():
+        deployed, net = setting.split("-")
+        for unit in study.units(setting):
+            baseline_ms = next(
+                p.samples["inference_ms"]
+                for p in done
+                if p.experiment == "aurora_deployment" and p.name == f"{setting}_{unit}_{baseline}"
+            )
+            for level in study.cfg.aurora.imprecision:
+                served = study.served[net]
+                plan = {w: [served.stats(t) for t in imprecise(study.tokens[w], level)] for w in unit.split("+")}
+                t = study.simulate(setting, unit, study.deploy(setting, unit, "aurora", study.seed, plan), study.seed)
+                params = {
+                    "setting": setting,
+                    "deployment": deployed,
+                    "network": net,
+                    "workload": unit,
+                    "policy": "aurora",
+                    "baseline": baseline,
+                    "imprecision": level,
+                }
+                samples = {
+                    "inference_ms": [t["inference_ms"]],
+                    "aurora_speedup": [b / t["inference_ms"] for b in baseline_ms],
+                }
+                points.append(
+                    Point("aurora_imprecision", f"{setting}_{unit}_p{level:g}", {**study.base, **params}, samples, {})
+                )
+    return points
