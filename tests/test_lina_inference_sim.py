@@ -98,6 +98,12 @@ def test_a_hot_device_slows_the_pass_and_local_traffic_costs_no_bandwidth(model)
     for d in range(4):
         local[d, d, d] = 2048  # every device keeps its tokens: the exchange pays its latency only
     nothing = np.zeros((4, 4, 4), dtype=np.int64)
+    # the idle device waits the hot expert's compute, less its own, in every layer
+    hot_run = model.run([hot] * layers)
+    experts = np.array([model.experts_seconds(hot[:, d, :].sum(axis=0)) for d in range(4)])
+    idle = layers * (experts.max() - experts.min()) / hot_run.timeline.makespan_s
+    assert hot_run.metrics()["least_busy_idle_share"] == pytest.approx(idle)
+    assert balanced["least_busy_idle_share"] == pytest.approx(0, abs=1e-12)
     kept = model.run([local] * layers).metrics()["dispatch_a2a_ms"]
     assert kept == pytest.approx(model.run([nothing] * layers).metrics()["dispatch_a2a_ms"])
     assert kept < balanced["dispatch_a2a_ms"]

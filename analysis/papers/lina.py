@@ -102,13 +102,13 @@ def lina_fig3_slowdown_worst(records: pd.DataFrame, samples: pd.DataFrame) -> tu
     return None if found is None else (float(found[0].max()), found[1])
 
 
-LINA_TABLE1_EXPERTS = (4, 16)  # Table 1's Transformer-XL variants
+LINA_XL_EXPERTS = (4, 16)  # the Transformer-XL variants of Table 1 and Fig 6
 
 
 @reproducer
 def lina_table1_training_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     """Table 1's training rows: the all-to-all's share of the step under DeepSpeed-MoE, 4 and 16 experts."""
-    points = _baseline_points(records, ["a2a_share"], LINA_TABLE1_EXPERTS)
+    points = _baseline_points(records, ["a2a_share"], LINA_XL_EXPERTS)
     if points.empty:
         return None
     return 100 * float(points["a2a_share"].mean()), _baseline_setting(points, "mean of a2a_share")
@@ -118,9 +118,9 @@ def lina_table1_training_a2a_share(records: pd.DataFrame, samples: pd.DataFrame)
 def lina_table1_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     """Table 1's average over training and inference: the training rows' shares and the inference
     pass's under static placement (Lina's baseline), 4 and 16 experts; both needed."""
-    points = _baseline_points(records, ["a2a_share"], LINA_TABLE1_EXPERTS)
+    points = _baseline_points(records, ["a2a_share"], LINA_XL_EXPERTS)
     inference = select(records, experiment="inference", policy="static", metric="a2a_share")
-    inference = inference[inference["num_experts"].isin(LINA_TABLE1_EXPERTS)] if not inference.empty else inference
+    inference = inference[inference["num_experts"].isin(LINA_XL_EXPERTS)] if not inference.empty else inference
     if points.empty or inference.empty:
         return None
     shares = [*points["a2a_share"], *inference["value"]]
@@ -434,6 +434,22 @@ for _experts in (4, 16):  # Fig 6
         1.0,
         "profiled tokens of the most / least popular expert, mean over MoE layers",
     )
+
+
+@reproducer
+def lina_fig6_idle_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Fig 6's idle expert: the largest share of a batch's pass that the least loaded device waits on the
+    busiest one's compute, under static placement (one expert per device), at Fig 6's 4 and 16 experts."""
+    s = select(samples, paper="lina", experiment="inference", policy="static", metric="least_busy_idle_share")
+    s = s[s["num_experts"].isin(LINA_XL_EXPERTS)] if not s.empty else s
+    if s.empty:
+        return None
+    return 100 * float(s["value"].max()), (
+        f"{_our_inference(s)}, static placement, max over {len(s)} batches of the busiest device's compute "
+        "time less the least busy one's, over the pass"
+    )
+
+
 for _k in (1, 2):  # Fig 9
     _profile_reproducer(
         f"lina_fig9_next_layer_top{_k}_share",
