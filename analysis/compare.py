@@ -10,7 +10,8 @@ Like for like: a number is judged only where the suite reproduced the paper's qu
 setting. A row on another testbed than the entry's ``testbed`` (the paper's hardware profiles), or of an
 entry whose ``not_comparable`` says why no run of the suite matches it, keeps its value but gets the
 verdict ``not-comparable`` and the reason. A published bound (``bound: lower`` for "> 1.83x") is met by
-anything above it, within the tolerance.
+anything above it, within the tolerance. A number that spans several of the paper's testbeds (a claim
+over all its settings, ``across_testbeds``) is reproduced once over the records of all of them.
 
 A paper's unstated parameters (moe_core.points.unstated_variants): records of a sensitivity run carry
 the param ``unstated`` ("key=value"). The verdict compares the chosen values' number (records without
@@ -91,7 +92,7 @@ def judge(entry: dict[str, Any], testbed: dict[str, str], ratio: float) -> tuple
     says no run matches it or the testbed is not the paper's, else the ratio's verdict."""
     if entry["not_comparable"]:
         return NOT_COMPARABLE, entry["not_comparable"]
-    if testbed["hardware"] not in entry["testbed"]:
+    if not set(testbed["hardware"].split("+")) <= set(entry["testbed"]):
         return NOT_COMPARABLE, (
             f"{testbed['mode']} on {testbed['hardware']}, not on the paper's testbed "
             f"({', '.join(entry['testbed'])}); a run on that profile gets a verdict"
@@ -111,7 +112,7 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
     for entry in registry.values():
         published = {"published": entry["value"], **{k: entry[k] for k in COMPARISON_COLUMNS if k in entry}}
         fn = _reproducer_of(entry)
-        found = [] if fn is None else list(_reproductions(fn, records, samples))
+        found = [] if fn is None else list(_reproductions(fn, entry, records, samples))
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
@@ -150,11 +151,28 @@ def _reproducer_of(entry: dict[str, Any]) -> Reproducer | None:
     return None if name is None else REPRODUCERS[name]
 
 
-def _reproductions(fn: Reproducer, records: pd.DataFrame, samples: pd.DataFrame):
+def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
+    """(testbed, its records, its samples) for each testbed of the tables; for an entry that spans its
+    paper's testbeds (``across_testbeds``), one per mode and backend over the paper's hardware, named
+    by the profiles joined with "+"."""
+    if not entry["across_testbeds"]:
+        for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records"):
+            yield testbed, select(records, **testbed), select(samples, **testbed)
+        return
+    records, samples = (df[df["hardware"].isin(entry["testbed"])] for df in (records, samples))
+    for (mode, backend), recs in records.groupby(["mode", "backend"]):
+        hardware = "+".join(sorted(recs["hardware"].unique()))
+        yield (
+            {"mode": mode, "backend": backend, "hardware": hardware},
+            recs,
+            select(samples, mode=mode, backend=backend),
+        )
+
+
+def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
     """(testbed, value, setting, {unstated setting: value}) for every testbed whose chosen-value
     records hold the data ``fn`` needs; the dict holds the sensitivity runs that reproduce it too."""
-    for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records"):
-        recs, samps = select(records, **testbed), select(samples, **testbed)
+    for testbed, recs, samps in _testbeds(entry, records, samples):
         result = fn(at_setting(recs), at_setting(samps))
         if result is None:
             continue

@@ -17,7 +17,7 @@ import yaml
 REGISTRY_PATH = Path(__file__).with_name("published.yaml")
 STATUSES = ("FT", "ABS", "CODE", "DER", "UNC")  # confirmation tags of shared/reference/papers.md
 REQUIRED_KEYS = ("id", "paper", "figure", "metric", "setting", "value", "unit", "source", "status", "reproducer")
-DEFAULTS = {"tolerance": 0.25, "testbed": None, "bound": None, "not_comparable": None}
+DEFAULTS = {"tolerance": 0.25, "testbed": None, "bound": None, "not_comparable": None, "across_testbeds": False}
 BOUNDS = ("lower", "upper")  # the published value is a bound ("> 1.83x", ">= 16%"), not a point
 
 
@@ -66,6 +66,8 @@ def _checked(entry: Any, where: str, testbeds: dict[str, Any]) -> dict[str, Any]
             raise RegistryError(f"{where}: key {key!r} is {entry[key]!r}; it must be a positive number")
     if entry["reproducer"] is not None and not _is_text(entry["reproducer"]):
         raise RegistryError(f"{where}: key 'reproducer' must name a reproducer of analysis/papers/, or be null")
+    if not isinstance(entry["across_testbeds"], bool):
+        raise RegistryError(f"{where}: key 'across_testbeds' must be true or false")
     if entry["bound"] not in (None, *BOUNDS):
         raise RegistryError(f"{where}: key 'bound' is {entry['bound']!r}; use one of {list(BOUNDS)} or leave it out")
     if entry["not_comparable"] is not None and not _is_text(entry["not_comparable"]):

@@ -9,9 +9,11 @@ from moe_core.papers.aurora.colocation import (
     LayerStats,
     assign_exclusive,
     bottleneck_matching,
+    brute_force_exclusive,
     brute_force_heterogeneous,
     brute_force_matching,
     colocate_heterogeneous,
+    exclusive_cost,
     lina_pairing,
     pair_bottleneck,
     pair_cost_on_gpus,
@@ -75,7 +77,7 @@ def test_exclusive_assignment_matches_brute_force():
         gpu_of = assign_exclusive(load, perf)
         assert sorted(gpu_of) == list(range(6)) and gpu_of[np.argmax(load)] == np.argmax(perf)
         best = min(max(load[e] / perf[g] for e, g in enumerate(p)) for p in itertools.permutations(range(6)))
-        assert max(load / perf[gpu_of]) == best
+        assert exclusive_cost(load, perf, gpu_of) == brute_force_exclusive(load, perf)[1] == best
 
 
 def test_heterogeneous_heuristic_close_to_brute_force():

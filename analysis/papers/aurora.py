@@ -15,6 +15,7 @@ from analysis.compare import describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, one_testbed
 from analysis.published import load_registry, published_value
 from analysis.units import span
+from moe_core.papers.aurora import deployment
 
 # ---- reproducers ------------------------------------------------------------------------------
 
@@ -119,7 +120,9 @@ def aurora_fig12_utilisation_gain_max(records: pd.DataFrame, samples: pd.DataFra
 
 @reproducer
 def aurora_fig13_gap_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
-    rows = select(records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum")
+    rows = select(
+        records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum", setting="colocated-heterogeneous"
+    )
     if rows.empty:
         return None
     return float(rows["value"].mean()), (
@@ -128,14 +131,36 @@ def aurora_fig13_gap_mean(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
     )
 
 
+OPTIMAL = 1 + 1e-9  # a decision at its optimum, to float rounding
+
+
+@reproducer
+def aurora_fig2_optimal_settings(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+    """Fig 2's claim, checked on this run's instances: in how many of the four settings the decision
+    reached its optimum in every one. Exclusive homogeneous: Aurora's order against T* through the
+    network engine; the others: the deployment's objective against its brute-force optimum."""
+    order = select(records, paper="aurora", experiment="aurora_order", metric="a2a_over_lower_bound")
+    order = (
+        order[(order["network"] == "homogeneous") & (order["policy"] == deployment.DEPLOYMENT_ORDER)]
+        if not order.empty
+        else order
+    )
+    gaps = select(records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum")
+    if order.empty or gaps.empty:
+        return None
+    worst = {"exclusive-homogeneous": order["value"].max(), **gaps.groupby("setting")["value"].max()}
+    if set(worst) != set(deployment.SETTINGS):
+        return None
+    optimal = [s for s in deployment.SETTINGS if worst[s] <= OPTIMAL]
+    return float(len(optimal)), (
+        f"{describe_testbeds(gaps)}, settings whose decision met its optimum in all of {len(order)} + {len(gaps)} "
+        f"instances: {', '.join(optimal) or 'none'}; worst "
+        + ", ".join(f"{s} {worst[s]:.3f}x" for s in deployment.SETTINGS)
+    )
+
+
 # ---- figures ----------------------------------------------------------------------------------
 
-AURORA_SETTINGS = (
-    "exclusive-homogeneous",
-    "exclusive-heterogeneous",
-    "colocated-homogeneous",
-    "colocated-heterogeneous",
-)
 # Fig 11's published speedup range per setting (registry ids: lower end or None for "up to", upper end).
 AURORA_FIG11_PUBLISHED_RANGES = {
     "exclusive-homogeneous": ("Fig 11a, vs SJF", None, "aurora-fig11a-speedup-vs-sjf-max"),
@@ -157,10 +182,12 @@ AURORA_FIG11_PUBLISHED_RANGES = {
 }
 
 
-def _figure_rows(records: pd.DataFrame, experiment: str, metric: str, mode: str = "simulated") -> pd.DataFrame:
-    """aurora/<experiment> rows of ``metric`` in ``mode`` (simulated records come from two network
-    profiles, homogeneous and heterogeneous, of one big switch, so they are shown together)."""
-    df = select(records, paper="aurora", experiment=experiment, metric=metric, mode=mode)
+def _figure_rows(
+    records: pd.DataFrame, experiment: str, metric: str, mode: str = "simulated", **params
+) -> pd.DataFrame:
+    """aurora/<experiment> rows of ``metric`` in ``mode`` with ``params`` (simulated records come from
+    two network profiles, homogeneous and heterogeneous, of one big switch, so they are shown together)."""
+    df = select(records, paper="aurora", experiment=experiment, metric=metric, mode=mode, **params)
     if df.empty:
         raise FigureDataError(
             f"the records table has no {mode} aurora/{experiment} rows of {metric}; run "
@@ -194,7 +221,7 @@ def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         ylabel="dispatch all-to-all time / T*",
         title="Orders vs the lower bound (all workloads, layers)",
     )
-    for ax, setting in zip(axes[1:], AURORA_SETTINGS):
+    for ax, setting in zip(axes[1:], deployment.SETTINGS):
         label, low_id, high_id = AURORA_FIG11_PUBLISHED_RANGES[setting]
         panel = speedup[speedup["setting"] == setting]
         _published_band(ax, registry, low_id, high_id, label)
@@ -246,8 +273,11 @@ def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
 def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
     """Section 7's colocation heuristic over the brute-force optimum of its objective, per instance
     (Fig 13), and the same two deployments' simulated inference times over each other."""
-    objective = _figure_rows(records, "aurora_gap", "gap_to_optimum").assign(measure="objective (Section 7)")
-    simulated = _figure_rows(records, "aurora_gap", "simulated_gap").assign(measure="simulated inference")
+    heuristic = {"setting": "colocated-heterogeneous"}
+    objective = _figure_rows(records, "aurora_gap", "gap_to_optimum", **heuristic).assign(
+        measure="objective (Section 7)"
+    )
+    simulated = _figure_rows(records, "aurora_gap", "simulated_gap", **heuristic).assign(measure="simulated inference")
     df = pd.concat([objective, simulated]).astype({"layer": int, "n_gpus": int})
     ax = fig.subplots()
     sns.stripplot(df, x="workload", y="value", hue="measure", dodge=True, ax=ax, size=6, jitter=0.15)

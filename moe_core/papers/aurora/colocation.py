@@ -80,6 +80,21 @@ def assign_exclusive(expert_load, gpu_performance) -> np.ndarray:
     return gpu_of
 
 
+def exclusive_cost(expert_load, gpu_performance, gpu_of) -> float:
+    """Theorem 5.1's objective: the busiest GPU's load over its performance."""
+    load, perf = np.asarray(expert_load, dtype=np.float64), np.asarray(gpu_performance, dtype=np.float64)
+    return float((load / perf[np.asarray(gpu_of)]).max(initial=0.0))
+
+
+def brute_force_exclusive(expert_load, gpu_performance) -> tuple[np.ndarray, float]:
+    """The optimal exclusive assignment by trying every permutation (n <= 9): (GPU of each expert, cost)."""
+    n = _check_same_length(expert_load=expert_load, gpu_performance=gpu_performance)
+    if n > 9:
+        raise ValueError(f"brute force over {n}! permutations is too slow; use n <= 9")
+    best = min(itertools.permutations(range(n)), key=lambda p: exclusive_cost(expert_load, gpu_performance, p))
+    return np.array(best, dtype=np.int64), exclusive_cost(expert_load, gpu_performance, best)
+
+
 def random_assignment(n: int, seed: int) -> np.ndarray:
     """RGA: a random GPU of each expert."""
     return np.random.default_rng(seed).permutation(n)

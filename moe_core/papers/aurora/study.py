@@ -57,6 +57,10 @@ IMPRECISION_BASELINE = {"exclusive-heterogeneous": "rga", "colocated-heterogeneo
 # What a sensitivity run repeats: the deployment experiment's Aurora and Fig 11's baselines (SJF, RCS,
 # RGA, Lina), the numbers of Figs 11-12; the other baselines only in the chosen values' run.
 SENSITIVITY_POLICIES = ("aurora", "sjf", "rcs", "rga", "lina")
+# The settings whose decision places experts, each checked against the brute-force optimum of its
+# objective (exclusive homogeneous has no placement: its order is checked against T*): Theorem 5.1's
+# sort and Case II's bottleneck matching are exact, Section 7's two matchings a heuristic (Fig 13).
+GAP_SETTINGS = ("exclusive-heterogeneous", "colocated-homogeneous", "colocated-heterogeneous")
 
 
 def workload_names(cfg: DictConfig) -> list[str]:
@@ -136,7 +140,12 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
         for w in (names if s.startswith("exclusive") else pairs)
         for p in deployment.DEPLOYMENT_POLICIES[s]
     ]
-    gap = [f"{pair}_l{layer_index + 1}" for pair in pairs for layer_index in range(a.moe_layers)]
+    gap = [
+        f"{s}_{unit}_l{layer_index + 1}"
+        for s in GAP_SETTINGS
+        for unit in (names if s.startswith("exclusive") else pairs)
+        for layer_index in range(a.moe_layers)
+    ]
     imprecision = [
         f"{s}_{w}_p{level:g}"
         for s in IMPRECISION_BASELINE
@@ -316,47 +325,72 @@ def _deployment_points(study: Study, policies: tuple[str, ...] | None = None) ->
     return points
 
 
-# ---- (c) gap of Section 7's heuristic to the brute-force optimum ----
-
+# ---- (c) each deployment decision against the brute-force optimum of its objective ----
 
 def _gap_points(study: Study) -> list[Point]:
-    """Every model pair and layer on ``aurora.gap_gpus`` heterogeneous GPUs."""
+    """Every workload (exclusive) or model pair (colocated) and layer on ``aurora.gap_gpus`` GPUs of
+    each ``GAP_SETTINGS`` setting: the decision's objective over the brute-force optimum; for the
+    heuristic also both deployments' simulated inference (Fig 13)."""
     g = study.cfg.aurora.gap_gpus
-    small = big_switch(study.clusters["heterogeneous"].hardware, g)
-    served = ServedModel(study.cfg, small)
-    devices = tuple(range(g))
     points = []
-    for w_a, w_b in model_pairs(study.cfg):
-        for layer_index in range(study.cfg.aurora.moe_layers):
-            tokens = [coarsen(study.tokens[w][layer_index], g) for w in (w_a, w_b)]
-            la, lb = (served.stats(t) for t in tokens)
-            chosen = colocation.colocate_heterogeneous(la, lb, small.bandwidth, small.speed)
-            *best, optimum = colocation.brute_force_heterogeneous(la, lb, small.bandwidth, small.speed)
-            heuristic = colocation.pair_cost_on_gpus(la, lb, chosen[0], small.bandwidth, small.speed)[
-                np.arange(g), chosen[1]
-            ].max()
-            simulated = [
-                served.simulate([t[None] for t in tokens], _one_layer_colocation(devices, *plan), study.seed)
-                for plan in (chosen, best)
-            ]
-            params = {
-                "n_gpus": g,
-                "setting": "colocated-heterogeneous",
-                "network": "heterogeneous",
-                "workload": f"{w_a}+{w_b}",
-                "layer": layer_index + 1,
-                "policy": "aurora",
-            }
-            samples = {
-                "heuristic_ms": [1e3 * heuristic],
-                "optimum_ms": [1e3 * optimum],
-                "gap_to_optimum": [heuristic / optimum],
-                "simulated_heuristic_ms": [simulated[0]["inference_ms"]],
-                "simulated_optimum_ms": [simulated[1]["inference_ms"]],
-                "simulated_gap": [simulated[0]["inference_ms"] / simulated[1]["inference_ms"]],
-            }
-            points.append(Point("aurora_gap", f"{w_a}+{w_b}_l{layer_index + 1}", {**study.base, **params}, samples, {}))
+    for setting in GAP_SETTINGS:
+        net = setting.split("-")[1]
+        small = big_switch(study.clusters[net].hardware, g)
+        served = ServedModel(study.cfg, small)
+        for unit in study.units(setting):
+            for layer_index in range(study.cfg.aurora.moe_layers):
+                tokens = [coarsen(study.tokens[w][layer_index], g) for w in unit.split("+")]
+                stats = [served.stats(t) for t in tokens]
+                if setting == "colocated-heterogeneous":
+                    samples = _heuristic_gap(study, served, small, tokens, stats)
+                else:
+                    decided, optimum = _exact_decision_and_optimum(setting, stats, small)
+                    samples = {
+                        "decision_cost": [decided],
+                        "optimum_cost": [optimum],
+                        "gap_to_optimum": [decided / optimum],
+                    }
+                params = {"n_gpus": g, "setting": setting, "network": net, "workload": unit, "layer": layer_index + 1}
+                name = f"{setting}_{unit}_l{layer_index + 1}"
+                points.append(Point("aurora_gap", name, {**study.base, **params, "policy": "aurora"}, samples, {}))
     return points
+
+
+def _exact_decision_and_optimum(setting: str, stats: list, cluster: BigSwitch) -> tuple[float, float]:
+    """(objective of the decision, brute-force optimum) of an exact setting: Theorem 5.1's busiest GPU's
+    load over its speed, or Case II's busiest GPU's send or receive bytes."""
+    if setting == "exclusive-heterogeneous":
+        load = stats[0].send + stats[0].recv
+        decided = colocation.exclusive_cost(load, cluster.speed, colocation.assign_exclusive(load, cluster.speed))
+        return decided, colocation.brute_force_exclusive(load, cluster.speed)[1]
+    a, b = stats
+    weight = colocation.pairing_weights(a.send, a.recv, b.send, b.recv)
+    partner = colocation.pair_bottleneck(a.send, a.recv, b.send, b.recv)
+    return float(weight[np.arange(len(partner)), partner].max()), colocation.brute_force_matching(weight)[1]
+
+
+def _heuristic_gap(study: Study, served: ServedModel, small: BigSwitch, tokens: list, stats: list) -> dict:
+    """Section 7's heuristic over the optimum of its objective, and both deployments simulated."""
+    la, lb = stats
+    g = len(small.speed)
+    chosen = colocation.colocate_heterogeneous(la, lb, small.bandwidth, small.speed)
+    *best, optimum = colocation.brute_force_heterogeneous(la, lb, small.bandwidth, small.speed)
+    heuristic = colocation.pair_cost_on_gpus(la, lb, chosen[0], small.bandwidth, small.speed)[
+        np.arange(g), chosen[1]
+    ].max()
+    devices = tuple(range(g))
+    simulated = [
+        served.simulate([t[None] for t in tokens], _one_layer_colocation(devices, *plan), study.seed)
+        for plan in (chosen, best)
+    ]
+    return {
+        "decision_cost": [heuristic],
+        "optimum_cost": [optimum],
+        "gap_to_optimum": [heuristic / optimum],
+        "simulated_heuristic_ms": [simulated[0]["inference_ms"]],
+        "simulated_optimum_ms": [simulated[1]["inference_ms"]],
+        "simulated_gap": [simulated[0]["inference_ms"] / simulated[1]["inference_ms"]],
+    }
 
 
 def _one_layer_colocation(devices: tuple[int, ...], partner: np.ndarray, gpu_of: np.ndarray) -> deployment.Deployment:
