@@ -150,24 +150,32 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
 def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
     """Which measured records calibrate and which validate (one rule for both entry points).
 
-    Calibrate on collectives measured alone and on the training steps of the smallest layout
+    Calibrate on collectives measured alone and on the training steps of the smallest plain layout
     (smallest world size, then fewest experts; every policy); hold out the concurrent pairs
     (contention is predicted, never fitted: only their interleaved alone iterations calibrate, see
     :func:`alone_times`) and every other training step (other world sizes, expert counts and
-    layouts).
+    layouts). Plain: every rank computes the whole dense model (tensor parallel 1, no 3D grid). A
+    layout that splits it runs collectives inside its dense ops, which a measured step counts as
+    dense time and the model as communication, so fitting compute on it would fold them into the
+    compute multipliers.
     """
 
     def layout(record: dict) -> tuple[int, int]:
         return record["params"]["world_size"], record["params"]["num_experts"]
 
+    def plain(record: dict) -> bool:
+        p = record["params"]
+        return all((p.get(axis) or 1) == 1 for axis in ("tensor_parallel", "grid_depth", "grid_row", "grid_col"))
+
     measured = [r for r in records if r["mode"] == "measured"]
-    smallest = min((layout(r) for r in measured if r["experiment"] == "train_step"), default=None)
+    steps = [r for r in measured if r["experiment"] == "train_step"]
+    smallest = min((layout(r) for r in steps if plain(r)), default=None)
     calibrate, validate = [], []
     for r in measured:
         if r["experiment"] == "collectives":
             (validate if r["params"].get("concurrent") else calibrate).append(r)
         elif r["experiment"] == "train_step":
-            (calibrate if layout(r) == smallest else validate).append(r)
+            (calibrate if plain(r) and layout(r) == smallest else validate).append(r)
     return calibrate, validate
 
 
