@@ -327,6 +327,7 @@ def _deployment_points(study: Study, policies: tuple[str, ...] | None = None) ->
 
 # ---- (c) each deployment decision against the brute-force optimum of its objective ----
 
+
 def _gap_points(study: Study) -> list[Point]:
     """Every workload (exclusive) or model pair (colocated) and layer on ``aurora.gap_gpus`` GPUs of
     each ``GAP_SETTINGS`` setting: the decision's objective over the brute-force optimum; for the
