@@ -73,7 +73,7 @@ def _stem(name: str) -> str:
 class ForwardSimulation:
     ops: list[Op]
     timeline: Timeline
-    busy_s: np.ndarray | None = None  # (devices of the topology,) compute seconds; None: not tracked
+    busy_s: np.ndarray  # (devices of the topology,) compute seconds
 
     def metrics(self) -> dict[str, float]:
         """The measured inference's per-batch metrics, in ms: ``forward_ms`` (the whole pass),
@@ -81,10 +81,10 @@ class ForwardSimulation:
         time) and ``a2a_layer<i>_ms``, both all-to-alls of the i-th MoE layer; and ``a2a_ms`` with
         ``a2a_share``, the all-to-alls' time and share of the pass. An operation's time runs from its
         start to its end (an ordered exchange's: from its first transfer's start to its last's end).
-        With the devices' compute tracked, ``gpu_utilisation``: the mean over the devices that
-        compute of their compute time over the pass (Aurora's GPU utilisation); and
-        ``least_busy_idle_share``: how much longer the busiest of them computes than the least busy
-        one, over the pass: the share of it the least loaded device waits on the others' experts."""
+        ``gpu_utilisation``: the mean over the devices that compute of their compute time over the
+        pass; and ``least_busy_idle_share``: how much longer the busiest of them computes than the
+        least busy one, over the pass: the share of it the least loaded device waits on the others'
+        experts."""
         spans = self.spans_ms()
         out = {"forward_ms": self.timeline.makespan_s * 1e3}
         out |= {f"{p}_ms": float(sum(d for (_, phase), d in spans.items() if phase == p)) for p in INFERENCE_PHASES}
@@ -95,10 +95,9 @@ class ForwardSimulation:
         layers = sorted({name.split(".")[0] for name, _ in exchanges}, key=lambda s: int(s[1:]))
         for i, layer in enumerate(layers):
             out[f"a2a_layer{i}_ms"] = float(sum(d for name, d in exchanges if name.startswith(f"{layer}.")))
-        if self.busy_s is not None:
-            busy = self.busy_s[self.busy_s > 0]
-            out["gpu_utilisation"] = float(busy.mean() / self.timeline.makespan_s)
-            out["least_busy_idle_share"] = float((busy.max() - busy.min()) / self.timeline.makespan_s)
+        busy = self.busy_s[self.busy_s > 0]
+        out["gpu_utilisation"] = float(busy.mean() / self.timeline.makespan_s)
+        out["least_busy_idle_share"] = float((busy.max() - busy.min()) / self.timeline.makespan_s)
         return out
 
     def spans_ms(self) -> dict[tuple[str, str], float]:
@@ -147,10 +146,8 @@ class ForwardModel(StepModel):
         ops = self.build_forward(routed, order, busy_s)
         return ForwardSimulation(ops, simulate_on(self.cfg.hardware, self.topo, ops), busy_s)
 
-    def build_forward(
-        self, routed: list[np.ndarray], order: Order | None = None, busy_s: np.ndarray | None = None
-    ) -> list[Op]:
-        """The pass's ops; ``busy_s`` (per topology device), when given, adds up each device's compute."""
+    def build_forward(self, routed: list[np.ndarray], order: Order | None, busy_s: np.ndarray) -> list[Op]:
+        """The pass's ops; ``busy_s`` (per topology device) adds up each device's compute."""
         m = self.cfg.model
         moe_layers = moe_blocks(m.n_layers, m.moe_every)
         if len(routed) != len(moe_layers):
@@ -160,8 +157,7 @@ class ForwardModel(StepModel):
         def add(name: str, phase: str, after, duration_s: float) -> int:
             """A dense op, the same on every device."""
             ops.append(Op(name, phase, as_deps(after), duration_s=duration_s))
-            if busy_s is not None:
-                busy_s[self.group] += duration_s
+            busy_s[self.group] += duration_s
             return len(ops) - 1
 
         last = add("embed.fwd", "dense", None, duration_s=self._embedding_seconds("fwd"))
@@ -224,7 +220,7 @@ def add_stages(
     ops: list[Op],
     layers: list[tuple[ForwardModel, list[Compute | Exchange]]],
     after: int | None,
-    busy_s: np.ndarray | None = None,
+    busy_s: np.ndarray,
 ) -> int:
     """Append one layer of each of several models served on the same devices (each model with its
     stages, ``ForwardModel.moe_layer``); returns the last op on the compute stream.
@@ -235,7 +231,7 @@ def add_stages(
     model's compute before it is done, on the model's own communicator: two models' exchanges in
     flight together share the links (each in its own order), which is why their per-device loads add
     up. One model alone is a chain. A compute op takes its slowest device's seconds; ``busy_s`` (per
-    topology device), when given, adds up every device's own.
+    topology device) adds up every device's own.
     """
     segments = [_segments(stages) for _, stages in layers]
     stream = after
@@ -248,8 +244,7 @@ def add_stages(
             for c in computes:
                 ops.append(Op(c.name, c.phase, as_deps([data[m], stream]), duration_s=float(c.seconds.max())))
                 stream = data[m] = len(ops) - 1
-                if busy_s is not None:
-                    np.add.at(busy_s, model.group, c.seconds)
+                np.add.at(busy_s, model.group, c.seconds)
             if exchange is not None:
                 data[m] = model.add_exchange(ops, exchange, as_deps(data[m]))
     return stream

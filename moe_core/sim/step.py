@@ -443,7 +443,7 @@ class StepModel:
         }
         copy_s = self._copy_seconds(a2a_bytes)
         # a pipelined exchange in micro-ops copies each one's rows out of the buffer and the results
-        # back into one (moe_core.comm.pipelined_exchange): Lina's partition and concatenation
+        # back into one (moe_core.comm.pipelined_exchange): the partition and the concatenation
         partition_s = self._priced(self.compute.copy(a2a_bytes), "partition")
         # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
         tp_chunks = self.plan.tp_exchange_chunks if tp > 1 else None

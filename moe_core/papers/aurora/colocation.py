@@ -62,6 +62,11 @@ class LayerStats:
     def recv(self) -> np.ndarray:
         return self.traffic.sum(axis=0)
 
+    @property
+    def load(self) -> np.ndarray:
+        """Bytes each expert's GPU sends and receives: the load its placement is decided by."""
+        return self.send + self.recv
+
 
 def _check_same_length(**arrays) -> int:
     lengths = {name: len(a) for name, a in arrays.items()}

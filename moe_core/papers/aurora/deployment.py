@@ -117,7 +117,7 @@ def partnered(partner: np.ndarray, gpu_of: np.ndarray) -> np.ndarray:
 def _exclusive_model(model: int, layers: list[colocation.LayerStats], speed, policy: str, seed: int) -> Hosted:
     n = len(speed)
     if policy == "aurora":  # Theorem 5.1, by each layer's load
-        gpu_of = [colocation.assign_exclusive(layer.send + layer.recv, speed) for layer in layers]
+        gpu_of = [colocation.assign_exclusive(layer.load, speed) for layer in layers]
     elif policy == "rga":
         gpu_of = [colocation.random_assignment(n, seed)] * len(layers)
     elif policy in ORDER_BASELINES:
@@ -134,6 +134,6 @@ def _order(policy: str) -> str:
 def _lina_gpu_of(layer: colocation.LayerStats) -> np.ndarray:
     """Lina's packing of one model's experts, two per GPU on ``n / 2`` GPUs, from its first layer's loads."""
     gpu_of = np.empty(len(layer.send), dtype=np.int64)
-    for gpu, (i, j) in enumerate(colocation.lina_pairing(layer.send + layer.recv)):
+    for gpu, (i, j) in enumerate(colocation.lina_pairing(layer.load)):
         gpu_of[[i, j]] = gpu
     return gpu_of

@@ -361,7 +361,7 @@ def _exact_decision_and_optimum(setting: str, stats: list, cluster: BigSwitch) -
     """(objective of the decision, brute-force optimum) of an exact setting: Theorem 5.1's busiest GPU's
     load over its speed, or Case II's busiest GPU's send or receive bytes."""
     if setting == "exclusive-heterogeneous":
-        load = stats[0].send + stats[0].recv
+        load = stats[0].load
         decided = colocation.exclusive_cost(load, cluster.speed, colocation.assign_exclusive(load, cluster.speed))
         return decided, colocation.brute_force_exclusive(load, cluster.speed)[1]
     a, b = stats
