@@ -124,6 +124,10 @@ class HardwareConfig:
     # this. 1 where the bandwidths are achieved rates already (calibrated, or a model's constants).
     intra_node_efficiency: float = 1.0
     nic_efficiency: float = 1.0
+    # How an all-to-all's share of those rates falls at mid sizes: a curve of published measurements,
+    # configs/collective_curves/<name>.yaml (moe_core.sim.collectives.SizeCurve); "" = none (the share
+    # above at every size, or the calibrated terms in ``collectives``).
+    all_to_all_curve: str = ""
     # -- compute model (moe_core.sim.compute; experiments/op_sweep.py measures and fits it) --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
     compute_efficiency: float = 0.5  # fraction of peak large, compute-bound GEMMs reach (the curve's maximum)
@@ -473,11 +477,12 @@ def _validate_run(cfg: DictConfig) -> None:
             f"'{value}' must be a plain name (letters, digits, '_', '-', '.', '+'; no '/' or spaces)",
         )
     require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
-    _validate_compute_model(cfg.hardware)
+    _validate_rates(cfg.hardware)
 
 
-def _validate_compute_model(hw: DictConfig) -> None:
-    """The compute model's parameters (moe_core.sim.compute): rates and costs >= 0, fractions in range."""
+def _validate_rates(hw: DictConfig) -> None:
+    """The compute model's parameters (moe_core.sim.compute) and the links' shares: rates and costs >= 0,
+    fractions in range, a known all-to-all curve."""
     for key in ("peak_tflops", "memory_GBps", "kernel_launch_us"):
         require(
             math.isfinite(hw[key]) and hw[key] >= 0, f"hardware.{key}", f"must be a finite number >= 0, got {hw[key]}"
@@ -489,6 +494,13 @@ def _validate_compute_model(hw: DictConfig) -> None:
         "hardware.gemm_exposed_memory",
         f"is the share of a GEMM's memory time left exposed, in [0, 1]; got {hw.gemm_exposed_memory}",
     )
+    if hw.all_to_all_curve:
+        curves = sorted(p.stem for p in (CONFIG_DIR / "collective_curves").glob("*.yaml"))
+        require(
+            hw.all_to_all_curve in curves,
+            "hardware.all_to_all_curve",
+            f"unknown curve {hw.all_to_all_curve!r}; use one of {curves} (configs/collective_curves/) or ''",
+        )
     for phase, multiplier in hw.phase_efficiency.items():
         require(
             phase in COMPUTE_PHASES,

@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
 from moe_core.config import ConfigError, HardwareConfig, load_config
+from moe_core.sim.collectives import SizeCurve, collective_op, simulate_on
 from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
 from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer, achieved_GBps
 
@@ -232,6 +233,65 @@ def test_links_run_at_the_share_of_line_rate_collectives_reach():
 def test_a_share_of_line_rate_outside_0_1_is_refused_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=f"hardware\\.{key}"):
         load_config(overrides=["hardware_profile=h100-ndr-cluster", f"hardware.{key}={value}"])
+
+
+CURVE = "nccl-all-to-all"  # configs/collective_curves/: SimAI's measured all-to-all shares
+MiB = 2**20
+
+
+def test_a_size_curve_is_read_relative_to_its_largest_size_as_simai_reads_it():
+    """Linear in size between rows, held at both ends; a node count between columns takes the next
+    smaller one, beyond the last the last (SimAI's ata_ratio.csv: one node 0.44 at 16 MiB, 0.51 at
+    32 MiB, 0.78 at the largest sizes; 2 nodes 0.52 ... 0.80; 16 nodes 0.62 ... 0.90)."""
+    curve = SizeCurve.load(CURVE)
+    assert curve.relative_share(16 * MiB, nodes=1) == pytest.approx(0.44 / 0.78)
+    assert curve.relative_share(24 * MiB, nodes=1) == pytest.approx((0.44 + 0.51) / 2 / 0.78)
+    assert curve.relative_share(1 * MiB, nodes=1) == curve.relative_share(16 * MiB, nodes=1)
+    assert curve.relative_share(2**40, nodes=1) == pytest.approx(1.0)
+    assert curve.relative_share(16 * MiB, nodes=3) == pytest.approx(0.52 / 0.80)
+    assert curve.relative_share(16 * MiB, nodes=64) == pytest.approx(0.62 / 0.90)
+
+
+def one_h800_node(**overrides):
+    keys = {"hardware_profile": "h800-cx7-cluster", "hardware.nodes": 1, **overrides}
+    hw = load_config(overrides=[f"{k}={v}" for k, v in keys.items()]).hardware
+    return hw, Cluster(hw)
+
+
+@pytest.mark.parametrize("size", [16 * MiB, 48 * MiB, 256 * MiB])
+def test_an_all_to_all_alone_takes_what_the_curve_measured_at_its_size(size):
+    """On one 8-GPU node the bandwidth time at the profile's rates, over the curve's relative share,
+    is the whole time alone: the model's latency is taken out of the curve's time, not added to it."""
+    hw, topo = one_h800_node()
+    transfer = topo.uniform_all_to_all(np.arange(8), size)
+    bandwidth_s = size * 7 / 8 / topo.capacity[topo.intra_out[0]]
+    took = simulate_on(hw, topo, [Op("a2a", "comm", **collective_op(hw, topo, "all_to_all", transfer))]).makespan_s
+    assert took == pytest.approx(bandwidth_s / SizeCurve.load(CURVE).relative_share(size, nodes=1))
+    assert took > bandwidth_s + topo.latency_s(transfer)  # slower than the alpha-beta model at mid sizes
+
+
+def test_the_curve_prices_all_to_alls_only_and_a_calibrated_fit_overrides_it():
+    """Ring collectives keep the alpha-beta model; a profile's calibrated terms for a kind win; at the
+    curve's largest size an all-to-all runs at the profile's share; a tiny one pays its latency only."""
+    hw, topo = one_h800_node()
+    plain, _ = one_h800_node(**{"hardware.all_to_all_curve": "''"})
+    group = np.arange(8)
+    ring = topo.ring(group, 64 * MiB, "all_gather")
+    assert collective_op(hw, topo, "all_gather", ring)["transfer"].efficiency == 1.0
+    largest = topo.uniform_all_to_all(group, 2**34)
+    assert collective_op(hw, topo, "all_to_all", largest)["transfer"].efficiency == pytest.approx(1.0)
+    tiny = topo.uniform_all_to_all(group, 1024)
+    assert collective_op(hw, topo, "all_to_all", tiny)["transfer"].efficiency == 1.0
+    mid = topo.uniform_all_to_all(group, 16 * MiB)
+    assert collective_op(hw, topo, "all_to_all", mid)["transfer"].efficiency < 0.6
+    assert collective_op(plain, topo, "all_to_all", mid)["transfer"].efficiency == 1.0
+    fitted = OmegaConf.merge(hw, {"collectives": {"all_to_all": {"efficiency": 0.9}}})
+    assert collective_op(fitted, topo, "all_to_all", mid)["transfer"].efficiency == 0.9
+
+
+def test_an_unknown_size_curve_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="hardware\\.all_to_all_curve.*nccl-all-to-all"):
+        load_config(overrides=["hardware_profile=h800-cx7-cluster", "hardware.all_to_all_curve=nccl-typo"])
 
 
 def test_heterogeneous_nics_bound_the_slowest_device():

@@ -16,6 +16,7 @@ from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.plan import gradient_micro_ops
 from moe_core.points import sim_points
+from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import GB, build_topology
 from moe_core.timing import PhaseTimer
@@ -73,14 +74,16 @@ def test_sequential_policy_exposes_the_whole_all_reduce_and_never_slows_all_to_a
     assert m_seq["a2a_fwd_ms"] == pytest.approx(m_ovl["a2a_fwd_ms"])  # nothing overlaps the forward pass
 
 
-def test_all_to_all_time_is_the_nic_bound_on_lina_testbed():
+def test_all_to_all_time_is_the_nic_bound_at_the_curves_share_on_lina_testbed():
     cfg, sim = step([*LINA, "comm.policy=sequential", "hardware.inter_node_latency_us=0"])
     S = cfg.moe.num_experts * 1 * 640 * 512 * 2  # E * G * C * M * bf16, C = ceil(1.25 * 2 * 4096 / 16)
     per_node_inter = 4 * S * 12 / 16  # 4 GPUs per node, 12 of 16 destinations on other nodes
     a2a = [i for i, op in enumerate(sim.ops) if op.name == "L0.dispatch0.fwd"][0]
     took = sim.timeline.end_s[a2a] - sim.timeline.start_s[a2a]
-    nic_Bps = 12.5 * GB * cfg.hardware.nic_efficiency  # the share of line rate NCCL reaches
-    assert took == pytest.approx(per_node_inter / nic_Bps, rel=1e-9)
+    nic_Bps = 12.5 * GB * cfg.hardware.nic_efficiency  # the share of line rate NCCL reaches at large sizes
+    share = SizeCurve.load(cfg.hardware.all_to_all_curve).relative_share(S, nodes=4)
+    assert share == pytest.approx(0.67 / 0.95)  # 10 MiB: below the curve, held at 16 MiB's share
+    assert took == pytest.approx(per_node_inter / (nic_Bps * share), rel=1e-9)
 
 
 def test_more_bandwidth_never_slows_the_step():

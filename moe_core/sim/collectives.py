@@ -1,9 +1,10 @@
-"""Collectives as simulated operations: calibrated cost terms, ordered exchanges, and the simulated
-microbenchmark.
+"""Collectives as simulated operations: calibrated cost terms, size curves, ordered exchanges, and
+the simulated microbenchmark.
 
 :func:`collective_op` turns a footprint into engine arguments, applying a profile's calibrated terms
 (``hardware.collectives[kind]``: per-step latency, fixed latency, bandwidth efficiency) when it has
-them. :func:`add_ordered_exchange` issues an all-to-all's transfers one by one in a given order of
+them, else, for an all-to-all, its measured size curve (``hardware.all_to_all_curve``,
+:class:`SizeCurve`). :func:`add_ordered_exchange` issues an all-to-all's transfers one by one in a given order of
 rounds (each priced by :class:`PointToPoint`) instead of as one fluid operation.
 :func:`simulate_collective` is the simulated executor of experiments/collectives.py: it predicts the
 time of one measured point (a collective alone, or an all-to-all next to an all-reduce), which
@@ -12,21 +13,77 @@ calibration fits and validation checks.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
+from dataclasses import dataclass, replace
 
 import numpy as np
+import yaml
 from omegaconf import DictConfig
 
+from ..sections import CONFIG_DIR
 from ..transmission import Schedule
 from ..workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from .engine import Op, Timeline, simulate
 from .topology import Transfer
+
+EXCHANGES = ("all_to_all", "all_to_all_v")  # the collective kinds a size curve prices
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """An all-to-all's measured share of its bottleneck link's bandwidth by size and by the nodes its
+    group spans: configs/collective_curves/<name>.yaml, which cites its source.
+
+    Why: a collective library's all-to-all pays per-peer and protocol overheads that leave it well
+    below the link rate at mid sizes (NCCL over one NVLink node: 0.44 of it at 16 MiB, 0.78 from
+    8 GiB), which a latency per step does not capture: the measured gap grows with size.
+    """
+
+    size_bytes: np.ndarray  # (k,) nccl-tests' all-to-all size: the per-rank buffer, own chunk included
+    share: dict[int, np.ndarray]  # nodes spanned -> (k,) share of the bottleneck's bandwidth
+
+    @staticmethod
+    @functools.cache
+    def load(name: str) -> SizeCurve:
+        with open(CONFIG_DIR / "collective_curves" / f"{name}.yaml") as f:
+            data = yaml.safe_load(f)
+        sizes = np.array(data["size_bytes"], dtype=float)
+        share = {int(nodes): np.array(values, dtype=float) for nodes, values in data["share"].items()}
+        if np.any(np.diff(sizes) <= 0) or any(len(v) != len(sizes) or np.any(v <= 0) for v in share.values()):
+            raise ValueError(f"collective curve {name!r}: need increasing sizes and a positive share per size")
+        return SizeCurve(sizes, share)
+
+    def relative_share(self, buffer_bytes: float, nodes: int) -> float:
+        """The share at ``buffer_bytes`` over that at the largest size, as SimAI reads its tables:
+        linear in size, held at the ends; the column of the largest node count <= ``nodes``."""
+        column = self.share[max((n for n in self.share if n <= nodes), default=min(self.share))]
+        return float(np.interp(buffer_bytes, self.size_bytes, column) / column[-1])
+
+
+def curve_efficiency(hw: DictConfig, topo, transfer: Transfer) -> float:
+    """The efficiency with which an all-to-all alone takes what ``hw.all_to_all_curve`` measured at
+    its size.
+
+    The profile's link rates are the large-size shares, so at those rates the exchange's bandwidth
+    time is t_bw and the curve's time is T = t_bw / relative share. The model adds its own latency
+    term, so the bandwidth term gets what remains: efficiency = t_bw / (T - latency), at most 1 (where
+    the latency alone explains the gap).
+    """
+    if transfer.sent_bytes <= 0:
+        return 1.0
+    members = transfer.steps + 1
+    buffer_bytes = transfer.sent_bytes * members / (members - 1)  # nccl-tests' size: own chunk included
+    bandwidth_s = float(np.max(transfer.nbytes / topo.capacity[transfer.links]))
+    curve_s = bandwidth_s / SizeCurve.load(hw.all_to_all_curve).relative_share(buffer_bytes, transfer.nodes)
+    return bandwidth_s / max(curve_s - topo.latency_s(transfer), bandwidth_s)
 
 
 def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
     """Op keyword arguments (transfer, latency_s) of collective ``kind`` with footprint ``transfer``."""
     fit = hw.collectives.get(kind)
     if fit is None:
+        if hw.all_to_all_curve and kind in EXCHANGES:
+            transfer = replace(transfer, efficiency=curve_efficiency(hw, topo, transfer))
         return {"transfer": transfer, "latency_s": topo.latency_s(transfer)}
     return {
         "transfer": replace(transfer, efficiency=fit.efficiency),

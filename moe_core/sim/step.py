@@ -390,7 +390,13 @@ class StepModel:
         loads = np.zeros(self.topo.num_links)
         for t in transfers:
             np.add.at(loads, t.links, t.nbytes)
-        return Transfer.from_dense(loads, max(t.steps for t in transfers), any(t.crosses_nodes for t in transfers))
+        return Transfer.from_dense(
+            loads,
+            max(t.steps for t in transfers),
+            any(t.crosses_nodes for t in transfers),
+            sent_bytes=max(t.sent_bytes for t in transfers),
+            nodes=max(t.nodes for t in transfers),
+        )
 
     def _all_to_all(self, bytes_per_rank: float) -> list[dict]:
         """The op costs of one MoE all-to-all over every "ep" group: one op, or the hierarchical

@@ -39,14 +39,19 @@ class Transfer:
     nbytes: np.ndarray  # (k,) float: bytes on each of those links
     steps: int  # sequential algorithm steps, for the latency term
     crosses_nodes: bool  # whether any byte leaves a node (selects the latency class)
-    # The share of its bottleneck's bandwidth the collective reaches by itself (calibrated): a cap on
-    # its rate, not extra bytes, so the share it leaves unused goes to concurrent transfers.
+    # The share of its bottleneck's bandwidth the collective reaches by itself (calibrated, or from a
+    # size curve): a cap on its rate, not extra bytes, so the share it leaves unused goes to
+    # concurrent transfers.
     efficiency: float = 1.0
+    # What sizes an exchange for a size curve (moe_core.sim.collectives.SizeCurve): the most bytes one
+    # member sends to the others, and the nodes its group spans (0 and 1 where no curve applies).
+    sent_bytes: float = 0.0
+    nodes: int = 1
 
     @staticmethod
-    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool) -> Transfer:
+    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool, sent_bytes: float = 0.0, nodes: int = 1):
         idx = np.flatnonzero(loads > 0)
-        return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes)
+        return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes, sent_bytes=sent_bytes, nodes=nodes)
 
 
 class Cluster:
@@ -119,7 +124,9 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra.sum(axis=1))
         np.add.at(loads, self.intra_in[group], intra.sum(axis=0))
         self._add_inter(loads, group, inter.sum(axis=1), inter.sum(axis=0), inter, node)
-        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=bool(inter.any()))
+        return self._transfer(
+            loads, len(group) - 1, bool(inter.any()), sent_bytes=traffic.sum(axis=1).max(), nodes=_spanned(node)
+        )
 
     def uniform_all_to_all(self, group: np.ndarray, bytes_per_rank: float) -> Transfer:
         """Equal-split all-to-all of ``bytes_per_rank`` per rank, in O(group) instead of O(group^2)."""
@@ -133,7 +140,8 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], intra)
         np.add.at(loads, self.intra_in[group], intra)
         self._add_inter(loads, group, inter, inter, None, node)
-        return self._transfer(loads, steps=p - 1, crosses_nodes=bool((inter > 0).any()))
+        sent = bytes_per_rank * (p - 1) / p
+        return self._transfer(loads, p - 1, bool((inter > 0).any()), sent_bytes=sent, nodes=_spanned(node))
 
     def forwarded_all_to_all(self, group: np.ndarray, network_bytes: float, forwarded_bytes: float) -> Transfer:
         """A dispatch that crosses the network once per destination node and fans out inside it
@@ -148,10 +156,11 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], forwarded_bytes)
         np.add.at(loads, self.intra_in[group], forwarded_bytes)
         node = self.node_of[group]
-        spans = len(np.unique(node)) > 1
+        spans = _spanned(node) > 1
         if spans:
             self._add_inter(loads, group, network_bytes, network_bytes, None, node)
-        return self._transfer(loads, steps=len(group) - 1, crosses_nodes=spans)
+        sent = network_bytes + forwarded_bytes
+        return self._transfer(loads, len(group) - 1, spans, sent_bytes=sent, nodes=_spanned(node))
 
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.
@@ -185,8 +194,8 @@ class Cluster:
         flat = ordered.reshape(-1)
         self._add_inter(loads2, flat, send2, recv2, None, self.node_of[flat])
         return (
-            self._transfer(loads1, steps=m - 1, crosses_nodes=False),
-            self._transfer(loads2, steps=n_nodes - 1, crosses_nodes=n_nodes > 1),
+            self._transfer(loads1, m - 1, False, sent_bytes=phase1.sum(axis=2).max(), nodes=1),
+            self._transfer(loads2, n_nodes - 1, n_nodes > 1, sent_bytes=phase2.sum(axis=1).max(), nodes=n_nodes),
         )
 
     # -- ring collectives ------------------------------------------------------------------------
@@ -215,11 +224,12 @@ class Cluster:
         return self._transfer(loads, steps=steps, crosses_nodes=spans)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _transfer(self, loads: np.ndarray, steps: int, crosses_nodes: bool) -> Transfer:
-        """The footprint of ``loads``, plus every byte sent on the host link when there is one."""
+    def _transfer(self, loads: np.ndarray, steps: int, crosses_nodes: bool, **size) -> Transfer:
+        """The footprint of ``loads``, plus every byte sent on the host link when there is one;
+        ``size``: an exchange's sent_bytes and nodes (Transfer)."""
         if self.host is not None:
             loads[self.host] = loads[self.intra_out].sum() + loads[self.nic_out].sum()
-        return Transfer.from_dense(loads, steps, crosses_nodes)
+        return Transfer.from_dense(loads, steps, crosses_nodes, **size)
 
     def _add_inter(self, loads, group, send, recv, pair_bytes, node) -> None:
         """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed."""
@@ -314,6 +324,11 @@ class Torus2D:
 
     def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
         return alpha_s + transfer.steps * (alpha_step_s if alpha_step_s is not None else self.latency_hop_s)
+
+
+def _spanned(node: np.ndarray) -> int:
+    """How many distinct nodes ``node`` (the node of each group member) names."""
+    return len(np.unique(node))
 
 
 def _mean_ring_distance(k: int) -> float:
