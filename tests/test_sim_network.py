@@ -84,6 +84,21 @@ def test_shared_latency_phases_of_concurrent_transfers_take_turns_on_the_host():
     assert simulate(ops[:1], cap, shared_latency=True).makespan_s == pytest.approx(0.011)
 
 
+def test_the_host_link_is_not_the_unit_in_which_a_shared_nic_is_shared():
+    """Link 0 a NIC (1 B/s), link 1 the host's copy throughput (100 B/s), which carries the sum of a
+    collective's streams. A and B put 1 B each on the NIC, 3 and 4 B on the host: they share the NIC
+    equally and end together at 2 s. Counted in host bytes, A would get 4/7 of the NIC."""
+    cap = np.array([1.0, 100.0])
+    a = Transfer(np.array([0, 1]), np.array([1.0, 3.0]), 1, True)
+    b = Transfer(np.array([0, 1]), np.array([1.0, 4.0]), 1, True)
+    ops = [Op("a", "c", transfer=a), Op("b", "c", transfer=b)]
+    assert simulate(ops, cap, host_link=1).end_s == pytest.approx([2.0, 2.0])
+    assert simulate(ops, cap).end_s[0] == pytest.approx(1.75)  # 1 B at 4/7 B/s
+    # a transfer that crosses nothing but the host link is counted in its bytes there
+    alone = Transfer(np.array([1]), np.array([50.0]), 1, True)
+    assert simulate([Op("h", "c", transfer=alone)], cap, host_link=1).makespan_s == pytest.approx(0.5)
+
+
 def test_on_a_cpu_host_every_byte_sent_crosses_the_host_link():
     topo = Cluster(hw(nodes=1, devices_per_node=4, intra_node_GBps=10.0, host_GBps=20.0))
     group = np.arange(4)

@@ -154,7 +154,13 @@ def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
     """Simulate ``ops`` on ``topo`` as hardware ``hw`` runs them: on a CPU testbed (``host_cores``)
     concurrent latency phases share the host's cores; an emulated testbed's NIC links are token
     buckets. Every executor of the simulator runs its operations through here."""
-    return simulate(ops, topo.capacity, shared_latency=bool(hw.host_cores), burst_bytes=topo.burst_bytes)
+    return simulate(
+        ops,
+        topo.capacity,
+        shared_latency=bool(hw.host_cores),
+        burst_bytes=topo.burst_bytes,
+        host_link=getattr(topo, "host", None),
+    )
 
 
 def footprint(

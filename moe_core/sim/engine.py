@@ -89,7 +89,11 @@ def add_micro_ops(
 
 
 def simulate(
-    ops: list[Op], capacity: np.ndarray, shared_latency: bool = False, burst_bytes: np.ndarray | None = None
+    ops: list[Op],
+    capacity: np.ndarray,
+    shared_latency: bool = False,
+    burst_bytes: np.ndarray | None = None,
+    host_link: int | None = None,
 ) -> Timeline:
     """Run the DAG; every op starts when all its deps have ended. Returns start and end times.
 
@@ -104,6 +108,12 @@ def simulate(
     holds the link to its rate; a link used below its rate refills at the difference, up to the
     bucket's size. Buckets start full. So a message within the bucket crosses at host speed and a
     long one at the link's rate, as on the testbed.
+
+    ``host_link``: a link that stands for the host's copy throughput (a CPU testbed's, topology
+    ``Cluster.host``), which every byte a collective sends crosses. It limits transfers like any
+    link, but it carries no stream of its own: its load is the sum of all the collective's streams,
+    so it is not the unit in which a transfer's bytes per second are counted (else a collective
+    with more intra-node bytes would get less of a NIC it shares).
     """
     n = len(ops)
     children: list[list[int]] = [[] for _ in range(n)]
@@ -115,7 +125,9 @@ def simulate(
             children[d].append(i)
         waiting[i] = len(op.deps)
     start, end = np.full(n, np.nan), np.full(n, np.nan)
-    footprints = {i: _footprint(op.transfer, capacity) for i, op in enumerate(ops) if op.transfer is not None}
+    footprints = {
+        i: _footprint(op.transfer, capacity, host_link) for i, op in enumerate(ops) if op.transfer is not None
+    }
     num_links = len(capacity) + shared_latency  # the host processor is one more link, of capacity 1
     latency_stage = {}  # op -> its latency phase's stage key (-1 - op) when latency is shared
     if shared_latency:
@@ -146,7 +158,7 @@ def simulate(
         finite, or only links holding tokens): then it passes at once, taking its bytes from the
         buckets."""
         if i in buckets.ops:
-            footprints[i] = _footprint(ops[i].transfer, buckets.capacity())
+            footprints[i] = _footprint(ops[i].transfer, buckets.capacity(), host_link)
         if footprints[i][0].size == 0:
             buckets.take(i)
             return False
@@ -156,7 +168,7 @@ def simulate(
     def current_rates() -> dict[int, float]:
         if buckets.ops:  # footprints follow the buckets: a link with tokens limits nothing
             caps = buckets.capacity()
-            footprints.update({i: _footprint(ops[i].transfer, caps) for i in active if i in buckets.ops})
+            footprints.update({i: _footprint(ops[i].transfer, caps, host_link) for i in active if i in buckets.ops})
         return fair_rates(
             {i: footprints[i] for i in active}, {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links
         )
@@ -270,17 +282,21 @@ class _Buckets:
             np.clip(self.tokens - self._drain * dt, 0.0, self.size, out=self.tokens)
 
 
-def _footprint(transfer: Transfer, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+def _footprint(
+    transfer: Transfer, capacity: np.ndarray, host_link: int | None = None
+) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(links, the share of each link's capacity one byte per second of the transfer's rate uses,
     its size: the bytes of its largest per-link stream, in which its rate is counted, its highest
     rate: its efficiency times the rate that fills its bottleneck). Links whose capacity is infinite
-    (or that carry nothing) are left out; a transfer with no link left passes at once."""
+    (or that carry nothing) are left out; a transfer with no link left passes at once. The stream
+    on ``host_link`` (the sum of the others) counts as the size only when no other link is left."""
     seconds = transfer.nbytes / capacity[transfer.links]  # time each link alone would need
     finite = seconds > 0
     links, nbytes, seconds = transfer.links[finite], transfer.nbytes[finite], seconds[finite]
     if not links.size:
         return links, seconds, 0.0, transfer.efficiency
-    size = float(nbytes.max())
+    streams = nbytes[links != host_link] if host_link is not None else nbytes
+    size = float((streams if streams.size else nbytes).max())
     return links, seconds / size, size, transfer.efficiency * size / float(seconds.max())
 
 
