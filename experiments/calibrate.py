@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from moe_core.config import ConfigError, load_config
 from moe_core.points import replayed_config
 from moe_core.results import atomic_output, read_record
-from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, medians
+from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, measured
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
         network_hw, network_fit = fit_network(hw, alone_times(records, hw.name), seed=cfg.collectives.seed)
         train = [
-            (replayed_config(r), medians(r))
+            (replayed_config(r), measured(r))
             for r in calibrate
             if r["experiment"] == "train_step" and r["hardware"] == hw.name
         ]

@@ -6,7 +6,8 @@
 Held-out points (moe_core.sim.calibrate.calibration_split): every all-to-all measured next to a
 concurrent all-reduce (contention is predicted by the fluid model, never fitted) and every training
 step at a world size calibration did not see. One row per point: experiment, setting, measured_ms
-(median), predicted_ms, rel_error = predicted / measured - 1.
+(the mean of its samples, moe_core.sim.calibrate.STATISTIC, as calibration uses), predicted_ms,
+rel_error = predicted / measured - 1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from analysis.files import write_csv
 from moe_core.config import ConfigError, load_config
 from moe_core.points import replayed_config
 from moe_core.results import read_record
-from moe_core.sim.calibrate import calibration_split
+from moe_core.sim.calibrate import STATISTIC, calibration_split
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -33,9 +34,9 @@ def predict(record: dict, calibrated: str) -> tuple[str, float, float]:
     p = record["params"]
     if record["experiment"] == "collectives":
         predicted = simulate_collective(cfg.hardware, topo, {**p, "seed": cfg.collectives.seed})
-        return record["point"], record["metrics"]["time_ms"]["median"], predicted
+        return record["point"], record["metrics"]["time_ms"][STATISTIC], predicted
     predicted = StepModel(cfg, topo).run().metrics()["step_ms"]
-    return record["point"], record["metrics"]["step_ms"]["median"], predicted
+    return record["point"], record["metrics"]["step_ms"][STATISTIC], predicted
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ def test_fit_recovers_the_profile_that_produced_the_measurements(emulation):
     for collective in ("all_reduce", "all_to_all", "all_to_all_v"):
         for size in (4096, 65536, 2**20, 2**24):
             params = dict(collective=collective, world_size=4, size_bytes=size, traffic_zipf=1.2)
-            rows.append({**params, "median": simulate_collective(hw, topo, {**params, "seed": 0})})
+            rows.append({**params, "measured": simulate_collective(hw, topo, {**params, "seed": 0})})
     start = OmegaConf.merge(hw, {"intra_node_GBps": 0.0, "nic_GBps": 0.0, "collectives": {}})
     fitted, stats = fit_network(start, pd.DataFrame(rows))
     assert stats["median_abs_rel_error"] < 1e-3
@@ -70,7 +70,7 @@ def test_split_holds_out_pairs_and_other_layouts():
 
 def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times():
     def rec(concurrent, time_ms, alone_ms=None, hardware="emu"):
-        metrics = {"time_ms": {"median": time_ms}, **({"alone_ms": {"median": alone_ms}} if alone_ms else {})}
+        metrics = {"time_ms": {"mean": time_ms}, **({"alone_ms": {"mean": alone_ms}} if alone_ms else {})}
         return {
             "mode": "measured",
             "experiment": "collectives",
@@ -81,7 +81,7 @@ def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times
 
     records = [rec(None, 1.0), rec("all_reduce", 4.0, alone_ms=2.0), rec(None, 9.0, hardware="other")]
     table = alone_times(records, "emu")
-    assert table["median"].tolist() == [1.0, 2.0] and table["concurrent"].isna().all()
+    assert table["measured"].tolist() == [1.0, 2.0] and table["concurrent"].isna().all()
 
 
 def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_steps():

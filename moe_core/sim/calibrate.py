@@ -3,7 +3,7 @@
 * Network: from collectives measured alone (:func:`alone_times`), fit one bandwidth per link
   class (intra-node; NIC when the profile has several nodes; the host's copy throughput on CPU
   testbeds) and, per collective, a per-step
-  latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured median
+  latency and a bandwidth efficiency, minimising the log-ratio of simulated to measured mean
   times (:func:`moe_core.sim.collectives.simulate_collective` is the model, so what is fitted is
   exactly what predicts).
 * Compute: from measured training steps, a multiplier per op class (dense, gate, expert) on the
@@ -14,6 +14,13 @@
   arriving late), as ``collectives.all_to_all.in_step_us``.
 
 Which measured points are used is the caller's choice; the rest validate (experiments/validate.py).
+
+Measured times enter as the mean of their per-iteration samples (:data:`STATISTIC`), in calibration
+and validation alike. The simulator predicts expected times: its terms add (latency, bytes over
+bandwidth, work-conserving sharing), as means do. On a CPU testbed latency-bound samples are
+bimodal (most iterations fast, the rest a scheduler slice later), and which mode holds the median
+depends on how often the slice is paid: alone a 1 KiB all-to-all's median sits in the fast mode,
+next to an all-reduce in the slow one, a 3.9x ratio the mean (1.8x) does not show.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from .step import StepModel, calibration_class
 from .topology import build_topology
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
+STATISTIC = "mean"  # of a metric's per-iteration samples: what calibration fits and validation compares
 MAX_EVALUATIONS = 60  # least-squares iterations (each also costs a finite-difference Jacobian)
 
 
@@ -38,7 +46,7 @@ def _with(hw: DictConfig, **changes) -> DictConfig:
 
 def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[DictConfig, dict]:
     """Fit link bandwidths and per-collective terms to ``alone``: rows with collective, world_size,
-    size_bytes, traffic_zipf and the measured ``median`` time_ms. Returns the fitted profile and the
+    size_bytes, traffic_zipf and the ``measured`` time_ms (:data:`STATISTIC`). Returns the fitted profile and the
     fit's statistics.
 
     A collective's efficiency caps its rate (Transfer.efficiency), so alone it takes bytes /
@@ -51,7 +59,7 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
         raise ValueError("no collective measured alone to calibrate on; run experiments/collectives.py first")
     links = ["intra_node_GBps"] + ["nic_GBps"] * (hw.nodes > 1) + ["host_GBps"] * bool(hw.host_cores)
     points = alone.to_dict("records")
-    measured = np.array([p["median"] for p in points])
+    measured = np.array([p["measured"] for p in points])
 
     def profile(theta: np.ndarray) -> DictConfig:
         bw = 10 ** theta[: len(links)]
@@ -71,7 +79,7 @@ def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[Dic
 
     # Start: the best achieved bandwidth of the largest messages, 100 us per step, full efficiency.
     biggest = alone[alone["size_bytes"] == alone["size_bytes"].max()]
-    guess_GBps = float((biggest["size_bytes"] / (biggest["median"] * 1e-3) / 1e9).max())
+    guess_GBps = float((biggest["size_bytes"] / (biggest["measured"] * 1e-3) / 1e9).max())
     theta0 = np.array([np.log10(guess_GBps)] * len(links) + [100.0] * len(kinds) + [1.0] * (len(kinds) - 1))
     lower = [-4.0] * len(links) + [0.0] * len(kinds) + [0.01] * (len(kinds) - 1)
     upper = [5.0] * len(links) + [1e6] * len(kinds) + [1.0] * (len(kinds) - 1)
@@ -93,7 +101,7 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     """A multiplier per op class (dense, gate, expert) on the compute model's speed, from measured
     training steps.
 
-    ``train`` holds (resolved config, metric medians) pairs. With every multiplier 1 the step model
+    ``train`` holds (resolved config, measured metrics) pairs (:func:`measured`). With every multiplier 1 the step model
     predicts each class's compute time (its ops' times, :func:`moe_core.sim.step.calibration_class`);
     its ratio to the measured phase time (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over
     steps, is the class's ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast.
@@ -181,7 +189,7 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 def alone_times(records: list[dict], hardware: str) -> pd.DataFrame:
     """Every collective time measured on ``hardware`` with nothing running beside it: one row per
-    point (its params and ``median`` ms) from each alone record's ``time_ms``, and from each paired
+    point (its params and ``measured`` ms, :data:`STATISTIC`) from each alone record's ``time_ms``, and from each paired
     record's ``alone_ms``, the alone iterations experiments/collectives.py interleaves with the
     paired ones. Those see the host in the state the paired iterations see it (on a CPU testbed,
     latency-bound times drift by tens of percent between loops), so the contention the paired
@@ -191,9 +199,10 @@ def alone_times(records: list[dict], hardware: str) -> pd.DataFrame:
         if r["mode"] != "measured" or r["experiment"] != "collectives" or r["hardware"] != hardware:
             continue
         metric = "alone_ms" if r["params"].get("concurrent") else "time_ms"
-        rows.append({**r["params"], "concurrent": None, "median": r["metrics"][metric]["median"]})
+        rows.append({**r["params"], "concurrent": None, "measured": r["metrics"][metric][STATISTIC]})
     return pd.DataFrame(rows)
 
 
-def medians(record: dict) -> dict[str, float]:
-    return {name: stats["median"] for name, stats in record["metrics"].items() if "median" in stats}
+def measured(record: dict) -> dict[str, float]:
+    """Each metric of ``record`` that has samples, as :data:`STATISTIC` of them."""
+    return {name: stats[STATISTIC] for name, stats in record["metrics"].items() if STATISTIC in stats}
