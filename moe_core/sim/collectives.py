@@ -69,7 +69,7 @@ def curve_efficiency(hw: DictConfig, topo, transfer: Transfer) -> float:
     term, so the bandwidth term gets what remains: efficiency = t_bw / (T - latency), at most 1 (where
     the latency alone explains the gap).
     """
-    if transfer.sent_bytes <= 0:
+    if transfer.sent_bytes <= 0 or transfer.steps == 0:  # nothing sent, or a group of one
         return 1.0
     members = transfer.steps + 1
     buffer_bytes = transfer.sent_bytes * members / (members - 1)  # nccl-tests' size: own chunk included
