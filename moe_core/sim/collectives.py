@@ -4,8 +4,8 @@ the simulated microbenchmark.
 :func:`collective_op` turns a footprint into engine arguments, applying a profile's calibrated terms
 (``hardware.collectives[kind]``: per-step latency, fixed latency, bandwidth efficiency) when it has
 them, else, for an all-to-all, its measured size curve (``hardware.all_to_all_curve``,
-:class:`SizeCurve`). :func:`add_ordered_exchange` issues an all-to-all's transfers one by one in a given order of
-rounds (each priced by :class:`PointToPoint`) instead of as one fluid operation.
+:class:`SizeCurve`). :func:`add_ordered_exchange` issues an all-to-all's transfers one by one in a
+given order of rounds (each priced by :class:`PointToPoint`) instead of as one fluid operation.
 :func:`simulate_collective` is the simulated executor of experiments/collectives.py: it predicts the
 time of one measured point (a collective alone, or an all-to-all next to an all-reduce), which
 calibration fits and validation checks.
@@ -159,7 +159,7 @@ def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
         topo.capacity,
         shared_latency=bool(hw.host_cores),
         burst_bytes=topo.burst_bytes,
-        host_link=getattr(topo, "host", None),
+        host_link=topo.host,
     )
 
 

@@ -49,7 +49,9 @@ class Transfer:
     nodes: int = 1
 
     @staticmethod
-    def from_dense(loads: np.ndarray, steps: int, crosses_nodes: bool, sent_bytes: float = 0.0, nodes: int = 1):
+    def from_dense(
+        loads: np.ndarray, steps: int, crosses_nodes: bool, sent_bytes: float = 0.0, nodes: int = 1
+    ) -> Transfer:
         idx = np.flatnonzero(loads > 0)
         return Transfer(idx, loads[idx].astype(float), steps, crosses_nodes, sent_bytes=sent_bytes, nodes=nodes)
 
@@ -263,6 +265,7 @@ class Torus2D:
         self.device_tflops = np.full(self.n, hw.peak_tflops)
         self.node_of = np.arange(self.n)
         self.burst_bytes = np.zeros(self.num_links)  # no emulated torus
+        self.host = None  # no CPU host link
 
     def _coords(self, d):
         return d % self.X, d // self.X
