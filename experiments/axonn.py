@@ -198,11 +198,23 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
 SCALING = {"axonn": axonn_scaling, "megatron": megatron_scaling}
 
 
-def sensitivity_runs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """Point-name suffix -> the run's config at the other end of an unstated parameter's range
-    (``AXONN_UNSTATED``), its ``unstated`` set."""
-    variants = unstated_variants("", [], AXONN_UNSTATED)
-    return {suffix: load_config(data=to_container(cfg), overrides=overrides) for suffix, overrides in variants.items()}
+def study_runs() -> list[tuple[str, list[str], tuple[GptModel, ...], tuple[str, ...]]]:
+    """Each run of the study (pure: the workflow declares its points from it): its point-name
+    suffix, its config overrides, the models it scales and the overlaps it ablates. First the chosen
+    values, then the other end of each unstated parameter's range (``AXONN_UNSTATED``), which sets
+    ``unstated``."""
+    sensitivity = unstated_variants("", [], AXONN_UNSTATED)
+    return [("", [], WEAK_SCALING, SIMULATED_VARIANTS)] + [
+        (suffix, overrides, SENSITIVITY_MODELS, SENSITIVITY_VARIANTS) for suffix, overrides in sensitivity.items()
+    ]
+
+
+def scaling_point(model: GptModel, system: str, suffix: str) -> str:
+    return f"{model.name}_{system}{suffix}"
+
+
+def ablation_point(model: GptModel, variant: str, suffix: str) -> str:
+    return f"{model.name}_{variant}{suffix}"
 
 
 def scaling_records(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[dict]:
@@ -213,7 +225,7 @@ def scaling_records(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str =
         base["global_sequences"] = model.global_sequences
         for system, run in SCALING.items():
             params, metrics = run(cfg, model)
-            out.append(_record(cfg, "axonn_scaling", f"{model.name}_{system}{suffix}", {**base, **params}, metrics))
+            out.append(_record(cfg, "axonn_scaling", scaling_point(model, system, suffix), {**base, **params}, metrics))
     return out
 
 
@@ -227,7 +239,7 @@ def ablation_records(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "
         m = simulate(cfg, [*model_overrides(cfg, model, model.gpus), *grid_overrides(model, grid, variant)])
         params = {"model": model.name, "gpus": model.gpus, "global_sequences": model.global_sequences}
         params.update(overlap_variant=variant, **grid_params(grid))
-        out.append(_record(cfg, "axonn_ablation", f"{model.name}_{variant}{suffix}", params, m))
+        out.append(_record(cfg, "axonn_ablation", ablation_point(model, variant, suffix), params, m))
     return out
 
 
@@ -249,27 +261,25 @@ def ranking_records(cfg: DictConfig) -> list[dict]:
 
 
 def records(cfg: DictConfig) -> list[dict]:
-    """Every record of the study: at the chosen values, then the sensitivity runs."""
-    out = [*scaling_records(cfg, WEAK_SCALING), *ablation_records(cfg, SIMULATED_VARIANTS), *ranking_records(cfg)]
-    for suffix, varied in sensitivity_runs(cfg).items():
-        out += [
-            *scaling_records(varied, SENSITIVITY_MODELS, suffix),
-            *ablation_records(varied, SENSITIVITY_VARIANTS, suffix),
-        ]
-    return out
+    """Every record of the study: each run's scaling and ablation (``study_runs``), and the ranking
+    at the chosen values."""
+    out = []
+    for suffix, overrides, models, variants in study_runs():
+        run = load_config(data=to_container(cfg), overrides=overrides) if overrides else cfg
+        out += [*scaling_records(run, models, suffix), *ablation_records(run, variants, suffix)]
+    return [*out, *ranking_records(cfg)]
 
 
 def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     """Experiment -> the point names one run writes (pure and quick: the workflow declares them; the
     ranking's grids are the model's, no simulation)."""
     largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
-    runs = [("", WEAK_SCALING, SIMULATED_VARIANTS)]
-    runs += [(suffix, SENSITIVITY_MODELS, SENSITIVITY_VARIANTS) for suffix in sensitivity_runs(cfg)]
+    runs = study_runs()
     return {
         "axonn_scaling": [
-            f"{m.name}_{system}{suffix}" for suffix, models, _ in runs for m in models for system in SCALING
+            scaling_point(m, system, suffix) for suffix, _, models, _ in runs for m in models for system in SCALING
         ],
-        "axonn_ablation": [f"{TWO_B.name}_{v}{suffix}" for suffix, _, variants in runs for v in variants],
+        "axonn_ablation": [ablation_point(TWO_B, v, suffix) for suffix, _, _, variants in runs for v in variants],
         "axonn_ranking": [
             f"{largest.name}_{Grid(int(r.data), int(r.depth), int(r.row), int(r.col))}"
             for r in ranking(cfg, largest).query("fits").itertuples()

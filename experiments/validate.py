@@ -21,7 +21,7 @@ from analysis.files import write_csv
 from moe_core.config import ConfigError, load_config
 from moe_core.points import replayed_config
 from moe_core.results import read_record
-from moe_core.sim.calibrate import STATISTIC, calibration_split
+from moe_core.sim.calibrate import calibration_split, measured
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -34,9 +34,9 @@ def predict(record: dict, calibrated: str) -> tuple[str, float, float]:
     p = record["params"]
     if record["experiment"] == "collectives":
         predicted = simulate_collective(cfg.hardware, topo, {**p, "seed": cfg.collectives.seed})
-        return record["point"], record["metrics"]["time_ms"][STATISTIC], predicted
+        return record["point"], measured(record)["time_ms"], predicted
     predicted = StepModel(cfg, topo).run().metrics()["step_ms"]
-    return record["point"], record["metrics"]["step_ms"][STATISTIC], predicted
+    return record["point"], measured(record)["step_ms"], predicted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,15 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         _, held_out = calibration_split([read_record(p) for p in args.records])
         rows = []
         for record in held_out:
-            setting, measured, predicted = predict(record, args.calibrated)
+            setting, measured_ms, predicted_ms = predict(record, args.calibrated)
             rows.append(
                 {
                     "experiment": record["experiment"],
                     "setting": setting,
                     "hardware": record["hardware"],
-                    "measured_ms": measured,
-                    "predicted_ms": predicted,
-                    "rel_error": predicted / measured - 1,
+                    "measured_ms": measured_ms,
+                    "predicted_ms": predicted_ms,
+                    "rel_error": predicted_ms / measured_ms - 1,
                 }
             )
     except (ConfigError, ValueError, OSError) as err:

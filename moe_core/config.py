@@ -37,6 +37,7 @@ from .layout import grid_config, layout_error
 from .points import sweep_points
 from .policies import POLICIES, TP_DISPATCHES, plan_features
 from .sections import (
+    COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
     REPO_ROOT,
     SAFE_NAME,
@@ -495,7 +496,7 @@ def _validate_rates(hw: DictConfig) -> None:
         f"is the share of a GEMM's memory time left exposed, in [0, 1]; got {hw.gemm_exposed_memory}",
     )
     if hw.all_to_all_curve:
-        curves = sorted(p.stem for p in (CONFIG_DIR / "collective_curves").glob("*.yaml"))
+        curves = sorted(p.stem for p in COLLECTIVE_CURVES_DIR.glob("*.yaml"))
         require(
             hw.all_to_all_curve in curves,
             "hardware.all_to_all_curve",

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
+COLLECTIVE_CURVES_DIR = CONFIG_DIR / "collective_curves"  # measured collective efficiency curves
 # Names that become path components (papers, sweep names): no separators, no shell metacharacters.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 

@@ -139,11 +139,13 @@ def aurora_fig2_optimal_settings(records: pd.DataFrame, samples: pd.DataFrame) -
     """Fig 2's claim, checked on this run's instances: in how many of the four settings the decision
     reached its optimum in every one. Exclusive homogeneous: Aurora's order against T* through the
     network engine; the others: the deployment's objective against its brute-force optimum."""
-    order = select(records, paper="aurora", experiment="aurora_order", metric="a2a_over_lower_bound")
-    order = (
-        order[(order["network"] == "homogeneous") & (order["policy"] == deployment.DEPLOYMENT_ORDER)]
-        if not order.empty
-        else order
+    order = select(
+        records,
+        paper="aurora",
+        experiment="aurora_order",
+        metric="a2a_over_lower_bound",
+        network="homogeneous",
+        policy=deployment.DEPLOYMENT_ORDER,
     )
     gaps = select(records, paper="aurora", experiment="aurora_gap", metric="gap_to_optimum")
     if order.empty or gaps.empty:

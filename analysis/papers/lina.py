@@ -445,8 +445,8 @@ def lina_fig6_idle_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[
     if s.empty:
         return None
     return 100 * float(s["value"].max()), (
-        f"{_our_inference(s)}, static placement, max over {len(s)} batches of the busiest device's compute "
-        "time less the least busy one's, over the pass"
+        f"{_our_inference(s, path_length=False)}, static placement, max over {len(s)} batches of the busiest "
+        "device's compute time less the least busy one's, over the pass"
     )
 
 

@@ -46,8 +46,8 @@ def _with(hw: DictConfig, **changes) -> DictConfig:
 
 def fit_network(hw: DictConfig, alone: pd.DataFrame, seed: int = 0) -> tuple[DictConfig, dict]:
     """Fit link bandwidths and per-collective terms to ``alone``: rows with collective, world_size,
-    size_bytes, traffic_zipf and the ``measured`` time_ms (:data:`STATISTIC`). Returns the fitted profile and the
-    fit's statistics.
+    size_bytes, traffic_zipf and the ``measured`` time_ms (:data:`STATISTIC`). Returns the fitted
+    profile and the fit's statistics.
 
     A collective's efficiency caps its rate (Transfer.efficiency), so alone it takes bytes /
     (bandwidth x efficiency): alone times cannot tell a fast link used at half its rate from a slow
@@ -101,12 +101,13 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     """A multiplier per op class (dense, gate, expert) on the compute model's speed, from measured
     training steps.
 
-    ``train`` holds (resolved config, measured metrics) pairs (:func:`measured`). With every multiplier 1 the step model
-    predicts each class's compute time (its ops' times, :func:`moe_core.sim.step.calibration_class`);
-    its ratio to the measured phase time (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over
-    steps, is the class's ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast.
-    A profile without a peak (a testbed no op sweep has measured) gets a nominal 1 TFLOP/s GEMM-only
-    model, so its multipliers are the classes' achieved TFLOP/s.
+    ``train`` holds (resolved config, measured metrics) pairs (:func:`measured`). With every
+    multiplier 1 the step model predicts each class's compute time (its ops' times,
+    :func:`moe_core.sim.step.calibration_class`); its ratio to the measured phase time
+    (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over steps, is the class's
+    ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast. A profile without a
+    peak (a testbed no op sweep has measured) gets a nominal 1 TFLOP/s GEMM-only model, so its
+    multipliers are the classes' achieved TFLOP/s.
     """
     if not train:
         raise ValueError("no measured training step to calibrate compute on; run experiments/train_step.py first")
@@ -189,11 +190,12 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 def alone_times(records: list[dict], hardware: str) -> pd.DataFrame:
     """Every collective time measured on ``hardware`` with nothing running beside it: one row per
-    point (its params and ``measured`` ms, :data:`STATISTIC`) from each alone record's ``time_ms``, and from each paired
-    record's ``alone_ms``, the alone iterations experiments/collectives.py interleaves with the
-    paired ones. Those see the host in the state the paired iterations see it (on a CPU testbed,
-    latency-bound times drift by tens of percent between loops), so the contention the paired
-    times add is what remains to predict; the paired times themselves stay held out."""
+    point (its params and ``measured`` ms, :data:`STATISTIC`) from each alone record's ``time_ms``,
+    and from each paired record's ``alone_ms``, the alone iterations experiments/collectives.py
+    interleaves with the paired ones. Those see the host in the state the paired iterations see it
+    (on a CPU testbed, latency-bound times drift by tens of percent between loops), so the
+    contention the paired times add is what remains to predict; the paired times themselves stay
+    held out."""
     rows = []
     for r in records:
         if r["mode"] != "measured" or r["experiment"] != "collectives" or r["hardware"] != hardware:

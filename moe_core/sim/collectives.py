@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 from omegaconf import DictConfig
 
-from ..sections import CONFIG_DIR
+from ..sections import COLLECTIVE_CURVES_DIR
 from ..transmission import Schedule
 from ..workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from .engine import Op, Timeline, simulate
@@ -45,7 +45,7 @@ class SizeCurve:
     @staticmethod
     @functools.cache
     def load(name: str) -> SizeCurve:
-        with open(CONFIG_DIR / "collective_curves" / f"{name}.yaml") as f:
+        with open(COLLECTIVE_CURVES_DIR / f"{name}.yaml") as f:
             data = yaml.safe_load(f)
         sizes = np.array(data["size_bytes"], dtype=float)
         share = {int(nodes): np.array(values, dtype=float) for nodes, values in data["share"].items()}

@@ -25,7 +25,7 @@ from moe_core.config import ConfigError, load_config, to_container
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, simulate_on
 from moe_core.sim.forward import ForwardModel, Order, simulate_served
 from moe_core.sim.topology import Cluster, build_topology
-from moe_core.transmission import make_schedule
+from moe_core.transmission import Schedule, make_schedule
 
 from . import colocation
 from .deployment import Deployment, Hosted
@@ -64,9 +64,8 @@ def big_switch(hardware: DictConfig, n: int) -> BigSwitch:
     return BigSwitch(grown, topo, topo.capacity[topo.nic_out], topo.device_tflops / topo.device_tflops.max())
 
 
-def exchange_seconds(cluster: BigSwitch, traffic: np.ndarray, kind: str, seed: int) -> float:
-    """One all-to-all of ``traffic`` (n, n) bytes alone on the switch, its transfers in order ``kind``."""
-    schedule = make_schedule(kind, traffic, cluster.bandwidth, seed)
+def exchange_seconds(cluster: BigSwitch, schedule: Schedule) -> float:
+    """One all-to-all alone on the switch, its transfers in ``schedule``'s order (make_schedule)."""
     ops = []
     group = np.arange(len(cluster.bandwidth))
     add_ordered_exchange(ops, PointToPoint(cluster.hardware, cluster.topo), group, schedule, "a2a", "dispatch_a2a", [])

@@ -79,6 +79,17 @@ def pair_name(pair: tuple[str, str]) -> str:
     return "+".join(pair)
 
 
+def setting_units(setting: str, names: list[str], pairs: list[str]) -> list[str]:
+    """What a setting deploys: each workload's model alone (``names``) in an exclusive setting, model
+    pairs (``pairs``) in a colocated one."""
+    return names if setting.startswith("exclusive") else pairs
+
+
+def setting_network(setting: str) -> str:
+    """The network of a setting, named ``<deployment>-<network>``."""
+    return setting.split("-")[1]
+
+
 def sensitivity_runs() -> dict[str, list[str]]:
     """Point-name suffix -> overrides of every sensitivity run (``config.AURORA_UNSTATED``)."""
     return unstated_variants("", [], AURORA_UNSTATED)
@@ -137,19 +148,19 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
     deployment_points = [
         f"{s}_{w}_{p}"
         for s in deployment.SETTINGS
-        for w in (names if s.startswith("exclusive") else pairs)
+        for w in setting_units(s, names, pairs)
         for p in deployment.DEPLOYMENT_POLICIES[s]
     ]
     gap = [
         f"{s}_{unit}_l{layer_index + 1}"
         for s in GAP_SETTINGS
-        for unit in (names if s.startswith("exclusive") else pairs)
+        for unit in setting_units(s, names, pairs)
         for layer_index in range(a.moe_layers)
     ]
     imprecision = [
         f"{s}_{w}_p{level:g}"
         for s in IMPRECISION_BASELINE
-        for w in (names if s.startswith("exclusive") else pairs)
+        for w in setting_units(s, names, pairs)
         for level in a.imprecision
     ]
     deployment_points += [
@@ -189,13 +200,11 @@ class Study:
 
     def units(self, setting: str) -> list[str]:
         """The workloads of a setting: one per model alone, pairs when colocated."""
-        if setting.startswith("exclusive"):
-            return list(self.tokens)
-        return [pair_name(p) for p in model_pairs(self.cfg)]
+        return setting_units(setting, list(self.tokens), [pair_name(p) for p in model_pairs(self.cfg)])
 
     def deploy(self, setting: str, unit: str, policy: str, seed: int, stats=None) -> deployment.Deployment:
         """``policy``'s deployment of ``unit`` in ``setting``, decided on ``stats`` (default: the true ones)."""
-        net = setting.split("-")[1]
+        net = setting_network(setting)
         cluster, stats = self.clusters[net], stats or self.stats[net]
         if setting.startswith("exclusive"):
             return deployment.exclusive(stats[unit], cluster.speed, policy, seed)
@@ -205,7 +214,7 @@ class Study:
     def simulate(self, setting: str, unit: str, plan: deployment.Deployment, seed: int) -> dict[str, float]:
         """The simulated inference of ``unit``'s true workloads deployed by ``plan``."""
         workloads = [self.tokens[w] for w in unit.split("+")]
-        return self.served[setting.split("-")[1]].simulate(workloads, plan, seed)
+        return self.served[setting_network(setting)].simulate(workloads, plan, seed)
 
 
 def run(
@@ -262,11 +271,11 @@ def _order_points(study: Study) -> list[Point]:
 def order_metrics(cluster: BigSwitch, traffic: np.ndarray, seed: int) -> dict[str, dict[str, float]]:
     """Per order: the all-to-all's time through the network engine and in rounds, both over T*,
     the number of rounds and the matrix's receiver skew."""
-    bound = lower_bound(traffic, cluster.bandwidth)
+    bound, skew = lower_bound(traffic, cluster.bandwidth), receiver_skew(traffic)
     out = {}
     for kind in STUDIED_ORDERS:
         schedule = make_schedule(kind, traffic, cluster.bandwidth, seed)
-        a2a, rounds = exchange_seconds(cluster, traffic, kind, seed), rounds_time(schedule, cluster.bandwidth)
+        a2a, rounds = exchange_seconds(cluster, schedule), rounds_time(schedule, cluster.bandwidth)
         out[kind] = {
             "a2a_ms": 1e3 * a2a,
             "rounds_ms": 1e3 * rounds,
@@ -274,7 +283,7 @@ def order_metrics(cluster: BigSwitch, traffic: np.ndarray, seed: int) -> dict[st
             "a2a_over_lower_bound": a2a / bound,
             "rounds_over_lower_bound": rounds / bound,
             "rounds": len(schedule),
-            "receiver_skew": receiver_skew(traffic),
+            "receiver_skew": skew,
         }
     return out
 
@@ -335,7 +344,7 @@ def _gap_points(study: Study) -> list[Point]:
     g = study.cfg.aurora.gap_gpus
     points = []
     for setting in GAP_SETTINGS:
-        net = setting.split("-")[1]
+        net = setting_network(setting)
         small = big_switch(study.clusters[net].hardware, g)
         served = ServedModel(study.cfg, small)
         for unit in study.units(setting):
