@@ -30,7 +30,13 @@ from moe_core.papers.aurora.study import (
     sensitivity_runs,
     token_workloads,
 )
-from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
+from moe_core.results import (
+    NonFiniteMetricError,
+    ResultsDirError,
+    check_writable,
+    make_record,
+    write_records,
+)
 
 
 def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
@@ -91,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for record in records:
-        write_record(record, record_path(cfg.results_dir, PAPER, record["experiment"], record["point"]))
+    try:
+        write_records(records, cfg.results_dir)
+    except (ResultsDirError, NonFiniteMetricError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     progress(f"wrote {len(records)} records under {cfg.results_dir}/raw/{PAPER}/")
     return 0
 

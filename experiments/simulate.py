@@ -28,7 +28,14 @@ from tqdm import tqdm
 
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.points import point_params, sim_point_name, sim_points
-from moe_core.results import ResultsDirError, check_writable, make_record, record_path, write_record
+from moe_core.results import (
+    NonFiniteMetricError,
+    ResultsDirError,
+    check_writable,
+    make_record,
+    write_record,
+    write_records,
+)
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -118,9 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for name, record in records.items():
-        cfg = configs[name]
-        path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, EXPERIMENT, name))
+    try:
+        if args.out:  # one point
+            paths = [write_record(*records.values(), args.out)]
+        else:
+            paths = write_records(records.values(), next(iter(configs.values())).results_dir)
+    except (ResultsDirError, NonFiniteMetricError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for path, record in zip(paths, records.values()):
         m = record["metrics"]
         print(
             f"wrote {path}: step {m['step_ms']['median']:.2f} ms, a2a share {m['a2a_share']['median']:.1%}, "

@@ -19,7 +19,15 @@ from omegaconf import DictConfig
 
 from .config import ConfigError, config_arg_parser, load_config, to_container
 from .distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from .results import ResultsDirError, check_writable, make_record, record_path, write_record
+from .results import (
+    NonFiniteMetricError,
+    ResultsDirError,
+    check_writable,
+    make_record,
+    record_path,
+    write_record,
+    write_records,
+)
 from .timing import PhaseTimer, gather_worst_rank
 
 
@@ -130,7 +138,10 @@ def predictions_main(argv: list[str] | None, doc: str, make_records: Callable[[D
     except (ConfigError, ResultsDirError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for record in records:
-        write_record(record, record_path(cfg.results_dir, record["paper"], record["experiment"], record["point"]))
+    try:
+        write_records(records, cfg.results_dir)
+    except (ResultsDirError, NonFiniteMetricError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"wrote {len(records)} records", file=sys.stderr)
     return 0

@@ -29,11 +29,13 @@ import json
 import math
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,17 @@ def check_writable(results_dir: str | Path) -> Path:
             f"set results_dir=<a writable directory>"
         ) from err
     return path
+
+
+def check_results_dir(results_dir: str | Path) -> None:
+    """Raise ResultsDirError when ``results_dir`` (or, where it does not exist yet, the nearest folder
+    above it) cannot be written: a read-only file system, missing permissions. Writes nothing, so
+    the workflow can call it when it is parsed (also for a dry run)."""
+    path = Path(results_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not a folder" if not existing.is_dir() else "cannot be written"
+        raise ResultsDirError(f"results_dir '{results_dir}': {existing} {why}; set results_dir=<a writable directory>")
 
 
 def check_finite(samples: dict[str, Iterable[float]], extra_metrics: dict[str, float] | None = None) -> None:
@@ -185,7 +198,10 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 def write_record(record: dict[str, Any], path: str | Path) -> Path:
     """Write ``record`` as strict JSON atomically; a NaN or infinite number anywhere in it raises
-    NonFiniteMetricError, naming its key path, before anything is written."""
+    NonFiniteMetricError, naming its key path, before anything is written. Inside
+    :func:`staged_records` the file goes to the staging folder and reaches ``path`` only when the
+    whole run succeeded; the returned path is ``path`` either way. A failed write (a full disk)
+    raises ResultsDirError naming the file."""
     found = _first_non_finite(record)
     if found:
         where, value = found
@@ -196,11 +212,98 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
             f"record field '{where}' is {value}, which strict JSON cannot hold; no record is written"
         )
     text = json.dumps(record, indent=1, allow_nan=False)
-    with atomic_output(path) as tmp, open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    staging = os.environ.get(STAGING_ENV)
+    target = Path(staging) / f"{uuid.uuid4().hex}.json" if staging else Path(path)
+    try:
+        with atomic_output(target) as tmp, open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if staging:
+            target.with_suffix(".target").write_text(str(Path(path).absolute()))
+    except OSError as err:
+        raise ResultsDirError(
+            f"cannot write record {path} ({err.strerror or err}); free space in, or fix the permissions of, "
+            f"that folder, or set results_dir=<a writable directory>"
+        ) from err
     return Path(path)
+
+
+# Staged records: a run publishes all of its records or none. Set for the processes of a run (the
+# launcher's ranks inherit it), it names the folder write_record writes into; staged_records moves
+# the files into place when the run ends well.
+STAGING_ENV = "MOE_BENCH_STAGING_DIR"
+
+
+class RecordStage:
+    """The staging folder of one run's records (under ``<results_dir>/.staging/``, so that publishing
+    is a rename on the same file system): one ``<id>.json`` per record and ``<id>.target`` with the
+    path it is published to."""
+
+    def __init__(self, results_dir: str | Path):
+        root = check_writable(results_dir) / ".staging"
+        root.mkdir(exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(dir=root, prefix=f"{os.getpid()}-"))
+        self.discarded = False
+
+    def publish(self) -> list[Path]:
+        """Move every staged record to its path (replacing an older one); the published paths."""
+        published = []
+        for target_file in sorted(self.path.glob("*.target")):
+            target = Path(target_file.read_text())
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(target_file.with_suffix(".json"), target)
+            published.append(target)
+        self.remove()
+        return published
+
+    def discard(self) -> None:
+        """Drop every staged record: the run failed, so none of its records is published."""
+        self.discarded = True
+        self.remove()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        with suppress(OSError):  # other runs may be staging beside this one
+            self.path.parent.rmdir()
+
+
+@contextmanager
+def staged_records(results_dir: str | Path) -> Iterator[RecordStage | None]:
+    """Stage every record written inside the block; publish them when it ends without an error and
+    without ``stage.discard()``, else drop them, so that a run that fails anywhere (a full disk
+    halfway, a W&B error after the last record, a rank hung at teardown) leaves no record it claims.
+
+    Inside a run that already stages (``STAGING_ENV`` set, e.g. an entry point under
+    experiments.launch) it joins that stage and yields None: the outer run publishes.
+    """
+    if os.environ.get(STAGING_ENV):
+        yield None
+        return
+    stage = RecordStage(results_dir)
+    os.environ[STAGING_ENV] = str(stage.path)
+    try:
+        yield stage
+    except BaseException:
+        stage.discard()
+        raise
+    finally:
+        del os.environ[STAGING_ENV]
+    if stage.discarded:
+        return
+    try:
+        stage.publish()
+    except OSError as err:
+        stage.remove()
+        raise ResultsDirError(f"cannot publish the records of this run under {results_dir} ({err})") from err
+
+
+def write_records(records: Iterable[dict[str, Any]], results_dir: str | Path) -> list[Path]:
+    """Write each record to its :func:`record_path` under ``results_dir``, all or none
+    (:func:`staged_records`): a failure halfway (a full disk, a non-finite metric) leaves none of
+    them. Raises ResultsDirError or NonFiniteMetricError."""
+    with staged_records(results_dir):
+        return [write_record(r, record_path(results_dir, r["paper"], r["experiment"], r["point"])) for r in records]
 
 
 def _refuse_constant(name: str) -> float:
