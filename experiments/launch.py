@@ -88,13 +88,13 @@ import threading
 import time
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from experiments.rank_watch import RankWatch, descendants
 from moe_core.config import ConfigError, config_arg_parser, load_config
 from moe_core.processes import FAILED_RANK_EXIT_CODE, proc_stat
-from moe_core.results import ResultsDirError, check_writable
+from moe_core.results import ResultsDirError, check_writable, staged_records
 from moe_core.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -164,11 +164,13 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
     """
     previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     procs, relays, code, interrupted = [], [], 0, False
+    watch = RankWatch(agents=[], timeout_s=grace_s)
     try:
         for argv, env in commands:
             procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True))
             relays.append(StderrRelay(procs[-1].stderr))
-        code = _wait(procs, grace_s)
+            watch.agents.append(procs[-1].pid)
+        code = _wait(procs, grace_s, watch)
     except _Interrupted as stop:
         code, interrupted = 128 + stop.signum, True
         print(
@@ -183,7 +185,7 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     outputs = [relay.text(timeout_s=2.0) for relay in relays]
-    summary = failure_summary(outputs) if code and not interrupted else None
+    summary = failure_summary(outputs, watch.killed) if code and not interrupted else None
     if summary:
         print(f"error: {summary}", file=sys.stderr, flush=True)
     return code
@@ -199,10 +201,14 @@ def _interrupt(signum, frame):
     raise _Interrupted(signum)
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
-    """Wait for every process; once one fails, the others get ``grace_s``. The first failure's code."""
+def _wait(procs: list[subprocess.Popen], grace_s: float, watch: RankWatch) -> int:
+    """Wait for every process, watching their ranks (``watch``: a rank that cannot finish once
+    another has ended is killed); once one process fails, the others get ``grace_s``. The first
+    failure's code."""
     first_failure, deadline = 0, None
     while True:
+        for line in watch.poll():
+            print(line, file=sys.stderr, flush=True)
         codes = [p.poll() for p in procs]
         failed = [_exit_code(code) for code in codes if code not in (None, 0)]
         if failed and deadline is None:
@@ -233,7 +239,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
     a rank that torchrun could not stop (SIGSTOP) would outlive it without the last step.
     """
     running = [p for p in procs if p.poll() is None]
-    started = [child for p in running for child in _descendants(p.pid)]
+    started = [child for p in running for child in descendants(p.pid)]
     for p in running:
         _signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
@@ -252,21 +258,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-
-
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """``(pid, start time)`` of every process below ``pid`` (empty without /proc)."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat:
-            children.setdefault(int(stat[1]), []).append((int(entry.name), stat[19]))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child[0])
-    return found
 
 
 class StderrRelay:
@@ -306,15 +297,18 @@ _UNRESPONSIVE = re.compile(r"rank (\d+) did not respond: ([^;]*)")
 _KILLED_BY_A_RANK = re.compile(r"so rank \d+ kills it")
 
 
-def failure_summary(outputs: list[str]) -> str | None:
-    """Which rank failed first and how, from the stderr of a failed job (one text per torchrun).
+def failure_summary(outputs: list[str], killed: dict[int, str] | None = None) -> str | None:
+    """Which rank failed first and how, from the stderr of a failed job (one text per torchrun) and
+    the ranks the launcher killed (``killed``: rank -> why, experiments.rank_watch).
 
     In order: torchrun's first observed failure ("rank 2 was killed by signal 9 (SIGKILL)"), unless
     it is a rank that only reported a failed peer (FAILED_RANK_EXIT_CODE) or a stopped rank that
-    such a rank killed; else the ranks that the others found unresponsive (a hung rank, which never
-    fails by itself); else torchrun's other failures that are neither such reports nor the SIGTERMs
-    it stops ranks with. None when nothing is known.
+    such a rank or the launcher killed; else the ranks that the others found unresponsive (a hung
+    rank, which never fails by itself); else the ranks the launcher killed (stopped or hung after
+    another rank had ended, e.g. at teardown); else torchrun's other failures that are neither such
+    reports nor the SIGTERMs it stops ranks with. None when nothing is known.
     """
+    killed = killed or {}
     roots, others, reported = [], [], {}
     for text in outputs:
         head, marker, tail = text.rpartition(_ROOT_CAUSE)
@@ -327,11 +321,13 @@ def failure_summary(outputs: list[str]) -> str | None:
             for rank, why in _UNRESPONSIVE.findall(report.group(2)) if report else ():
                 reported.setdefault(int(rank), f"{why.strip()} (found by rank {report.group(1)})")
     killed_by_a_rank = {r for r, why in reported.items() if _KILLED_BY_A_RANK.search(why)}
-    first = [(r, c) for r, c in roots if c != FAILED_RANK_EXIT_CODE and r not in killed_by_a_rank]
+    first = [(r, c) for r, c in roots if c != FAILED_RANK_EXIT_CODE and r not in killed_by_a_rank | killed.keys()]
     if first:
         return "; ".join(f"rank {r} {_how(c)}" for r, c in first)
     if reported:
         return "; ".join(f"rank {r} stopped responding: {why}" for r, why in sorted(reported.items()))
+    if killed:
+        return "; ".join(f"rank {r} {why}; the launcher killed it" for r, why in sorted(killed.items()))
     rest = [(r, c) for r, c in roots + others if c not in (FAILED_RANK_EXIT_CODE, -signal.SIGTERM)]
     return "; ".join(f"rank {r} {_how(c)}" for r, c in rest) or None
 
@@ -484,11 +480,6 @@ def slurm_command(
     nproc: int, agents: int, job: SlurmJob, entry: list[str], environ
 ) -> tuple[list[str], dict[str, str]]:
     """``srun`` starting one torchrun agent per SLURM task, rendezvous (c10d) on the first node."""
-    if nproc % agents:
-        raise ConfigError(
-            f"--nproc {nproc} cannot be split evenly over the {agents} tasks of SLURM job "
-            f"{job.job_id}; ask one task per node and whole nodes"
-        )
     per_agent = nproc // agents
     port = SLURM_RENDEZVOUS_PORT_BASE + int(job.job_id) % SLURM_RENDEZVOUS_PORTS
     argv = [
@@ -561,9 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     hw = cfg.hardware
-    overrides = list(args.overrides)
     try:
         check_world_size(args.nproc, entry, cfg)
+        check_device(hw.device)
         check_writable(cfg.results_dir)
         job = SlurmJob.query(os.environ["SLURM_JOB_ID"]) if "SLURM_JOB_ID" in os.environ else None
         agents = slurm_agents(job, in_step="SLURM_STEP_ID" in os.environ)
@@ -572,26 +563,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"hardware profile '{cfg.hardware_profile}' emulates its nodes on one host, "
                 f"but SLURM job {job.job_id} has {agents} tasks; run it as a one-task job"
             )
-        slurm = (
-            slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides), os.environ)
-            if agents
-            else None
-        )
+        if not agents and hw.emulation.enabled and args.nproc != hw.nodes * hw.devices_per_node:
+            raise ConfigError(
+                f"--nproc {args.nproc} does not fill hardware profile '{cfg.hardware_profile}': "
+                f"hardware.nodes * hardware.devices_per_node = {hw.nodes} * {hw.devices_per_node} = "
+                f"{hw.nodes * hw.devices_per_node}"
+            )
+        # The ranks' records are staged and published only when every rank has exited 0: a run that
+        # fails anywhere, a rank hung at teardown included, leaves none of its records behind.
+        with staged_records(cfg.results_dir) as stage:
+            code = launch(cfg, args, entry, job, agents)
+            if code and stage:
+                stage.discard()
+                print("error: the run failed, so none of its records was written", file=sys.stderr, flush=True)
     except (ConfigError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if slurm:
+    return code
+
+
+def launch(cfg, args: argparse.Namespace, entry: list[str], job: SlurmJob | None, agents: int) -> int:
+    """Start the job's torchrun(s) (one of the three cases of this module's docstring); the exit code."""
+    hw, overrides = cfg.hardware, list(args.overrides)
+    if agents:
+        slurm = slurm_command(args.nproc, agents, job, entry_command(entry, args.config, overrides), os.environ)
         print(f"SLURM job {job.job_id}, {agents} tasks: {' '.join(slurm[0])}", file=sys.stderr, flush=True)
         return run_all([slurm], grace_s=cfg.parallel.timeout_s)
     if hw.emulation.enabled:
-        if args.nproc != hw.nodes * hw.devices_per_node:
-            print(
-                f"error: --nproc {args.nproc} does not fill hardware profile '{cfg.hardware_profile}': "
-                f"hardware.nodes * hardware.devices_per_node = {hw.nodes} * {hw.devices_per_node} = "
-                f"{hw.nodes * hw.devices_per_node}",
-                file=sys.stderr,
-            )
-            return 2
         reason = emulation_unavailable()
         if reason is None:
             return run_emulated(cfg, entry_command(entry, args.config, overrides))
@@ -604,6 +602,20 @@ def main(argv: list[str] | None = None) -> int:
         overrides += ["hardware.emulation.enabled=false", f"hardware.name={hw.name}-loopback-fallback"]
     command = standalone_command(args.nproc, entry_command(entry, args.config, overrides))
     return run_all([(command, torchrun_env(os.environ))], grace_s=cfg.parallel.timeout_s)
+
+
+def check_device(device: str) -> None:
+    """Raise ConfigError when the config asks for GPUs this host does not have (before any rank
+    starts, rather than on every rank after the start). Imports torch only for ``cuda``."""
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "hardware.device is 'cuda' but torch sees no GPU on this host; use hardware_profile=local-cpu, "
+            "or run on a GPU node"
+        )
 
 
 if __name__ == "__main__":

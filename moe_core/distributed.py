@@ -21,13 +21,19 @@ line naming the ranks that stopped (``error: rank 0 stopped: <error> | rank 1 di
   torchrun; one that cannot, because it is a stopped process (SIGSTOP), is killed by the ranks on
   its host that named it (torchrun would wait 30 s for it). A rank stuck in the kernel
   (uninterruptible sleep) is left to torchrun.
+* a rank hung before it reached the store (no pid to kill) or after the others have left
+  (teardown): the others cannot reach it, so experiments.launch does (experiments.rank_watch): it
+  kills a stopped rank as soon as another rank has ended, and an idle one ``parallel.timeout_s``
+  later. Start-up's waits share one deadline, ``timeout_s`` in all, so they cannot add up.
 
 A launch that cannot work (WORLD_SIZE differs from the config's world size, ``results_dir`` cannot
 be written) exits with code 2 before any process group exists (:func:`check_launch`).
 
 Fault injection for tests: ``MOE_BENCH_FAULT=SIGNAL@POINT:RANK`` makes rank RANK send itself SIGNAL
-at POINT, ``init`` (connected to the store, before the process group exists) or ``work`` (start-up
-done, entering the measured work): ``SIGSTOP@work:1`` hangs rank 1, ``SIGKILL@init:1`` kills it.
+at POINT: ``start`` (before it reaches the store), ``init`` (connected to the store, before the
+process group exists), ``work`` (start-up done, entering the measured work) or ``teardown`` (the
+work done and rank 0's records written, leaving the process group): ``SIGSTOP@work:1`` hangs rank
+1, ``SIGKILL@init:1`` kills it.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ HEARTBEAT_S = 0.5  # a rank's heartbeat period
 HEALTH_WINDOW_S = 3.0  # how long a rank that saw a failure watches the heartbeats (6 beats)
 STORE_TIMEOUT_S = 5.0  # bounds each store operation of the health checks, should the store hang
 FAULT_ENV = "MOE_BENCH_FAULT"
-FAULT_POINTS = ("init", "work")
+FAULT_POINTS = ("start", "init", "work", "teardown")
 _health: Health | None = None  # this process's heartbeat, stopped by shutdown()
 
 
@@ -96,14 +102,19 @@ def init_distributed(cfg: DictConfig, world_size_key: str = "parallel.world_size
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return Env(0, 1, local_rank, device, backend, None, timeout_s)
+    # Start-up waits (the store, the heartbeat's connection, the other ranks joining) share one
+    # deadline, timeout_s from now, so that they cannot add up; collectives get timeout_s each.
+    deadline = time.monotonic() + timeout_s
+    inject_fault("start", int(os.environ["RANK"]))
     # The store first (as init_process_group would connect it), so that a rank that never joins
     # the group can be named.
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    store.set_timeout(timeout)
+    store.set_timeout(_until(deadline))
     global _health
-    health = _health = Health(rank, world_size, timeout)
+    health = _health = Health(rank, world_size, _until(deadline))
     inject_fault("init", rank)
     try:
+        store.set_timeout(_until(deadline))
         dist.init_process_group(
             backend,
             store=dist.PrefixStore("default_pg", store),
@@ -112,10 +123,17 @@ def init_distributed(cfg: DictConfig, world_size_key: str = "parallel.world_size
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-    except RuntimeError as err:  # DistStoreError: some rank never registered, after timeout_s
+    except RuntimeError as err:  # DistStoreError: some rank never registered before the deadline
         health.exit_naming_failed_ranks("could not start", err)
+    store.set_timeout(timeout)
     health.set_state("running")
     return Env(rank, world_size, local_rank, device, backend, health, timeout_s)
+
+
+def _until(deadline: float) -> timedelta:
+    """The time left before ``deadline`` (time.monotonic), at least a second: the shortest wait
+    that still lets a store answer."""
+    return timedelta(seconds=max(1.0, deadline - time.monotonic()))
 
 
 def check_launch(cfg: DictConfig, world_size_key: str) -> None:
@@ -318,7 +336,8 @@ def inject_fault(point: str, rank: int) -> None:
         )
     if fault_point == point and int(fault_rank) == rank:
         print(
-            f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}",
+            f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}, "
+            f"time {time.time():.3f}",
             file=sys.stderr,
             flush=True,
         )
@@ -326,9 +345,11 @@ def inject_fault(point: str, rank: int) -> None:
 
 
 def shutdown() -> None:
-    """Stop the heartbeat and leave the process group (after a successful run)."""
+    """Stop the heartbeat and leave the process group (after a successful run). A rank that hangs
+    here is found by the launcher (experiments.rank_watch), not by the others, which have left."""
     global _health
     if _health is not None:
+        inject_fault("teardown", _health.rank)
         _health.stop()
         _health = None
     if dist.is_initialized():
