@@ -17,8 +17,10 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import sys
+from contextlib import suppress
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Literal
@@ -733,6 +735,24 @@ def save_config(cfg: DictConfig, path: str | Path) -> bool:
     tmp.write_text(text)
     tmp.replace(path)  # atomic: a reader never sees half a config
     return True
+
+
+def refuse_templates(paths: list[str | Path]) -> None:
+    """Raise ConfigError for a config file that is a YTE template (``__use_yte__: true``): Snakemake
+    runs its Python when it reads the file, so config files are trusted code, and this suite takes
+    plain YAML only (a template's output can differ between the workflow and its jobs)."""
+    for path in paths or ():
+        with suppress(OSError), open(path) as f:
+            if any(line.split("#")[0].strip().startswith("__use_yte__") for line in f):
+                raise ConfigError(
+                    f"config file {path} is a YTE template (__use_yte__), which Snakemake has already "
+                    f"evaluated as Python; config files must be plain YAML: render it yourself and pass the result"
+                )
+
+
+def config_digest(cfg: DictConfig) -> str:
+    """A short name for ``cfg``'s content (what save_config writes): equal configs, equal digests."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
 
 
 def to_container(cfg: DictConfig) -> dict:

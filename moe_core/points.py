@@ -183,6 +183,12 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+# What every point name (a record's file name without .json) looks like: a plain word of letters,
+# digits and ``_ . - + = ,``, never a path (no separator, no leading dot). The workflow's wildcards
+# accept only such names, so no requested target resolves outside results_dir.
+POINT_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.+=,-]*"
+
+
 def point_name(point: dict[str, Any]) -> str:
     """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for policies whose
     results depend on the micro-op size, ``_tp2-drop-gather`` under tensor parallelism (``-n4`` with a

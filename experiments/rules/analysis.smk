@@ -33,8 +33,7 @@ rule collect:
         f"{RESULTS}/logs/collect.log",
     localrule: True
     shell:
-        "python -m analysis.collect --out-records {output.records} --out-samples {output.samples} "
-        "{input} > {log} 2>&1"
+        "logged {log:q} python -m analysis.collect --out-records {output.records:q} --out-samples {output.samples:q} {input:q}"
 
 
 rule compare:
@@ -55,8 +54,7 @@ rule compare:
         f"{RESULTS}/logs/compare.log",
     localrule: True
     shell:
-        "python -m analysis.compare --records {input.records} --samples {input.samples} "
-        "--out {output} > {log} 2>&1"
+        "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} --out {output:q}"
 
 
 # One rule per figure (a loop, not copies): report captions cannot take wildcards.
@@ -79,12 +77,12 @@ for _name, _figure in FIGURE_REGISTRY.items():
             pdf=f"{RESULTS}/figures/{_figure.paper}/{_name}.pdf",
         params:
             name=_name,
-            validation=lambda wc, input: f"--validation {input.validation}" if input.validation else "",
+            validation=lambda wc, input: quoted(["--validation", input.validation]) if input.validation else "",
         conda:
             "../../environment.yml"
         log:
             f"{RESULTS}/logs/figure_{_name}.log",
         localrule: True
         shell:
-            "python -m analysis.figures --records {input.records} --samples {input.samples} "
-            "{params.validation} --figure {params.name} --out {output.png} > {log} 2>&1"
+            "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
+            "{params.validation} --figure {params.name:q} --out {output.png:q}"

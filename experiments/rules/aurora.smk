@@ -33,7 +33,7 @@ rule aurora_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.aurora --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.aurora --config {input.config:q}"
 
 
 rule aurora_a2a:
@@ -52,5 +52,5 @@ rule aurora_a2a:
     resources:
         **measured_resources(CFG.aurora.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.aurora_a2a > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.aurora_a2a"

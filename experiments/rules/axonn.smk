@@ -32,8 +32,8 @@ rule axonn_grids:
     resources:
         **measured_resources(CFG.axonn.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} axonn.model_profile={input.profile:q} "
-        "--nproc {params.world_size} -- -m experiments.axonn_grids > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} axonn.model_profile={input.profile:q} "
+        "--nproc {params.world_size} -- -m experiments.axonn_grids"
 
 
 rule axonn_simulated:
@@ -51,7 +51,7 @@ rule axonn_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.axonn --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.axonn --config {input.config:q}"
 
 
 rule axonn_validation_table:
@@ -70,8 +70,7 @@ rule axonn_validation_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table axonn_grid_validation --out {output:q} "
-        "> {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table axonn_grid_validation --out {output:q}"
 
 
 rule axonn_scaling_table:
@@ -90,4 +89,4 @@ rule axonn_scaling_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table axonn_scaling --out {output:q} > {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table axonn_scaling --out {output:q}"

@@ -26,5 +26,5 @@ rule collectives:
     resources:
         **measured_resources(CFG.collectives.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.collectives > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.collectives"

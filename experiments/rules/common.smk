@@ -4,17 +4,15 @@
 import shlex
 
 from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
-from moe_core.config import save_config
+from moe_core.config import config_digest
 
-# The validated, fully resolved config every job of this run starts from, written when this
-# workflow starts and only if the config changed: every measured record is then older than a config
-# it was not measured with, and Snakemake re-measures it by modification time. (A params trigger
-# alone misses the change wherever Snakemake's metadata is gone, e.g. a copied or cleaned results
-# directory, and the run would silently reuse records of the old config.) Jobs that re-read this
-# Snakefile (cluster jobs) leave the file alone.
-RESOLVED_CONFIG = f"{RESULTS}/config/resolved.yaml"
-if workflow.is_main_process:
-    save_config(CFG, RESOLVED_CONFIG)
+# The validated, fully resolved config every job of this run reads, named by its content and
+# written by a job, never when the workflow is parsed. So a dry run, --summary or --lint writes
+# nothing, and a later invocation with another config gets a snapshot of its own, so it cannot
+# change the config of jobs another invocation has planned. A changed config is a new input file,
+# newer than every record, so Snakemake re-measures what reads it, also where its metadata is gone
+# (a copied or cleaned results directory). The Snakefile's rule resolved_config writes it.
+RESOLVED_CONFIG = f"{RESULTS}/config/resolved-{config_digest(CFG)}.yaml"
 
 
 def quoted(words):

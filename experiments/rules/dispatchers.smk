@@ -33,8 +33,8 @@ rule dispatchers:
     resources:
         **measured_resources(CFG.dispatch_study.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.dispatchers > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.dispatchers"
 
 
 rule dispatchers_simulated:
@@ -52,7 +52,7 @@ rule dispatchers_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.dispatchers_sim --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.dispatchers_sim --config {input.config:q}"
 
 
 rule dispatcher_table:
@@ -71,4 +71,4 @@ rule dispatcher_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table dispatcher_choice --out {output:q} > {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table dispatcher_choice --out {output:q}"

@@ -34,8 +34,8 @@ rule train_step:
     resources:
         **{key: lambda wc, key=key: TRAIN_RESOURCES[wc.point][key] for key in SLURM_RESOURCE_KEYS},
     shell:
-        "python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
-        "-- -m experiments.train_step --out {output:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
+        "-- -m experiments.train_step --out {output:q}"
 
 
 GSHARD_SIM_RECORDS = [
@@ -60,7 +60,7 @@ rule gshard_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.gshard --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.gshard --config {input.config:q}"
 
 
 rule gshard_scaling_table:
@@ -79,4 +79,4 @@ rule gshard_scaling_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table gshard_scaling --out {output:q} > {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table gshard_scaling --out {output:q}"

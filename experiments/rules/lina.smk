@@ -35,8 +35,8 @@ rule lina_inference:
     resources:
         **measured_resources(INFERENCE.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
-        "-- -m experiments.inference --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
+        "-- -m experiments.inference --out-dir {params.out_dir:q}"
 
 
 from experiments.lina_inference_sim import record_points as lina_sim_inference_points
@@ -61,4 +61,4 @@ rule lina_inference_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.lina_inference_sim --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.lina_inference_sim --config {input.config:q}"

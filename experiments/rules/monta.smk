@@ -29,8 +29,8 @@ rule monta_a2a:
     resources:
         **measured_resources(CFG.monta.world_size),
     shell:
-        "python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.monta_a2a > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
+        "-- -m experiments.monta_a2a"
 
 
 MONTA_MODEL_RECORDS = [
@@ -56,7 +56,7 @@ rule monta_model:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.monta --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.monta --config {input.config:q}"
 
 
 rule monta_strategy_table:
@@ -75,4 +75,4 @@ rule monta_strategy_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table strategy_ranking --out {output:q} > {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table strategy_ranking --out {output:q}"

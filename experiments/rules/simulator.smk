@@ -25,7 +25,7 @@ rule sim_train_step:
         mem_mb=2000,
     localrule: True
     shell:
-        "python -m experiments.simulate --config {input.config:q} --sweep > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.simulate --config {input.config:q} --sweep"
 
 
 rule calibrate:
@@ -41,7 +41,7 @@ rule calibrate:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q}"
 
 
 rule validate:
@@ -61,8 +61,7 @@ rule validate:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m experiments.validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
-        "> {log:q} 2>&1"
+        "logged {log:q} python -m experiments.validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
 
 
 from experiments.external_validation import record_points as external_points
@@ -83,7 +82,7 @@ rule external_validation:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m experiments.external_validation --config {input.config:q} > {log:q} 2>&1"
+        "logged {log:q} python -m experiments.external_validation --config {input.config:q}"
 
 
 rule external_validation_table:
@@ -102,5 +101,4 @@ rule external_validation_table:
         "../../environment.yml"
     localrule: True
     shell:
-        "python -m analysis.tables --records {input.records:q} --table external_validation --out {output:q} "
-        "> {log:q} 2>&1"
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table external_validation --out {output:q}"
