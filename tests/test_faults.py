@@ -31,7 +31,9 @@ from moe_core.results import (
     check_writable,
     make_record,
     read_record,
+    staged_records,
     write_record,
+    write_records,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,6 +212,64 @@ def test_a_rank_hung_during_start_up_is_named(tmp_path):
     assert done.after_fault_s < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S
 
 
+@pytest.mark.slow
+def test_a_rank_stopped_before_it_reaches_the_store_ends_the_launch_within_the_timeout(tmp_path):
+    """No pid was published, so no rank can kill it: the launcher does, once the others have ended."""
+    done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@start:1")
+    assert done.returncode != 0
+    assert last_line(done.output).startswith("error: the run failed, so none of its records was written")
+    assert "error: rank 1 stopped responding: it never reached the launcher's store" in done.output
+    assert re.search(r"error: rank 1 \(pid \d+\) is a stopped process \(SIGSTOP\).*the launcher killed it", done.output)
+    assert done.after_fault_s < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S
+    assert records(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_at_teardown_ends_the_launch_naming_it_and_publishes_no_record(tmp_path):
+    """After the last collective, rank 0 writes the records and leaves: nobody but the launcher can
+    end the stopped rank, and the run's records, complete as they are, are not published."""
+    done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@teardown:1")
+    assert done.returncode != 0
+    summary = done.output.strip().splitlines()[-2]
+    assert summary.startswith("error: rank 1 is a stopped process (SIGSTOP) and rank 0 has ended"), done.output[-3000:]
+    assert done.after_fault_s < HUNG_MARGIN_S + LOAD_SLACK_S  # at once, not after a timeout
+    assert records(tmp_path) == [] and not (tmp_path / ".staging").exists()
+
+
+@pytest.mark.slow
+def test_under_snakemake_a_stopped_rank_ends_each_job_within_the_timeout_and_is_named(tmp_path):
+    """Five measured jobs in one Snakemake run, rank 1 of each stopped at work: each ends within
+    timeout_s + 10 s of its fault (the worst of five is checked), Snakemake's own output names the
+    rank, and no record is left."""
+    seeds = range(5)
+    points = [f"ws2_e2_epr1_sequential_s{seed}" for seed in seeds]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *(str(tmp_path / "raw" / "gshard" / "train_step" / f"{point}.json") for point in points),
+        "--cores",
+        "2",
+        "--keep-going",
+        "--configfile",
+        "configs/ci.yaml",
+        "--config",
+        f"results_dir={tmp_path}",
+        f"parallel={{timeout_s: {TIMEOUT_S}}}",
+        f"sweep={{seed: {list(seeds)}, num_experts: [2], policy: [sequential]}}",
+    ]
+    done = run(cmd, fault="SIGSTOP@work:1", timeout_s=900)
+    assert done.returncode != 0
+    after_fault_s = []
+    for point in points:
+        log = tmp_path / "logs" / "train_step" / "gshard" / f"{point}.log"
+        fault_time = float(re.search(r"fault injection .* time (\d+\.\d+)", log.read_text()).group(1))
+        after_fault_s.append(log.stat().st_mtime - fault_time)  # its last line is the launcher's last word
+    assert max(after_fault_s) < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S, after_fault_s
+    assert done.output.count("error: rank 1 stopped responding: its heartbeat stopped") == len(points), done.output
+    assert records(tmp_path) == []
+
+
 # -- the launcher's summary of a failed run (pure parsing) ---------------------------------------------------------
 
 
@@ -355,6 +415,74 @@ def test_check_writable_creates_the_directory(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ResultsDirError, match=f"results_dir '{tmp_path}/f/r' cannot be written \\(Not a directory\\)"):
         check_writable(tmp_path / "f" / "r")
+
+
+def test_the_launcher_refuses_a_gpu_config_on_a_host_without_gpus(launched, capsys):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this host has a GPU")
+    rc = launch.main(
+        ["--config", "configs/ci.yaml", "hardware_profile=h200-single", *SMALL_COLLECTIVES, "--nproc", "2", "--"]
+        + ["-m", "experiments.collectives"]
+    )
+    assert rc == 2 and not launched
+    assert "hardware.device is 'cuda' but torch sees no GPU on this host" in capsys.readouterr().err
+
+
+# -- a run publishes all of its records or none --------------------------------------------------------------------
+
+
+def named_record(point: str, step_ms: float = 1.0) -> dict:
+    return {**record_with({"step_ms": [step_ms, step_ms]}), "point": point}
+
+
+def test_records_are_published_all_or_none(tmp_path):
+    good = [named_record("a"), named_record("b")]
+    with pytest.raises(NonFiniteMetricError):
+        write_records([*good, named_record("c", math.inf)], tmp_path)
+    assert records(tmp_path) == [] and not (tmp_path / ".staging").exists()
+    paths = write_records(good, tmp_path)
+    assert records(tmp_path) == sorted(paths) and read_record(paths[0])["point"] == "a"
+
+
+def test_an_entry_point_under_a_staging_run_joins_its_stage(tmp_path):
+    """The launcher stages; its ranks' records wait in its stage until the whole run succeeded."""
+    with staged_records(tmp_path) as outer:
+        with staged_records(tmp_path) as inner:
+            assert inner is None
+            path = write_record(named_record("a"), tmp_path / "raw" / "x" / "y" / "a.json")
+        assert not path.exists() and len(list(outer.path.glob("*.json"))) == 1
+    assert path.exists() and records(tmp_path) == [path]
+    with staged_records(tmp_path) as failed:
+        write_record(named_record("b"), tmp_path / "raw" / "x" / "y" / "b.json")
+        failed.discard()
+    assert records(tmp_path) == [path] and not (tmp_path / ".staging").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB file system: a few records fit, a whole study does not (needs root to mount)."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)]).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_leaves_no_record_and_names_the_file(full_disk):
+    """12 records of about 9 KB each do not fit in 64 KiB: the study fails naming the file it could
+    not write, in one line, and none of the records it did write is left."""
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.dispatchers_sim", "--config", "configs/default.yaml"]
+        + ["--config", "configs/ci.yaml", f"results_dir={full_disk}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert re.search(r"error: cannot write record \S+\.json \(No space left on device\)", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
+    assert records(full_disk) == [] and not list(full_disk.rglob("*.json"))
 
 
 # -- a diverged run writes no record -------------------------------------------------------------------------------

@@ -1,12 +1,16 @@
 """The Snakemake workflow: lint, the planned jobs of the default sweep, and bad configuration."""
 
+import json
 import os
+import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from experiments.collectives import collective_points
+from experiments.dispatchers_sim import sim_points as dispatcher_sim_points
 from moe_core.config import load_config
 from moe_core.papers.lina.sweeps import lina_measured_points
 from moe_core.papers.monta.sweeps import monta_measured_points
@@ -83,27 +87,115 @@ def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_a_changed_config_re_measures_even_without_snakemake_metadata(tmp_path):
-    """A config change must rerun the measurements that read it, also where Snakemake kept no
-    metadata (a copied or cleaned results directory, as here: no job ever ran): else the run
-    silently reuses old records."""
-    base = ["--cores", "1", "--config", f"results_dir={tmp_path}"]
-    assert snakemake(*base, "-n", "--quiet").returncode == 0
-    resolved = tmp_path / "config" / "resolved.yaml"
-    os.utime(resolved, (resolved.stat().st_mtime - 100,) * 2)
-    # Stand-ins for the collectives records, newer than the resolved config they were measured with.
-    cfg = load_config(["configs/default.yaml"], [f"results_dir={tmp_path}"])
-    records = [tmp_path / "raw" / "common" / "collectives" / f"{name}.json" for name in collective_points(cfg)]
-    records[0].parent.mkdir(parents=True)
-    for record in records:
-        record.write_text("{}")
-    target = str(records[0])
-    unchanged = snakemake(*base, "-n", target)
+def test_a_changed_config_re_measures_what_read_the_old_one(tmp_path):
+    """The jobs read a config snapshot named by its content, so a changed config is a new input
+    of every job that reads it, and Snakemake plans those jobs again (its default rerun trigger
+    on a changed set of input files); an unchanged config plans nothing."""
+    base = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={tmp_path}"]
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={tmp_path}"])
+    target = str(tmp_path / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
+    made = snakemake(target, *base)
+    assert made.returncode == 0, made.stderr[-3000:]
+    unchanged = snakemake(target, "-n", *base)
     assert unchanged.returncode == 0 and "Nothing to be done" in unchanged.stdout + unchanged.stderr
-    changed = snakemake(*base, "collectives={iters: 11}", "-n", target)
+    changed = snakemake(target, "-n", *base, "dispatch_study={capacity_factor: 1.5}")
     assert changed.returncode == 0, changed.stderr
-    assert "rule collectives:" in changed.stdout + changed.stderr
-    assert "iters: 11" in resolved.read_text()
+    assert "rule dispatchers_simulated:" in changed.stdout + changed.stderr
+    assert len(list((tmp_path / "config").iterdir())) == 1  # the dry run wrote no snapshot
+
+
+def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(tmp_path):
+    """A dry run (or --summary) of another config writes nothing, so the jobs of a sweep already
+    planned keep reading the snapshot of the config they were planned with."""
+    results = tmp_path / "results"
+    assert snakemake("resolved_config", "--cores", "1", "--config", f"results_dir={results}").returncode == 0
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    for extra in (["-n"], ["--summary"], ["-n", "--configfile", "configs/ci.yaml"]):
+        proc = snakemake("--cores", "1", *extra, "--config", f"results_dir={results}", "collectives={iters: 3}")
+        assert proc.returncode == 0, proc.stderr
+    after = {p: p.read_bytes() for p in results.rglob("*") if p.is_file() and ".snakemake" not in p.parts}
+    assert after == before
+    fresh = tmp_path / "fresh"
+    assert snakemake("--cores", "1", "-n", "--config", f"results_dir={fresh}").returncode == 0
+    assert not fresh.exists()
+
+
+def commands_of_every_rule(results: Path) -> dict[str, list[str]]:
+    """Rule -> the shell commands a dry run of the whole default workflow prints for its jobs."""
+    proc = snakemake("-n", "-p", "--cores", "2", "--config", f"results_dir={results}")
+    assert proc.returncode == 0, proc.stderr
+    commands, rule = {}, None
+    for line in (proc.stdout + proc.stderr).splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] in ("rule", "localrule") and words[1].endswith(":"):
+            rule = words[1][:-1]
+        elif line.startswith("Shell command: ") and line != "Shell command: None":
+            commands.setdefault(rule, []).append(line.removeprefix("Shell command: "))
+    return commands
+
+
+# Stands in for python on the PATH: records its arguments, runs nothing.
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+with open(os.environ["ARGV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path):
+    """Every rule's shell command, run by bash as Snakemake would (with the Snakefile's `logged`
+    prefix), passes a results_dir holding spaces, quotes, `$(...)` and backticks to python as
+    whole arguments, and the shell runs nothing of it."""
+    results = tmp_path / "we ird 'q\" $(touch PWNED) `touch PWNED2`"
+    commands = commands_of_every_rule(results)
+    rules = {line.split()[0] for line in snakemake("--list-rules").stdout.splitlines() if line[:1].isalpha()}
+    assert rules - set(commands) == {"all", "resolved_config"}  # the rules without a shell command
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON.format(python=sys.executable))
+    (bin_dir / "python").chmod(0o755)
+    prefix = re.search(r'"set -euo pipefail; "\n\s+\'(.*)\'\n', Path("Snakefile").read_text()).group(1)
+    prefix = prefix.replace("{{", "{").replace("}}", "}")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ARGV_LOG": str(tmp_path / "argv.jsonl")}
+    for rule, lines in commands.items():
+        for command in lines:
+            Path(shlex.split(command)[1]).parent.mkdir(parents=True, exist_ok=True)  # Snakemake makes log folders
+            script = f"set -euo pipefail; {prefix}{command}"  # on stdin: collect's command is long
+            done = subprocess.run(["bash"], input=script, text=True, cwd=tmp_path, env=env)
+            assert done.returncode == 0, (rule, command)
+    argvs = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    assert len(argvs) == sum(len(lines) for lines in commands.values())
+    for argv in argvs:
+        for arg in argv:
+            if "we ird" in arg:  # the whole path in one argument, as a value or as key=value
+                assert str(results) in arg, (arg, argv)
+    assert not list(tmp_path.rglob("PWNED*")) and not list(Path(".").glob("PWNED*"))
+
+
+def test_a_requested_target_outside_results_dir_matches_no_rule(tmp_path):
+    results = tmp_path / "R"
+    escaped = f"{results}/raw/../../ESC/train_step/ws2_e2_epr1_sequential_s0.json"
+    proc = snakemake(
+        "-n", "--cores", "2", escaped, "--configfile", "configs/ci.yaml", "--config", f"results_dir={results}"
+    )
+    assert proc.returncode != 0 and "MissingRuleException" in proc.stdout + proc.stderr
+    assert not (tmp_path / "ESC").exists()
+
+
+def test_a_yte_template_config_file_is_refused(tmp_path):
+    template = tmp_path / "templated.yaml"
+    template.write_text("__use_yte__: true\ntrain:\n  iters: ?2 + 1\n")
+    proc = snakemake("-n", "--cores", "1", "--configfile", str(template), "--config", f"results_dir={tmp_path}/r")
+    assert proc.returncode != 0
+    assert "invalid configuration" in proc.stderr and "YTE template" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_results_dir_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    proc = snakemake("-n", "--cores", "1", "--config", f"results_dir={tmp_path}/a_file/results")
+    assert proc.returncode != 0
+    assert f"invalid configuration: results_dir '{tmp_path}/a_file/results'" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_commands_quote_every_value(tmp_path):
@@ -130,5 +222,5 @@ def test_commands_quote_every_value(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     command = next(line for line in proc.stdout.splitlines() if "experiments.train_step" in line)
-    assert f"--out '{target}'" in command and f"--config '{results}/config/resolved.yaml'" in command
+    assert f"--out '{target}'" in command and f"--config '{results}/config/resolved-" in command
     assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()
