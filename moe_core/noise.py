@@ -27,16 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
-# What others may use of the host before a measurement counts as noisy. On a quiet 2-core host the
-# CPU that is not this job's stays at a few percent (daemons, the shell that started it); another
-# CPU-bound process takes a whole core, i.e. 1 / cores (0.5 on 2 cores), and slows every rank that
-# has to share a core with it. 0.15 lies well above the quiet level and well below one foreign
-# busy core on hosts of up to 6 cores.
+# What others may use of the host before a measurement counts as noisy. One CPU-bound process
+# takes a whole core, 1 / cores of the host (0.5 on 2 cores), and slows every rank sharing that core;
+# on a 2-core host a quiet window read 0.00 (step 25 ms) and windows under other jobs 0.36-0.67
+# (steps 33-84 ms). 0.15 lies far above the quiet level and below one foreign busy core on hosts of
+# up to 6 cores.
 NOISY_CONTENTION = 0.15
-# Without a contention reading: the median over metrics of the samples' coefficient of variation.
-# Quiet CPU runs here keep step times within ~10% of their mean; a host others load swings them by
-# tens of percent.
-NOISY_CV = 0.25
+# Without a contention reading: the coefficient of variation of the record's per-iteration time
+# (the first of ITERATION_METRICS it has). A 2-core host's only quiet window measured (contention
+# 0.00) gave step times a CV of 0.14; windows where others used 36-67% of the host gave 0.19-0.40
+# (median 0.23), though one such window gave 0.12: the spread is a weak sign, hence only the fallback.
+NOISY_CV = 0.2
+ITERATION_METRICS = ("step_ms", "time_ms", "exchange_ms", "forward_ms", "a2a_ms")
 # A set of records (a calibration, a validation) counts as noisy when more than this share of its
 # records is: fits and medians tolerate a few outliers, not a noisy majority.
 NOISY_SHARE = 0.2
@@ -147,15 +149,17 @@ WINDOW = NoiseWindow()  # this process's; moe_core.timing opens and closes it on
 
 def is_noisy(noise: dict | None) -> bool:
     """The one rule: a record was taken on a noisy host when others used more than
-    :data:`NOISY_CONTENTION` of its CPU; without a contention reading, when the median coefficient
-    of variation of its samples exceeds :data:`NOISY_CV`. A record without a noise block (simulated,
-    or written before records carried one) is not known to be noisy."""
+    :data:`NOISY_CONTENTION` of its CPU; without a contention reading, when the coefficient of
+    variation of its per-iteration time (:data:`ITERATION_METRICS`) exceeds :data:`NOISY_CV`. A
+    record without a noise block (simulated, or written before records carried one) is not known
+    to be noisy."""
     if not noise:
         return False
     if noise.get("contention") is not None:
         return noise["contention"] > NOISY_CONTENTION
-    cvs = list(noise.get("cv", {}).values())
-    return bool(cvs) and statistics.median(cvs) > NOISY_CV
+    cv = noise.get("cv", {})
+    time_cv = next((cv[name] for name in ITERATION_METRICS if name in cv), None)
+    return time_cv is not None and time_cv > NOISY_CV
 
 
 def noise_summary(records: list[dict]) -> dict[str, float]:
@@ -182,7 +186,7 @@ def noise_warning(summary: dict[str, float], what: str) -> str | None:
         f"others used {summary['noisy_contention_median']:.0%} of the host's CPU (median; worst "
         f"{summary['noisy_contention_max']:.0%})"
         if "noisy_contention_median" in summary
-        else f"their samples varied by more than {NOISY_CV:.0%} (coefficient of variation)"
+        else f"their per-iteration times varied by more than {NOISY_CV:.0%} (coefficient of variation)"
     )
     return (
         f"warning: {summary['noisy_records']:g} of {summary['records']:g} {what} were measured on a noisy host: "

@@ -169,10 +169,11 @@ def test_an_unclosed_or_unopened_window_has_no_contention():
         (NOISY, True),
         ({**QUIET, "contention": NOISY_CONTENTION}, False),
         ({**QUIET, "contention": NOISY_CONTENTION + 0.01}, True),
-        ({**QUIET, "contention": None, "cv": {"a": 0.1, "b": NOISY_CV + 0.1, "c": NOISY_CV + 0.2}}, True),
-        ({**QUIET, "contention": None, "cv": {"a": 0.1, "b": 0.1, "c": NOISY_CV + 1}}, False),
-        ({**QUIET, "contention": 0.0, "cv": {"a": 5.0}}, False),  # a reading outranks the spread
-        ({**QUIET, "contention": None, "cv": {}}, False),
+        ({**QUIET, "contention": None, "cv": {"gate_ms": 0.1, "step_ms": NOISY_CV + 0.01}}, True),
+        ({**QUIET, "contention": None, "cv": {"gate_ms": NOISY_CV + 1, "step_ms": NOISY_CV}}, False),  # phases vary
+        ({**QUIET, "contention": None, "cv": {"time_ms": NOISY_CV + 0.1, "busbw_GBps": 0.0}}, True),
+        ({**QUIET, "contention": 0.0, "cv": {"step_ms": 5.0}}, False),  # a reading outranks the spread
+        ({**QUIET, "contention": None, "cv": {"loss": 1.0}}, False),  # no per-iteration time: unknown
         (None, False),
     ],
 )
