@@ -14,7 +14,8 @@ Every measured record carries (moe_core.results.make_record)::
 
 The window is opened on rank 0 by the first ``PhaseTimer.reset()`` after the previous window
 closed (the first warm-up iteration of a point) and closed by ``gather_worst_rank`` (the end of
-the timed iterations); see moe_core.timing. Two reads per window, no polling.
+the timed iterations); see moe_core.timing. Two reads per window, no polling; a window shorter
+than :data:`MIN_WINDOW_S` is widened back over the job's earlier points (:class:`NoiseWindow`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ ITERATION_METRICS = ("step_ms", "time_ms", "exchange_ms", "forward_ms", "a2a_ms"
 # A set of records (a calibration, a validation) counts as noisy when more than this share of its
 # records is: fits and medians tolerate a few outliers, not a noisy majority.
 NOISY_SHARE = 0.2
+
+# The shortest window contention is read over: tick counting (10 ms) errs by a few ticks per CPU
+# and process, a few percent of 1 s on 2 cores.
+MIN_WINDOW_S = 1.0
 
 # Commands whose process tree is this job: the ranks' torchrun agent and the launcher above it.
 JOB_LAUNCHERS = ("torch.distributed.run", "torchrun", "experiments.launch")
@@ -114,10 +119,16 @@ def coefficients_of_variation(samples: dict[str, list[float]]) -> dict[str, floa
 
 
 class NoiseWindow:
-    """The current timed window of this process: opened once, closed (possibly again) at its end."""
+    """The current timed window of this process: opened once, closed (possibly again) at its end.
+
+    /proc/stat and process CPU times count in scheduler ticks (10 ms), too coarse for a window of a
+    few milliseconds (a small collective's point), so a window shorter than :data:`MIN_WINDOW_S` is
+    widened back to the latest earlier reading that makes it long enough (earlier points of the
+    same job; the first reading is taken when this module is imported)."""
 
     def __init__(self) -> None:
-        self.start: HostSample | None = None
+        first = sample_host()
+        self.readings: list[HostSample] = [first] if first else []  # every open's, oldest first
         self.end: HostSample | None = None
         self.load_avg: tuple[float, float, float] | None = None
         self.is_open = False
@@ -125,12 +136,22 @@ class NoiseWindow:
     def open(self) -> None:
         """Start a window unless one is open (later calls within it cost nothing)."""
         if not self.is_open:
-            self.start, self.end, self.load_avg, self.is_open = sample_host(), None, None, True
+            reading = sample_host()
+            self.readings += [reading] if reading else []
+            self.end, self.load_avg, self.is_open = None, None, True
 
     def close(self) -> None:
         """End the window now; a second close before the next open moves the end (several gathers)."""
         if self.is_open or self.load_avg is not None:
             self.end, self.load_avg, self.is_open = sample_host(), os.getloadavg(), False
+
+    def start(self) -> HostSample | None:
+        """The reading the last closed window is measured from: the latest at least
+        :data:`MIN_WINDOW_S` before its end, else the earliest."""
+        if self.end is None or not self.readings:
+            return None
+        long_enough = [r for r in self.readings if self.end.wall_s - r.wall_s >= MIN_WINDOW_S]
+        return long_enough[-1] if long_enough else self.readings[0]
 
     def noise(self, samples: dict[str, list[float]]) -> dict:
         """The record's ``noise`` block for ``samples`` taken in the last closed window."""
@@ -139,7 +160,7 @@ class NoiseWindow:
         return {
             "load_avg": [float(v) for v in load],
             "cpus": cpus,
-            "contention": None if self.is_open else contention(self.start, self.end, cpus),
+            "contention": None if self.is_open else contention(self.start(), self.end, cpus),
             "cv": coefficients_of_variation(samples),
         }
 

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from analysis.figures import FIGURE_REGISTRY
 from experiments import calibrate, validate
 from moe_core.noise import (
+    MIN_WINDOW_S,
     NOISY_CONTENTION,
     NOISY_CV,
     HostSample,
@@ -136,7 +137,7 @@ def test_other_processes_count_as_contention_and_the_jobs_own_do_not():
         hog_s = sum(hog.cpu_times()[:2]) - hog_start
         window.close()
         noise = window.noise({"t_ms": [1.0, 2.0]})
-        others_s = noise["contention"] * (window.end.wall_s - window.start.wall_s) * noise["cpus"]
+        others_s = noise["contention"] * (window.end.wall_s - window.start().wall_s) * noise["cpus"]
         assert others_s >= hog_s - 0.05
     finally:
         os.kill(hog_pid, signal.SIGKILL)
@@ -148,6 +149,15 @@ def test_contention_is_the_share_others_used_of_the_hosts_capacity():
     assert contention(start, end, cpus=2) == pytest.approx(0.25)
     assert contention(start, HostSample(12.0, 102.0, 8.0), cpus=2) == 0  # never negative (tick rounding)
     assert contention(None, end, cpus=2) is None and contention(end, start, cpus=2) is None
+
+
+def test_a_short_window_is_widened_back_to_a_reading_long_enough_before_its_end():
+    window = NoiseWindow()
+    window.readings = [HostSample(0.0, 0.0, 0.0), HostSample(5.0, 1.0, 0.0), HostSample(9.9, 2.0, 0.0)]
+    window.end = HostSample(10.0, 3.0, 0.0)
+    assert window.start() == window.readings[1]  # the latest at least MIN_WINDOW_S before the end
+    window.end = HostSample(10.0 - 9.9 + MIN_WINDOW_S / 2, 3.0, 0.0)  # nothing old enough: the earliest
+    assert window.start() == window.readings[0]
 
 
 def test_an_unclosed_or_unopened_window_has_no_contention():
