@@ -7,7 +7,10 @@ Held-out points (moe_core.sim.calibrate.calibration_split): every all-to-all mea
 concurrent all-reduce (contention is predicted by the fluid model, never fitted) and every training
 step at a world size calibration did not see. One row per point: experiment, setting, measured_ms
 (the mean of its samples, moe_core.sim.calibrate.STATISTIC, as calibration uses), predicted_ms,
-rel_error = predicted / measured - 1.
+rel_error = predicted / measured - 1, and the host noise: ``noisy`` (this record was measured on a
+noisy host, moe_core.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
+where unknown) and ``profile_noisy`` (the calibrated profile was fitted on noisy records, from its
+``calibration_noise``). A warning names how many were noisy.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pandas as pd
 
 from analysis.files import write_csv
 from moe_core.config import ConfigError, load_config
+from moe_core.noise import is_noisy, noise_summary, noise_warning, summary_is_noisy
 from moe_core.points import replayed_config
 from moe_core.results import read_record
 from moe_core.sim.calibrate import calibration_split, measured
@@ -47,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _, held_out = calibration_split([read_record(p) for p in args.records])
+        profile_noise = load_config(overrides=[f"hardware_profile={args.calibrated}"]).hardware.calibration_noise
         rows = []
         for record in held_out:
             setting, measured_ms, predicted_ms = predict(record, args.calibrated)
@@ -58,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                     "measured_ms": measured_ms,
                     "predicted_ms": predicted_ms,
                     "rel_error": predicted_ms / measured_ms - 1,
+                    "noisy": is_noisy(record.get("noise")),
+                    "contention": (record.get("noise") or {}).get("contention"),
+                    "profile_noisy": summary_is_noisy(profile_noise),
                 }
             )
     except (ConfigError, ValueError, OSError) as err:
@@ -68,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     table = pd.DataFrame(rows)
     write_csv(table, args.out)
+    for warning in noise_warnings(held_out, profile_noise, args.calibrated):
+        print(warning, file=sys.stderr)
     summary = (
         table.assign(abs_error=table["rel_error"].abs())
         .groupby("experiment")["abs_error"]
@@ -75,6 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(summary.to_string(float_format=lambda x: f"{x:.1%}" if x < 10 else f"{x:g}"))
     return 0
+
+
+def noise_warnings(held_out: list[dict], profile_noise: dict, calibrated: str) -> list[str]:
+    """Warnings for noisy held-out records and for a profile fitted on noisy records."""
+    warnings = [noise_warning(noise_summary(held_out), "held-out records")]
+    if summary_is_noisy(profile_noise):
+        warnings.append(
+            f"warning: the calibrated profile {calibrated} was fitted on records from a noisy host "
+            f"({profile_noise['noisy_records']:g} of {profile_noise['records']:g}); its errors say little"
+        )
+    return [w for w in warnings if w]
 
 
 if __name__ == "__main__":

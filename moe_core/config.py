@@ -155,6 +155,9 @@ class HardwareConfig:
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    # A calibrated profile's quality: how many of the records it was fitted on were taken on a noisy
+    # host (moe_core.noise.noise_summary; experiments/calibrate.py writes it); empty otherwise.
+    calibration_noise: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -315,6 +318,14 @@ class SimSweepConfig:
 
 
 @dataclass
+class CalibrationConfig:
+    """experiments/calibrate.py."""
+
+    # A fit on records from a noisy host (moe_core.noise) replaces the last good profile only if true.
+    accept_noisy: bool = False
+
+
+@dataclass
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
@@ -342,6 +353,7 @@ def _root_schema() -> type:
         ("collectives", CollectivesConfig, field(default_factory=CollectivesConfig)),
         ("sweep", SweepConfig, field(default_factory=SweepConfig)),
         ("sim_sweep", SimSweepConfig, field(default_factory=SimSweepConfig)),
+        ("calibration", CalibrationConfig, field(default_factory=CalibrationConfig)),
     ]
     registered = [(s.name, s.schema, field(default_factory=s.schema)) for s in SECTIONS.values()]
     return make_dataclass("Config", [*core, *registered, ("wandb", WandbConfig, field(default_factory=WandbConfig))])

@@ -10,8 +10,13 @@ Schema (version 1)::
       "metrics": {"step_ms": {"median": 12.3, "p95": 14.0, "mean": 12.5, "min": ..., "max": ..., "n": 10}, ...},
       "samples": {"step_ms": [per-iteration values, worst rank per iteration], ...},
       "environment": {git_sha, torch, python, host, device, ...},
-      "config": {the fully resolved config}
+      "config": {the fully resolved config},
+      "noise": {"load_avg": [l1, l5, l15], "cpus": 2, "contention": 0.03 | null, "cv": {"step_ms": 0.05, ...}}
     }
+
+``noise`` (measured records only) says how busy the host was while the point was timed
+(moe_core.noise: load average, the share of CPU others used, each metric's coefficient of
+variation); moe_core.noise.is_noisy decides from it whether the record was taken on a noisy host.
 
 Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
@@ -40,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .noise import WINDOW
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
@@ -149,7 +156,8 @@ def make_record(
 ) -> dict[str, Any]:
     """Assemble a record; ``samples`` are per-iteration values (worst rank), summarized here.
 
-    ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. Raises
+    ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. A measured
+    record gets the host's noise during its last timed window (moe_core.noise). Raises
     NonFiniteMetricError when a sample or metric is NaN or infinite.
     """
     if mode not in MODES:
@@ -158,7 +166,7 @@ def make_record(
     metrics = {name: summarize(vals) for name, vals in samples.items()}
     for name, value in (extra_metrics or {}).items():
         metrics[name] = {"value": float(value)}
-    return {
+    record = {
         "schema_version": SCHEMA_VERSION,
         "paper": paper,
         "experiment": experiment,
@@ -172,6 +180,9 @@ def make_record(
         "environment": environment(device),
         "config": _plain(config),
     }
+    if mode == "measured":
+        record["noise"] = WINDOW.noise(record["samples"])
+    return record
 
 
 def record_path(results_dir: str | Path, paper: str, experiment: str, point: str) -> Path:

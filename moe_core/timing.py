@@ -8,6 +8,10 @@
   time between the two is the segment's backward time.
 * Per iteration, every rank's phase times are gathered and the **worst rank** is kept
   (:func:`worst_rank`); records then report median and p95 over iterations.
+* Host noise (moe_core.noise): on rank 0 the first :meth:`PhaseTimer.reset` after a gather opens a
+  noise window (one reading of the host's and this job's CPU time, in the first warm-up iteration,
+  outside any timed span) and :func:`gather_worst_rank` closes it, so each point's record can say
+  how much of the host others used while it was timed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+
+from .noise import WINDOW
 
 # The timed phases of an MoE layer in a training step, each recorded as ``<phase>.fwd`` and
 # ``<phase>.bwd`` (measured) and as ops of these phases (simulated); both report ``<phase>_ms``.
@@ -83,6 +89,9 @@ class PhaseTimer:
         return out
 
     def reset(self) -> None:
+        """Start a step: forget its spans and counters (and open the noise window if none is open)."""
+        if self.enabled and _rank0():
+            WINDOW.open()
         self._intervals.clear()
         self._open.clear()
         self.counters.clear()
@@ -117,9 +126,18 @@ def worst_rank(per_rank_iters: list[dict[str, list[float]]]) -> dict[str, list[f
 
 
 def gather_worst_rank(local: dict[str, list[float]], group=None) -> dict[str, list[float]]:
-    """All-gather every rank's per-iteration values and keep the worst rank per iteration."""
+    """All-gather every rank's per-iteration values and keep the worst rank per iteration.
+
+    Called once the timed iterations are done, so it also closes the noise window (moe_core.noise)."""
+    if _rank0():
+        WINDOW.close()
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return {k: list(v) for k, v in local.items()}
     gathered: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, dict(local), group=group)
     return worst_rank(gathered)
+
+
+def _rank0() -> bool:
+    """This process is rank 0 (or runs alone): the one that reads host noise."""
+    return not dist.is_initialized() or dist.get_rank() == 0

@@ -950,6 +950,9 @@ def test_validation_figure_renders_and_needs_its_table(tmp_path, figure_tables):
             "measured_ms": [10.0, 200.0],
             "predicted_ms": [11.0, 180.0],
             "rel_error": [0.1, -0.1],
+            "noisy": [False, True],
+            "contention": [0.01, 0.6],
+            "profile_noisy": [False, False],
         }
     )
     outputs = render("sim_validation", *figure_tables, tmp_path / "v.png", validation)

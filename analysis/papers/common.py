@@ -60,7 +60,8 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
 
 @figure(paper="common", reads_validation=True)
 def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
-    """Predicted vs measured time of every held-out point, with the +-10% target band."""
+    """Predicted vs measured time of every held-out point, with the +-10% target band; the title says
+    when the points or the profile were measured on a noisy host."""
     if validation.empty:
         raise FigureDataError("the validation table is empty; run experiments/validate.py on measured records")
     ax = fig.subplots()
@@ -72,14 +73,29 @@ def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
     errors = validation.groupby("experiment")["rel_error"].apply(lambda e: e.abs().median())
     hue = validation["experiment"].map(lambda e: f"{e} (median |error| {errors[e]:.0%})")
     sns.scatterplot(validation, x="measured_ms", y="predicted_ms", hue=hue, ax=ax)
+    title = f"Simulator vs held-out measurements ({', '.join(sorted(validation['hardware'].unique()))})"
     ax.set(
         xscale="log",
         yscale="log",
         xlabel="measured (ms, median)",
         ylabel="simulated (ms)",
-        title=f"Simulator vs held-out measurements ({', '.join(sorted(validation['hardware'].unique()))})",
+        title="\n".join([title, *_noise_notes(validation)]),
     )
     ax.legend(fontsize="small")
+
+
+def _noise_notes(validation: pd.DataFrame) -> list[str]:
+    """Title lines saying when the held-out records or the calibrated profile came from a noisy host
+    (experiments/validate.py's ``noisy`` and ``profile_noisy`` columns)."""
+    missing = sorted({"noisy", "profile_noisy"} - set(validation.columns))
+    if missing:
+        raise FigureDataError(f"the validation table has no {missing} columns; rerun experiments/validate.py")
+    notes = []
+    if validation["noisy"].any():
+        notes.append(f"noisy host: {validation['noisy'].sum()} of {len(validation)} held-out points")
+    if validation["profile_noisy"].any():
+        notes.append("noisy host: the calibrated profile was fitted on noisy records")
+    return notes
 
 
 # ---- which dispatcher when (moe_core/dispatch_study.py) -----------------------------------------
