@@ -575,7 +575,6 @@ def main(argv: list[str] | None = None) -> int:
             code = launch(cfg, args, entry, job, agents)
             if code and stage:
                 stage.discard()
-                print("error: the run failed, so none of its records was written", file=sys.stderr, flush=True)
     except (ConfigError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -336,8 +336,7 @@ def inject_fault(point: str, rank: int) -> None:
         )
     if fault_point == point and int(fault_rank) == rank:
         print(
-            f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}, "
-            f"time {time.time():.3f}",
+            f"fault injection ({FAULT_ENV}={spec}): rank {rank} sends itself {name} at {point}, time {time.time():.3f}",
             file=sys.stderr,
             flush=True,
         )

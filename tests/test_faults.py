@@ -217,8 +217,7 @@ def test_a_rank_stopped_before_it_reaches_the_store_ends_the_launch_within_the_t
     """No pid was published, so no rank can kill it: the launcher does, once the others have ended."""
     done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@start:1")
     assert done.returncode != 0
-    assert last_line(done.output).startswith("error: the run failed, so none of its records was written")
-    assert "error: rank 1 stopped responding: it never reached the launcher's store" in done.output
+    assert last_line(done.output).startswith("error: rank 1 stopped responding: it never reached the launcher's store")
     assert re.search(r"error: rank 1 \(pid \d+\) is a stopped process \(SIGSTOP\).*the launcher killed it", done.output)
     assert done.after_fault_s < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S
     assert records(tmp_path) == []
@@ -230,7 +229,7 @@ def test_a_rank_stopped_at_teardown_ends_the_launch_naming_it_and_publishes_no_r
     end the stopped rank, and the run's records, complete as they are, are not published."""
     done = run(launcher(f"results_dir={tmp_path}", f"parallel.timeout_s={TIMEOUT_S}"), fault="SIGSTOP@teardown:1")
     assert done.returncode != 0
-    summary = done.output.strip().splitlines()[-2]
+    summary = last_line(done.output)
     assert summary.startswith("error: rank 1 is a stopped process (SIGSTOP) and rank 0 has ended"), done.output[-3000:]
     assert done.after_fault_s < HUNG_MARGIN_S + LOAD_SLACK_S  # at once, not after a timeout
     assert records(tmp_path) == [] and not (tmp_path / ".staging").exists()
