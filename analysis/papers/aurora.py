@@ -102,20 +102,26 @@ def aurora_fig11a_sjf_over_rcs(records: pd.DataFrame, samples: pd.DataFrame) -> 
     ratio = (sjf / rcs).dropna()
     if ratio.empty:
         return None
-    return float(ratio.mean()), f"{describe_testbeds(records)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
+    used = pd.concat([_deployment_rows(records, "exclusive-homogeneous", p, "inference_ms") for p in ("sjf", "rcs")])
+    used = used[used["workload"].isin(ratio.index)]
+    return float(ratio.mean()), f"{describe_testbeds(used)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
 
 
 @reproducer
 def aurora_fig12_utilisation_gain_max(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     """Largest ratio of GPU utilisation, Aurora's colocation over Lina, over workloads of a colocated setting."""
-    gains = []
+    gains, used = [], []
     for setting in ("colocated-homogeneous", "colocated-heterogeneous"):
         aurora, lina = (_deployment_per_workload(records, setting, p, "gpu_utilisation") for p in ("aurora", "lina"))
         gains.append((aurora / lina).dropna())
+        rows = pd.concat([_deployment_rows(records, setting, p, "gpu_utilisation") for p in ("aurora", "lina")])
+        used.append(rows[rows["workload"].isin(gains[-1].index)])
     gain = pd.concat(gains)
     if gain.empty:
         return None
-    return float(gain.max()), f"{describe_testbeds(records)}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
+    return float(gain.max()), (
+        f"{describe_testbeds(pd.concat(used))}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
+    )
 
 
 @reproducer
