@@ -166,21 +166,33 @@ def record_path(results_dir: str | Path, paper: str, experiment: str, point: str
 
 
 @contextmanager
-def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed.
+def atomic_outputs(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds they replace the
+    paths, when it fails they are removed and the old files stay as they were.
 
-    Readers see the old file or the whole new one, never a partial write. The temporary file is
-    created with the process umask (not mkstemp's 0600), so results stay readable on shared clusters.
+    Readers see the old files or the whole new ones, never a partial write (and for a figure's PNG
+    and PDF, never a new one beside an old one). The temporary files are created with the process
+    umask (not mkstemp's 0600), so results stay readable on shared clusters.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmps = [path.with_name(f".{path.name}.{os.getpid()}.tmp") for path in paths]
     try:
-        yield tmp
-        os.replace(tmp, path)
+        yield tmps
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """:func:`atomic_outputs` of one file: yield its temporary path."""
+    with atomic_outputs(path) as (tmp,):
+        yield tmp
 
 
 def write_record(record: dict[str, Any], path: str | Path) -> Path:
