@@ -95,15 +95,24 @@ def describe_testbeds(df: pd.DataFrame) -> str:
     return ", ".join(sorted(set(df["hardware"] + " " + df["backend"])))
 
 
-def require_points(points: pd.DataFrame, metrics: list[str], what: str) -> pd.DataFrame:
-    """``points`` (one row per point, a column per metric) if every selected point has every metric it
-    needs; else MissingPointsError naming the points and metrics, so that a damaged or missing record
-    stops the comparison instead of leaving the number to the remaining points."""
-    lacking = points[points.reindex(columns=metrics).isna().any(axis=1)]
+def complete_points(rows: pd.DataFrame, index: list[str], metrics: list[str], what: str) -> pd.DataFrame:
+    """One row per point of ``rows`` (records-table rows a reproducer selected by their parameters),
+    ``index`` and a column per metric of ``metrics``; empty when no point has them all (no such data).
+
+    A point selected but lacking one of them, while others have it, raises MissingPointsError naming
+    the points: a damaged or missing record stops the comparison instead of leaving the number to the
+    remaining points.
+    """
+    points = rows[index].drop_duplicates()
+    wide = rows[rows["metric"].isin(metrics)].pivot_table(index=index, columns="metric", values="value")
+    if not set(metrics) <= set(wide.columns):
+        return pd.DataFrame()
+    wide = points.merge(wide.reset_index(), on=index, how="left")
+    lacking = wide[wide[metrics].isna().any(axis=1)]
     if not lacking.empty:
-        names = sorted(lacking["point"]) if "point" in lacking else lacking.index.tolist()
+        names = sorted(lacking["point"]) if "point" in lacking else lacking[index].to_dict("records")
         raise MissingPointsError(f"{what}: points {names} lack one of {metrics}; rerun them or collect their records")
-    return points
+    return wide
 
 
 @contextmanager

@@ -106,7 +106,7 @@ class Record(BaseModel):
 # The metrics the analysis (analysis/papers/*.py, their reproducers, figures and tables) reads from
 # every record of an experiment; a record without one would drop out of a mean, or a figure, unseen.
 # Metrics only some records of an experiment carry (a policy's own, a newer writer's) are checked by
-# the reproducers that read them (analysis.compare.require_points).
+# the reproducers that read them (analysis.compare.complete_points).
 REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "train_step": ("step_ms", "a2a_ms", "a2a_share", *(f"{p}_ms" for p in ("gate", "dispatch_a2a", "expert"))),
     "sim_train_step": ("step_ms",),

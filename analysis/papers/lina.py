@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import TESTBED_COLUMNS, select
-from analysis.compare import Reproducer, describe_testbeds, reproducer, require_points
+from analysis.compare import Reproducer, complete_points, describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, one_testbed, train_step_rows
 from analysis.published import load_registry, published_value
 from analysis.units import MiB, format_bytes, span
@@ -52,15 +52,11 @@ def _baseline_points(records: pd.DataFrame, metrics: list[str], experts: tuple[i
         rows = select(records, experiment=experiment, policy="overlap")
         if rows.empty:
             continue
-        rows = rows[
-            rows["metric"].isin(metrics)
-            & (rows["world_size"] == rows["num_experts"])
-            & rows["num_experts"].isin(experts)
-        ]
+        rows = rows[(rows["world_size"] == rows["num_experts"]) & rows["num_experts"].isin(experts)]
         index = ["point", "hardware", "backend", "num_experts"]
-        wide = rows.pivot_table(index=index, columns="metric", values="value").reset_index()
-        if set(metrics) <= set(wide.columns) and not wide.empty:
-            return require_points(wide, metrics, f"DeepSpeed-MoE's {experiment} points")
+        wide = complete_points(rows, index, metrics, f"DeepSpeed-MoE's {experiment} points")
+        if not wide.empty:
+            return wide
     return pd.DataFrame()
 
 
