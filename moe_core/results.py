@@ -13,7 +13,8 @@ Schema (version 1)::
       "config": {the fully resolved config}
     }
 
-Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...). Records are written
+Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...), which sets their range
+(moe_core/record_schema.py checks every record the analysis reads against it). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
 
 Records are strict JSON: every number is finite. A metric or sample that is NaN or infinite (a
