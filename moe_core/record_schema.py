@@ -113,7 +113,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "collectives": ("time_ms", "busbw_GBps"),
     "gshard_collectives": ("time_ms", "line_rate_ms"),
     "gshard_memory": ("memory_GB", "memory_share_of_device"),
-    "gshard_scaling": ("step_ms", "steps_per_s", "a2a_ms", "moe_roofline_fraction"),
+    "gshard_scaling": ("step_ms", "steps_per_s", "a2a_share"),
     "inference": ("forward_ms", "moe_layer_ms"),
     "aurora_order": ("a2a_over_lower_bound",),
     "aurora_deployment": ("inference_ms", "gpu_utilisation"),
