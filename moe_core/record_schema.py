@@ -12,7 +12,7 @@ rule stops the analysis with one line naming the file, the field, its value and 
 * Content (:data:`CONTENT_RULES`, one function each): the metrics the analysis reads from every
   record of an experiment (:data:`REQUIRED_METRICS`), units by name (times, shares, bandwidths,
   counts), summaries equal to the samples they summarise, and a training-step record's params
-  matching its point name and its resolved config.
+  matching its point name and its resolved config (records that carry one, as every writer's do).
 
 Rules over several records (one record per point, one type per parameter) are analysis.collect's.
 """
@@ -39,6 +39,7 @@ class RecordSchemaError(ValueError):
 
 
 def _scalar(value: Any) -> Any:
+    """A parameter value as the tables hold one (a column cell), or ValueError."""
     if value is None or isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value)):
         return value
     raise ValueError("a parameter must be a string, a finite number, a boolean or null")
@@ -103,8 +104,8 @@ class Record(BaseModel):
 
 # ---- content -------------------------------------------------------------------------------------
 
-# The metrics the analysis (analysis/papers/*.py, their reproducers, figures and tables) reads from
-# every record of an experiment; a record without one would drop out of a mean, or a figure, unseen.
+# The metrics the reproducers and figures (analysis/papers/*.py) read from every record of an
+# experiment; a record without one would drop out of a mean, or a figure, unseen.
 # Metrics only some records of an experiment carry (a policy's own, a newer writer's) are checked by
 # the reproducers that read them (analysis.compare.complete_points).
 REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
@@ -246,6 +247,7 @@ def _override(name: str, value: Any) -> str | None:
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` ("comm.policy") in a resolved config, or MISSING."""
     for part in dotted.split("."):
         if not isinstance(config, dict) or part not in config:
             return MISSING
