@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import numbers
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.results import MODES, SCHEMA_VERSION
+from moe_core.record_schema import record_problem
 
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
@@ -41,9 +39,9 @@ class RecordError(ValueError):
 
 
 def read_valid_record(path: str | Path) -> dict[str, Any]:
-    """Parse ``path`` and check it against the record schema (moe_core/results.py): the required keys,
-    and every metric statistic and sample a finite number, so that no NaN, infinity or text reaches the
-    tables, where it would silently drop out of (or poison) a mean and its point count."""
+    """Parse ``path`` and check it against the record schema (moe_core/record_schema.py): its format
+    (keys, finite numbers) and its content (required metrics, units, summaries, params), so that no
+    NaN, text or wrong number reaches the tables, where it would silently move a mean or drop a point."""
     try:
         with open(path) as f:
             record = json.load(f)
@@ -51,50 +49,16 @@ def read_valid_record(path: str | Path) -> dict[str, Any]:
         raise RecordError(
             f"{path}: cannot read a JSON record ({err}); pass record files written by moe_core.results.write_record"
         ) from err
-    problem = _record_problem(record)
+    problem = record_problem(record) or _column_clash(record)
     if problem:
-        raise RecordError(
-            f"{path}: not a valid record: {problem}; pass record files written by "
-            "moe_core.results.write_record (schema in moe_core/results.py)"
-        )
+        raise RecordError(f"{path}: {problem}; rerun the experiment that wrote it (schema: moe_core/record_schema.py)")
     return record
 
 
-def _record_problem(record: Any) -> str | None:
-    """What makes ``record`` unusable, naming the key or field, or None."""
-    if not isinstance(record, dict):
-        return "the top level is not a JSON object"
-    if record.get("schema_version") != SCHEMA_VERSION:
-        return f"schema_version is {record.get('schema_version')!r}, expected {SCHEMA_VERSION}"
-    missing = [k for k in (*ID_COLUMNS, "params", "metrics") if k not in record]
-    if missing:
-        return f"missing keys {missing}"
-    if record["mode"] not in MODES:
-        return f"mode is {record['mode']!r}, expected one of {list(MODES)}"
-    if not isinstance(record["params"], dict) or not isinstance(record["metrics"], dict):
-        return "'params' and 'metrics' must be objects"
+def _column_clash(record: dict[str, Any]) -> str | None:
+    """A param named like a table column, which would overwrite it."""
     clashes = sorted(RESERVED_COLUMNS & record["params"].keys())
-    if clashes:
-        return f"params {clashes} clash with table columns; rename them in the experiment"
-    for name, stats in record["metrics"].items():
-        if not isinstance(stats, dict) or not ("value" in stats or set(STAT_COLUMNS) <= stats.keys()):
-            return f"metric {name!r} has neither 'value' nor all of {list(STAT_COLUMNS)}"
-        for field in ("value", *STAT_COLUMNS):
-            if field in stats and not _is_finite_number(stats[field]):
-                return f"metrics.{name}.{field} is {stats[field]!r}; every metric statistic must be a finite number"
-    samples = record.get("samples", {})
-    if not isinstance(samples, dict) or not all(isinstance(v, list) for v in samples.values()):
-        return "'samples' must map metric names to lists of numbers"
-    for name, values in samples.items():
-        for iteration, value in enumerate(values):
-            if not _is_finite_number(value):
-                return f"samples.{name}[{iteration}] is {value!r}; every sample must be a finite number"
-    return None
-
-
-def _is_finite_number(value: Any) -> bool:
-    """A JSON number that is neither NaN nor infinite (Python's json reads ``NaN`` and ``Infinity``)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return f"params {clashes} clash with table columns; rename them in the experiment" if clashes else None
 
 
 def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -102,13 +66,11 @@ def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     paths = list(paths)
     if not paths:
         raise ValueError("no record files given; pass one or more results/raw/<paper>/<experiment>/*.json")
-    records, seen = [], {}
+    records, named, swept, types = [], {}, {}, {}
     for path in paths:
         record = read_valid_record(path)
-        key = tuple(record[k] for k in ("paper", "experiment", "point", "mode"))
-        if key in seen:
-            raise RecordError(f"{path}: same paper/experiment/point/mode {key} as {seen[key]}; pass each record once")
-        seen[key] = path
+        _one_record_per_point(record, path, named, swept)
+        _one_type_per_param(record, path, types)
         records.append(record)
     params = list(dict.fromkeys(name for r in records for name in r["params"]))
     metric_rows = [row for r in records for row in _metric_rows(r)]
@@ -117,6 +79,36 @@ def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         pd.DataFrame(metric_rows, columns=[*ID_COLUMNS, *params, "metric", *STAT_COLUMNS, "value"]),
         pd.DataFrame(sample_rows, columns=[*ID_COLUMNS, *params, "metric", "iteration", "value"]),
     )
+
+
+def _one_record_per_point(record: dict[str, Any], path: Path, named: dict, swept: dict) -> None:
+    """Each point once: no two records of one experiment and testbed with the same point name, or with
+    the same params (a record copied over another point's, which would count one point twice)."""
+    where = tuple(record[k] for k in ("paper", "experiment", "mode", "backend", "hardware"))
+    by_name = (*where, record["point"])
+    by_params = (*where, json.dumps(record["params"], sort_keys=True))
+    for seen, key, what in ((named, by_name, "point name"), (swept, by_params, "params")):
+        if key in seen:
+            raise RecordError(
+                f"{path}: the same {what} as {seen[key]} ({'/'.join(where)}); one record per point: remove the copy"
+            )
+        seen[key] = path
+
+
+def _one_type_per_param(record: dict[str, Any], path: Path, types: dict) -> None:
+    """A param is text in every record of an experiment or a number in every one (null aside): a text
+    among numbers turns the whole column into text, which every later comparison then misreads."""
+    for name, value in record["params"].items():
+        if value is None:
+            continue
+        kind = "text" if isinstance(value, str) else "boolean" if isinstance(value, bool) else "number"
+        key = (record["paper"], record["experiment"], name)
+        first_kind, first_path = types.setdefault(key, (kind, path))
+        if kind != first_kind:
+            raise RecordError(
+                f"{path}: params.{name} = {value!r}: a {kind}, but a {first_kind} in {first_path}; "
+                "one type per parameter: rerun the experiment that wrote it"
+            )
 
 
 def _identity_and_params(record: dict[str, Any]) -> dict[str, Any]:

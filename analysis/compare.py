@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,7 @@ COMPARISON_COLUMNS = [
     "reproduced_high",
     "unstated",
     "reproduced_setting",
+    "points",
     "ratio",
     "verdict",
     "reason",
@@ -72,9 +75,60 @@ def reproducer(fn: Reproducer, name: str | None = None) -> Reproducer:
     return fn
 
 
+POINT_COLUMNS = ("point", "baseline_point")  # the columns naming the points a reproducer's rows come from
+_USED_POINTS: ContextVar[set[str] | None] = ContextVar("used_points", default=None)
+
+
+class MissingPointsError(ValueError):
+    """A reproducer selected points that lack a metric it reads: it fails rather than average the rest."""
+
+
 def describe_testbeds(df: pd.DataFrame) -> str:
-    """The testbeds of ``df``'s rows in words (``"local-cpu gloo"``), for a reproduced setting."""
+    """The testbeds of ``df``'s rows in words (``"local-cpu gloo"``), for a reproduced setting.
+
+    Every reproducer describes the rows its number comes from with this, so it is also where the points
+    it used are noted: during compare() the rows' point names (POINT_COLUMNS) become the row's ``points``.
+    """
+    used = _USED_POINTS.get()
+    if used is not None:
+        used.update(name for column in POINT_COLUMNS if column in df for name in df[column].dropna())
     return ", ".join(sorted(set(df["hardware"] + " " + df["backend"])))
+
+
+def complete_points(rows: pd.DataFrame, index: list[str], metrics: list[str], what: str) -> pd.DataFrame:
+    """One row per point of ``rows`` (records-table rows a reproducer selected by their parameters),
+    ``index`` and a column per metric of ``metrics``; empty when no point has them all (no such data).
+
+    A point selected but lacking one of them, while others have it, raises MissingPointsError naming
+    the points: a damaged or missing record stops the comparison instead of leaving the number to the
+    remaining points.
+    """
+    points = rows[index].drop_duplicates()
+    wide = rows[rows["metric"].isin(metrics)].pivot_table(index=index, columns="metric", values="value")
+    if not set(metrics) <= set(wide.columns):
+        return pd.DataFrame()
+    wide = points.merge(wide.reset_index(), on=index, how="left")
+    lacking = wide[wide[metrics].isna().any(axis=1)]
+    if not lacking.empty:
+        names = sorted(lacking["point"]) if "point" in lacking else lacking[index].to_dict("records")
+        raise MissingPointsError(f"{what}: points {names} lack one of {metrics}; rerun them or collect their records")
+    return wide
+
+
+@contextmanager
+def _noting_used_points() -> Iterator[set[str]]:
+    """Collect the point names describe_testbeds sees while the block runs."""
+    used: set[str] = set()
+    token = _USED_POINTS.set(used)
+    try:
+        yield used
+    finally:
+        _USED_POINTS.reset(token)
+
+
+def points_text(names: set[str]) -> str:
+    """The points a row used, for people: their count, then their names joined by ";"."""
+    return f"{len(names)}: " + ";".join(sorted(names))
 
 
 def verdict(ratio: float, tolerance: float, bound: str | None = None) -> str:
@@ -116,7 +170,7 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
-        for testbed, value, setting, variants in found:
+        for testbed, value, setting, used, variants in found:
             ratio = value / entry["value"]
             judged, reason = judge(entry, testbed, ratio)
             rows.append(
@@ -128,6 +182,7 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
                     "reproduced_high": max([value, *variants.values()]),
                     "unstated": "; ".join(variants) or None,
                     "reproduced_setting": setting,
+                    "points": points_text(used),
                     "ratio": ratio,
                     "verdict": judged,
                     "reason": reason,
@@ -170,18 +225,31 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
 
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
-    """(testbed, value, setting, {unstated setting: value}) for every testbed whose chosen-value
-    records hold the data ``fn`` needs; the dict holds the sensitivity runs that reproduce it too."""
+    """(testbed, value, setting, points used, {unstated setting: value}) for every testbed whose
+    chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that reproduce
+    it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples):
-        result = fn(at_setting(recs), at_setting(samps))
+        with _noting_used_points() as used:
+            result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
         if result is None:
             continue
         variants = {}
         for setting in sorted(recs[UNSTATED].dropna().unique()) if UNSTATED in recs else []:
-            varied = fn(at_setting(recs, setting), at_setting(samps, setting))
+            varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, variants
+        yield testbed, *result, used, variants
+
+
+def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:
+    """``fn`` on one testbed's tables; any failure is raised as a ValueError naming the entry and testbed."""
+    try:
+        return fn(records, samples)
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        raise ValueError(
+            f"registry entry {entry['id']!r} (reproducer {entry['reproducer']}) on {'/'.join(testbed.values())}: "
+            f"{err if isinstance(err, MissingPointsError) else repr(err)}"
+        ) from err
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,7 +27,7 @@ import seaborn as sns
 
 from analysis.collect import TESTBED_COLUMNS, at_setting, param_columns, select
 from analysis.files import read_tables
-from moe_core.results import atomic_output
+from moe_core.results import atomic_outputs
 
 matplotlib.use("Agg")  # files only, no display
 
@@ -126,8 +126,8 @@ def render(
             registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
         fig.tight_layout()
         outputs = [out_png, out_png.with_suffix(".pdf")]
-        for path in outputs:
-            with atomic_output(path) as tmp:
+        with atomic_outputs(*outputs) as tmps:  # both new, or both old
+            for path, tmp in zip(outputs, tmps):
                 fig.savefig(tmp, format=path.suffix[1:], dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)

@@ -18,7 +18,8 @@ Schema (version 1)::
 (moe_core.noise: load average, the share of CPU others used, each metric's coefficient of
 variation); moe_core.noise.is_noisy decides from it whether the record was taken on a noisy host.
 
-Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...). Records are written
+Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...), which sets their range
+(moe_core/record_schema.py checks every record the analysis reads against it). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
 
 Records are strict JSON: every number is finite. A metric or sample that is NaN or infinite (a
@@ -190,21 +191,33 @@ def record_path(results_dir: str | Path, paper: str, experiment: str, point: str
 
 
 @contextmanager
-def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed.
+def atomic_outputs(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds they replace the
+    paths, when it fails they are removed and the old files stay as they were.
 
-    Readers see the old file or the whole new one, never a partial write. The temporary file is
-    created with the process umask (not mkstemp's 0600), so results stay readable on shared clusters.
+    Readers see the old files or the whole new ones, never a partial write (and for a figure's PNG
+    and PDF, never a new one beside an old one). The temporary files are created with the process
+    umask (not mkstemp's 0600), so results stay readable on shared clusters.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmps = [path.with_name(f".{path.name}.{os.getpid()}.tmp") for path in paths]
     try:
-        yield tmp
-        os.replace(tmp, path)
+        yield tmps
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """:func:`atomic_outputs` of one file: yield its temporary path."""
+    with atomic_outputs(path) as (tmp,):
+        yield tmp
 
 
 def write_record(record: dict[str, Any], path: str | Path) -> Path:

@@ -102,20 +102,25 @@ def aurora_fig11a_sjf_over_rcs(records: pd.DataFrame, samples: pd.DataFrame) -> 
     ratio = (sjf / rcs).dropna()
     if ratio.empty:
         return None
-    return float(ratio.mean()), f"{describe_testbeds(records)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
+    used = pd.concat([_deployment_rows(records, "exclusive-homogeneous", p, "inference_ms") for p in ("sjf", "rcs")])
+    used = used[used["workload"].isin(ratio.index)]
+    return float(ratio.mean()), f"{describe_testbeds(used)}, exclusive-homogeneous, mean over {len(ratio)} workloads"
 
 
 @reproducer
 def aurora_fig12_utilisation_gain_max(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
     """Largest ratio of GPU utilisation, Aurora's colocation over Lina, over workloads of a colocated setting."""
-    gains = []
-    for setting in ("colocated-homogeneous", "colocated-heterogeneous"):
+    settings = ("colocated-homogeneous", "colocated-heterogeneous")
+    gains = {}
+    for setting in settings:
         aurora, lina = (_deployment_per_workload(records, setting, p, "gpu_utilisation") for p in ("aurora", "lina"))
-        gains.append((aurora / lina).dropna())
-    gain = pd.concat(gains)
+        gains[setting] = (aurora / lina).dropna()
+    gain = pd.concat(gains.values())
     if gain.empty:
         return None
-    return float(gain.max()), f"{describe_testbeds(records)}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
+    rows = pd.concat([_deployment_rows(records, s, p, "gpu_utilisation") for s in settings for p in ("aurora", "lina")])
+    used = rows[[workload in gains[s].index for s, workload in zip(rows["setting"], rows["workload"])]]
+    return float(gain.max()), f"{describe_testbeds(used)}, colocated, Aurora vs Lina, max over {len(gain)} workloads"
 
 
 @reproducer

@@ -114,7 +114,7 @@ def _axonn_80b(records: pd.DataFrame) -> tuple[pd.Series, str] | None:
         return None
     axonn = points.loc["axonn"]
     return axonn, (
-        f"{describe_testbeds(points)}, {HEADLINE_MODEL} GPT on {HEADLINE_GPUS} GPUs, grid "
+        f"{describe_testbeds(points.loc[['axonn']])}, {HEADLINE_MODEL} GPT on {HEADLINE_GPUS} GPUs, grid "
         f"{_grid_labels(points.loc[['axonn']]).iloc[0]}: batch {axonn['batch_s']:.3g} s, "
         f"{axonn['pflops']:.0f} PFLOP/s, {axonn['peak_share']:.0%} of the profile's bf16 peak"
     )
@@ -144,7 +144,7 @@ def axonn_overlap_gain_2b(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
     if none["grid_comm_ms"] == 0:  # a grid without tensor-parallel collectives: no overlap has anything to hide
         return None
     return none["step_ms"] / every["step_ms"] - 1, (
-        f"{describe_testbeds(points)}, {none['model']} GPT on {none['gpus']:.0f} GPUs, grid "
+        f"{describe_testbeds(points.loc[['none', 'all']])}, {none['model']} GPT on {none['gpus']:.0f} GPUs, grid "
         f"{_grid_labels(points.loc[['none']]).iloc[0]}: step {none['step_ms']:.0f} ms (no overlap) / "
         f"{every['step_ms']:.0f} ms (all-reduce, reduce-scatter and all-gather overlapped) - 1"
     )

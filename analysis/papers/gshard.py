@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.collect import wide_points
+from analysis.collect import select, wide_points
 from analysis.compare import describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, train_step_rows
 from analysis.published import load_registry, published_value
@@ -138,7 +138,7 @@ def _model_row(records: pd.DataFrame, model_id: int) -> pd.Series | None:
 
 def _setting(row: pd.Series) -> str:
     return (
-        f"{row['hardware']} {row['backend']}, model ({row['gshard_model']}) {MODELS[row['gshard_model']].name} on "
+        f"{describe_testbeds(row.to_frame().T)}, model ({row['gshard_model']}) {MODELS[row['gshard_model']].name} on "
         f"{row['cores']} cores ({row['chips']} chips), batch {row['batch_tokens']:,} tokens: step "
         f"{row['step_ms']:.0f} ms ({row['steps_per_s']:.3g} steps/s), all-to-all {row['a2a_share']:.0%} of it; "
         f"1T tokens in {row['training_days']:.2f} days = {row['core_years']:.2f} core-years"
@@ -200,8 +200,9 @@ def gshard_a2a_exponent(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[f
     fits = fits.sort_values("size_bytes")
     largest = fits.iloc[-1]
     others = ", ".join(f"{format_bytes(r.size_bytes)}: D^{r.exponent:.2f}" for r in fits.iloc[:-1].itertuples())
+    a2a_points = select(_points(records, COLLECTIVES), collective="all_to_all")
     return largest["exponent"], (
-        f"{describe_testbeds(_points(records, COLLECTIVES))}, torus slices of {largest['partitions']} partitions, "
+        f"{describe_testbeds(a2a_points)}, torus slices of {largest['partitions']} partitions, "
         f"{format_bytes(largest['size_bytes'])} per partition: time ~ D^{largest['exponent']:.2f} (at line rate "
         f"alone D^{largest['line_rate_exponent']:.2f}); smaller sizes: {others or 'none'}"
     )

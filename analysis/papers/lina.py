@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import TESTBED_COLUMNS, select
-from analysis.compare import Reproducer, describe_testbeds, reproducer
+from analysis.compare import Reproducer, complete_points, describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, one_testbed, train_step_rows
 from analysis.published import load_registry, published_value
 from analysis.units import MiB, format_bytes, span
@@ -52,17 +52,11 @@ def _baseline_points(records: pd.DataFrame, metrics: list[str], experts: tuple[i
         rows = select(records, experiment=experiment, policy="overlap")
         if rows.empty:
             continue
-        rows = rows[
-            rows["metric"].isin(metrics)
-            & (rows["world_size"] == rows["num_experts"])
-            & rows["num_experts"].isin(experts)
-        ]
+        rows = rows[(rows["world_size"] == rows["num_experts"]) & rows["num_experts"].isin(experts)]
         index = ["point", "hardware", "backend", "num_experts"]
-        wide = rows.pivot_table(index=index, columns="metric", values="value").reset_index()
-        if set(metrics) <= set(wide.columns):
-            wide = wide.dropna(subset=metrics)
-            if not wide.empty:
-                return wide
+        wide = complete_points(rows, index, metrics, f"DeepSpeed-MoE's {experiment} points")
+        if not wide.empty:
+            return wide
     return pd.DataFrame()
 
 
@@ -156,10 +150,12 @@ def lina_speedups(records: pd.DataFrame, metric: str) -> pd.DataFrame:
         .sort_values("non_default")
         .drop_duplicates(["policy", "num_experts"])
     )
-    base = df[df["policy"] == "overlap"].set_index("num_experts")["value"]
+    base = df[df["policy"] == "overlap"].set_index("num_experts")
     df = df[df["policy"].isin(LINA_POLICIES_SHOWN) & df["num_experts"].isin(base.index)]
     return df.assign(
-        experts=df["num_experts"].astype(int), speedup=base.loc[df["num_experts"]].to_numpy() / df["value"].to_numpy()
+        experts=df["num_experts"].astype(int),
+        speedup=base.loc[df["num_experts"], "value"].to_numpy() / df["value"].to_numpy(),
+        baseline_point=base.loc[df["num_experts"], "point"].to_numpy(),
     )
 
 
@@ -318,7 +314,9 @@ def _inference_ratio(
     both = a.merge(b, on=keys, suffixes=("_a", "_b"))
     if both.empty:
         return None
-    return float((both[f"{stat}_a"] / both[f"{stat}_b"]).mean()), b
+    used = pd.concat([a, b])
+    used = used[used.set_index(keys).index.isin(both.set_index(keys).index)]  # the runs with both policies
+    return float((both[f"{stat}_a"] / both[f"{stat}_b"]).mean()), used
 
 
 def _lina_inference_reproducer(

@@ -71,7 +71,8 @@ def monta_a2a_speedup_tp8(records: pd.DataFrame, samples: pd.DataFrame) -> tuple
     df = _steps(records, "simulated")
     if df.empty:
         return None
-    times = _by_path(_at_paper_layout(df, 8), "exchange_ms")
+    df = _at_paper_layout(df, 8)
+    times = _by_path(df, "exchange_ms")
     if not {"duplicate", "monta"} <= times.keys():
         return None
     return times["duplicate"] / times["monta"], (
@@ -87,9 +88,11 @@ def monta_iteration_gain(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[
     df = _steps(records, "simulated", "step_ms")
     if df.empty:
         return None
-    step = _by_path(_at_paper_layout(df, 8), "value")
+    df = _at_paper_layout(df, 8)
+    step = _by_path(df, "value")
     if not {"drop-gather", "monta"} <= step.keys():
         return None
+    df = df[df["path"].isin(["drop-gather", "monta"])]
     gain = 100 * (1 - step["monta"] / step["drop-gather"])
     return gain, (
         f"{describe_testbeds(df)}, 2x70B-class on 16 GPUs, tp 8 x ep 2, 8K sequence: step "
