@@ -39,7 +39,7 @@ from tqdm import tqdm
 from moe_core.benchmark import measured_record
 from moe_core.config import ConfigError, config_arg_parser, load_config
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.results import record_path, write_record
+from moe_core.results import exit_if_unwritable, write_records
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
@@ -324,8 +324,8 @@ def save(records: list[dict], cfg: DictConfig) -> None:
     question) and the largest size of each collective alone (its peak bandwidth) are logged; the
     JSON records hold everything.
     """
-    for record in records:
-        write_record(record, record_path(cfg.results_dir, PAPER, EXPERIMENT, record["point"]))
+    with exit_if_unwritable():
+        write_records(records, cfg.results_dir)
     max_bytes = sizes_bytes(cfg)[-1]
     for record in records:
         p = record["params"]

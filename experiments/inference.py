@@ -50,7 +50,7 @@ from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shu
 from moe_core.model import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
-from moe_core.results import atomic_output, make_record, record_path, write_record
+from moe_core.results import atomic_output, exit_if_unwritable, make_record, record_path, write_record
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 
@@ -270,12 +270,13 @@ def main(argv: list[str] | None = None) -> int:
                     extra_metrics=extra,
                     device=env.device.type,
                 )
-                path = write_record(
-                    record,
-                    Path(args.out_dir) / f"{point}.json"
-                    if args.out_dir
-                    else record_path(cfg.results_dir, PAPER, EXPERIMENT, point),
-                )
+                with exit_if_unwritable():
+                    path = write_record(
+                        record,
+                        Path(args.out_dir) / f"{point}.json"
+                        if args.out_dir
+                        else record_path(cfg.results_dir, PAPER, EXPERIMENT, point),
+                    )
                 m = record["metrics"]
                 rates = (
                     f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate {extra['replan_rate']:.0%}"

@@ -34,7 +34,7 @@ from moe_core.papers.lina.packing import ExpertPacking
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan
-from moe_core.results import make_record, record_path, write_record
+from moe_core.results import exit_if_unwritable, make_record, record_path, write_record
 from moe_core.timing import STEP_PHASES, PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 extra_metrics=single_metrics,
                 device=env.device.type,
             )
-            path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
+            with exit_if_unwritable():
+                path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
             print(
                 f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
                 f"a2a share {record['metrics']['a2a_share']['median']:.1%}",

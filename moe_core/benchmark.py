@@ -23,9 +23,8 @@ from .results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,
+    exit_if_unwritable,
     make_record,
-    record_path,
-    write_record,
     write_records,
 )
 from .timing import PhaseTimer, gather_worst_rank
@@ -94,8 +93,8 @@ def benchmark_main(
     try:
         with naming_failed_ranks(env):
             records = run(cfg, env)
-        for record in records:  # rank 0 only
-            write_record(record, record_path(cfg.results_dir, record["paper"], record["experiment"], record["point"]))
+        with exit_if_unwritable():
+            write_records(records, cfg.results_dir)  # rank 0's; the others have none
     finally:
         shutdown()
 

@@ -38,6 +38,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -320,6 +321,18 @@ def staged_records(results_dir: str | Path) -> Iterator[RecordStage | None]:
     except OSError as err:
         stage.remove()
         raise ResultsDirError(f"cannot publish the records of this run under {results_dir} ({err})") from err
+
+
+@contextmanager
+def exit_if_unwritable() -> Iterator[None]:
+    """Around a measured entry point's record writes (rank 0): a record that cannot be written (a
+    full disk, a folder made read-only) ends the process with exit code 1 and one line naming the
+    file, rather than a traceback."""
+    try:
+        yield
+    except ResultsDirError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def write_records(records: Iterable[dict[str, Any]], results_dir: str | Path) -> list[Path]:

@@ -484,6 +484,15 @@ def test_a_full_disk_leaves_no_record_and_names_the_file(full_disk):
     assert records(full_disk) == [] and not list(full_disk.rglob("*.json"))
 
 
+@pytest.mark.slow
+def test_a_full_disk_under_the_launcher_names_the_file_and_leaves_no_record(full_disk):
+    done = run(launcher(f"results_dir={full_disk}", "collectives.max_bytes=65536"))
+    assert done.returncode != 0
+    assert re.search(r"error: cannot write record \S+\.json \(No space left on device\)", done.output), done.output
+    assert last_line(done.output) == "error: rank 0 exited with code 1", done.output[-3000:]
+    assert records(full_disk) == []
+
+
 # -- a diverged run writes no record -------------------------------------------------------------------------------
 
 
