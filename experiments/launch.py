@@ -480,6 +480,11 @@ def slurm_command(
     nproc: int, agents: int, job: SlurmJob, entry: list[str], environ
 ) -> tuple[list[str], dict[str, str]]:
     """``srun`` starting one torchrun agent per SLURM task, rendezvous (c10d) on the first node."""
+    if nproc % agents:
+        raise ConfigError(
+            f"--nproc {nproc} cannot be split evenly over the {agents} tasks of SLURM job "
+            f"{job.job_id}; ask one task per node and whole nodes"
+        )
     per_agent = nproc // agents
     port = SLURM_RENDEZVOUS_PORT_BASE + int(job.job_id) % SLURM_RENDEZVOUS_PORTS
     argv = [

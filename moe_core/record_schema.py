@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
-from . import papers  # noqa: F401  (registers the papers' policies, which point names spell)
+from . import config as _registry  # noqa: F401  (registers the papers' policies, which point names spell)
 from .points import point_name, point_overrides
 from .results import MODES, SCHEMA_VERSION, summarize
 
