@@ -63,8 +63,17 @@ summary and the ranks' own reports, moe_core.distributed): ``error: rank 2 was k
   kill it if it is a stopped process on their host (SIGSTOP: torchrun's SIGTERM cannot end it),
   and exit; torchrun then stops the rest at once, and exits, and the launcher with it.
 
+* a rank stopped or hung where the others cannot reach it (before it reached the store, or at
+  teardown after the last collective): the launcher watches the rank processes of its torchrun
+  agents and, once any rank has ended, kills a stopped one at once and an idle one after
+  ``parallel.timeout_s`` (experiments.rank_watch), naming it.
+
 When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped
 (srun's ``--kill-on-bad-exit`` does the same for SLURM tasks).
+
+Records. The ranks write theirs into a staging folder (moe_core.results.staged_records), which the
+launcher publishes only when every rank has exited 0: a run that fails anywhere, teardown
+included, leaves none of its records, and Snakemake never sees an output of a failed job.
 
 Interrupts. SIGINT, SIGTERM and SIGHUP stop torchrun and every rank, and the launcher exits with
 128 + the signal; only a run that finished writes its record. Under Snakemake, Ctrl-C (SIGINT to
