@@ -119,7 +119,7 @@ class ServedModel:
             ]
             data = {**to_container(self.cfg), "hardware_profile": self.cluster.hardware.name}
             data["hardware"] = to_container(self.cluster.hardware)
-            run = load_config(data=data, overrides=overrides)
+            run = load_config(data=data, overrides=overrides, whole_run=False)
             self._models[devices] = ForwardModel(run, self.cluster.topo, devices)
         return self._models[devices]
 
