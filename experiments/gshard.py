@@ -30,7 +30,7 @@ import sys
 from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import load_config, to_container
+from moe_core.config import derive_config, load_config
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
@@ -67,7 +67,7 @@ GB = 1e9
 @functools.cache
 def profile(name: str) -> DictConfig:
     """A hardware profile as it is (read once: every point needs one)."""
-    return load_config(overrides=[f"hardware_profile={name}"]).hardware
+    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
 
 
 def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:
@@ -146,7 +146,7 @@ def scaling_record(cfg: DictConfig, model: GShardModel, name: str, overrides: li
     """One model of Table 1 simulated on its profile (one run of ``scaling_runs``): step, rooflines,
     memory as trained."""
     g = cfg.gshard
-    point = load_config(data=to_container(cfg), overrides=overrides)
+    point = derive_config(cfg, overrides)
     topo = build_topology(point.hardware)
     step = StepModel(point, topo).run().metrics()
     roof = roofline_ms(point, topo)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from moe_core.benchmark import predictions_main
 from moe_core.capacity import moe_blocks
-from moe_core.config import load_config, to_container
+from moe_core.config import derive_config, to_container
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
@@ -78,7 +78,7 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
         "comm.policy=sequential",
         *variant,
     ]
-    return load_config(data=to_container(cfg), overrides=overrides)
+    return derive_config(cfg, overrides)
 
 
 def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: list[str] = ()) -> list[dict]:
