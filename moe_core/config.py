@@ -4,8 +4,9 @@ Merge order: schema defaults <- YAML files (in the order given) <- command-line 
 overrides. The schema is the single source of truth: the core's sections below plus the sections
 papers register (moe_core.sections, from moe_core/papers/<paper>/config.py). OmegaConf checks every
 key and type against it, and :func:`validate` adds the checks a type cannot express (ranges,
-layouts, names that must exist). Every failure raises :class:`ConfigError` whose message names the
-full key, what was wrong and what is allowed, before any process is started.
+layouts, names that must exist), then moe_core.run_checks what the run derives from the config (its
+override lists, points and sizes). Every failure raises :class:`ConfigError` whose message names the
+key the user set, what was wrong and what is allowed, before any process is started.
 
 The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml`` into
 ``cfg.hardware``. Check a config without running anything (Snakemake parses its own
@@ -283,7 +284,8 @@ class CollectivesConfig:
 
 @dataclass
 class SweepConfig:
-    """Axes of the measured training-step sweep; Snakemake runs one job per point of the product."""
+    """Axes of the measured training-step sweep; Snakemake runs one job per point of the product.
+    Each point's layout is its axes' (no 3D grid: ``parallel.grid`` is for a run of the base config)."""
 
     name: str = "default"
     world_size: list[int] = field(default_factory=lambda: [2, 4])
@@ -336,9 +338,9 @@ def _root_schema() -> type:
         # param ``unstated``, and analysis.compare reports their range beside the chosen value's.
         # Empty: every parameter at its chosen value.
         ("unstated", str, field(default="")),
-        # Run what the load refuses as too large (moe_core.run_checks: a measured run's memory estimate
-        # over this host's memory, simulated clusters or point counts past their stated bounds). Only
-        # size checks: a wrong value is refused whatever this says.
+        # Run what the load refuses only as too large (moe_core.run_checks: a measured run's memory
+        # estimate over this host's memory, simulated ranks or point counts past their stated bounds).
+        # A wrong value is refused whatever this says.
         ("force", bool, field(default=False)),
         ("hardware", HardwareConfig, field(default_factory=HardwareConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
