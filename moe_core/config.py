@@ -571,6 +571,8 @@ def _validate_shape(hw: DictConfig) -> None:
     require_positive(hw, "hardware", ("oversubscription",))
     rates = ("intra_node_GBps", "intra_node_latency_us", "nic_GBps", "inter_node_latency_us", "host_GBps")
     require_at_least(hw, "hardware", 0, rates)
+    for i, gpu_class in enumerate(hw.gpu_classes):
+        require_name(gpu_class.name, f"hardware.gpu_classes[{i}].name")
     if hw.topology == "torus2d":
         require(
             len(hw.torus_dims) == 2 and min(hw.torus_dims) >= 1,
