@@ -55,7 +55,7 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.points import point_params, unstated_variants
+from moe_core.points import own_layout, point_params, unstated_variants
 from moe_core.sections import ConfigError
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
@@ -103,6 +103,7 @@ def step_overrides(cfg: DictConfig, model: GShardModel) -> list[str]:
     g = cfg.gshard
     chip_tokens = tokens_per_core(model, g.group_size) * g.cores_per_chip
     return [
+        *own_layout(),
         f"hardware_profile={profile_for(cfg, model.cores)}",
         f"paper={PAPER}",
         f"parallel.world_size={model.cores // g.cores_per_chip}",

@@ -145,6 +145,12 @@ def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     return points
 
 
+def own_layout() -> list[str]:
+    """The overrides a paper's derived config starts with: neither the run's 3D grid nor its tensor
+    parallelism (valid for the run, not for the paper's own layout, which its overrides state after)."""
+    return [*point_overrides({}), "parallel.tensor_parallel=1"]
+
+
 def point_overrides(point: dict[str, Any]) -> list[str]:
     """The ``key=value`` overrides that turn the base config into one sweep point (no 3D grid: NO_GRID)."""
     keys = {

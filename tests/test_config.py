@@ -208,6 +208,14 @@ def test_a_valid_base_grid_leaves_every_point_valid():
     for point in measured_points(cfg).values():
         assert "parallel.grid.row=1" in point_overrides(point)
     assert all("parallel.grid.row=1" in overrides for _, overrides in sim_points(cfg).values())
+    # and the papers' simulated experiments state their own layout too
+    from experiments.gshard import step_overrides
+    from experiments.lina_inference_sim import inference_config
+    from moe_core.config import derive_config
+    from moe_core.papers.gshard.models import MODELS
+
+    assert inference_config(cfg, 4).parallel.grid.row == 1
+    assert derive_config(cfg, step_overrides(cfg, MODELS[min(MODELS)])).parallel.grid.row == 1
 
 
 def test_unknown_keys_list_the_valid_ones():

@@ -22,6 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.config import ConfigError, load_config, to_container
+from moe_core.points import own_layout
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, simulate_on
 from moe_core.sim.forward import ForwardModel, Order, simulate_served
 from moe_core.sim.topology import Cluster, build_topology
@@ -101,6 +102,7 @@ class ServedModel:
         if devices not in self._models:
             a, ranks = self.cfg.aurora, len(devices)
             overrides = [
+                *own_layout(),
                 f"model.d_model={a.d_model}",
                 f"model.d_ff={a.d_ff}",
                 "model.n_heads=1",  # attention is not simulated (MoE layers only)
