@@ -540,6 +540,13 @@ def validate(cfg: DictConfig) -> None:
         section.validate(cfg)
 
 
+def validate_point(cfg: DictConfig) -> None:
+    """The checks a sweep point's settings (layout, policy, dispatch, seed, paper) can fail: the
+    model's and the training step's; no section reads a point's keys."""
+    _validate_model(cfg)
+    _validate_training(cfg)
+
+
 def _validate_run(cfg: DictConfig) -> None:
     """Names that become path components or shell words, and the hardware's shape and rates."""
     require(

@@ -29,7 +29,7 @@ import os
 from omegaconf import DictConfig, OmegaConf
 
 from .capacity import moe_blocks
-from .config import ERROR_KEY, derive_config, validate
+from .config import ERROR_KEY, derive_config, validate_point
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
 from .sections import ConfigError, require
 
@@ -79,7 +79,7 @@ def check_override_list(cfg: DictConfig, key: str, uses: list[list[str]]) -> Non
         )
         require(name not in OVERRIDE_LISTS, where, f"{entry!r}: an override list cannot set another")
         blame[name] = where
-    for overrides in uses:
+    for overrides in uses if entries else ():  # an empty list changes nothing its uses' points do not
         derived(cfg, overrides, key, blame, f"{key} applied to the run's config")
 
 
@@ -120,7 +120,7 @@ def check_measured_points(cfg: DictConfig) -> None:
         what = f"measured point {point_name(point)}"
         try:
             scratch.merge_with_dotlist(overrides)
-            validate(scratch)
+            validate_point(scratch)
         except ConfigError as err:
             raise _blamed(err, where, blame, what) from None
         check_memory(scratch, f"{what} of {where}")
