@@ -421,7 +421,8 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely
         base = copy.deepcopy(cfg)
         OmegaConf.set_readonly(base, False)
-        base.hardware = _merge([OmegaConf.structured(HardwareConfig), _load_hardware(profile)])
+        # the schema class of cfg's own (``python -m moe_core.config`` imports this module twice)
+        base.hardware = _merge([OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)])
     derived = _merge([base, layer])
     OmegaConf.set_readonly(derived, True)
     validate(derived)

@@ -393,3 +393,15 @@ def test_simulate_refuses_bad_input_before_writing(tmp_path, override, key):
     )
     assert proc.returncode == 2 and f"config key '{key}'" in proc.stderr, proc.stderr
     assert not any(tmp_path.rglob("*"))
+
+
+def test_config_check_names_an_override_list_entry():
+    """``python -m moe_core.config`` (its module imported twice) checks lists whose uses switch profile."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.config", "--config", "configs/default.yaml"]
+        + ["sim_sweep.overrides=[model.n_heads=3]"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: config key 'sim_sweep.overrides[0]'"), proc.stderr
