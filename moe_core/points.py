@@ -1,9 +1,9 @@
 """Sweep points: which training-step points a run measures and simulates, and how each is named.
 
 A point is a dict of swept values (``world_size``, ``num_experts``, ``experts_per_rank``,
-``policy``, ``seed``, optionally ``partition_mb``, ``paper`` and the tensor-parallel and all-to-all
-choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured sweep is the config's
-``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
+``policy``, ``seed``, optionally ``partition_mb``, ``paper``, ``dropless`` and the tensor-parallel and
+all-to-all choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured
+sweep is the config's ``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
 (e.g. Lina's policies at every expert count) with :func:`register_measured_points` and
 :func:`register_sim_points`, so the workflow and the simulator's ``--sweep`` mode see every point
 without naming a paper.
@@ -165,6 +165,7 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
         "tp_dispatch": "comm.tp_dispatch",
         "tp_chunks": "comm.tp_chunks",
         "a2a_algorithm": "comm.a2a_algorithm",
+        "dropless": "moe.dropless",
         "grid_depth": "parallel.grid.depth",
         "grid_row": "parallel.grid.row",
         "grid_col": "parallel.grid.col",

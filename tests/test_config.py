@@ -197,6 +197,16 @@ def test_force_runs_what_only_a_size_check_refuses():
         load_config(["configs/default.yaml"], ["train.seed=-1", "force=true"])
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [["comm.a2a_algorithm=hierarchical"], ["moe.dropless=true"], ["parallel.grid.row=2", "moe.num_experts=2"]],
+)
+def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
+    """Each paper's points set the base keys their layout needs (flat all-to-all, capacity buffers,
+    no grid), so the load, which checks every point, passes."""
+    assert load_config(["configs/default.yaml"], overrides)
+
+
 def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""

@@ -139,6 +139,9 @@ def monta_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
         {
             **layout_params(ws, EXPERTS, EXPERTS, tp, dispatch),
             "policy": "overlap",
+            # the dispatches exchange capacity buffers the flat way, whatever the base config's
+            "a2a_algorithm": "flat",
+            "dropless": False,
             "seed": cfg.sweep.seed[0],
             "paper": PAPER,
         }
