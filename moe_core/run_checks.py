@@ -55,7 +55,7 @@ def check_run(cfg: DictConfig) -> None:
     """Every check above; ConfigError naming the key the user set."""
     for key, uses in OVERRIDE_LISTS.items():
         check_override_list(cfg, key, uses(cfg))
-    check_point_counts(cfg)  # first: a sweep of a million points is refused before it is expanded
+    check_point_counts(cfg)  # first: a sweep of a million points is refused before each is validated
     check_measured_points(cfg)
     check_ignored(cfg)
     for check in RUN_CHECKS:
