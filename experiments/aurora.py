@@ -41,7 +41,7 @@ from moe_core.results import (
 
 def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
     """The hardware section of ``profile``, loaded through the schema like any run's."""
-    return load_config(args_config, [*overrides, f"hardware_profile={profile}"]).hardware
+    return load_config(args_config, [*overrides, f"hardware_profile={profile}"], whole_run=False).hardware
 
 
 def make_records(cfg: DictConfig, args_config: list[str], overrides: list[str], progress) -> list[dict]:
@@ -51,7 +51,7 @@ def make_records(cfg: DictConfig, args_config: list[str], overrides: list[str], 
     progress(f"workloads: {', '.join(tokens)}")
     records = []
     for suffix, variant in {"": [], **sensitivity_runs()}.items():
-        run_cfg = load_config(args_config, [*overrides, *variant])
+        run_cfg = load_config(args_config, [*overrides, *variant], whole_run=False)
         hardware = {
             net: hardware_of(args_config, [*overrides, *variant], run_cfg.aurora[f"{net}_hardware"]) for net in NETWORKS
         }

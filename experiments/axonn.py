@@ -37,14 +37,14 @@ import sys
 from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import load_config, to_container
+from moe_core.config import derive_config, load_config
 from moe_core.grid import GRID_AXES, Grid
 from moe_core.papers.axonn.baseline import megatron_layout, pipeline_time_s
 from moe_core.papers.axonn.comm_model import rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
-from moe_core.points import unstated_param, unstated_variants
+from moe_core.points import own_layout, unstated_param, unstated_variants
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -59,7 +59,7 @@ SENSITIVITY_MODELS, SENSITIVITY_VARIANTS = (WEAK_SCALING[-1],), ("none", "all")
 @functools.cache
 def profile(name: str) -> DictConfig:
     """A hardware profile as it is (read once: every simulated point needs it)."""
-    return load_config(overrides=[f"hardware_profile={name}"]).hardware
+    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
 
 
 def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
@@ -87,7 +87,7 @@ def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int |
 def point_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """The run's config with ``overrides``, then its sensitivity setting (``unstated``) again: the
     profile the overrides load would otherwise replace a ``hardware.`` one."""
-    return load_config(data=to_container(cfg), overrides=[*overrides, *([cfg.unstated] if cfg.unstated else [])])
+    return derive_config(cfg, [*own_layout(), *overrides, *([cfg.unstated] if cfg.unstated else [])])
 
 
 def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:
@@ -265,7 +265,7 @@ def records(cfg: DictConfig) -> list[dict]:
     at the chosen values."""
     out = []
     for suffix, overrides, models, variants in study_runs():
-        run = load_config(data=to_container(cfg), overrides=overrides) if overrides else cfg
+        run = derive_config(cfg, [*own_layout(), *overrides])
         out += [*scaling_records(run, models, suffix), *ablation_records(run, variants, suffix)]
     return [*out, *ranking_records(cfg)]
 

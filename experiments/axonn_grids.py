@@ -27,19 +27,19 @@ from omegaconf import DictConfig
 
 from experiments.train_step import train
 from moe_core.benchmark import benchmark_main, measured_record
-from moe_core.config import ConfigError, load_config
+from moe_core.config import ConfigError
 from moe_core.distributed import Env
 from moe_core.grid import Grid
 from moe_core.papers.axonn.comm_model import AXONN_ORDER, predicted_communication
-from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_points, point_config
+from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_points, model_profile, point_config
 from moe_core.points import point_params
 
 
 def prediction(cfg: DictConfig, grid: Grid) -> dict[str, float]:
     """AxoNN's model of one step's communication on ``grid`` (ms, and its breakdown) for ``cfg``'s
     model, on ``axonn.model_profile``."""
-    a, m = cfg.axonn, cfg.model
-    hw = load_config(overrides=[f"hardware_profile={a.model_profile}"]).hardware if a.model_profile else cfg.hardware
+    m = cfg.model
+    hw = model_profile(cfg)
     seconds = predicted_communication(
         hw,
         grid,

@@ -43,7 +43,9 @@ def sim_points(cfg: DictConfig) -> list[str]:
 def simulated_records(cfg: DictConfig) -> list[dict]:
     d, records = cfg.dispatch_study, []
     for profile in d.hardware:
-        sized = load_config(overrides=[f"hardware_profile={profile}", f"parallel.world_size={d.sim_world_size}"])
+        sized = load_config(
+            overrides=[f"hardware_profile={profile}", f"parallel.world_size={d.sim_world_size}"], whole_run=False
+        )
         hw = sized_hardware(sized)
         for skew in d.skews:
             counts = token_counts(

@@ -142,7 +142,7 @@ def entry_hardware(entry: dict) -> DictConfig:
     """The entry's profile as it is, with the entry's node count (which must hold exactly its ranks)."""
     overrides = [f"hardware_profile={entry['profile']}", f"hardware.nodes={entry['nodes']}"]
     try:
-        hw = load_config(overrides=overrides).hardware
+        hw = load_config(overrides=overrides, whole_run=False).hardware
     except ConfigError as err:
         raise ValueError(f"entry {entry['id']!r}: {err}") from err
     if entry["world_size"] != hw.nodes * hw.devices_per_node:

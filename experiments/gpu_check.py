@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda but no CUDA device is visible; use --device cpu --sizes cpu", file=sys.stderr)
         return 2
     device = torch.device(args.device)
-    hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"]).hardware
+    hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"], whole_run=False).hardware
     sizes = SIZES[args.sizes]
 
     checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}

@@ -30,7 +30,7 @@ import sys
 from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import load_config, to_container
+from moe_core.config import derive_config, load_config
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
@@ -55,7 +55,7 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.points import point_params, unstated_variants
+from moe_core.points import own_layout, point_params, unstated_variants
 from moe_core.sections import ConfigError
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
@@ -67,7 +67,7 @@ GB = 1e9
 @functools.cache
 def profile(name: str) -> DictConfig:
     """A hardware profile as it is (read once: every point needs one)."""
-    return load_config(overrides=[f"hardware_profile={name}"]).hardware
+    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
 
 
 def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:
@@ -103,6 +103,7 @@ def step_overrides(cfg: DictConfig, model: GShardModel) -> list[str]:
     g = cfg.gshard
     chip_tokens = tokens_per_core(model, g.group_size) * g.cores_per_chip
     return [
+        *own_layout(),
         f"hardware_profile={profile_for(cfg, model.cores)}",
         f"paper={PAPER}",
         f"parallel.world_size={model.cores // g.cores_per_chip}",
@@ -146,7 +147,7 @@ def scaling_record(cfg: DictConfig, model: GShardModel, name: str, overrides: li
     """One model of Table 1 simulated on its profile (one run of ``scaling_runs``): step, rooflines,
     memory as trained."""
     g = cfg.gshard
-    point = load_config(data=to_container(cfg), overrides=overrides)
+    point = derive_config(cfg, overrides)
     topo = build_topology(point.hardware)
     step = StepModel(point, topo).run().metrics()
     roof = roofline_ms(point, topo)

@@ -26,12 +26,12 @@ from omegaconf import DictConfig
 
 from moe_core.benchmark import predictions_main
 from moe_core.capacity import moe_blocks
-from moe_core.config import load_config, to_container
+from moe_core.config import derive_config, to_container
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
-from moe_core.points import unstated_param, unstated_variants
+from moe_core.points import own_layout, unstated_param, unstated_variants
 from moe_core.results import make_record
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
@@ -68,6 +68,7 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
     """The run's config for ``experts`` experts on as many GPUs of ``lina.hardware``, with a
     sensitivity variant's overrides."""
     overrides = [
+        *own_layout(),
         *cfg.lina.overrides,
         f"hardware_profile={cfg.lina.hardware}",
         f"parallel.world_size={experts}",
@@ -78,7 +79,7 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
         "comm.policy=sequential",
         *variant,
     ]
-    return load_config(data=to_container(cfg), overrides=overrides)
+    return derive_config(cfg, overrides)
 
 
 def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: list[str] = ()) -> list[dict]:

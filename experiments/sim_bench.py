@@ -41,7 +41,8 @@ def bench(gpus: int, hardware: str) -> dict:
             f"parallel.world_size={gpus}",
             f"moe.num_experts={gpus}",
             "moe.experts_per_rank=1",
-        ]
+        ],
+        whole_run=False,
     )
     started = time.perf_counter()
     hw = sized_hardware(cfg)

@@ -26,7 +26,7 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.config import ConfigError, config_arg_parser, derive_config, load_config, to_container
 from moe_core.points import point_params, sim_point_name, sim_points
 from moe_core.results import (
     NonFiniteMetricError,
@@ -99,10 +99,7 @@ def point_configs(args) -> dict[str, DictConfig]:
         cfg = load_config(args.config, args.overrides)
         return {sim_point_name(cfg.hardware.name, point_params(cfg)): cfg}
     base = load_config(args.config, args.overrides)
-    return {
-        name: load_config(args.config, [*args.overrides, *overrides])
-        for name, (_, overrides) in sim_points(base).items()
-    }
+    return {name: derive_config(base, overrides) for name, (_, overrides) in sim_points(base).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

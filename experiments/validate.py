@@ -33,7 +33,7 @@ from moe_core.sim.topology import build_topology
 
 def predict(record: dict, calibrated: str) -> tuple[str, float, float]:
     """(setting, measured ms, predicted ms) of one held-out measured record."""
-    cfg = load_config(data=replayed_config(record), overrides=[f"hardware_profile={calibrated}"])
+    cfg = load_config(data=replayed_config(record), overrides=[f"hardware_profile={calibrated}"], whole_run=False)
     topo = build_topology(cfg.hardware)
     p = record["params"]
     if record["experiment"] == "collectives":

@@ -4,8 +4,9 @@ Merge order: schema defaults <- YAML files (in the order given) <- command-line 
 overrides. The schema is the single source of truth: the core's sections below plus the sections
 papers register (moe_core.sections, from moe_core/papers/<paper>/config.py). OmegaConf checks every
 key and type against it, and :func:`validate` adds the checks a type cannot express (ranges,
-layouts, names that must exist). Every failure raises :class:`ConfigError` whose message names the
-full key, what was wrong and what is allowed, before any process is started.
+layouts, names that must exist), then moe_core.run_checks what the run derives from the config (its
+override lists, points and sizes). Every failure raises :class:`ConfigError` whose message names the
+key the user set, what was wrong and what is allowed, before any process is started.
 
 The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml`` into
 ``cfg.hardware``. Check a config without running anything (Snakemake parses its own
@@ -17,8 +18,10 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
+import re
 import sys
 from contextlib import suppress
 from dataclasses import dataclass, field, make_dataclass
@@ -42,13 +45,15 @@ from .sections import (
     COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
     REPO_ROOT,
-    SAFE_NAME,
     SECTIONS,
     ConfigError,
     require,
     require_at_least,
     require_choices,
+    require_name,
+    require_positive,
     require_profile,
+    require_seed,
 )
 
 __all__ = [
@@ -56,6 +61,7 @@ __all__ = [
     "REPO_ROOT",
     "ConfigError",
     "config_arg_parser",
+    "derive_config",
     "load_config",
     "save_config",
     "to_container",
@@ -283,7 +289,8 @@ class CollectivesConfig:
 
 @dataclass
 class SweepConfig:
-    """Axes of the measured training-step sweep; Snakemake runs one job per point of the product."""
+    """Axes of the measured training-step sweep; Snakemake runs one job per point of the product.
+    Each point's layout is its axes' (no 3D grid: ``parallel.grid`` is for a run of the base config)."""
 
     name: str = "default"
     world_size: list[int] = field(default_factory=lambda: [2, 4])
@@ -344,6 +351,10 @@ def _root_schema() -> type:
         # param ``unstated``, and analysis.compare reports their range beside the chosen value's.
         # Empty: every parameter at its chosen value.
         ("unstated", str, field(default="")),
+        # Run what the load refuses only as too large (moe_core.run_checks: a measured run's memory
+        # estimate over this host's memory, simulated ranks or point counts past their stated bounds).
+        # A wrong value is refused whatever this says.
+        ("force", bool, field(default=False)),
         ("hardware", HardwareConfig, field(default_factory=HardwareConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("moe", MoEConfig, field(default_factory=MoEConfig)),
@@ -375,24 +386,22 @@ def config_arg_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
-def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None) -> DictConfig:
+def load_config(
+    files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None, whole_run: bool = True
+) -> DictConfig:
     """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``.
 
-    Raises ConfigError naming the full key for unknown keys, bad types or values, impossible layouts
-    and missing or malformed files.
+    Raises ConfigError naming the key the user set for unknown keys, bad types or values, impossible
+    layouts and missing or malformed files. With ``whole_run`` (every entry point, the launcher, the
+    workflow) also what the run derives from the config: its override lists, every measured point and
+    its size (moe_core.run_checks); a config derived from a checked one (a point's) passes False.
     """
     saved_layers = [_load_yaml(Path(path)) for path in files]
     if data:
         saved_layers.append(OmegaConf.create(data))
     user_layers = list(saved_layers)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
     if overrides:
-        try:
-            user_layers.append(OmegaConf.from_dotlist(list(overrides)))
-        except (OmegaConfBaseException, yaml.YAMLError) as err:
-            raise ConfigError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
+        user_layers.append(_dotlist(overrides))
     schema = OmegaConf.structured(Config)
     profile = _merge([schema, *user_layers]).hardware_profile
     # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
@@ -404,9 +413,78 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), data: d
         if name is not None and name != profile:
             layer.pop("hardware")
     cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
-    validate(cfg)
     OmegaConf.set_readonly(cfg, True)
+    try:
+        validate(cfg)
+        if whole_run:
+            from .run_checks import check_run  # it derives configs with this function
+
+            check_run(cfg)
+    except ConfigError as err:
+        raise _blame_set_key(err, user_layers) from None
     return cfg
+
+
+def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """``cfg`` (a checked run's config) with ``overrides`` applied, checked as a config (a point's,
+    a paper's model): what load_config(data=cfg, overrides=overrides) gives without the run's own
+    checks, and without rebuilding the whole config (points are derived by the hundred at load)."""
+    layer = _dotlist(overrides)
+    profile = layer.get("hardware_profile", cfg.hardware_profile)
+    base = cfg
+    if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely
+        base = copy.deepcopy(cfg)
+        OmegaConf.set_readonly(base, False)
+        # the schema class of cfg's own (``python -m moe_core.config`` imports this module twice)
+        base.hardware = _merge([OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)])
+    derived = _merge([base, layer])
+    OmegaConf.set_readonly(derived, True)
+    validate(derived)
+    return derived
+
+
+def _dotlist(overrides: list[str]) -> DictConfig:
+    """``key=value`` overrides as one layer; ConfigError naming a malformed one."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
+
+
+# Keys one check reads together (e.g. the layout: experts over ranks): when it fails, the message
+# names the one the user set last, not the one the check happens to test (moe.num_experts=3 on 4
+# ranks is a wrong expert count, not a wrong world size).
+LINKED_KEYS = (
+    ("moe.num_experts", "moe.experts_per_rank", "parallel.tensor_parallel", "parallel.grid", "parallel.world_size"),
+)
+ERROR_KEY = re.compile(r"^config key '([^']+)': ")
+
+
+def _blame_set_key(err: ConfigError, layers: list) -> ConfigError:
+    """``err`` with its key replaced by a linked key (LINKED_KEYS) the latest layer sets, if that
+    layer sets linked keys but not the one named."""
+    match = ERROR_KEY.match(str(err))
+    group = next((g for g in LINKED_KEYS if match and match[1] in g), None)
+    if group is None:
+        return err
+    for layer in reversed(layers):
+        set_keys = [key for key in group if _sets(layer, key)]
+        if match[1] in set_keys:
+            return err
+        if set_keys:
+            return ConfigError(f"config key '{set_keys[0]}': {str(err)[match.end() :]}")
+    return err
+
+
+def _sets(layer, key: str) -> bool:
+    """Whether a user layer sets ``key`` (a dotted key, or a section of it)."""
+    try:
+        return isinstance(layer, DictConfig) and OmegaConf.select(layer, key, throw_on_missing=False) is not None
+    except OmegaConfBaseException:
+        return False
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -477,22 +555,52 @@ def validate(cfg: DictConfig) -> None:
         section.validate(cfg)
 
 
+def validate_point(cfg: DictConfig) -> None:
+    """The checks a sweep point's settings (layout, policy, dispatch, seed, paper) can fail: the
+    model's and the training step's; no section reads a point's keys."""
+    _validate_model(cfg)
+    _validate_training(cfg)
+
+
 def _validate_run(cfg: DictConfig) -> None:
-    """Names that become path components or shell words, and the hardware's compute classes."""
+    """Names that become path components or shell words, and the hardware's shape and rates."""
     require(
         cfg.paper in papers.PAPERS,
         "paper",
         f"'{cfg.paper}' is not a paper of the suite; allowed: {list(papers.PAPERS)}",
     )
-    for key in ("experiment", "hardware.name", "sweep.name", "sim_sweep.name"):
-        value = OmegaConf.select(cfg, key)
-        require(
-            bool(SAFE_NAME.match(value)),
-            key,
-            f"'{value}' must be a plain name (letters, digits, '_', '-', '.', '+'; no '/' or spaces)",
-        )
+    for key in ("experiment", "hardware.name", "sweep.name", "sim_sweep.name", "wandb.project"):
+        require_name(OmegaConf.select(cfg, key), key)
+    if cfg.wandb.entity is not None:
+        require_name(cfg.wandb.entity, "wandb.entity")
     require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
+    require(
+        cfg.unstated == "" or bool(UNSTATED_SETTING.match(cfg.unstated)),
+        "unstated",
+        f"must be '' or one setting key=value of plain words (e.g. hardware.nic_efficiency=0.67), got {cfg.unstated!r}",
+    )
+    _validate_shape(cfg.hardware)
     _validate_rates(cfg.hardware)
+
+
+UNSTATED_SETTING = re.compile(r"^[A-Za-z0-9_.]+=[A-Za-z0-9_.+-]+\Z")
+
+
+def _validate_shape(hw: DictConfig) -> None:
+    """Nodes, devices and NICs are counts >= 1; links' rates and latencies finite and >= 0 (0: unknown)."""
+    require_at_least(hw, "hardware", 1, ("nodes", "devices_per_node", "nics_per_node"))
+    require_at_least(hw, "hardware", 0, ("host_cores",))
+    require_positive(hw, "hardware", ("oversubscription",))
+    rates = ("intra_node_GBps", "intra_node_latency_us", "nic_GBps", "inter_node_latency_us", "host_GBps")
+    require_at_least(hw, "hardware", 0, rates)
+    for i, gpu_class in enumerate(hw.gpu_classes):
+        require_name(gpu_class.name, f"hardware.gpu_classes[{i}].name")
+    if hw.topology == "torus2d":
+        require(
+            len(hw.torus_dims) == 2 and min(hw.torus_dims) >= 1,
+            "hardware.torus_dims",
+            f"a torus2d profile needs [x, y] >= 1, got {list(hw.torus_dims)}",
+        )
 
 
 def _validate_rates(hw: DictConfig) -> None:
@@ -579,10 +687,11 @@ def _validate_model(cfg: DictConfig) -> None:
 def _validate_grid(cfg: DictConfig) -> None:
     """The grid splits heads, features and weight blocks; its overlaps are counts and switches."""
     grid, m = grid_config(cfg), cfg.model
+    cached = cfg.comm.grid_overlap.cached_layers
     require(
-        cfg.comm.grid_overlap.cached_layers >= 0,
+        0 <= cached <= m.n_layers,
         "comm.grid_overlap.cached_layers",
-        f"must be >= 0, got {cfg.comm.grid_overlap.cached_layers}",
+        f"counts blocks, between 0 and model.n_layers={m.n_layers}; got {cached}",
     )
     if grid.is_trivial:
         return
@@ -662,7 +771,8 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
 def _validate_training(cfg: DictConfig) -> None:
     tr, par, comm = cfg.train, cfg.parallel, cfg.comm
     require_at_least(tr, "train", 1, ("batch_size", "iters", "data_branching"))
-    require_at_least(tr, "train", 0, ("warmup_iters", "seed"))
+    require_at_least(tr, "train", 0, ("warmup_iters",))
+    require_seed(tr.seed, "train.seed")
     require(math.isfinite(tr.lr) and tr.lr > 0, "train.lr", f"must be a finite number > 0, got {tr.lr}")
     require(
         math.isfinite(tr.data_zipf) and tr.data_zipf >= 0,
@@ -699,6 +809,7 @@ def _validate_training(cfg: DictConfig) -> None:
     require(c.world_size >= 2, "collectives.world_size", f"collectives need >= 2 ranks, got {c.world_size}")
     require_at_least(c, "collectives", 1, ("iters", "latency_iters"))
     require_at_least(c, "collectives", 0, ("warmup_iters", "latency_bytes"))
+    require_seed(c.seed, "collectives.seed")
     require(
         math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0,
         "collectives.traffic_zipf",
@@ -710,8 +821,10 @@ def _validate_sweeps(cfg: DictConfig) -> None:
     s, sim = cfg.sweep, cfg.sim_sweep
     for key in ("world_size", "num_experts", "policy", "seed", "tensor_parallel"):
         require(len(s[key]) > 0, f"sweep.{key}", "must list at least one value")
-    for key in ("world_size", "num_experts", "experts_per_rank"):
+    for key in ("world_size", "num_experts", "experts_per_rank", "tensor_parallel"):
         require(min(s[key], default=1) >= 1, f"sweep.{key}", f"values must be >= 1, got {list(s[key])}")
+    for seed in s.seed:
+        require_seed(seed, "sweep.seed")
     require_choices(s.policy, POLICIES, "sweep.policy")
     _, impossible = sweep_points(cfg)
     if impossible and not s.skip_impossible:

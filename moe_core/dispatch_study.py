@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
-from .sections import ConfigError, register_section, require, require_at_least, require_profile
+from .sections import (
+    SAFE_NAME,
+    ConfigError,
+    register_section,
+    require,
+    require_at_least,
+    require_positive,
+    require_profile,
+    require_seed,
+)
 
 PATHS = ("capacity", "hierarchical", "dropless", "allgather", "drop-gather", "monta")
 SKEW_KINDS = ("uniform", "zipf", "lognormal")
@@ -60,19 +69,26 @@ class DispatchStudyConfig:
     sim_d_model: int = 4096
 
 
+# exp(sigma * N(0, 1)) of 16+ experts overflows float64 near sigma 150; far below, one expert
+# already takes every token.
+MAX_LOGNORMAL_SIGMA = 20.0
+
+
 def parse_skew(skew: str) -> tuple[str, float]:
-    """``"zipf:1.2"`` -> ("zipf", 1.2); ``"uniform"`` -> ("uniform", 0.0). ConfigError when malformed."""
+    """``"zipf:1.2"`` -> ("zipf", 1.2); ``"uniform"`` -> ("uniform", 0.0). ConfigError when malformed.
+    A skew becomes a point name and a command-line word: no spaces or other characters than a name's."""
+    key = "config key 'dispatch_study.skews'"
     kind, _, value = skew.partition(":")
-    if kind not in SKEW_KINDS or (kind != "uniform" and not value):
-        raise ConfigError(
-            f"config key 'dispatch_study.skews': invalid skew {skew!r}; use uniform, zipf:<s> or lognormal:<sigma>"
-        )
+    if kind not in SKEW_KINDS or (kind != "uniform") != bool(value) or (value and not SAFE_NAME.match(value)):
+        raise ConfigError(f"{key}: invalid skew {skew!r}; use uniform, zipf:<s> or lognormal:<sigma> (no spaces)")
     try:
         parameter = float(value) if value else 0.0
     except ValueError:
-        raise ConfigError(f"config key 'dispatch_study.skews': {skew!r} has a non-numeric parameter") from None
+        raise ConfigError(f"{key}: {skew!r} has a non-numeric parameter") from None
     if not math.isfinite(parameter) or parameter < 0:
-        raise ConfigError(f"config key 'dispatch_study.skews': {skew!r} needs a parameter >= 0")
+        raise ConfigError(f"{key}: {skew!r} needs a finite parameter >= 0")
+    if kind == "lognormal" and parameter > MAX_LOGNORMAL_SIGMA:
+        raise ConfigError(f"{key}: {skew!r}: sigma above {MAX_LOGNORMAL_SIGMA:g} overflows the expert weights")
     return kind, parameter
 
 
@@ -159,13 +175,15 @@ def validate_dispatch_study(cfg: DictConfig) -> None:
         parse_skew(skew)
     require_at_least(d, "dispatch_study", 1, ("world_size", "tokens_per_rank", "d_model", "iters", "chunks"))
     require_at_least(d, "dispatch_study", 1, ("sim_world_size", "sim_tokens_per_rank", "sim_d_model"))
-    require_at_least(d, "dispatch_study", 0, ("warmup_iters", "seed"))
-    require(d.capacity_factor > 0, "dispatch_study.capacity_factor", f"must be > 0, got {d.capacity_factor}")
+    require_at_least(d, "dispatch_study", 0, ("warmup_iters",))
+    require_seed(d.seed, "dispatch_study.seed")
+    require_positive(d, "dispatch_study", ("capacity_factor",))
     require(
         d.tensor_parallel >= 2 and d.world_size % d.tensor_parallel == 0,
         "dispatch_study.tensor_parallel",
         f"must be >= 2 and divide dispatch_study.world_size={d.world_size}, got {d.tensor_parallel}",
     )
+    require(len(d.hardware) > 0, "dispatch_study.hardware", "must name at least one profile to simulate on")
     for profile in d.hardware:
         require_profile(profile, "dispatch_study.hardware")
 

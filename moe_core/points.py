@@ -1,9 +1,9 @@
 """Sweep points: which training-step points a run measures and simulates, and how each is named.
 
 A point is a dict of swept values (``world_size``, ``num_experts``, ``experts_per_rank``,
-``policy``, ``seed``, optionally ``partition_mb``, ``paper`` and the tensor-parallel and all-to-all
-choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured sweep is the config's
-``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
+``policy``, ``seed``, optionally ``partition_mb``, ``paper``, ``dropless`` and the tensor-parallel and
+all-to-all choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured
+sweep is the config's ``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
 (e.g. Lina's policies at every expert count) with :func:`register_measured_points` and
 :func:`register_sim_points`, so the workflow and the simulator's ``--sweep`` mode see every point
 without naming a paper.
@@ -26,6 +26,16 @@ from .policies import TP_DISPATCHES, policy_spec
 # cfg -> extra measured points (each with its "paper"), cfg -> {name: (paper, overrides)}
 MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
 SIM_POINTS: list[Callable[[DictConfig], dict[str, tuple[str, list[str]]]]] = []
+# The sections' list-valued override keys (a paper's model, ...): key -> cfg -> the complete overrides
+# of each use of the list (with it, e.g. its hardware profile). moe_core.run_checks checks every
+# entry, and each use, when the run's config is loaded.
+OVERRIDE_LISTS: dict[str, Callable[[DictConfig], list[list[str]]]] = {}
+# Checks of what a paper derives from the run's config (its points' configs), run at load.
+RUN_CHECKS: list[Callable[[DictConfig], None]] = []
+# The base keys every point sets besides its swept values: a point is a layout of expert, tensor and
+# data parallelism, never the run's 3D grid (parallel.grid, which a run of the base config or AxoNN's
+# own grid sweep uses), so a grid valid for the run cannot break a sweep's points.
+NO_GRID = {"grid_depth": 1, "grid_row": 1, "grid_col": 1}
 
 
 def register_measured_points(fn: Callable[[DictConfig], list[dict[str, Any]]]) -> Callable:
@@ -35,6 +45,15 @@ def register_measured_points(fn: Callable[[DictConfig], list[dict[str, Any]]]) -
 
 def register_sim_points(fn: Callable[[DictConfig], dict[str, tuple[str, list[str]]]]) -> Callable:
     SIM_POINTS.append(fn)
+    return fn
+
+
+def register_override_list(key: str, contexts: Callable[[DictConfig], list[list[str]]]) -> None:
+    OVERRIDE_LISTS[key] = contexts
+
+
+def register_run_check(fn: Callable[[DictConfig], None]) -> Callable:
+    RUN_CHECKS.append(fn)
     return fn
 
 
@@ -87,6 +106,7 @@ def sim_point(
         policy=policy,
         seed=cfg.train.seed,
         partition_mb=partition_mb,
+        tensor_parallel=1,  # experts = GPUs: no tensor parallelism, whatever the base config's
     )
     overrides = [
         *model,
@@ -108,6 +128,14 @@ def paper_scale_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     )
 
 
+def paper_scale_models(cfg: DictConfig) -> list[list[str]]:
+    """Each use of ``sim_sweep.overrides``: the simulated model on each profile of the sweep."""
+    return [[*cfg.sim_sweep.overrides, f"hardware_profile={hw}"] for hw in cfg.sim_sweep.hardware]
+
+
+register_override_list("sim_sweep.overrides", paper_scale_models)
+
+
 def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     """Every simulated training-step point of a run: name -> (paper, its complete overrides). A point
     two sweeps name is simulated once."""
@@ -117,8 +145,14 @@ def sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     return points
 
 
+def own_layout() -> list[str]:
+    """The overrides a paper's derived config starts with: neither the run's 3D grid nor its tensor
+    parallelism (valid for the run, not for the paper's own layout, which its overrides state after)."""
+    return [*point_overrides({}), "parallel.tensor_parallel=1"]
+
+
 def point_overrides(point: dict[str, Any]) -> list[str]:
-    """The ``key=value`` overrides that turn the base config into one sweep point."""
+    """The ``key=value`` overrides that turn the base config into one sweep point (no 3D grid: NO_GRID)."""
     keys = {
         "world_size": "parallel.world_size",
         "num_experts": "moe.num_experts",
@@ -131,8 +165,12 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
         "tp_dispatch": "comm.tp_dispatch",
         "tp_chunks": "comm.tp_chunks",
         "a2a_algorithm": "comm.a2a_algorithm",
+        "dropless": "moe.dropless",
+        "grid_depth": "parallel.grid.depth",
+        "grid_row": "parallel.grid.row",
+        "grid_col": "parallel.grid.col",
     }
-    return [f"{keys[k]}={v}" for k, v in point.items()]
+    return [f"{keys[k]}={v}" for k, v in {**point, **NO_GRID}.items()]
 
 
 def unstated_param(cfg: DictConfig) -> dict[str, str]:

@@ -9,6 +9,7 @@ imports nothing of the suite, so a paper's section can be imported anywhere with
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 COLLECTIVE_CURVES_DIR = CONFIG_DIR / "collective_curves"  # measured collective efficiency curves
 # Names that become path components (papers, sweep names): no separators, no shell metacharacters.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")  # \Z: "$" would let a final newline through
 
 
 class ConfigError(ValueError):
@@ -34,9 +35,35 @@ def require(ok: bool, key: str, message: str) -> None:
 
 
 def require_at_least(section: DictConfig, prefix: str, minimum: int | float, keys: tuple[str, ...]) -> None:
-    """Each of ``keys`` of ``section`` (full key ``prefix.key``) is >= ``minimum``."""
+    """Each of ``keys`` of ``section`` (full key ``prefix.key``) is a finite number >= ``minimum``."""
     for key in keys:
-        require(section[key] >= minimum, f"{prefix}.{key}", f"must be >= {minimum}, got {section[key]}")
+        value = section[key]
+        require(math.isfinite(value) and value >= minimum, f"{prefix}.{key}", f"must be >= {minimum}, got {value}")
+
+
+def require_positive(section: DictConfig, prefix: str, keys: tuple[str, ...]) -> None:
+    """Each of ``keys`` of ``section`` (full key ``prefix.key``) is a finite number > 0 (rates,
+    sizes, factors: inf or nan would overflow or poison every time computed from them)."""
+    for key in keys:
+        value = section[key]
+        require(math.isfinite(value) and value > 0, f"{prefix}.{key}", f"must be a finite number > 0, got {value}")
+
+
+def require_name(value: str, key: str) -> None:
+    """``value`` is a plain name: it becomes a path component or a command-line word."""
+    require(
+        bool(SAFE_NAME.match(value)),
+        key,
+        f"{value!r} must be a plain name (letters, digits, '_', '-', '.', '+'; no '/', spaces or quotes)",
+    )
+
+
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take this range
+
+
+def require_seed(value: int, key: str) -> None:
+    """A random seed every generator of the suite accepts."""
+    require(0 <= value <= MAX_SEED, key, f"must be a seed in [0, {MAX_SEED}], got {value}")
 
 
 def hardware_profiles() -> list[str]:

@@ -89,6 +89,73 @@ BAD_INPUTS = [
     (["aurora.moe_layers=1"], "aurora.moe_layers"),
     (["aurora.num_experts=7"], "aurora.num_experts"),
     (["aurora.gating_zipf=[-1]"], "aurora.gating_zipf"),
+    (["aurora.traffic_zipf=[inf]"], "aurora.traffic_zipf"),
+    # the hardware's shape and rates
+    (["hardware.devices_per_node=0"], "hardware.devices_per_node"),
+    (["hardware.nodes=0"], "hardware.nodes"),
+    (["hardware.nics_per_node=0"], "hardware.nics_per_node"),
+    (["hardware.oversubscription=0"], "hardware.oversubscription"),
+    (["hardware.nic_GBps=-50"], "hardware.nic_GBps"),
+    (["hardware.intra_node_GBps=inf"], "hardware.intra_node_GBps"),
+    (["hardware.inter_node_latency_us=nan"], "hardware.inter_node_latency_us"),
+    (["hardware.host_cores=-1"], "hardware.host_cores"),
+    (["hardware.topology=torus2d", "hardware.torus_dims=[4]"], "hardware.torus_dims"),
+    # seeds every generator accepts
+    (["train.seed=100000000000000000000"], "train.seed"),
+    (["sweep.seed=[-1]"], "sweep.seed"),
+    (["collectives.seed=-1"], "collectives.seed"),
+    (["dispatch_study.seed=-1"], "dispatch_study.seed"),
+    # names that become arguments or paths
+    (['paper="lina "'], "paper"),
+    (['experiment="train_step\n"'], "experiment"),
+    (["wandb.project=a/b"], "wandb.project"),
+    (["wandb.entity=x y"], "wandb.entity"),
+    (["unstated=x y"], "unstated"),
+    (['dispatch_study.skews=["zipf: 1.0"]'], "dispatch_study.skews"),
+    (['dispatch_study.skews=["zipf:1.0\n"]'], "dispatch_study.skews"),
+    (["axonn.model_profile=/etc/passwd"], "axonn.model_profile"),
+    (["axonn.model_profile=local-cpu"], "axonn.model_profile"),  # states no link rates to price
+    # values that overflow later
+    (["dispatch_study.capacity_factor=inf"], "dispatch_study.capacity_factor"),
+    (["dispatch_study.skews=[lognormal:1e308]"], "dispatch_study.skews"),
+    (["monta.device_memory_GB=inf"], "monta.device_memory_GB"),
+    (["gshard.device_memory_GB=inf"], "gshard.device_memory_GB"),
+    (["gshard.capacity_factor=inf"], "gshard.capacity_factor"),
+    (["axonn.device_memory_GB=inf"], "axonn.device_memory_GB"),
+    (["lina.inference_drift=inf"], "lina.inference_drift"),
+    (["monta.chunk_overhead_us=nan"], "monta.chunk_overhead_us"),
+    # checks a job would otherwise make after it started
+    (["sweep.tensor_parallel=[0]"], "sweep.tensor_parallel"),
+    (["sweep.num_experts=[1]"], "sweep.num_experts"),
+    (["sweep.tensor_parallel=[2]", "sweep.policy=[lina]"], "sweep.policy"),
+    (["axonn.cached_layers=100"], "axonn.cached_layers"),
+    # settings a run would silently drop
+    (["monta.measured_tensor_parallel=3"], "monta.measured_tensor_parallel"),
+    (["monta.measured_tensor_parallel=64"], "monta.measured_tensor_parallel"),
+    (["monta.chunks=[3]"], "monta.chunks"),
+    (["dispatch_study.hardware=[]"], "dispatch_study.hardware"),
+    (["comm.tp_chunks=4"], "comm.tp_chunks"),
+    (["comm.grid_overlap.cached_layers=100"], "comm.grid_overlap.cached_layers"),
+    # override lists: the same checks as the top level, and no key that decides where records go
+    (["sim_sweep.overrides=[results_dir=/tmp/elsewhere]"], "sim_sweep.overrides[0]"),
+    (["lina.overrides=[paper=../../x]"], "lina.overrides[0]"),
+    (["monta.overrides=[model.d_model=64, experiment=x]"], "monta.overrides[1]"),
+    (["inference.overrides=[results_dir.x=1]"], "inference.overrides[0]"),
+    (["axonn.measured_overrides=[paper=gshard]"], "axonn.measured_overrides[0]"),
+    (["monta.overrides=[moe.bogus=1]"], "monta.overrides[0]"),
+    (["lina.overrides=[model.d_model=abc]"], "lina.overrides[0]"),
+    (["sim_sweep.overrides=[noequals]"], "sim_sweep.overrides[0]"),
+    (["inference.overrides=[model.n_layers=2, model.n_heads=3]"], "inference.overrides[1]"),
+    (["axonn.measured_overrides=[model.n_heads=3]"], "axonn.measured_overrides[0]"),
+    # sizes: memory on this host, simulated ranks, point counts (unless force=true)
+    (["model.d_model=1000000"], "model.d_model"),
+    (["train.batch_size=1000000000"], "train.batch_size"),
+    (["collectives.max_bytes=1000000000000"], "collectives.max_bytes"),
+    (["sim_sweep.world_size=[10000]"], "sim_sweep.world_size"),
+    ([f"sweep.seed=[{','.join(map(str, range(100)))}]"], "sweep"),
+    # the key the user set, not the one a check derives
+    (["moe.num_experts=3"], "moe.num_experts"),
+    (["moe.num_experts=1000000"], "moe.num_experts"),
 ]
 
 
@@ -98,6 +165,67 @@ def test_bad_values_name_the_full_key(overrides, key):
         load_config(["configs/default.yaml"], overrides)
     message = str(err.value)
     assert f"'{key}'" in message or f"{key}=" in message, message
+
+
+def test_the_bad_input_table_covers_at_least_100_kinds():
+    assert len(BAD_INPUTS) >= 100 and len({" ".join(o) for o, _ in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+# The key a message leads with is the one the user set: a list's entry, a sweep axis, the section's
+# own key rather than a key derived from it.
+BLAMED = [
+    (["monta.overrides=[moe.bogus=1]"], "monta.overrides[0]"),
+    (["lina.overrides=[model.d_model=64, model.n_heads=3]"], "lina.overrides[1]"),
+    (["sweep.num_experts=[1]"], "sweep.num_experts"),
+    (["gshard.capacity_factor=inf"], "gshard.capacity_factor"),
+    (["moe.num_experts=3"], "moe.num_experts"),
+    (["parallel.world_size=3"], "parallel.world_size"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BLAMED, ids=[" ".join(o) for o, _ in BLAMED])
+def test_messages_lead_with_the_key_the_user_set(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(["configs/default.yaml"], overrides)
+    assert str(err.value).startswith(f"config key '{key}': "), str(err.value)
+
+
+def test_force_runs_what_only_a_size_check_refuses():
+    cfg = load_config(["configs/default.yaml"], ["model.d_model=1000000", "force=true"])
+    assert cfg.model.d_model == 1000000
+    with pytest.raises(ConfigError, match="train.seed"):  # a wrong value stays wrong
+        load_config(["configs/default.yaml"], ["train.seed=-1", "force=true"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["comm.a2a_algorithm=hierarchical"], ["moe.dropless=true"], ["parallel.grid.row=2", "moe.num_experts=2"]],
+)
+def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
+    """Each paper's points set the base keys their layout needs (flat all-to-all, capacity buffers,
+    no grid), so the load, which checks every point, passes."""
+    assert load_config(["configs/default.yaml"], overrides)
+
+
+def test_a_valid_base_grid_leaves_every_point_valid():
+    """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
+    so a grid valid for the run cannot break the sweeps at load."""
+    from experiments.monta import model_points
+    from moe_core.points import measured_points, point_overrides, sim_points
+
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
+    assert cfg.parallel.grid.row == 2 and model_points(cfg)
+    for point in measured_points(cfg).values():
+        assert "parallel.grid.row=1" in point_overrides(point)
+    assert all("parallel.grid.row=1" in overrides for _, overrides in sim_points(cfg).values())
+    # and the papers' simulated experiments state their own layout too
+    from experiments.gshard import step_overrides
+    from experiments.lina_inference_sim import inference_config
+    from moe_core.config import derive_config
+    from moe_core.papers.gshard.models import MODELS
+
+    assert inference_config(cfg, 4).parallel.grid.row == 1
+    assert derive_config(cfg, step_overrides(cfg, MODELS[min(MODELS)])).parallel.grid.row == 1
 
 
 def test_unknown_keys_list_the_valid_ones():
@@ -229,3 +357,61 @@ def test_hardware_overrides_apply_even_when_they_rename_the_profile():
         ],
     )
     assert cfg.hardware.name == "emulated-2x2-loopback-fallback" and not cfg.hardware.emulation.enabled
+
+
+# A few bad inputs through the workflow and an entry point: refused at parse, naming the key, with no
+# record (nor any file of the run) written under the run's results_dir.
+WORKFLOW_BAD_INPUTS = [
+    ("sweep={seed: [-1]}", "sweep.seed"),
+    ("monta={overrides: [results_dir=elsewhere]}", "monta.overrides[0]"),
+    ("dispatch_study={skews: ['zipf:1 .0']}", "dispatch_study.skews"),
+    ("axonn={model_profile: /etc/passwd}", "axonn.model_profile"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,key", WORKFLOW_BAD_INPUTS, ids=[c for c, _ in WORKFLOW_BAD_INPUTS])
+def test_workflow_refuses_bad_input_at_parse(tmp_path, config, key):
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        ["snakemake", "-n", "--cores", "1", "--configfile", "configs/ci.yaml"]
+        + ["--config", f"results_dir={results}", config],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and f"config key '{key}'" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert not results.exists()
+
+
+SIMULATE_BAD_INPUTS = [
+    ("sim_sweep.overrides=[paper=../../x]", "sim_sweep.overrides[0]"),
+    ("sim_sweep.world_size=[10000]", "sim_sweep.world_size"),
+    ("hardware.nics_per_node=0", "hardware.nics_per_node"),
+]
+
+
+@pytest.mark.parametrize("override,key", SIMULATE_BAD_INPUTS, ids=[o for o, _ in SIMULATE_BAD_INPUTS])
+def test_simulate_refuses_bad_input_before_writing(tmp_path, override, key):
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.simulate", "--sweep", "--config", "configs/ci.yaml"]
+        + [f"results_dir={results}", override],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and f"config key '{key}'" in proc.stderr, proc.stderr
+    assert not any(tmp_path.rglob("*"))
+
+
+def test_config_check_names_an_override_list_entry():
+    """``python -m moe_core.config`` (its module imported twice) checks lists whose uses switch profile."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.config", "--config", "configs/default.yaml"]
+        + ["sim_sweep.overrides=[model.n_heads=3]"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: config key 'sim_sweep.overrides[0]'"), proc.stderr

@@ -115,7 +115,7 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     model = _with(hw, phase_efficiency={phase: 1.0 for phase in COMPUTE_PHASES}, **nominal)
     ratios: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
     for config, metrics in train:
-        cfg = OmegaConf.merge(load_config(data=config), {"hardware": model})
+        cfg = OmegaConf.merge(load_config(data=config, whole_run=False), {"hardware": model})
         ops, _ = StepModel(cfg, build_topology(model)).build()
         for phase in COMPUTE_PHASES:
             predicted_s = sum(
@@ -142,7 +142,7 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
         return hw, {"points": 0}
     excess_us = []
     for config, metrics in train:
-        cfg = OmegaConf.merge(load_config(data=config), {"hardware": hw})
+        cfg = OmegaConf.merge(load_config(data=config, whole_run=False), {"hardware": hw})
         sim = StepModel(cfg, build_topology(hw)).run()
         calls = sum(op.phase.endswith("a2a") and op.transfer is not None for op in sim.ops)
         if calls:

@@ -3,6 +3,7 @@ measured), registered with the schema (moe_core.sections)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
@@ -111,7 +112,11 @@ def validate_aurora(cfg: DictConfig) -> None:
         "give at least one workload (gating_zipf or traffic_zipf)",
     )
     for key in ("gating_zipf", "traffic_zipf"):
-        require(all(z >= 0 for z in a[key]), f"aurora.{key}", f"Zipf exponents must be >= 0, got {list(a[key])}")
+        require(
+            all(math.isfinite(z) and z >= 0 for z in a[key]),
+            f"aurora.{key}",
+            f"Zipf exponents must be finite and >= 0, got {list(a[key])}",
+        )
     require(
         len(a.imprecision) > 0 and all(0 <= level < 1 for level in a.imprecision),
         "aurora.imprecision",

@@ -22,6 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.config import ConfigError, load_config, to_container
+from moe_core.points import own_layout
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, simulate_on
 from moe_core.sim.forward import ForwardModel, Order, simulate_served
 from moe_core.sim.topology import Cluster, build_topology
@@ -101,6 +102,7 @@ class ServedModel:
         if devices not in self._models:
             a, ranks = self.cfg.aurora, len(devices)
             overrides = [
+                *own_layout(),
                 f"model.d_model={a.d_model}",
                 f"model.d_ff={a.d_ff}",
                 "model.n_heads=1",  # attention is not simulated (MoE layers only)
@@ -119,7 +121,7 @@ class ServedModel:
             ]
             data = {**to_container(self.cfg), "hardware_profile": self.cluster.hardware.name}
             data["hardware"] = to_container(self.cluster.hardware)
-            run = load_config(data=data, overrides=overrides)
+            run = load_config(data=data, overrides=overrides, whole_run=False)
             self._models[devices] = ForwardModel(run, self.cluster.topo, devices)
         return self._models[devices]
 

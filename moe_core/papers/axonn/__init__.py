@@ -10,4 +10,4 @@ its overlaps of collectives with compute, and a communication model that ranks g
 * ``sweeps``: the measured grid sweep's points.
 """
 
-from . import config  # noqa: F401  (registers the config section)
+from . import config, sweeps  # noqa: F401  (each registers itself: the section, the run checks)

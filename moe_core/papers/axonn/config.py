@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from moe_core.grid import Grid
-from moe_core.sections import register_section, require, require_at_least, require_profile
+from moe_core.sections import (
+    CONFIG_DIR,
+    hardware_profiles,
+    register_section,
+    require,
+    require_at_least,
+    require_positive,
+    require_profile,
+)
 
 # The overlap settings the measured and simulated ablations compare (moe_core.grid.GridOverlaps):
 # none, each of AxoNN's three overlaps alone, all three, all three with weight caching.
@@ -125,7 +134,13 @@ def validate_axonn(cfg: DictConfig) -> None:
     require_profile(a.hardware, "axonn.hardware")
     require_at_least(a, "axonn", 1, ("world_size", "global_sequences", "iters", "ranked_grids", "sequences_per_gpu"))
     require_at_least(a, "axonn", 0, ("warmup_iters", "cached_layers"))
-    require(a.device_memory_GB > 0, "axonn.device_memory_GB", f"must be > 0, got {a.device_memory_GB}")
+    require_positive(a, "axonn", ("device_memory_GB",))
+    require(
+        a.model_profile in ("", *hardware_profiles()) or _is_yaml_file(a.model_profile),
+        "axonn.model_profile",
+        f"{a.model_profile!r} is neither '' (the run's profile), a profile of {CONFIG_DIR.name}/hardware/ "
+        "nor an existing .yaml file",
+    )
     require(a.bytes_per_param >= 1, "axonn.bytes_per_param", f"must be >= 1, got {a.bytes_per_param}")
     tensor = math.prod(a.ablation_grid)
     require(
@@ -140,6 +155,10 @@ def validate_axonn(cfg: DictConfig) -> None:
         f"must be a multiple of axonn.world_size={a.world_size} (every grid's data replicas share it), "
         f"got {a.global_sequences}",
     )
+
+
+def _is_yaml_file(path: str) -> bool:
+    return path.endswith((".yaml", ".yml")) and Path(path).is_file()
 
 
 register_section("axonn", AxonnConfig, validate_axonn)

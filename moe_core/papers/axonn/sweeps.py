@@ -6,8 +6,10 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from moe_core.grid import Grid, grid_split_error
+from moe_core.points import register_override_list, register_run_check
+from moe_core.sections import ConfigError
 
-from .comm_model import enumerate_grids
+from .comm_model import AXONN_ORDER, enumerate_grids, predicted_communication
 from .config import OVERLAP_VARIANTS, ablation_grid, overlap_overrides
 
 PAPER = "axonn"
@@ -16,9 +18,19 @@ MEASURED = "axonn_grids"
 
 def measured_model(cfg: DictConfig) -> DictConfig:
     """The run's config with the measured grid sweep's model (``axonn.measured_overrides``)."""
-    from moe_core.config import load_config, to_container  # the config module imports this one (the registry)
+    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
-    return load_config(data=to_container(cfg), overrides=list(cfg.axonn.measured_overrides))
+    return derive_config(cfg, measured_settings(cfg))
+
+
+# The base keys the measured grids set before the measured model: expert and tensor parallelism of
+# their own (a grid is the only split) and the flat all-to-all, whatever the base config's.
+MEASURED_LAYOUT = ("moe.experts_per_rank=1", "parallel.tensor_parallel=1", "comm.a2a_algorithm=flat")
+
+
+def measured_settings(cfg: DictConfig) -> list[str]:
+    """The overrides of the measured grids' model: their layout, then ``axonn.measured_overrides``."""
+    return [*MEASURED_LAYOUT, *cfg.axonn.measured_overrides]
 
 
 def grid_points(cfg: DictConfig) -> dict[str, tuple[Grid, str]]:
@@ -43,13 +55,18 @@ def point_name(world_size: int, grid: Grid, variant: str) -> str:
 
 
 def point_config(cfg: DictConfig, grid: Grid, variant: str) -> DictConfig:
-    """One measured point's config: the measured model on ``grid``, the DP all-reduce after the
-    backward pass (AxoNN's), the global batch shared by the data replicas, ``variant``'s overlaps."""
-    from moe_core.config import load_config, to_container
+    """One measured point's config (point_settings)."""
+    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
+    return derive_config(cfg, point_settings(cfg, grid, variant))
+
+
+def point_settings(cfg: DictConfig, grid: Grid, variant: str) -> list[str]:
+    """One measured point's overrides: the measured model on ``grid``, the DP all-reduce after the
+    backward pass (AxoNN's), the global batch shared by the data replicas, ``variant``'s overlaps."""
     a = cfg.axonn
-    overrides = [
-        *a.measured_overrides,
+    return [
+        *measured_settings(cfg),
         f"paper={PAPER}",
         f"experiment={MEASURED}",
         f"parallel.world_size={a.world_size}",
@@ -62,4 +79,52 @@ def point_config(cfg: DictConfig, grid: Grid, variant: str) -> DictConfig:
         "comm.policy=sequential",
         *overlap_overrides(variant, a.cached_layers),
     ]
-    return load_config(data=to_container(cfg), overrides=overrides)
+
+
+register_override_list("axonn.measured_overrides", lambda cfg: [measured_settings(cfg)])
+
+
+@register_run_check
+def check_measured(cfg: DictConfig) -> None:
+    """At load, what the measured job would find only after its ranks started: the ablation's point
+    with the cache is a valid config, and a set ``axonn.model_profile`` states the links its model
+    prices (experiments/axonn_grids.py; empty, the workflow passes the calibrated profile to the job)."""
+    from moe_core.run_checks import derived
+
+    grid = ablation_grid(cfg.axonn)
+    blame = {
+        "comm.grid_overlap.cached_layers": "axonn.cached_layers",
+        "parallel.grid": "axonn.ablation_grid",
+        "train": "axonn.global_sequences",
+    }
+    point = derived(cfg, point_settings(cfg, grid, "all+cache"), "axonn", blame, f"measured point {grid} all+cache")
+    if not cfg.axonn.model_profile:
+        return
+    try:
+        hw = model_profile(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
+    m = point.model
+    try:
+        predicted_communication(
+            hw,
+            grid,
+            AXONN_ORDER,
+            d_model=m.d_model,
+            d_ff=m.d_ff,
+            n_layers=m.n_layers,
+            n_heads=m.n_heads,
+            tokens_per_rank=point.train.batch_size * m.seq_len,
+            element_bytes=4,  # float32, the measured runs' activations
+            moe_every=m.moe_every,
+        )
+    except ValueError as err:
+        raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
+
+
+def model_profile(cfg: DictConfig) -> DictConfig:
+    """The hardware AxoNN's model prices the measured grids on: ``axonn.model_profile``, or the run's."""
+    from moe_core.config import load_config
+
+    profile = cfg.axonn.model_profile
+    return load_config(overrides=[f"hardware_profile={profile}"], whole_run=False).hardware if profile else cfg.hardware

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from moe_core.policies import POLICIES
-from moe_core.sections import register_section, require, require_at_least, require_choices, require_profile
+from moe_core.sections import (
+    register_section,
+    require,
+    require_at_least,
+    require_choices,
+    require_positive,
+    require_profile,
+)
 
 from .models import MODELS, tokens_per_core, tokens_per_side
 
@@ -87,8 +94,7 @@ def validate_gshard(cfg: DictConfig) -> None:
     )
     require_at_least(g, "gshard", 1, ("cores_per_chip", "group_size", "seq_len"))
     require_choices([g.policy], POLICIES, "gshard.policy")
-    require(g.capacity_factor > 0, "gshard.capacity_factor", f"must be > 0, got {g.capacity_factor}")
-    require(g.device_memory_GB > 0, "gshard.device_memory_GB", f"must be > 0, got {g.device_memory_GB}")
+    require_positive(g, "gshard", ("capacity_factor", "device_memory_GB"))
     for model_id in g.models:
         _validate_batch(g, MODELS[model_id])
     for i, layers in enumerate(g.memory_layers):

@@ -3,12 +3,20 @@ inference), registered with the schema (moe_core.sections)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
 from moe_core.policies import POLICIES
-from moe_core.sections import register_section, require, require_at_least, require_choices, require_profile
+from moe_core.sections import (
+    register_section,
+    require,
+    require_at_least,
+    require_choices,
+    require_positive,
+    require_profile,
+)
 
 # Lina's inference policies besides ``ideal`` (the normalisation, which always runs).
 INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune")
@@ -86,12 +94,8 @@ def validate_lina(cfg: DictConfig) -> None:
         "lina.inference_experts",
         f"expert counts must be >= 2, got {list(lina.inference_experts)}",
     )
-    require(lina.inference_drift > 0, "lina.inference_drift", f"must be > 0, got {lina.inference_drift}")
-    require(
-        lina.measured_partition_mb > 0,
-        "lina.measured_partition_mb",
-        f"must be > 0 MB, got {lina.measured_partition_mb}",
-    )
+    require_positive(lina, "lina", ("inference_drift", "measured_partition_mb"))
+    require(all(math.isfinite(mb) for mb in lina.partition_mb), "lina.partition_mb", f"got {list(lina.partition_mb)}")
 
 
 def validate_inference(cfg: DictConfig) -> None:

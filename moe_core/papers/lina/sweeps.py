@@ -14,14 +14,22 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from moe_core.points import register_measured_points, register_sim_points, sim_point, unstated_variants
+from moe_core.points import (
+    point_overrides,
+    register_measured_points,
+    register_override_list,
+    register_sim_points,
+    sim_point,
+    unstated_variants,
+)
 
 from .config import TRAINING_UNSTATED
 
 
 @register_sim_points
 def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
-    lina, model = cfg.lina, list(cfg.lina.overrides)
+    # Lina's policies pipeline and partition the flat all-to-all: never the base config's hierarchical one
+    lina, model = cfg.lina, [*cfg.lina.overrides, "comm.a2a_algorithm=flat"]
     points = [
         sim_point(cfg, lina.hardware, "lina", experts, 1, policy, model, cfg.comm.partition_mb)
         for experts, policy in itertools.product(lina.experts, lina.policy)
@@ -49,6 +57,8 @@ def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
             policy=policy,
             seed=cfg.sweep.seed[0],
             partition_mb=cfg.lina.measured_partition_mb,
+            tensor_parallel=1,  # experts = ranks: no tensor parallelism, whatever the base config's
+            a2a_algorithm="flat",  # Lina's policies pipeline and partition the flat all-to-all
             paper="lina",
         )
         for policy in cfg.lina.measured_policy
@@ -57,15 +67,24 @@ def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
 
 def inference_points(cfg: DictConfig) -> dict[str, list[str]]:
     """Lina's measured inference jobs: point name -> the overrides of its run (the inference model,
-    its layout and path length)."""
+    its layout and path length). The list also checks ``inference.overrides`` at load: each job's
+    overrides applied to the run's config are a valid config."""
     inference = cfg.inference
     points = {}
     for experts, length in itertools.product(inference.experts, inference.path_lengths):
+        layout = dict(
+            world_size=inference.world_size,
+            num_experts=experts,
+            experts_per_rank=max(1, experts // inference.world_size),
+            tensor_parallel=1,  # expert and data parallelism only, whatever the base config's
+        )
         points[f"ws{inference.world_size}_e{experts}_k{inference.top_k}_l{length}"] = [
             *inference.overrides,
-            f"parallel.world_size={inference.world_size}",
-            f"moe.num_experts={experts}",
-            f"moe.experts_per_rank={max(1, experts // inference.world_size)}",
+            *point_overrides(layout),
             f"inference.path_length={length}",
         ]
     return points
+
+
+register_override_list("lina.overrides", lambda cfg: [[*cfg.lina.overrides, f"hardware_profile={cfg.lina.hardware}"]])
+register_override_list("inference.overrides", lambda cfg: list(inference_points(cfg).values()))

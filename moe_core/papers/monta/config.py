@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from moe_core.policies import TP_DISPATCHES
-from moe_core.sections import register_section, require, require_at_least, require_profile
+from moe_core.sections import register_section, require, require_at_least, require_positive, require_profile
 from moe_core.workloads import ELEMENT_BYTES
 
-from .performance_model import DEFAULT_CHUNK_OVERHEAD_S
+from .performance_model import DEFAULT_CHUNK_OVERHEAD_S, admissible_chunk_counts
+
+EXPERTS = 2  # "2x70B" [ABS]: the experts of every MoNTA point
 
 # Parameters the paper leaves unstated that its simulated studies depend on: config key -> the other
 # ends of the plausible range (moe_core.points.unstated_variants runs each). The NIC count per node:
@@ -70,17 +72,15 @@ def validate_monta(cfg: DictConfig) -> None:
     """The monta section's checks a type cannot express; ConfigError naming the key."""
     m = cfg.monta
     require_profile(m.hardware, "monta.hardware")
-    require(m.chunk_overhead_us >= 0, "monta.chunk_overhead_us", f"must be >= 0, got {m.chunk_overhead_us}")
+    require_at_least(m, "monta", 0, ("chunk_overhead_us", "warmup_iters"))
     require_at_least(m, "monta", 1, ("world_size", "bytes_per_rank", "d_model", "iters"))
-    require_at_least(m, "monta", 0, ("warmup_iters",))
     for key in ("tensor_parallel", "chunks"):
         require(len(m[key]) > 0 and min(m[key]) >= 1, f"monta.{key}", f"must list values >= 1, got {list(m[key])}")
     for key in ("sim_tensor_parallel", "sim_chunks", "hierarchical_nodes"):  # empty: not simulated
         require(min(m[key], default=1) >= 1, f"monta.{key}", f"values must be >= 1, got {list(m[key])}")
-    require(m.measured_tensor_parallel >= 1, "monta.measured_tensor_parallel", "must be >= 1")
     unknown = [d for d in m.measured_dispatch if d not in TP_DISPATCHES]
     require(not unknown, "monta.measured_dispatch", f"unknown dispatches {unknown}; expected {sorted(TP_DISPATCHES)}")
-    require(m.device_memory_GB > 0, "monta.device_memory_GB", f"must be > 0, got {m.device_memory_GB}")
+    require_positive(m, "monta", ("device_memory_GB",))
     require(m.bytes_per_param >= 1, "monta.bytes_per_param", f"must be >= 1, got {m.bytes_per_param}")
     bad = [t for t in m.tensor_parallel if m.world_size % t]
     require(not bad, "monta.tensor_parallel", f"values must divide monta.world_size={m.world_size}, got {bad}")
@@ -92,6 +92,36 @@ def validate_monta(cfg: DictConfig) -> None:
             f"{m.bytes_per_rank} bytes give {rows} rows of d_model={m.d_model} per block at tp {tp}, "
             "which tp must divide",
         )
+        _validate_chunks(m, tp, rows)
+    _validate_measured_layout(cfg)
+
+
+def _validate_chunks(m: DictConfig, tp: int, rows: int) -> None:
+    """Every chunk count splits a tensor-parallel rank's rows evenly (one that does not would be left out)."""
+    if tp == 1:
+        return
+    admissible = admissible_chunk_counts(rows, tp)
+    bad = [n for n in m.chunks if n not in admissible]
+    require(
+        not bad,
+        "monta.chunks",
+        f"{bad} do not divide the {rows // tp} rows a rank sends at monta.tensor_parallel={tp}; use divisors of it",
+    )
+
+
+def _validate_measured_layout(cfg: DictConfig) -> None:
+    """The measured training steps: EXPERTS expert-parallel ranks x measured_tensor_parallel fill the
+    measured sweep's largest world size (a layout that does not would leave the points out)."""
+    m, ws = cfg.monta, max(cfg.sweep.world_size, default=1)
+    tp = m.measured_tensor_parallel
+    if not m.measured_dispatch:  # no measured training steps
+        return
+    require(
+        tp >= 2 and ws % (tp * EXPERTS) == 0,
+        "monta.measured_tensor_parallel",
+        f"must be >= 2 with {EXPERTS} experts x {tp} dividing the measured sweep's largest world size {ws}; "
+        f"got {tp} (or set monta.measured_dispatch=[] to measure no MoNTA steps)",
+    )
 
 
 register_section("monta", MontaConfig, validate_monta)

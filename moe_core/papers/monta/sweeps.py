@@ -30,15 +30,15 @@ from moe_core.points import (
     point_name,
     point_overrides,
     register_measured_points,
+    register_override_list,
     register_sim_points,
     unstated_variants,
 )
 
-from .config import MONTA_UNSTATED
+from .config import EXPERTS, MONTA_UNSTATED
 from .performance_model import admissible_chunk_counts
 
 PAPER = "monta"
-EXPERTS = 2  # "2x70B" [ABS]
 
 
 def sim_point(cfg: DictConfig, nodes: int | None = None, **params) -> tuple[str, tuple[str, list[str]]]:
@@ -67,10 +67,16 @@ def paper_config(cfg: DictConfig, setting: list[str] = ()) -> DictConfig:
     """The run's config with the paper's model on its testbed (and ``setting``'s overrides after it, e.g.
     a sensitivity run's): what the simulated points' sizes, and the performance model's inputs, are
     read from."""
-    from moe_core.config import load_config, to_container  # the config module imports this one (the registry)
+    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
-    overrides = [*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}", *setting]
-    return load_config(data=to_container(cfg), overrides=overrides)
+    return derive_config(cfg, [*paper_model(cfg), *setting])
+
+
+def paper_model(cfg: DictConfig) -> list[str]:
+    """The overrides of the paper's model on its testbed, on the paper's own layout (its two experts on
+    their own ranks, no tensor parallelism: every point sets its own), whatever the base config's."""
+    layout = point_overrides(layout_params(EXPERTS, EXPERTS, EXPERTS, 1, "drop-gather"))
+    return [*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}", *layout]
 
 
 @register_sim_points
@@ -128,15 +134,19 @@ def strategy_layouts(world: int, devices_per_node: int) -> list[tuple[int, int]]
 
 @register_measured_points
 def monta_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
-    ws, tp = max(cfg.sweep.world_size), cfg.monta.measured_tensor_parallel
-    if tp < 2 or ws % (tp * EXPERTS):
-        return []
+    ws, tp = max(cfg.sweep.world_size), cfg.monta.measured_tensor_parallel  # a layout config.py checked
     return [
         {
             **layout_params(ws, EXPERTS, EXPERTS, tp, dispatch),
             "policy": "overlap",
+            # the dispatches exchange capacity buffers the flat way, whatever the base config's
+            "a2a_algorithm": "flat",
+            "dropless": False,
             "seed": cfg.sweep.seed[0],
             "paper": PAPER,
         }
         for dispatch in cfg.monta.measured_dispatch
     ]
+
+
+register_override_list("monta.overrides", lambda cfg: [paper_model(cfg)])
