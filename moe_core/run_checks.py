@@ -29,7 +29,7 @@ import os
 from omegaconf import DictConfig, OmegaConf
 
 from .capacity import moe_blocks
-from .config import ERROR_KEY, derive_config, validate_point
+from .config import ERROR_KEY, config_digest, derive_config, validate_point
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
 from .sections import ConfigError, require
 
@@ -51,8 +51,21 @@ SWEEP_AXES = {
 }
 
 
+_PASSED: set[str] = set()  # digests of the configs whose run passed check_run in this process
+
+
 def check_run(cfg: DictConfig) -> None:
-    """Every check above; ConfigError naming the key the user set."""
+    """Every check above; ConfigError naming the key the user set. A config whose run passed once in
+    this process is not checked again (a test loads the same config many times; the checks take
+    most of a load)."""
+    digest = config_digest(cfg)
+    if digest in _PASSED:
+        return
+    _check_run(cfg)
+    _PASSED.add(digest)
+
+
+def _check_run(cfg: DictConfig) -> None:
     for key, uses in OVERRIDE_LISTS.items():
         check_override_list(cfg, key, uses(cfg))
     check_point_counts(cfg)  # first: a sweep of a million points is refused before each is validated
