@@ -346,7 +346,7 @@ def _root_schema() -> type:
         ("experiment", str, field(default="train_step")),
         ("hardware_profile", str, field(default="local-cpu")),
         ("results_dir", str, field(default="results")),
-        # A sensitivity run: the parameter a paper leaves unstated that this run sets to one end of its
+        # A sensitivity run: the parameters a paper leaves unstated that this run sets to ends of their
         # plausible range, as "key=value" (the run's overrides set it too); its records carry it as the
         # param ``unstated``, and analysis.compare reports their range beside the chosen value's.
         # Empty: every parameter at its chosen value.
@@ -577,13 +577,15 @@ def _validate_run(cfg: DictConfig) -> None:
     require(
         cfg.unstated == "" or bool(UNSTATED_SETTING.match(cfg.unstated)),
         "unstated",
-        f"must be '' or one setting key=value of plain words (e.g. hardware.nic_efficiency=0.67), got {cfg.unstated!r}",
+        "must be '' or settings key=value of plain words joined by ',' "
+        f"(e.g. hardware.nic_efficiency=0.67,train.batch_size=4), got {cfg.unstated!r}",
     )
     _validate_shape(cfg.hardware)
     _validate_rates(cfg.hardware)
 
 
-UNSTATED_SETTING = re.compile(r"^[A-Za-z0-9_.]+=[A-Za-z0-9_.+-]+\Z")
+_SETTING = r"[A-Za-z0-9_.]+=[A-Za-z0-9_.+-]+"
+UNSTATED_SETTING = re.compile(rf"^{_SETTING}(,{_SETTING})*\Z")
 
 
 def _validate_shape(hw: DictConfig) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -178,15 +179,81 @@ def unstated_param(cfg: DictConfig) -> dict[str, str]:
     return {"unstated": cfg.unstated} if cfg.unstated else {}
 
 
-def unstated_variants(name: str, overrides: list[str], ranges: dict[str, tuple[float, ...]]) -> dict[str, list[str]]:
-    """Sensitivity variants of one run: for every unstated parameter (config key -> the ends of its
-    plausible range) and end, the run's name with the setting appended and its overrides with the
-    parameter set and recorded (config key ``unstated``)."""
+@dataclass(frozen=True)
+class Unstated:
+    """A parameter a paper leaves unstated: its config key, the value the suite chose (the verdict's)
+    and the ends of its plausible range. Where one is declared, the evidence for all three is written
+    beside it; the chosen value must be the one the run's config or profile holds (tests check)."""
+
+    key: str
+    chosen: float
+    low: float
+    high: float
+
+    def __post_init__(self):
+        if not self.low <= self.chosen <= self.high or self.low == self.high:
+            raise ValueError(f"unstated {self.key}: need low <= chosen <= high, low < high; got {self}")
+
+    @property
+    def ends(self) -> tuple[float, ...]:
+        """The ends of the range other than the chosen value: what a sensitivity run sets."""
+        return tuple(v for v in (self.low, self.high) if v != self.chosen)
+
+
+# paper -> config key -> its unstated parameter, for the analysis (register_unstated)
+UNSTATED_PARAMS: dict[str, dict[str, Unstated]] = {}
+
+
+def register_unstated(paper: str, *params: Unstated) -> tuple[Unstated, ...]:
+    """Declare ``params`` as unstated by ``paper`` (analysis.compare reads their chosen values and
+    ranges); returns them, for the paper's sweeps."""
+    known = UNSTATED_PARAMS.setdefault(paper, {})
+    for param in params:
+        if known.get(param.key, param) != param:
+            raise ValueError(f"{paper}: unstated {param.key} declared twice, as {known[param.key]} and {param}")
+        known[param.key] = param
+    return params
+
+
+def setting_text(settings: dict[str, float]) -> str:
+    """A sensitivity run's setting as recorded (config key ``unstated``): ``key=value`` pairs joined by ","."""
+    return ",".join(f"{key}={value:g}" for key, value in settings.items())
+
+
+def parse_setting(text: str) -> dict[str, float]:
+    """The inverse of :func:`setting_text`."""
+    return {key: float(value) for key, value in (pair.split("=", 1) for pair in text.split(","))}
+
+
+def sensitivity_settings(params: Sequence[Unstated]) -> list[dict[str, float]]:
+    """The joint design over ``params``, the settings a run is repeated at besides the chosen one:
+
+    * one at a time: each parameter alone at each end of its range, the others at their chosen values
+      (which parameter moves a number, and what value of it the published number would need);
+    * every corner of the range box (each parameter at its low or high end) where two or more differ
+      from their chosen values: the joint extremes, 2^k corners for k parameters at most.
+
+    A reproduced number's range is taken over all of them and the chosen run.
+    """
+    settings = [{p.key: end} for p in params for end in p.ends]
+    for corner in itertools.product(*[(p.low, p.high) for p in params]):
+        moved = {p.key: v for p, v in zip(params, corner) if v != p.chosen}
+        if len(moved) >= 2:
+            settings.append(dict(zip((p.key for p in params), corner)))
+    return settings
+
+
+def unstated_variants(name: str, overrides: list[str], params: Sequence[Unstated]) -> dict[str, list[str]]:
+    """Sensitivity runs of one run (:func:`sensitivity_settings`): the run's name with the setting
+    appended and its overrides with the parameters set and the setting recorded (config key ``unstated``)."""
     variants = {}
-    for key, values in ranges.items():
-        for value in values:
-            setting = f"{key}={value:g}"
-            variants[f"{name}_{key.rsplit('.', 1)[-1]}{value:g}"] = [*overrides, setting, f"unstated={setting}"]
+    for setting in sensitivity_settings(params):
+        suffix = "_".join(f"{key.rsplit('.', 1)[-1]}{value:g}" for key, value in setting.items())
+        variants[f"{name}_{suffix}"] = [
+            *overrides,
+            *(f"{key}={value:g}" for key, value in setting.items()),
+            f"unstated={setting_text(setting)}",
+        ]
     return variants
 
 

@@ -94,7 +94,12 @@ def test_sensitivity_runs_repeat_figs_11_12_at_each_unstated_end(records):
     assert {r["experiment"] for r in varied} == {"aurora_deployment"}
     assert {r["params"]["policy"] for r in varied} <= set(SENSITIVITY_POLICIES)
     settings = {r["params"]["unstated"] for r in varied}
-    assert settings == {f"{key}={value:g}" for key, values in AURORA_UNSTATED.items() for value in values}
+    assert settings == {
+        "hardware.kernel_launch_us=38",
+        "hardware.compute_efficiency=0.35",
+        "hardware.kernel_launch_us=38,hardware.compute_efficiency=0.35",  # the joint corner
+    }
+    assert {p.key for p in AURORA_UNSTATED} == {"hardware.kernel_launch_us", "hardware.compute_efficiency"}
     launch = {r["config"]["hardware"]["kernel_launch_us"] for r in varied if "kernel_launch" in r["params"]["unstated"]}
     assert launch == {38.0}
     chosen = _of(records, "aurora_deployment", setting="exclusive-homogeneous", policy="aurora")

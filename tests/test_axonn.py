@@ -125,10 +125,10 @@ def test_unstated_parameters_list_the_chosen_values_the_run_uses():
     """Every listed parameter's chosen value is what AxoNN's simulated points resolve to; the
     simulated sensitivity runs are listed parameters, each at values other than the chosen one."""
     cfg = load_config(["configs/default.yaml"], [f"hardware_profile={AxonnConfig.hardware}"])
-    for key, (chosen, ends) in UNSTATED.items():
-        assert OmegaConf.select(cfg, key) == pytest.approx(chosen), key
-        assert chosen not in ends
-    assert all(UNSTATED[key][1] == ends for key, ends in AXONN_UNSTATED.items())
+    for key, param in UNSTATED.items():
+        assert OmegaConf.select(cfg, key) == pytest.approx(param.chosen), key
+        assert param.chosen not in param.ends
+    assert all(UNSTATED[param.key] == param for param in AXONN_UNSTATED)
 
 
 def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point(tmp_path):
@@ -191,10 +191,15 @@ def test_simulated_study_writes_every_declared_record():
     assert chosen["80B_axonn"]["global_sequences"] == chosen["80B_megatron"]["global_sequences"] == 1024
     assert chosen["2B_none"]["global_sequences"] == 64
     varied = {r["point"]: r["params"] for r in written if "unstated" in r["params"]}
+    # each parameter alone at its other end, then both together (the joint corner)
     assert {(point, params["unstated"]) for point, params in varied.items()} == {
-        (f"{point}_{key.rsplit('.', 1)[-1]}{value:g}", f"{key}={value:g}")
+        (f"{point}_{suffix}", setting)
         for point in ("80B_axonn", "80B_megatron", "2B_none", "2B_all")
-        for key, (value,) in AXONN_UNSTATED.items()
+        for suffix, setting in (
+            ("sequences_per_gpu2", "axonn.sequences_per_gpu=2"),
+            ("nic_efficiency0.67", "hardware.nic_efficiency=0.67"),
+            ("sequences_per_gpu2_nic_efficiency0.67", "axonn.sequences_per_gpu=2,hardware.nic_efficiency=0.67"),
+        )
     }
     assert varied["80B_axonn_sequences_per_gpu2"]["global_sequences"] == 2048
     assert varied["80B_axonn_nic_efficiency0.67"]["global_sequences"] == 1024

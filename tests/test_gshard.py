@@ -134,8 +134,8 @@ def test_the_study_writes_every_declared_record_and_scales_as_gshard():
         for r in scaling
     }
     for model in models.index:
-        for key, (low, high) in SCALING_UNSTATED.items():
-            at = [steps_per_s[model, f"{key}={value:g}"] for value in (low, high)]
+        for param in SCALING_UNSTATED:
+            at = [steps_per_s[model, f"{param.key}={value:g}"] for value in (param.low, param.high)]
             assert at[0] < models.loc[model, "steps_per_s"] < at[1]  # a faster link or GEMM, a faster step
 
 

@@ -4,6 +4,9 @@ import pandas as pd
 import pytest
 
 from analysis.compare import REPRODUCERS
+from moe_core.config import derive_config, load_config
+from moe_core.layout import layout_of
+from moe_core.model import gradient_tensors
 from moe_core.papers.lina.decisions import packing_due, packing_factor
 from moe_core.plan import a2a_micro_ops, chunk_count, gradient_micro_ops
 
@@ -79,3 +82,15 @@ def test_fig13_compares_the_unpacked_layout():
     records = pd.DataFrame(rows)
     speedup, setting = REPRODUCERS["lina_fig13_bwd_a2a_speedup_8e"](records, records.iloc[0:0])
     assert speedup == 2.4 and "lina-pipeline" in setting
+
+
+@pytest.mark.parametrize(("experts", "table1"), [(4, 233e6), (16, 838e6)])
+def test_the_simulated_model_has_table1s_parameter_count(experts, table1):
+    """Lina's 24-layer Transformer-XL (Table 1: 233M parameters at 4 experts, 838M at 16): our
+    attention lacks Transformer-XL's relative-position projection (d_model^2 per layer), so we count
+    up to 3% fewer, never more."""
+    base = load_config(["configs/default.yaml"])
+    cfg = derive_config(base, [*base.lina.overrides, f"moe.num_experts={experts}", f"parallel.world_size={experts}"])
+    layout = layout_of(cfg)
+    total = sum(t.numel * (layout.expert_parallel if t.group == "expert" else 1) for t in gradient_tensors(cfg, layout))
+    assert 0.97 * table1 <= total <= table1

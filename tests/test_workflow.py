@@ -36,9 +36,10 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
     assert len(points) == 12 and len(lina_measured_points(cfg)) == 2 and len(monta_measured_points(cfg)) == 3
     assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
-    # 24: Lina's 4 x 6 points again at the other end of its unstated intra-node link; MoNTA's 29 and
-    # its 3 tp-8 dispatches again at the other end of its unstated NIC count
-    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 24
+    # 240: Lina's 4 x 6 points again at each of the 10 settings of its 3 unstated parameters' joint
+    # design (4 one at a time, 6 corners); MoNTA's 29 and its 3 tp-8 dispatches again at the other
+    # end of its unstated NIC count
+    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 240
     assert int(counts["lina_inference"]) == 1
     assert int(counts["monta_a2a"]) == int(counts["monta_model"]) == int(counts["monta_strategy_table"]) == 1
     assert int(counts["dispatchers"]) == int(counts["dispatchers_simulated"]) == int(counts["dispatcher_table"]) == 1

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from moe_core.points import Unstated, register_unstated
 from moe_core.sections import register_section, require, require_at_least, require_choices, require_profile
 
 # Parameters Aurora leaves unstated that its simulated inference numbers (Figs 11-14) depend on:
@@ -40,7 +41,11 @@ from moe_core.sections import register_section, require, require_at_least, requi
 # * Heterogeneous GPUs' speeds: "ordered by performance" only; peak proportional to the class's
 #   bandwidth (aurora-bigswitch-hetero.yaml). Latency: none, as the paper's big switch (a few us per
 #   message would cost the orders that split flows into more pieces, Aurora's exact one first).
-AURORA_UNSTATED = {"hardware.kernel_launch_us": (38.0,), "hardware.compute_efficiency": (0.35,)}
+AURORA_UNSTATED = register_unstated(
+    "aurora",
+    Unstated("hardware.kernel_launch_us", chosen=5.0, low=5.0, high=38.0),
+    Unstated("hardware.compute_efficiency", chosen=0.87, low=0.35, high=0.87),
+)
 
 
 @dataclass

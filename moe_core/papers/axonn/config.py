@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from moe_core.grid import Grid
+from moe_core.points import Unstated, register_unstated
 from moe_core.sections import (
     CONFIG_DIR,
     hardware_profiles,
@@ -59,15 +60,18 @@ OVERLAP_VARIANTS = {
 # Fixed by the workload, not swept: the model shapes and the 2B model's 64 GPUs (models.py; at 512
 # GPUs the 2B gain is 5%), the Megatron layout rule (baseline.py).
 UNSTATED = {
-    "axonn.sequences_per_gpu": (1, (2,)),
-    "hardware.nic_efficiency": (1.0, (0.67,)),
-    "axonn.device_memory_GB": (40.0, (80.0,)),
-    "hardware.compute_efficiency": (0.87, (0.7,)),
-    "hardware.kernel_launch_us": (38.0, (10.0,)),
-    "hardware.inter_node_latency_us": (3.0, (10.0,)),
+    p.key: p
+    for p in (
+        Unstated("axonn.sequences_per_gpu", chosen=1, low=1, high=2),
+        Unstated("hardware.nic_efficiency", chosen=1.0, low=0.67, high=1.0),
+        Unstated("axonn.device_memory_GB", chosen=40.0, low=40.0, high=80.0),
+        Unstated("hardware.compute_efficiency", chosen=0.87, low=0.7, high=0.87),
+        Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0),
+        Unstated("hardware.inter_node_latency_us", chosen=3.0, low=3.0, high=10.0),
+    )
 }
-# The two that move the abstract's numbers most, simulated at their other ends (moe_core.points.unstated_variants).
-AXONN_UNSTATED = {key: UNSTATED[key][1] for key in ("axonn.sequences_per_gpu", "hardware.nic_efficiency")}
+# The two that move the abstract's numbers most, simulated jointly (moe_core.points.unstated_variants).
+AXONN_UNSTATED = register_unstated("axonn", UNSTATED["axonn.sequences_per_gpu"], UNSTATED["hardware.nic_efficiency"])
 
 
 def overlap_overrides(variant: str, cached_layers: int) -> list[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from moe_core.points import Unstated, register_unstated
 from moe_core.policies import POLICIES
 from moe_core.sections import (
     register_section,
@@ -32,7 +33,11 @@ MiB = 2**20
 # page's pod bisection over the torus's bisection links) to 82 (656 Gb/s per link). GEMMs' share of
 # the bf16 peak: chosen 0.5; 0.17 if XLA ran GShard's float32 matmuls in three bf16 passes at that
 # efficiency, 0.87 the largest share measured here (the H200's GEMM curve).
-SCALING_UNSTATED = {"hardware.intra_node_GBps": (50.0, 82.0), "hardware.compute_efficiency": (0.17, 0.87)}
+SCALING_UNSTATED = register_unstated(
+    "gshard",
+    Unstated("hardware.intra_node_GBps", chosen=70.0, low=50.0, high=82.0),
+    Unstated("hardware.compute_efficiency", chosen=0.5, low=0.17, high=0.87),
+)
 
 
 @dataclass
