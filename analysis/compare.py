@@ -13,14 +13,18 @@ verdict ``not-comparable`` and the reason. A published bound (``bound: lower`` f
 anything above it, within the tolerance. A number that spans several of the paper's testbeds (a claim
 over all its settings, ``across_testbeds``) is reproduced once over the records of all of them.
 
-A paper's unstated parameters (moe_core.points.unstated_variants): records of a sensitivity run carry
-the param ``unstated`` ("key=value"). The verdict compares the chosen values' number (records without
-it); the same reproducer on each sensitivity run's records gives ``reproduced_low`` and
+A paper's unstated parameters (moe_core.points.Unstated, run by moe_core.points.unstated_variants):
+records of a sensitivity run carry the param ``unstated`` ("key=value" pairs joined by ","). The verdict
+compares the chosen values' number (records without it); the same reproducer on each sensitivity run's
+records (one parameter at a time, and the corners of the ranges jointly) gives ``reproduced_low`` and
 ``reproduced_high`` (the extremes over the chosen run and the variants that reproduce it) and
-``unstated``, the parameters varied.
+``unstated``, the settings run. analysis.explain turns them into ``explainable``, ``needs`` and, for
+every ``differs`` row, the computed ``reason``; main() also writes the per-paper counts
+(``verdict_summary.csv``) and prints them.
 
     python -m analysis.compare --records results/tables/records.csv \
-        --samples results/tables/samples.csv --out results/tables/comparison.csv
+        --samples results/tables/samples.csv --out results/tables/comparison.csv \
+        --summary results/tables/verdict_summary.csv
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import explain
 from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
 from analysis.files import read_tables, write_csv
 from analysis.published import REGISTRY_PATH, load_registry
@@ -57,6 +62,8 @@ COMPARISON_COLUMNS = [
     "reproduced_low",
     "reproduced_high",
     "unstated",
+    "explainable",
+    "needs",
     "reproduced_setting",
     "points",
     "ratio",
@@ -170,25 +177,57 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
-        for testbed, value, setting, used, variants in found:
-            ratio = value / entry["value"]
-            judged, reason = judge(entry, testbed, ratio)
+        for testbed, value, setting, used, variants, shares in found:
             rows.append(
                 {
                     **published,
                     **testbed,
-                    "reproduced": value,
-                    "reproduced_low": min([value, *variants.values()]),
-                    "reproduced_high": max([value, *variants.values()]),
-                    "unstated": "; ".join(variants) or None,
+                    **_judged(entry, testbed, value, variants, shares),
                     "reproduced_setting": setting,
                     "points": points_text(used),
-                    "ratio": ratio,
-                    "verdict": judged,
-                    "reason": reason,
                 }
             )
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def _judged(
+    entry: dict[str, Any], testbed: dict[str, str], value: float, variants: dict[str, float], shares: dict[str, float]
+) -> dict[str, Any]:
+    """The verdict columns of one reproduction: value, the unstated parameters' range and what it
+    explains (analysis.explain), the verdict and, for ``differs``, its computed reason."""
+    published = entry["value"]
+    low, high = min([value, *variants.values()]), max([value, *variants.values()])
+    judged, reason = judge(entry, testbed, value / published)
+    columns = {
+        "reproduced": value,
+        "reproduced_low": low,
+        "reproduced_high": high,
+        "unstated": "; ".join(variants) or None,
+        "ratio": value / published,
+        "verdict": judged,
+        "reason": reason,
+        "explainable": None,
+        "needs": None,
+    }
+    if judged in (CONSISTENT, DIFFERS):
+
+        def agrees(ratio: float) -> bool:
+            return verdict(ratio, entry["tolerance"], entry["bound"]) == CONSISTENT
+
+        columns["explainable"] = explain.explainable(low / published, high / published, agrees)
+        columns["needs"] = explain.needs(entry["paper"], value, published, variants)
+    if judged == DIFFERS:
+        columns["reason"] = explain.reason(
+            value,
+            published,
+            low,
+            high,
+            columns["explainable"],
+            explain.swept_keys(variants),
+            columns["needs"],
+            shares,
+        )
+    return columns
 
 
 def _with_finite_values(df: pd.DataFrame) -> pd.DataFrame:
@@ -225,9 +264,9 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
 
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
-    """(testbed, value, setting, points used, {unstated setting: value}) for every testbed whose
-    chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that reproduce
-    it too."""
+    """(testbed, value, setting, points used, {unstated setting: value}, the used points' step terms)
+    for every testbed whose chosen-value records hold the data ``fn`` needs; the dict holds the
+    sensitivity runs that reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples):
         with _noting_used_points() as used:
             result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
@@ -238,7 +277,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants
+        yield testbed, *result, used, variants, explain.term_shares(at_setting(recs), used)
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:
@@ -257,14 +296,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--out", type=Path, required=True, help="comparison CSV to write")
+    parser.add_argument(
+        "--summary", type=Path, help="verdict counts per paper to write (default: verdict_summary.csv beside --out)"
+    )
     parser.add_argument("--registry", type=Path, default=REGISTRY_PATH, help="published numbers (YAML)")
     args = parser.parse_args(argv)
     try:
         table = compare(load_registry(args.registry), *read_tables(args.records, args.samples))
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.compare: error: {err}")
+    summary = explain.verdict_summary(table)
     write_csv(table, args.out)
+    write_csv(summary, args.summary or args.out.with_name("verdict_summary.csv"))
     print(table[["id", "mode", "published", "reproduced", "unit", "verdict"]].to_string(index=False))
+    print("\nVerdicts per paper (explainable: differs, but inside the unstated parameters' ranges):")
+    print(summary.to_string(index=False))
 
 
 # Last, because the paper modules import this one: importing them registers every paper's reproducers.

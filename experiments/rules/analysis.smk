@@ -43,9 +43,14 @@ rule compare:
         samples=rules.collect.output.samples,
         registry="analysis/published.yaml",
     output:
-        report(
+        comparison=report(
             f"{RESULTS}/tables/comparison.csv",
             caption="../../analysis/captions/comparison.rst",
+            category="Published vs reproduced",
+        ),
+        summary=report(
+            f"{RESULTS}/tables/verdict_summary.csv",
+            caption="../../analysis/captions/verdict_summary.rst",
             category="Published vs reproduced",
         ),
     conda:
@@ -54,7 +59,8 @@ rule compare:
         f"{RESULTS}/logs/compare.log",
     localrule: True
     shell:
-        "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} --out {output:q}"
+        "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} "
+        "--out {output.comparison:q} --summary {output.summary:q}"
 
 
 # One rule per figure (a loop, not copies): report captions cannot take wildcards.

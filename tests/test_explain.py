@@ -1,0 +1,164 @@
+"""The unstated parameters' joint design (moe_core.points) and what the analysis reads off it
+(analysis.explain): explainable, needs, the computed reason of a differs row, the verdict summary."""
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from analysis import explain
+from moe_core.config import ConfigError, derive_config, load_config
+from moe_core.points import (
+    UNSTATED_PARAMS,
+    Unstated,
+    parse_setting,
+    register_unstated,
+    sensitivity_settings,
+    setting_text,
+    unstated_variants,
+)
+
+LINK = Unstated("hardware.intra_node_GBps", chosen=70.0, low=50.0, high=82.0)  # chosen inside its range
+LAUNCH = Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0)  # chosen at an end
+
+
+def test_design_is_one_at_a_time_ends_then_the_corners_that_move_two_or_more():
+    settings = sensitivity_settings([LINK, LAUNCH])
+    assert settings == [
+        {"hardware.intra_node_GBps": 50.0},
+        {"hardware.intra_node_GBps": 82.0},
+        {"hardware.kernel_launch_us": 10.0},
+        # corners: (50, 10) and (82, 10) move both; (50, 38) and (82, 38) are one-at-a-time runs above
+        {"hardware.intra_node_GBps": 50.0, "hardware.kernel_launch_us": 10.0},
+        {"hardware.intra_node_GBps": 82.0, "hardware.kernel_launch_us": 10.0},
+    ]
+    assert sensitivity_settings([LAUNCH]) == [{"hardware.kernel_launch_us": 10.0}]
+
+
+def test_variants_set_every_parameter_and_record_the_setting():
+    variants = unstated_variants("p", ["model.d_model=8"], [LINK, LAUNCH])
+    assert variants["p_intra_node_GBps50_kernel_launch_us10"] == [
+        "model.d_model=8",
+        "hardware.intra_node_GBps=50",
+        "hardware.kernel_launch_us=10",
+        "unstated=hardware.intra_node_GBps=50,hardware.kernel_launch_us=10",
+    ]
+    text = setting_text({"a.b": 1.5, "c": 2.0})
+    assert text == "a.b=1.5,c=2" and parse_setting(text) == {"a.b": 1.5, "c": 2.0}
+
+
+def test_a_joint_setting_loads_and_a_malformed_one_is_refused():
+    cfg = load_config(["configs/ci.yaml"], ["unstated=hardware.intra_node_GBps=50,train.batch_size=4"])
+    assert cfg.unstated == "hardware.intra_node_GBps=50,train.batch_size=4"
+    with pytest.raises(ConfigError, match="unstated"):
+        load_config(["configs/ci.yaml"], ["unstated=a=1,,b=2"])
+
+
+def test_bad_ranges_and_conflicting_declarations_are_refused():
+    with pytest.raises(ValueError, match="low <= chosen <= high"):
+        Unstated("x", chosen=5.0, low=1.0, high=4.0)
+    register_unstated("test-paper", Unstated("x", chosen=1.0, low=1.0, high=2.0))
+    with pytest.raises(ValueError, match="declared twice"):
+        register_unstated("test-paper", Unstated("x", chosen=1.5, low=1.0, high=2.0))
+    del UNSTATED_PARAMS["test-paper"]
+
+
+def test_every_declared_chosen_value_is_the_one_the_paper_runs_at():
+    """The registry's chosen values are the profiles' and config's, so the verdicts' setting is the
+    one declared."""
+    profiles = {
+        "lina": "lina-a100-4x4",
+        "gshard": "gshard-tpuv3-torus",
+        "aurora": "aurora-bigswitch-100g",
+        "monta": "monta-a800-2x8",
+        "axonn": "axonn-perlmutter",
+    }
+    base = load_config(["configs/default.yaml"])
+    for paper, params in UNSTATED_PARAMS.items():
+        model = list(base.lina.overrides) if paper == "lina" else []  # Lina's batch is its model's
+        run = derive_config(base, [f"hardware_profile={profiles[paper]}", *model])
+        for key, param in params.items():
+            assert OmegaConf.select(run, key) == pytest.approx(param.chosen), (paper, key)
+
+
+@pytest.mark.parametrize(
+    ("points", "target", "expected"),
+    [
+        ([(1.0, 10.0), (3.0, 30.0)], 20.0, 2.0),  # inside a segment
+        ([(1.0, 10.0), (3.0, 30.0)], 50.0, 5.0),  # past the high end, along the end segment
+        ([(1.0, 10.0), (2.0, 20.0), (4.0, 20.0)], 5.0, 0.5),  # below the low end
+        ([(1.0, 10.0), (3.0, 10.0)], 20.0, None),  # flat: nothing reaches it
+    ],
+)
+def test_the_curve_is_solved_piecewise_linearly(points, target, expected):
+    got = explain.solve_curve(points, target)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_needs_names_the_most_influential_parameter_and_whether_its_value_is_plausible():
+    UNSTATED_PARAMS["test-paper"] = {p.key: p for p in (LINK, LAUNCH)}
+    try:
+        variants = {
+            "hardware.intra_node_GBps=50": 1.0,  # moves 1.1 -> 1.0
+            "hardware.intra_node_GBps=82": 1.2,
+            "hardware.kernel_launch_us=10": 1.6,  # moves 1.1 -> 1.6: the most influential
+            "hardware.intra_node_GBps=50,hardware.kernel_launch_us=10": 1.5,  # corners are not read
+        }
+        text = explain.needs("test-paper", 1.1, 1.35, variants)
+        assert text.startswith("hardware.kernel_launch_us=24 gives 1.35 (inside")
+        outside = explain.needs("test-paper", 1.1, 2.1, variants)
+        assert "kernel_launch_us=-" in outside or "no positive value" in outside
+        assert explain.swept_keys(variants) == ["hardware.intra_node_GBps", "hardware.kernel_launch_us"]
+    finally:
+        del UNSTATED_PARAMS["test-paper"]
+
+
+def test_explainable_reads_the_range_with_the_entrys_rule():
+    def within(ratio):
+        return abs(ratio - 1) <= 0.25
+
+    assert explain.explainable(0.5, 0.8, within)  # the high end agrees
+    assert explain.explainable(0.5, 1.5, within)  # straddles
+    assert not explain.explainable(0.4, 0.6, within)
+
+    def lower_bound(ratio):
+        return ratio >= 0.75
+
+    assert not explain.explainable(0.5, 0.7, lower_bound)
+
+
+def test_reason_and_step_terms_come_from_the_points_records():
+    records = pd.DataFrame(
+        [
+            {"point": "a", "metric": m, "value": v}
+            for m, v in {
+                "step_ms": 100.0,
+                "dense_ms": 40.0,
+                "gate_ms": 10.0,
+                "expert_ms": 20.0,
+                "a2a_ms": 25.0,
+                "allreduce_exposed_ms": 5.0,
+            }.items()
+        ]
+    )
+    shares = explain.term_shares(records, {"a"})
+    assert shares == pytest.approx(
+        {"dense_ms": 0.4, "gate_ms": 0.1, "expert_ms": 0.2, "a2a_ms": 0.25, "allreduce_exposed_ms": 0.05}
+    )
+    assert explain.term_shares(records, {"other"}) == {}
+    text = explain.reason(1.0, 2.0, 0.9, 1.2, False, ["hardware.x"], "hardware.x=9 gives 2 (outside ...)", shares)
+    assert text.startswith("ours 1 is 0.50x the published 2; the joint sweep of hardware.x gives 0.9-1.2")
+    assert "does not reach it" in text and "dense compute 40%, exposed all-to-all 25%" in text
+
+
+def test_verdict_summary_counts_explainable_differs_apart():
+    table = pd.DataFrame(
+        {
+            "paper": ["p", "p", "p", "q"],
+            "verdict": ["consistent", "differs", "differs", "not-comparable"],
+            "explainable": [True, True, False, None],
+        }
+    )
+    summary = explain.verdict_summary(table).set_index("paper")
+    assert summary.loc["p", ["consistent", "explainable", "differs", "total"]].tolist() == [1, 1, 1, 3]
+    assert summary.loc["q", "not-comparable"] == 1
+    assert summary.loc["all", "total"] == 4
