@@ -576,6 +576,7 @@ def test_a_valid_pcie_tree_config_loads():
     tree = [
         "hardware_profile=lina-a100-4x4",
         "hardware.intra_node=pcie_tree",
+        "hardware.pcie.gpus_per_switch=1",
         "hardware.pcie.switch_uplink_GBps=25",
         "hardware.pcie.sockets=2",
         "hardware.pcie.socket_link_GBps=40",
@@ -583,3 +584,10 @@ def test_a_valid_pcie_tree_config_loads():
     ]
     cfg = load_config(["configs/default.yaml"], tree)
     assert Cluster(cfg.hardware).switches_per_node == 4
+
+
+def test_lina_profile_routes_cross_socket_bytes_over_the_socket_link():
+    topo = Cluster(load_config(["configs/default.yaml"], ["hardware_profile=lina-a100-4x4"]).hardware)
+    assert topo.tree and topo.switches_per_node == 2 and topo.sockets == 2
+    b = link_bytes(topo, topo.all_to_all(np.arange(4), np.full((4, 4), 1e9)))
+    assert b["socket", 1] == b["socket", 2] == 4e9  # GPUs 0, 1 (socket 0) <-> GPUs 2, 3 (socket 1)
