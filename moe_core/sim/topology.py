@@ -27,10 +27,14 @@ Two topologies:
   destination's downlink. A GPU's own link (``intra_node_GBps``) carries both its GPU-to-GPU and its
   GPU-to-NIC bytes, and inter-node bytes take the tree to the NIC (none beyond the switch when GPU
   and NIC share one: GPUDirect RDMA). Rings visit a node's members in device order, so a ring
-  crosses each socket link once per direction as NCCL's PCIe rings do; a ring that spans nodes
-  opens at a different member per channel, so every hop of the node's cycle carries (m-1)/m of
-  what it carries in a one-node ring. CPU-side costs (copies through host memory when P2P across
-  sockets is off, root-complex arbitration) are not modelled.
+  crosses each socket link once per direction as NCCL's PCIe rings do. A ring that spans nodes is
+  the average over where its channels enter and leave the node: every hop of the node's cycle
+  carries (m-1)/m of a one-node ring's bytes and every member sends and receives 1/m through its
+  NIC, so members on a socket without the NIC add their NIC share to the socket link. NCCL
+  instead enters and leaves next to the NIC, crossing each socket link once per direction, so
+  this overstates a spanning ring's socket-link bytes (by 1/4 on 2 sockets x 2 GPUs, one NIC).
+  CPU-side costs (copies through host memory when P2P across sockets is off, root-complex
+  arbitration) are not modelled.
 * :class:`Torus2D`: GShard's TPU v3 mesh; every device has 4 outgoing links (+x, -x, +y, -y),
   traffic follows dimension-order routing along the shorter way around each ring.
 """
