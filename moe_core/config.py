@@ -106,6 +106,23 @@ class EmulationConfig:
 
 
 @dataclass
+class PcieTreeConfig:
+    """A PCIe server's intra-node tree (``hardware.intra_node: pcie_tree``; moe_core.sim.topology).
+
+    Each node's GPUs hang in order off PCIe switches (``gpus_per_switch`` each; 1 = every GPU on
+    its own CPU root port), the switches in order off ``sockets`` CPU root complexes joined by
+    socket links (UPI / xGMI). A GPU's own link is ``intra_node_GBps``; every rate here is a line
+    rate per direction, scaled by ``intra_node_efficiency`` as that one is.
+    """
+
+    gpus_per_switch: int = 1
+    switch_uplink_GBps: float = 0.0  # each switch's link to its root complex
+    sockets: int = 1
+    socket_link_GBps: float = 0.0  # between two sockets, all their links together
+    nic_switches: list[int] = field(default_factory=list)  # per NIC of a node: the switch (0-based) it sits under
+
+
+@dataclass
 class HardwareConfig:
     """What runs execute on. Measured profiles describe this machine; simulated ones a cluster.
 
@@ -122,6 +139,10 @@ class HardwareConfig:
     # -- network model (moe_core.sim) --
     topology: Literal["cluster", "torus2d"] = "cluster"  # cluster with devices_per_node=1: a big switch
     torus_dims: list[int] = field(default_factory=list)  # [x, y] devices for torus2d
+    # Inside a cluster's node: "switch", every device on private links to a non-blocking switch
+    # (NVSwitch class); "pcie_tree", GPUs and NICs under shared PCIe switches and sockets (pcie).
+    intra_node: Literal["switch", "pcie_tree"] = "switch"
+    pcie: PcieTreeConfig = field(default_factory=PcieTreeConfig)
     intra_node_GBps: float = 0.0  # per device (NVLink/NVSwitch class); torus2d: per link
     intra_node_latency_us: float = 0.0
     nic_GBps: float = 0.0  # per NIC
@@ -603,6 +624,44 @@ def _validate_shape(hw: DictConfig) -> None:
             "hardware.torus_dims",
             f"a torus2d profile needs [x, y] >= 1, got {list(hw.torus_dims)}",
         )
+    if hw.intra_node == "pcie_tree":
+        _validate_pcie_tree(hw)
+
+
+def _validate_pcie_tree(hw: DictConfig) -> None:
+    """A PCIe tree splits the node's GPUs evenly over its switches and the switches over its sockets,
+    has positive link rates where traffic can cross them, and puts every NIC under one of its switches."""
+    tree = hw.pcie
+    require(hw.topology == "cluster", "hardware.intra_node", "pcie_tree needs topology: cluster")
+    require(hw.host_GBps == 0, "hardware.intra_node", "pcie_tree models GPU servers; set host_GBps: 0 (CPU testbeds)")
+    require_at_least(tree, "hardware.pcie", 1, ("gpus_per_switch", "sockets"))
+    require(
+        hw.devices_per_node % tree.gpus_per_switch == 0,
+        "hardware.pcie.gpus_per_switch",
+        f"must divide devices_per_node ({hw.devices_per_node}), got {tree.gpus_per_switch}",
+    )
+    switches = hw.devices_per_node // tree.gpus_per_switch
+    require(
+        switches % tree.sockets == 0,
+        "hardware.pcie.sockets",
+        f"must divide the node's {switches} PCIe switches (devices_per_node / gpus_per_switch), got {tree.sockets}",
+    )
+    require(
+        math.isfinite(tree.switch_uplink_GBps) and tree.switch_uplink_GBps > 0,
+        "hardware.pcie.switch_uplink_GBps",
+        f"must be a finite rate > 0 (GB/s per direction, from the switch's spec), got {tree.switch_uplink_GBps}",
+    )
+    if tree.sockets > 1:
+        require(
+            math.isfinite(tree.socket_link_GBps) and tree.socket_link_GBps > 0,
+            "hardware.pcie.socket_link_GBps",
+            f"must be a finite rate > 0 with {tree.sockets} sockets (UPI / xGMI spec), got {tree.socket_link_GBps}",
+        )
+    require(
+        len(tree.nic_switches) == hw.nics_per_node and all(0 <= s < switches for s in tree.nic_switches),
+        "hardware.pcie.nic_switches",
+        f"needs one switch index in [0, {switches}) per NIC ({hw.nics_per_node}), got {list(tree.nic_switches)}",
+    )
 
 
 def _validate_rates(hw: DictConfig) -> None:

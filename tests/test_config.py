@@ -19,6 +19,16 @@ def test_defaults_and_files_merge_with_overrides():
 
 # Bad input, one kind per row: (overrides, the full key the message must name). Every row fails in
 # load_config, i.e. before any process or job starts (the Snakefile and every entry point call it).
+# A valid PCIe tree on Lina's 4-GPU nodes (2 sockets, a GPU per root port), for the bad values below.
+PCIE_TREE = [
+    "hardware_profile=lina-a100-4x4",
+    "hardware.intra_node=pcie_tree",
+    "hardware.pcie.gpus_per_switch=1",
+    "hardware.pcie.switch_uplink_GBps=25",
+    "hardware.pcie.sockets=2",
+    "hardware.pcie.socket_link_GBps=40",
+    "hardware.pcie.nic_switches=[0]",
+]
 BAD_INPUTS = [
     # types and unknown keys
     (["moe.num_experts=abc"], "moe.num_experts"),
@@ -100,6 +110,14 @@ BAD_INPUTS = [
     (["hardware.inter_node_latency_us=nan"], "hardware.inter_node_latency_us"),
     (["hardware.host_cores=-1"], "hardware.host_cores"),
     (["hardware.topology=torus2d", "hardware.torus_dims=[4]"], "hardware.torus_dims"),
+    (["hardware.intra_node=pcie"], "hardware.intra_node"),
+    ([*PCIE_TREE, "hardware.pcie.gpus_per_switch=3"], "hardware.pcie.gpus_per_switch"),
+    ([*PCIE_TREE, "hardware.pcie.sockets=3"], "hardware.pcie.sockets"),
+    ([*PCIE_TREE, "hardware.pcie.switch_uplink_GBps=0"], "hardware.pcie.switch_uplink_GBps"),
+    ([*PCIE_TREE, "hardware.pcie.socket_link_GBps=0"], "hardware.pcie.socket_link_GBps"),
+    ([*PCIE_TREE, "hardware.pcie.nic_switches=[4]"], "hardware.pcie.nic_switches"),
+    ([*PCIE_TREE, "hardware.pcie.nic_switches=[]"], "hardware.pcie.nic_switches"),
+    ([*PCIE_TREE, "hardware.topology=torus2d", "hardware.torus_dims=[4,4]"], "hardware.intra_node"),
     # seeds every generator accepts
     (["train.seed=100000000000000000000"], "train.seed"),
     (["sweep.seed=[-1]"], "sweep.seed"),

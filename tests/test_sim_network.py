@@ -477,3 +477,117 @@ def test_an_inefficient_transfer_is_rate_capped_and_leaves_the_rest_of_the_link(
     half, other = (Transfer(np.array([0]), np.array([S]), 1, False, efficiency=e) for e in (0.8, 1.0))
     res = simulate([Op("half", "c", transfer=half), Op("other", "c", transfer=other)], C)
     assert res.end_s == pytest.approx([2.0, 2.0])  # both below their caps: C / 2 each
+
+
+# -- PCIe tree (hardware.intra_node = pcie_tree) ---------------------------------------------------
+
+
+def pcie_hw(**kw):
+    """4 GPUs a node, 2 per PCIe switch, one switch per socket, the NIC under switch 0; GB/s round
+    numbers so that the bytes on each link can be checked by hand."""
+    tree = dict(gpus_per_switch=2, switch_uplink_GBps=20.0, sockets=2, socket_link_GBps=10.0, nic_switches=[0])
+    base = dict(intra_node_GBps=25.0, nic_GBps=12.5, intra_node="pcie_tree", pcie=tree)
+    return OmegaConf.merge(hw(**base), kw)
+
+
+def link_bytes(topo, transfer):
+    """Bytes per named link block: {(block, index within the block): bytes}."""
+    blocks = {
+        "gpu_out": topo.intra_out,
+        "gpu_in": topo.intra_in,
+        "nic_out": topo.nic_out,
+        "nic_in": topo.nic_in,
+        "up": topo.switch_up,
+        "down": topo.switch_down,
+        "socket": topo.socket_link,
+    }
+    named = {}
+    for link, nbytes in zip(transfer.links, transfer.nbytes):
+        name = next((b, int(np.flatnonzero(ids == link)[0])) for b, ids in blocks.items() if link in ids)
+        named[name] = float(nbytes)
+    return named
+
+
+def test_pcie_tree_all_to_all_inside_a_node_crosses_the_uplinks_and_the_socket_link():
+    topo = Cluster(pcie_hw(nodes=1))
+    t = topo.uniform_all_to_all(np.arange(4), 4e9)  # 1 GB to each peer
+    b = link_bytes(topo, t)
+    assert all(b["gpu_out", d] == b["gpu_in", d] == 3e9 for d in range(4))
+    # GPUs 0, 1 (switch 0, socket 0) send 2 GB each to GPUs 2, 3 (switch 1, socket 1), and back
+    assert b["up", 0] == b["up", 1] == b["down", 0] == b["down", 1] == 4e9
+    assert b["socket", 1] == b["socket", 2] == 4e9  # socket 0 -> 1 and 1 -> 0 (ordered pairs)
+    assert ("socket", 0) not in b and ("socket", 3) not in b
+    # the socket link (4 GB at 10 GB/s) is the bottleneck, not the GPUs' links (3 GB at 25 GB/s)
+    assert alone_s(topo, t) == pytest.approx(4e9 / (10 * GB))
+    dense = topo.all_to_all(np.arange(4), np.full((4, 4), 1e9))
+    assert link_bytes(topo, dense) == b
+
+
+def test_pcie_tree_ring_crosses_the_socket_link_once_per_direction():
+    topo = Cluster(pcie_hw(nodes=1))
+    S = 4e9
+    b = link_bytes(topo, topo.ring(np.arange(4), S, "all_reduce"))
+    v = 2 * 3 / 4 * S  # what every rank forwards to its successor
+    assert b["socket", 1] == b["socket", 2] == b["up", 0] == b["up", 1] == v
+    assert all(b["gpu_out", d] == v for d in range(4))
+
+
+def test_pcie_tree_routes_inter_node_bytes_through_the_gpu_link_and_to_the_nics_switch():
+    topo = Cluster(pcie_hw(nodes=2))
+    traffic = np.zeros((8, 8))
+    traffic[0, 4] = 1e9  # GPU 0 sits under the NIC's switch: GPUDirect RDMA through the switch
+    traffic[2, 4] = 2e9  # GPU 2 sits on the other socket: up its switch, across, down to the NIC
+    b = link_bytes(topo, topo.all_to_all(np.arange(8), traffic))
+    assert b["gpu_out", 0] == 1e9 and b["gpu_out", 2] == 2e9 and b["nic_out", 0] == 3e9
+    assert b["up", 1] == 2e9 and b["socket", 2] == 2e9 and b["down", 0] == 2e9 and ("up", 0) not in b
+    # node 1 receives all 3 GB at its NIC under switch 0 (switch 2 of the cluster) and GPU 4 under it
+    assert b["nic_in", 1] == 3e9 and b["gpu_in", 4] == 3e9 and ("down", 2) not in b
+
+
+def test_pcie_tree_gpus_under_one_switch_share_only_their_own_links():
+    topo = Cluster(pcie_hw(nodes=1))
+    b = link_bytes(topo, topo.all_to_all(np.arange(2), np.array([[0.0, 1e9], [1e9, 0.0]])))
+    assert b == {("gpu_out", 0): 1e9, ("gpu_out", 1): 1e9, ("gpu_in", 0): 1e9, ("gpu_in", 1): 1e9}
+
+
+def test_pcie_tree_hierarchical_and_forwarded_exchanges_use_the_same_routes():
+    topo = Cluster(pcie_hw(nodes=2))
+    group, S = np.arange(8), 8e9
+    phase1, _ = topo.hierarchical_all_to_all(group, np.full((8, 8), S / 8))
+    b1 = link_bytes(topo, phase1)
+    # phase 1: GPU (n, l) hands each local peer l' the 2 GB bound for l' on both nodes
+    assert b1["socket", 1] == 2 * 2 * 2e9 and b1["gpu_out", 0] == 3 * 2e9
+    fwd = link_bytes(topo, topo.forwarded_all_to_all(group, 4e9, 3e9))
+    assert fwd["socket", 1] == 2 * 2 * 1e9 + 2 * 4e9  # forwarded 1 GB per peer, plus GPUs 2, 3 to the NIC
+
+
+def test_profiles_without_the_tree_keep_their_links():
+    plain = Cluster(hw(intra_node_GBps=25.0, nic_GBps=12.5))
+    tree = Cluster(pcie_hw(pcie={"socket_link_GBps": 5.0}))
+    assert not plain.tree and plain.num_links == 2 * 8 + 2 * 2 + 2 * 2
+    assert tree.num_links == plain.num_links + 2 * 4 + 2 * 4
+    t_plain = plain.uniform_all_to_all(np.arange(8), 8e9)
+    t_tree = tree.uniform_all_to_all(np.arange(8), 8e9)
+    assert alone_s(plain, t_plain) == pytest.approx(16e9 / (12.5 * GB))  # the NIC: 4 GPUs x 4 GB
+    assert alone_s(tree, t_tree) == pytest.approx(12e9 / (5 * GB))  # the socket link: 4 GB + 8 GB to the NIC
+
+
+def test_a_valid_pcie_tree_config_loads():
+    tree = [
+        "hardware_profile=lina-a100-4x4",
+        "hardware.intra_node=pcie_tree",
+        "hardware.pcie.gpus_per_switch=1",
+        "hardware.pcie.switch_uplink_GBps=25",
+        "hardware.pcie.sockets=2",
+        "hardware.pcie.socket_link_GBps=40",
+        "hardware.pcie.nic_switches=[0]",
+    ]
+    cfg = load_config(["configs/default.yaml"], tree)
+    assert Cluster(cfg.hardware).switches_per_node == 4
+
+
+def test_lina_profile_routes_cross_socket_bytes_over_the_socket_link():
+    topo = Cluster(load_config(["configs/default.yaml"], ["hardware_profile=lina-a100-4x4"]).hardware)
+    assert topo.tree and topo.switches_per_node == 2 and topo.sockets == 2
+    b = link_bytes(topo, topo.all_to_all(np.arange(4), np.full((4, 4), 1e9)))
+    assert b["socket", 1] == b["socket", 2] == 4e9  # GPUs 0, 1 (socket 0) <-> GPUs 2, 3 (socket 1)

@@ -17,6 +17,24 @@ Two topologies:
   uplink and downlink to the core are narrower than its NICs together. ``g = 1`` with one NIC per
   device is Aurora's non-blocking "big switch". Devices may come in heterogeneous classes (per
   device NIC bandwidth and compute speed).
+
+  With ``intra_node: pcie_tree`` (PCIe servers, ``hardware.pcie``) a node's GPUs instead hang off
+  shared PCIe switches (``gpus_per_switch`` each, in device order), the switches off ``sockets``
+  CPU root complexes joined by one socket link per direction, and each NIC sits under a named
+  switch. Every byte's path comes from one routing rule (``_add_tree_path``): between two
+  endpoints under one switch it turns inside the switch; otherwise it climbs the source switch's
+  uplink, crosses the socket link when the switches hang off different sockets, and descends the
+  destination's downlink. A GPU's own link (``intra_node_GBps``) carries both its GPU-to-GPU and its
+  GPU-to-NIC bytes, and inter-node bytes take the tree to the NIC (none beyond the switch when GPU
+  and NIC share one: GPUDirect RDMA). Rings visit a node's members in device order, so a ring
+  crosses each socket link once per direction as NCCL's PCIe rings do. A ring that spans nodes is
+  the average over where its channels enter and leave the node: every hop of the node's cycle
+  carries (m-1)/m of a one-node ring's bytes and every member sends and receives 1/m through its
+  NIC, so members on a socket without the NIC add their NIC share to the socket link. NCCL
+  instead enters and leaves next to the NIC, crossing each socket link once per direction, so
+  this overstates a spanning ring's socket-link bytes (by 1/4 on 2 sockets x 2 GPUs, one NIC).
+  CPU-side costs (copies through host memory when P2P across sockets is off, root-complex
+  arbitration) are not modelled.
 * :class:`Torus2D`: GShard's TPU v3 mesh; every device has 4 outgoing links (+x, -x, +y, -y),
   traffic follows dimension-order routing along the shorter way around each ring.
 """
@@ -77,8 +95,11 @@ class Cluster:
         self.intra_latency_s = hw.intra_node_latency_us * 1e-6
         self.inter_latency_s = hw.inter_node_latency_us * 1e-6
         self.device_nic_GBps, self.device_tflops = _device_classes(hw, self.n)
+        self.node_of = np.arange(self.n) // self.g
+        self.nic_of = self.node_of * self.nics_per_node + (np.arange(self.n) % self.g) * self.nics_per_node // self.g
         nic_count = self.nodes * self.nics_per_node
-        # Link blocks: intra out | intra in | NIC out | NIC in | node up | node down
+        # Link blocks: intra out | intra in | NIC out | NIC in | node up | node down [| host]
+        # [| PCIe switch up | switch down | socket links] (the tree's blocks: _tree_links)
         self.intra_out = np.arange(self.n)
         self.intra_in = self.intra_out + self.n
         self.nic_out = 2 * self.n + np.arange(nic_count)
@@ -104,15 +125,37 @@ class Cluster:
         if self.host is not None:
             cap[self.host] = hw.host_GBps * GB
         cap[cap <= 0] = np.inf  # links the profile leaves out (e.g. no intra links on a big switch)
-        self.capacity = cap
+        self.tree = hw.intra_node == "pcie_tree"
+        self.capacity = np.concatenate([cap, self._tree_links(hw)]) if self.tree else cap
+        self.num_links = len(self.capacity)
         # An emulated testbed shapes each node's links with tc tbf: token buckets on the NIC links
         # (moe_core.sim.engine.simulate); tc's "kb" is 1024 bytes.
         self.burst_bytes = np.zeros(self.num_links)
         if hw.emulation.enabled:
             self.burst_bytes[np.r_[self.nic_out, self.nic_in]] = hw.emulation.burst_kb * 1024
-        self.node_of = np.arange(self.n) // self.g
-        self.nic_of = self.node_of * self.nics_per_node + (np.arange(self.n) % self.g) * self.nics_per_node // self.g
         self.oversubscribed = hw.oversubscription > 1
+
+    def _tree_links(self, hw: DictConfig) -> np.ndarray:
+        """Lay out the PCIe tree's link blocks after the others (switch up | switch down | socket
+        links, one per ordered pair of a node's sockets) and return their capacities; sets the maps
+        from devices and NICs to switches and from switches to sockets."""
+        tree, base = hw.pcie, self.num_links
+        self.switches_per_node = self.g // tree.gpus_per_switch
+        self.sockets = tree.sockets
+        count = self.nodes * self.switches_per_node
+        self.switch_of = self.node_of * self.switches_per_node + (np.arange(self.n) % self.g) // tree.gpus_per_switch
+        nic_node = np.arange(self.nodes * self.nics_per_node) // self.nics_per_node
+        self.nic_switch = nic_node * self.switches_per_node + np.tile(np.asarray(tree.nic_switches), self.nodes)
+        self.socket_of_switch = (np.arange(count) % self.switches_per_node) * self.sockets // self.switches_per_node
+        self.switch_up = base + np.arange(count)
+        self.switch_down = self.switch_up + count
+        self.socket_link = base + 2 * count + np.arange(self.nodes * self.sockets**2)
+        cap = np.empty(2 * count + len(self.socket_link))
+        cap[: 2 * count] = tree.switch_uplink_GBps * hw.intra_node_efficiency * GB
+        # A socket's link to itself carries nothing; inf keeps it out of every bottleneck.
+        socket_bw = tree.socket_link_GBps * hw.intra_node_efficiency * GB
+        cap[2 * count :] = np.tile(np.where(np.eye(self.sockets, dtype=bool), np.inf, socket_bw).ravel(), self.nodes)
+        return cap
 
     # -- all-to-all ------------------------------------------------------------------------------
     def all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
@@ -125,6 +168,8 @@ class Cluster:
         loads = np.zeros(self.num_links)
         np.add.at(loads, self.intra_out[group], intra.sum(axis=1))
         np.add.at(loads, self.intra_in[group], intra.sum(axis=0))
+        i, j = np.nonzero(intra)
+        self._add_tree_flows(loads, group[i], group[j], intra[i, j])
         self._add_inter(loads, group, inter.sum(axis=1), inter.sum(axis=0), inter, node)
         return self._transfer(
             loads, len(group) - 1, bool(inter.any()), sent_bytes=traffic.sum(axis=1).max(), nodes=_spanned(node)
@@ -141,6 +186,9 @@ class Cluster:
         loads = np.zeros(self.num_links)
         np.add.at(loads, self.intra_out[group], intra)
         np.add.at(loads, self.intra_in[group], intra)
+        if self.tree:
+            i, j = self._node_pairs(group)
+            self._add_tree_flows(loads, group[i], group[j], np.full(len(i), per_peer))
         self._add_inter(loads, group, inter, inter, None, node)
         sent = bytes_per_rank * (p - 1) / p
         return self._transfer(loads, p - 1, bool((inter > 0).any()), sent_bytes=sent, nodes=_spanned(node))
@@ -158,6 +206,10 @@ class Cluster:
         np.add.at(loads, self.intra_out[group], forwarded_bytes)
         np.add.at(loads, self.intra_in[group], forwarded_bytes)
         node = self.node_of[group]
+        if self.tree:  # a uniform exchange: the forwarded bytes spread evenly over the node's other members
+            i, j = self._node_pairs(group)
+            others = np.bincount(node, minlength=self.nodes)[node] - 1
+            self._add_tree_flows(loads, group[i], group[j], forwarded_bytes / others[i])
         spans = _spanned(node) > 1
         if spans:
             self._add_inter(loads, group, network_bytes, network_bytes, None, node)
@@ -188,6 +240,8 @@ class Cluster:
         loads1 = np.zeros(self.num_links)
         np.add.at(loads1, self.intra_out[ordered], phase1.sum(axis=2))
         np.add.at(loads1, self.intra_in[ordered], phase1.sum(axis=1))
+        src, dst = np.broadcast_arrays(ordered[:, :, None], ordered[:, None, :])
+        self._add_tree_flows(loads1, src.ravel(), dst.ravel(), phase1.ravel())
         phase2 = t.sum(axis=1)  # (n, n2, l'): bytes (n, l') sends to (n2, l')
         phase2 = phase2 * (1 - np.eye(n_nodes))[:, :, None]
         loads2 = np.zeros(self.num_links)
@@ -219,6 +273,9 @@ class Cluster:
         loads = np.zeros(self.num_links)
         np.add.at(loads, self.intra_out[group], intra)
         np.add.at(loads, self.intra_in[group], intra)
+        if self.tree:
+            member, successor = self._ring_successors(group)
+            self._add_tree_flows(loads, group[member], group[successor], intra[member])
         if spans:
             out = v / members  # the node's single outgoing v, spread over its members' NICs
             self._add_inter(loads, group, out, out, None, node)
@@ -234,12 +291,59 @@ class Cluster:
         return Transfer.from_dense(loads, steps, crosses_nodes, **size)
 
     def _add_inter(self, loads, group, send, recv, pair_bytes, node) -> None:
-        """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed."""
+        """Inter-node bytes: each device's NIC share, and node uplinks when oversubscribed; in a
+        PCIe tree also the way between each device and its NIC (its own link, then the tree)."""
         np.add.at(loads, self.nic_out[self.nic_of[group]], send)
         np.add.at(loads, self.nic_in[self.nic_of[group]], recv)
         if self.oversubscribed:
             np.add.at(loads, self.node_up[node], send)
             np.add.at(loads, self.node_down[node], recv)
+        if self.tree:
+            send, recv = (np.broadcast_to(np.asarray(b, dtype=float), group.shape) for b in (send, recv))
+            np.add.at(loads, self.intra_out[group], send)
+            np.add.at(loads, self.intra_in[group], recv)
+            nic_switch = self.nic_switch[self.nic_of[group]]
+            self._add_tree_path(loads, self.switch_of[group], nic_switch, send)
+            self._add_tree_path(loads, nic_switch, self.switch_of[group], recv)
+
+    def _add_tree_flows(self, loads, src, dst, nbytes) -> None:
+        """Device-to-device bytes inside nodes (``nbytes[k]`` from device ``src[k]`` to ``dst[k]``)
+        on the PCIe tree's links beyond the devices' own; nothing without a tree."""
+        if self.tree:
+            self._add_tree_path(loads, self.switch_of[src], self.switch_of[dst], np.asarray(nbytes, dtype=float))
+
+    def _add_tree_path(self, loads, src_switch, dst_switch, nbytes) -> None:
+        """The routing of a PCIe tree: bytes between endpoints (GPUs, NICs) under switches
+        ``src_switch`` and ``dst_switch`` of one node. Under one switch they turn inside it (peer to
+        peer, GPUDirect RDMA); else they climb the source's uplink, cross the socket link when the
+        two switches hang off different sockets, and descend the destination's downlink."""
+        cross = src_switch != dst_switch
+        np.add.at(loads, self.switch_up[src_switch[cross]], nbytes[cross])
+        np.add.at(loads, self.switch_down[dst_switch[cross]], nbytes[cross])
+        a, b = self.socket_of_switch[src_switch], self.socket_of_switch[dst_switch]
+        far = a != b
+        node = src_switch // self.switches_per_node
+        np.add.at(loads, self.socket_link[(node * self.sockets + a) * self.sockets + b][far], nbytes[far])
+
+    def _node_pairs(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Indices (i, j) into ``group`` of every ordered pair of distinct members on one node."""
+        node = self.node_of[group]
+        same = node[:, None] == node[None, :]
+        np.fill_diagonal(same, False)
+        return np.nonzero(same)
+
+    def _ring_successors(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's successor inside its node along the ring (indices into ``group``): the node's
+        members in device order, the last back to the first. In a PCIe tree that order walks switch
+        after switch and socket after socket, so a ring crosses each socket link once per direction
+        (NCCL's PCIe rings do the same)."""
+        order = np.lexsort((group, self.node_of[group]))
+        node = self.node_of[group[order]]
+        k = np.arange(len(order))
+        starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
+        run_start = starts[np.searchsorted(starts, k, side="right") - 1]
+        last = np.r_[node[1:] != node[:-1], True]
+        return order, order[np.where(last, run_start, k + 1)]
 
     def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
         step = (
