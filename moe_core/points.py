@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
@@ -183,12 +183,15 @@ def unstated_param(cfg: DictConfig) -> dict[str, str]:
 class Unstated:
     """A parameter a paper leaves unstated: its config key, the value the suite chose (the verdict's)
     and the ends of its plausible range. Where one is declared, the evidence for all three is written
-    beside it; the chosen value must be the one the run's config or profile holds (tests check)."""
+    beside it; the chosen value must be the one the run's config or profile holds (tests check).
+    ``implies``: value -> the other overrides that value stands for (an NVLink-class link rate is also
+    an NVSwitch-class node, not a PCIe tree)."""
 
     key: str
     chosen: float
     low: float
     high: float
+    implies: dict[float, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.low <= self.chosen <= self.high or self.low == self.high:
@@ -247,11 +250,13 @@ def unstated_variants(name: str, overrides: list[str], params: Sequence[Unstated
     """Sensitivity runs of one run (:func:`sensitivity_settings`): the run's name with the setting
     appended and its overrides with the parameters set and the setting recorded (config key ``unstated``)."""
     variants = {}
+    implied = {p.key: p.implies for p in params}
     for setting in sensitivity_settings(params):
         suffix = "_".join(f"{key.rsplit('.', 1)[-1]}{value:g}" for key, value in setting.items())
         variants[f"{name}_{suffix}"] = [
             *overrides,
             *(f"{key}={value:g}" for key, value in setting.items()),
+            *(o for key, value in setting.items() for o in implied[key].get(value, ())),
             f"unstated={setting_text(setting)}",
         ]
     return variants

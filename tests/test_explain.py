@@ -162,3 +162,14 @@ def test_verdict_summary_counts_explainable_differs_apart():
     assert summary.loc["p", ["consistent", "explainable", "differs", "total"]].tolist() == [1, 1, 1, 3]
     assert summary.loc["q", "not-comparable"] == 1
     assert summary.loc["all", "total"] == 4
+
+
+def test_a_value_that_stands_for_another_link_class_sets_it_too():
+    """Lina's NVLink3-rate end is an NVSwitch-class node, not the PCIe tree of the chosen value."""
+    link = Unstated("hardware.intra_node_GBps", 25.0, 25.0, 240.0, implies={240.0: ("hardware.intra_node=switch",)})
+    (overrides,) = unstated_variants("p", [], [link]).values()
+    assert overrides == [
+        "hardware.intra_node_GBps=240",
+        "hardware.intra_node=switch",
+        "unstated=hardware.intra_node_GBps=240",
+    ]

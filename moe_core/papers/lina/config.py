@@ -25,8 +25,9 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 # Parameters the paper leaves unstated that its simulated studies depend on, each with the value chosen
 # (the verdict's) and its plausible range; moe_core.points.unstated_variants runs them one at a time
 # and jointly (the corners of the ranges).
-# * The intra-node link, 25 GB/s (PCIe 4.0 x16 as DMA reaches it): configs/hardware/lina-a100-4x4.yaml's
-#   header has the reasoning; NVLink3 as NCCL reaches it, 240 GB/s, is the other end.
+# * The intra-node link class, PCIe 4.0 x16 at 25 GB/s in a 2-socket PCIe tree:
+#   configs/hardware/lina-a100-4x4.yaml's header has the reasoning; the other end is NVLink3 as NCCL
+#   reaches it, 240 GB/s per GPU into an NVSwitch-class node (no PCIe tree in the GPUs' way).
 # * Sequences per GPU, 8 of 512 tokens (4096 tokens per GPU and step): the paper gives no batch.
 #   Transformer-XL's own enwik8 script trains 22 segments of 512 per step on 4 GPUs (5.5 per GPU);
 #   range 4 to 16 (2048 to 8192 tokens), the memory of a 40 GB A100 holding 838M parameters with Adam
@@ -36,15 +37,18 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 #   host keeps ahead of the GPU: 10 is the other end. The model is small (d_model 512), so its hundreds
 #   of kernels per layer make this the parameter that moves the step most.
 # * The inference batches' popularity drift, 400, in routing.py (100 to 1600).
+INTRA_NODE_LINK = Unstated(
+    "hardware.intra_node_GBps", chosen=25.0, low=25.0, high=240.0, implies={240.0: ("hardware.intra_node=switch",)}
+)
 TRAINING_UNSTATED = register_unstated(
     "lina",
-    Unstated("hardware.intra_node_GBps", chosen=25.0, low=25.0, high=240.0),
+    INTRA_NODE_LINK,
     Unstated("train.batch_size", chosen=8, low=4, high=16),
     Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0),
 )
 INFERENCE_UNSTATED = register_unstated(
     "lina",
-    Unstated("hardware.intra_node_GBps", chosen=25.0, low=25.0, high=240.0),
+    INTRA_NODE_LINK,
     Unstated("lina.inference_drift", chosen=400.0, low=100.0, high=1600.0),
 )
 
