@@ -44,7 +44,7 @@ from moe_core.papers.axonn.comm_model import rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
-from moe_core.points import own_layout, unstated_param, unstated_variants
+from moe_core.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -87,7 +87,7 @@ def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int |
 def point_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """The run's config with ``overrides``, then its sensitivity setting (``unstated``) again: the
     profile the overrides load would otherwise replace a ``hardware.`` one."""
-    return derive_config(cfg, [*own_layout(), *overrides, *([cfg.unstated] if cfg.unstated else [])])
+    return derive_config(cfg, [*own_layout(), *overrides, *unstated_overrides(cfg)])
 
 
 def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:

@@ -246,6 +246,11 @@ def sensitivity_settings(params: Sequence[Unstated]) -> list[dict[str, float]]:
     return settings
 
 
+def unstated_overrides(cfg: DictConfig) -> list[str]:
+    """A sensitivity run's settings as overrides, to apply again to a config it derives."""
+    return [f"{key}={value:g}" for key, value in parse_setting(cfg.unstated).items()] if cfg.unstated else []
+
+
 def unstated_variants(name: str, overrides: list[str], params: Sequence[Unstated]) -> dict[str, list[str]]:
     """Sensitivity runs of one run (:func:`sensitivity_settings`): the run's name with the setting
     appended and its overrides with the parameters set and the setting recorded (config key ``unstated``)."""

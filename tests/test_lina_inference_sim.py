@@ -144,11 +144,14 @@ def test_records_feed_the_measured_inference_reproducers(tmp_path):
     chosen = records[records["unstated"].isna()]
     value, setting = REPRODUCERS["lina_fig16_median_reduction_4e"](chosen, samples[samples["unstated"].isna()])
     assert math.isfinite(value) and value > 1 and "lina-a100-4x4" in setting  # static slower than lina
-    # a sensitivity run per other end of each unstated parameter's range, every policy in each
+    # a sensitivity run per other end of each unstated parameter's range and per joint corner, every
+    # policy in each
     variants = records.dropna(subset=["unstated"]).drop_duplicates("point")
     assert variants.groupby("unstated")["policy"].nunique().to_dict() == {
         "hardware.intra_node_GBps=240": 5,
         "lina.inference_drift=100": 5,
         "lina.inference_drift=1600": 5,
+        "hardware.intra_node_GBps=240,lina.inference_drift=100": 5,
+        "hardware.intra_node_GBps=240,lina.inference_drift=1600": 5,
     }
     assert set(variants["routing_drift"]) == {400.0, 100.0, 1600.0}

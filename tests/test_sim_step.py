@@ -15,7 +15,7 @@ from moe_core.layout import layout_of
 from moe_core.model import MoETransformer
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.plan import gradient_micro_ops
-from moe_core.points import sim_points
+from moe_core.points import parse_setting, sim_points
 from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import GB, build_topology
@@ -122,15 +122,17 @@ def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
     args = ["--config", "configs/default.yaml", "--config", str(sweeps), f"results_dir={tmp_path}"]
     assert simulate_main([*args, "--sweep"]) == 0
     points = sim_points(load_config(["configs/default.yaml", str(sweeps)]))
-    # ws8 overlap; 2 experts x (overlap, lina), and both again on Lina's other intra-node link (its
-    # unstated parameter); lina at 10 MB micro-ops
-    assert len(points) == 6
-    for name, (paper, _) in points.items():
+    # ws8 overlap; 2 experts x (overlap, lina), and both again at the 10 settings of Lina's unstated
+    # parameters' joint design; lina at 10 MB micro-ops
+    assert len(points) == 1 + 2 * (1 + 10) + 1
+    for name, (paper, overrides) in points.items():
         record = json.loads((tmp_path / "raw" / paper / "sim_train_step" / f"{name}.json").read_text())
         assert record["point"] == name and record["mode"] == "simulated"
-        varied = name.endswith("_intra_node_GBps240")
-        assert record["params"].get("unstated") == ("hardware.intra_node_GBps=240" if varied else None)
-        assert (record["config"]["hardware"]["intra_node_GBps"] == 240) == varied
+        setting = next((o.split("=", 1)[1] for o in overrides if o.startswith("unstated=")), None)
+        assert record["params"].get("unstated") == setting
+        link = parse_setting(setting or "x=0").get("hardware.intra_node_GBps", 25.0)
+        assert record["config"]["hardware"]["intra_node_GBps"] == link
+        assert record["config"]["hardware"]["intra_node"] == ("switch" if link == 240 else "pcie_tree")
     # one point without a network model: an error, and no record of any point
     bad = tmp_path / "bad"
     assert simulate_main([*args, f"results_dir={bad}", "sim_sweep.hardware=[local-cpu]", "--sweep"]) == 2
