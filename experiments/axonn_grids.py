@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
 from omegaconf import DictConfig
 
 from experiments.train_step import train
@@ -30,28 +29,21 @@ from moe_core.benchmark import benchmark_main, measured_record
 from moe_core.config import ConfigError
 from moe_core.distributed import Env
 from moe_core.grid import Grid
-from moe_core.papers.axonn.comm_model import AXONN_ORDER, predicted_communication
-from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_points, model_profile, point_config
+from moe_core.papers.axonn.sweeps import (
+    MEASURED,
+    PAPER,
+    grid_points,
+    measured_communication,
+    model_profile,
+    point_config,
+)
 from moe_core.points import point_params
 
 
 def prediction(cfg: DictConfig, grid: Grid) -> dict[str, float]:
     """AxoNN's model of one step's communication on ``grid`` (ms, and its breakdown) for ``cfg``'s
     model, on ``axonn.model_profile``."""
-    m = cfg.model
-    hw = model_profile(cfg)
-    seconds = predicted_communication(
-        hw,
-        grid,
-        AXONN_ORDER,
-        d_model=m.d_model,
-        d_ff=m.d_ff,
-        n_layers=m.n_layers,
-        n_heads=m.n_heads,
-        tokens_per_rank=cfg.train.batch_size * m.seq_len,
-        element_bytes=torch.get_default_dtype().itemsize,  # float32 activations and gradients
-        moe_every=m.moe_every,
-    )
+    seconds = measured_communication(cfg, model_profile(cfg), grid)
     total = seconds.pop("total_s")
     return {
         "predicted_comm_ms": total * 1e3,

@@ -104,22 +104,28 @@ def check_measured(cfg: DictConfig) -> None:
         hw = model_profile(cfg)
     except ConfigError as err:
         raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
-    m = point.model
     try:
-        predicted_communication(
-            hw,
-            grid,
-            AXONN_ORDER,
-            d_model=m.d_model,
-            d_ff=m.d_ff,
-            n_layers=m.n_layers,
-            n_heads=m.n_heads,
-            tokens_per_rank=point.train.batch_size * m.seq_len,
-            element_bytes=4,  # float32, the measured runs' activations
-            moe_every=m.moe_every,
-        )
+        measured_communication(point, hw, grid)
     except ValueError as err:
         raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
+
+
+def measured_communication(cfg: DictConfig, hw: DictConfig, grid: Grid) -> dict[str, float]:
+    """AxoNN's model of one measured step's communication (seconds, total and by collective) for the
+    point config ``cfg``'s model on ``grid``, priced on ``hw``: float32 activations, as measured."""
+    m = cfg.model
+    return predicted_communication(
+        hw,
+        grid,
+        AXONN_ORDER,
+        d_model=m.d_model,
+        d_ff=m.d_ff,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        tokens_per_rank=cfg.train.batch_size * m.seq_len,
+        element_bytes=4,
+        moe_every=m.moe_every,
+    )
 
 
 def model_profile(cfg: DictConfig) -> DictConfig:
