@@ -18,7 +18,6 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import math
 import re
@@ -452,13 +451,13 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     checks, and without rebuilding the whole config (points are derived by the hundred at load)."""
     layer = _dotlist(overrides)
     profile = layer.get("hardware_profile", cfg.hardware_profile)
-    base = cfg
-    if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely
-        base = copy.deepcopy(cfg)
-        OmegaConf.set_readonly(base, False)
-        # the schema class of cfg's own (``python -m moe_core.config`` imports this module twice)
-        base.hardware = _merge([OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)])
-    derived = _merge([base, layer])
+    derived = _merge([cfg, layer])  # one copy of cfg: merge copies its first layer
+    OmegaConf.set_readonly(derived, False)
+    if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely,
+        # then the layer's own hardware keys apply to it; the schema class is cfg's own
+        # (``python -m moe_core.config`` imports this module twice)
+        hardware = [OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)]
+        derived.hardware = _merge([*hardware, layer.get("hardware", {})])
     OmegaConf.set_readonly(derived, True)
     validate(derived)
     return derived
