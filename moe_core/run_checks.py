@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -51,18 +52,23 @@ SWEEP_AXES = {
 }
 
 
-_PASSED: set[str] = set()  # digests of the configs whose run passed check_run in this process
+# The configs whose run passed check_run, as "<digest>@<host>" joined by ",", in this process or the one
+# that started it: a launcher's ranks and a workflow's jobs inherit it and do not check again what
+# their parent checked (the checks take most of a load). The host is part of the key because the
+# memory check reads the host's memory (a SLURM job inherits its submitter's environment).
+PASSED_ENV = "MOE_CORE_CHECKED_RUNS"
+_REMEMBERED = 64  # the most recent passed configs kept in the variable
 
 
 def check_run(cfg: DictConfig) -> None:
     """Every check above; ConfigError naming the key the user set. A config whose run passed once in
-    this process is not checked again (a test loads the same config many times; the checks take
-    most of a load)."""
-    digest = config_digest(cfg)
-    if digest in _PASSED:
+    this process or its parent, on this host, is not checked again (PASSED_ENV)."""
+    key = f"{config_digest(cfg)}@{socket.gethostname()}"
+    passed = [k for k in os.environ.get(PASSED_ENV, "").split(",") if k]
+    if key in passed:
         return
     _check_run(cfg)
-    _PASSED.add(digest)
+    os.environ[PASSED_ENV] = ",".join([*passed, key][-_REMEMBERED:])
 
 
 def _check_run(cfg: DictConfig) -> None:

@@ -1,6 +1,7 @@
 """Configuration: schema checks, layouts, sweep expansion, and bad input at the command line."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -433,3 +434,21 @@ def test_config_check_names_an_override_list_entry():
         timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: config key 'sim_sweep.overrides[0]'"), proc.stderr
+
+
+def test_a_passed_runs_checks_are_inherited_by_child_processes_on_the_same_host(monkeypatch):
+    """A launcher's ranks and a workflow's jobs skip what their parent checked; another config, or the
+    same config on another host, is checked."""
+    from moe_core import run_checks
+
+    monkeypatch.delenv(run_checks.PASSED_ENV, raising=False)
+    cfg = load_config(["configs/ci.yaml"])
+    (key,) = os.environ[run_checks.PASSED_ENV].split(",")
+    assert key.endswith("@" + socket.gethostname())
+    calls = []
+    monkeypatch.setattr(run_checks, "_check_run", calls.append)
+    run_checks.check_run(cfg)
+    assert calls == []  # inherited: not checked again
+    monkeypatch.setenv(run_checks.PASSED_ENV, key.split("@")[0] + "@another-host")
+    run_checks.check_run(cfg)
+    assert calls == [cfg]
