@@ -126,6 +126,7 @@ def entry_overrides(entry: dict) -> list[str]:
         f"parallel.tensor_parallel={tp}",
         f"moe.num_experts={dp}",  # unused by a dense model (moe_every=0); one per rank keeps the layout valid
         "moe.experts_per_rank=1",
+        "moe.top_k=1",
         "model.moe_every=0",
         *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
         f"train.batch_size={entry['batch']['global_batch'] // dp}",
