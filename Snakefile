@@ -83,6 +83,7 @@ rule all:
         f"{RESULTS}/tables/comparison.csv",
         f"{RESULTS}/tables/sim_validation.csv",
         f"{RESULTS}/tables/external_validation.csv",
+        f"{RESULTS}/tables/external_steps.csv",
         f"{RESULTS}/tables/monta_strategies.csv",
         f"{RESULTS}/tables/dispatchers.csv",
         f"{RESULTS}/tables/axonn_grid_validation.csv",

@@ -126,6 +126,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "dispatchers": ("exchange_ms", "dropped_fraction", "imbalance"),
     "dispatchers_sim": ("exchange_ms", "dropped_fraction", "imbalance"),
     "external_validation": ("published", "predicted", "rel_error"),
+    "external_steps": ("published", "predicted", "step_error"),
     "monta_a2a": ("exchange_ms",),
     "monta_chunk_model": ("model_exchange_ms", "chosen"),
     "monta_strategy": ("model_exchange_ms", "model_rank"),

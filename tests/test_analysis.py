@@ -559,6 +559,30 @@ def write_gshard(root):
     ]
 
 
+def write_external_steps(root):
+    """Two published dense steps and one MoE step with the simulated ones."""
+    paths = []
+    rows = (("dense-a", "dense", 1.0, 1.1), ("dense-b", "dense", 2.0, 1.5), ("moe-c", "moe", 3.0, 3.3))
+    for point, kind, published_s, predicted_s in rows:
+        metrics = {"published": published_s, "predicted": predicted_s, "published_step_s": published_s}
+        metrics.update(predicted_step_s=predicted_s, step_error=predicted_s / published_s - 1)
+        paths.append(
+            _write(
+                root,
+                paper="common",
+                experiment="external_steps",
+                point=point,
+                mode="simulated",
+                backend="sim",
+                hardware="h100-ndr-cluster",
+                params={"what": f"step {point}", "kind": kind, "gpu": "H100", "gpus": 8, "measure": "step_s"},
+                samples={},
+                extra_metrics=metrics,
+            )
+        )
+    return paths
+
+
 @pytest.fixture(scope="module")
 def figure_tables(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
@@ -573,6 +597,7 @@ def figure_tables(tmp_path_factory):
         + write_gshard(root)
         + write_dispatchers(root)
         + write_external_validation(root)
+        + write_external_steps(root)
     )
 
 
@@ -840,6 +865,7 @@ def test_figures_register_with_their_paper():
         "sim_validation": "common",
         "dispatchers_under_skew": "common",
         "external_validation_errors": "common",
+        "external_steps_errors": "common",
         **dict.fromkeys(
             [
                 "a2a_share_vs_experts",
@@ -917,6 +943,7 @@ NEEDS = {
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),
     "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
     "external_validation_errors": "external_validation",
+    "external_steps_errors": "external_steps",
     "axonn_model_validation": "axonn_grids",
     "axonn_overlap_ablation": ("axonn_grids", "axonn_ablation"),
     "axonn_weak_scaling": "axonn_scaling",
@@ -1257,3 +1284,11 @@ def test_axonn_reproducers_give_the_published_numbers(figure_tables):
     for name, experiment in AXONN_NEEDS.items():
         kept = records["experiment"] != experiment
         assert REPRODUCERS[name](records[kept], samples) is None, name
+
+
+def test_external_steps_table_summarises_each_kind(figure_tables):
+    table = TABLE_REGISTRY["external_steps"](figure_tables[0]).set_index("id")
+    assert table.loc["dense median", "step_error"] == pytest.approx((0.1 + 0.25) / 2)
+    assert table.loc["moe p90", "step_error"] == pytest.approx(0.1)
+    assert table.loc["dense p90", "step_error"] == pytest.approx(0.1 + 0.9 * 0.15)
+    assert not table.loc["dense median", "within_target"] and table.loc["dense p90", "within_target"]  # 15%, 35%

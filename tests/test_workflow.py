@@ -45,6 +45,8 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
     assert int(counts["dispatchers"]) == int(counts["dispatchers_simulated"]) == int(counts["dispatcher_table"]) == 1
     assert int(counts["figure_dispatchers_under_skew"]) == 1
     assert int(counts["collectives"]) == 1
+    assert int(counts["external_steps"]) == int(counts["external_steps_table"]) == 1
+    assert int(counts["figure_external_steps_errors"]) == 1
     assert all(
         int(counts[f"figure_{name}"]) == 1
         for name in (

@@ -221,3 +221,64 @@ def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig
         f"Simulator vs published hardware measurements: median |error| {median:.0%} "
         f"(target {EXTERNAL_TARGET:.0%}, {within.sum()} of {len(df)} within)"
     )
+
+
+# ---- the simulator against published GPU training steps (experiments/external_steps.py) ------------------
+
+STEP_TARGETS = {"median": 0.15, "p90": 0.35}  # the issue's targets for |step error|, dense and MoE apart
+
+
+def _external_steps(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per priced external_steps entry (id, kind, gpu, gpus and its metrics side by side), in id order."""
+    df = select(records, paper="common", experiment="external_steps")
+    if df.empty:
+        return df
+    wide = df.pivot_table(index=["point", "kind", "gpu", "gpus", "hardware"], columns="metric", values="value")
+    return wide.reset_index().rename(columns={"point": "id", "hardware": "profile"})
+
+
+@table
+def external_steps(records: pd.DataFrame) -> pd.DataFrame:
+    """Each published training step next to the simulated one, then per kind (dense, MoE) the median and 90th
+    percentile |step error| against the issue's targets."""
+    df = _external_steps(records)
+    if df.empty:
+        return df
+    columns = ["id", "kind", "gpu", "gpus", "profile", "published", "predicted", "published_step_s"]
+    df = df[[*columns, "predicted_step_s", "step_error"]]
+    summaries = []
+    for kind, rows in df.groupby("kind"):
+        errors = rows["step_error"].abs()
+        for name, value in (("median", errors.median()), ("p90", errors.quantile(0.9))):
+            within = value <= STEP_TARGETS[name]
+            summaries.append({"id": f"{kind} {name}", "kind": kind, "step_error": value, "within_target": within})
+    return pd.concat([df, pd.DataFrame(summaries)], ignore_index=True)
+
+
+@figure(paper="common")
+def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """The step error of each published training step, dense and MoE apart, against the 15% median target."""
+    df = _external_steps(records)
+    if df.empty:
+        raise FigureDataError(
+            "the records table has no common/external_steps rows; run experiments/external_steps.py "
+            "and collect results/raw/common/external_steps/*.json into it first"
+        )
+    kinds = sorted(df["kind"].unique())
+    fig.set_size_inches(9, 2 + 0.4 * len(df))
+    axes = np.atleast_1d(fig.subplots(len(kinds), 1, squeeze=False)[:, 0])
+    target = STEP_TARGETS["median"]
+    for ax, kind in zip(axes, kinds):
+        rows = df[df["kind"] == kind].sort_values("id")
+        y = np.arange(len(rows))
+        within = rows["step_error"].abs() <= target
+        ax.axvspan(-target, target, color="0.85", label=f"±{target:.0%}")
+        ax.barh(y, rows["step_error"], color=np.where(within, "C2", "C3"))
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(y, [f"{i} ({g})" for i, g in zip(rows["id"], rows["gpus"])], fontsize="small")
+        ax.invert_yaxis()
+        ax.xaxis.set_major_formatter("{x:.0%}")
+        median = rows["step_error"].abs().median()
+        ax.set(xlabel="predicted step / published step - 1", title=f"{kind}: median |error| {median:.0%}")
+        ax.legend(fontsize="small")
+    fig.suptitle("Simulator vs published GPU training steps")

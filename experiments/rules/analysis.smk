@@ -24,6 +24,7 @@ rule collect:
         AXONN_SIM_RECORDS,
         GSHARD_SIM_RECORDS,
         EXTERNAL_RECORDS,
+        EXTERNAL_STEP_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",

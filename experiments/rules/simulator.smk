@@ -102,3 +102,45 @@ rule external_validation_table:
     localrule: True
     shell:
         "logged {log:q} python -m analysis.tables --records {input.records:q} --table external_validation --out {output:q}"
+
+
+from experiments.external_steps import record_points as external_step_points
+
+EXTERNAL_STEP_RECORDS = expand(
+    f"{RESULTS}/raw/common/external_steps/{{point}}.json", point=external_step_points(CFG)
+)
+
+
+rule external_steps:
+    """The simulator against published GPU training steps (analysis/external_steps.yaml), nothing fitted."""
+    input:
+        config=RESOLVED_CONFIG,
+        published="analysis/external_steps.yaml",
+    output:
+        EXTERNAL_STEP_RECORDS,
+    log:
+        f"{RESULTS}/logs/external_steps.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments.external_steps --config {input.config:q}"
+
+
+rule external_steps_table:
+    """Published vs simulated step per entry, step errors and their median and p90, dense and MoE apart."""
+    input:
+        records=f"{RESULTS}/tables/records.csv",
+    output:
+        report(
+            f"{RESULTS}/tables/external_steps.csv",
+            caption="../../analysis/captions/external_steps_table.rst",
+            category="Simulator",
+        ),
+    log:
+        f"{RESULTS}/logs/external_steps_table.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.tables --records {input.records:q} --table external_steps --out {output:q}"

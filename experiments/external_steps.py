@@ -1,0 +1,243 @@
+"""Step-level external validation: the simulator's training step against published GPU training steps.
+
+    python -m experiments.external_steps --config configs/default.yaml
+
+analysis/external_steps.yaml lists published end-to-end training throughputs on real GPU clusters with their
+settings. Each entry is either priced or carries ``excluded: "<why>"`` (a mechanism the simulator lacks). A
+priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads, d_ff, vocab, sequence,
+the per-rank batch global_batch / dp in one pass, bfloat16, tensor parallelism, data parallelism over the
+rest) and simulated by ``moe_core.sim.step.StepModel`` on the entry's hardware profile as it is (spec-sheet
+values; nothing is fitted to these rows, they are held out).
+
+The error is on step time: ``step_error = predicted step / published step - 1``, the published step derived
+from the published metric with the source's own definition (``tokens_per_s_per_gpu``: global_batch x seq_len /
+(step x GPUs); ``step_s``: the step itself). The records also carry the metric predicted the same way.
+
+Records: ``results/raw/common/external_steps/<id>.json`` (mode simulated, backend sim) with metrics
+``published``, ``predicted``, ``published_step_s``, ``predicted_step_s``, ``step_error`` and the simulated
+step's exposed communication ``exposed_comm_ms``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from omegaconf import DictConfig
+
+from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.config import CONFIG_DIR, ConfigError, load_config
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+PAPER, EXPERIMENT = "common", "external_steps"
+STEPS_FILE = Path(__file__).resolve().parents[1] / "analysis" / "external_steps.yaml"
+REQUIRED_KEYS = ("id", "what", "source", "kind", "hardware", "model", "parallel", "batch", "precision", "metric")
+PRICED_KEYS = ("profile", "published")
+MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
+METRICS = ("step_s", "tokens_per_s_per_gpu")  # the metrics a priced entry may carry
+DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute model's peak is the bf16 one
+
+
+# ----------------------------------------------------------------------------------------------
+# The entries
+
+
+def load_entries(path: str | Path = STEPS_FILE) -> list[dict[str, Any]]:
+    """The entries of ``path`` in file order, checked; a bad one raises ValueError naming its id."""
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a top-level 'entries:' list")
+    checked = [_checked(entry, f"{path}: entry #{i}") for i, entry in enumerate(entries, start=1)]
+    ids = [entry["id"] for entry in checked]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate ids {duplicates}; ids must be unique")
+    return checked
+
+
+def _checked(entry: Any, where: str) -> dict[str, Any]:
+    """``entry`` as it is, or ValueError saying what to fix."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not a mapping of key: value")
+    where = f"{where} ({entry.get('id')!r})"
+    missing = [key for key in REQUIRED_KEYS if key not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+    if entry["kind"] not in ("dense", "moe"):
+        raise ValueError(f"{where}: kind must be dense or moe, got {entry['kind']!r}")
+    if "excluded" in entry:
+        if not isinstance(entry["excluded"], str) or not entry["excluded"].strip():
+            raise ValueError(f"{where}: excluded must say why the entry is not priced")
+        return entry
+    _check_priced(entry, where)
+    return entry
+
+
+def _check_priced(entry: dict, where: str) -> None:
+    """The settings a priced entry needs, or ValueError (or add ``excluded: "<why>"`` instead)."""
+    missing = [key for key in PRICED_KEYS if entry.get(key) is None]
+    missing += [f"model.{key}" for key in MODEL_KEYS if entry["model"].get(key) is None]
+    missing += [f"batch.{key}" for key in ("global_batch",) if entry["batch"].get(key) is None]
+    missing += [f"hardware.{key}" for key in ("nodes", "gpus_per_node") if entry["hardware"].get(key) is None]
+    if missing:
+        raise ValueError(f'{where}: missing {missing}; set them or add excluded: "<why>"')
+    if entry["metric"] not in METRICS:
+        raise ValueError(f"{where}: metric {entry['metric']!r} is not priced; use one of {list(METRICS)}")
+    if entry["precision"] not in DTYPE:
+        raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(DTYPE)}")
+    if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
+        raise ValueError(f"{where}: unknown profile {entry['profile']!r}; add configs/hardware/<profile>.yaml")
+    gpus, tp = entry_gpus(entry), entry["parallel"].get("tp") or 1
+    if gpus % tp or entry["batch"]["global_batch"] % (gpus // tp):
+        raise ValueError(f"{where}: need GPUs divisible by tp and global_batch divisible by dp = GPUs / tp")
+    if not (isinstance(entry["published"], (int, float)) and entry["published"] > 0):
+        raise ValueError(f"{where}: published must be a positive number, got {entry['published']!r}")
+
+
+def entry_gpus(entry: dict) -> int:
+    return entry["hardware"]["nodes"] * entry["hardware"]["gpus_per_node"]
+
+
+def record_points(cfg: DictConfig) -> list[str]:
+    """Every point one run writes: the priced entries' ids (pure; the workflow declares them)."""
+    return [entry["id"] for entry in load_entries() if "excluded" not in entry]
+
+
+# ----------------------------------------------------------------------------------------------
+# An entry as the suite's config, and its step
+
+
+def entry_overrides(entry: dict) -> list[str]:
+    """The config of ``entry``'s training step on its profile: a dense GPT, one rank per GPU, the per-rank
+    batch global_batch / dp in one pass (gradient accumulation's micro-batches add up to it)."""
+    m, gpus = entry["model"], entry_gpus(entry)
+    tp = entry["parallel"].get("tp") or 1
+    dp = gpus // tp
+    return [
+        f"hardware_profile={entry['profile']}",
+        f"hardware.nodes={entry['hardware']['nodes']}",
+        f"parallel.world_size={gpus}",
+        f"parallel.tensor_parallel={tp}",
+        f"moe.num_experts={dp}",  # unused by a dense model (moe_every=0); one per rank keeps the layout valid
+        "moe.experts_per_rank=1",
+        "moe.top_k=1",
+        "model.moe_every=0",
+        *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
+        f"train.batch_size={entry['batch']['global_batch'] // dp}",
+        f"train.dtype={DTYPE[entry['precision']]}",
+        "comm.bucket_mb=25",  # PyTorch DDP's default bucket
+    ]
+
+
+def entry_config(entry: dict) -> DictConfig:
+    try:
+        return load_config(overrides=entry_overrides(entry), whole_run=False)
+    except ConfigError as err:
+        raise ValueError(f"entry {entry['id']!r}: {err}") from err
+
+
+def published_step_s(entry: dict) -> float:
+    """The published step time, derived from the published metric the way the source defines it."""
+    if entry["metric"] == "step_s":
+        return float(entry["published"])
+    tokens = entry["batch"]["global_batch"] * entry["model"]["seq_len"]
+    return tokens / (entry["published"] * entry_gpus(entry))
+
+
+def metric_of_step(entry: dict, step_s: float) -> float:
+    """The entry's metric computed from a step time (the inverse of :func:`published_step_s`)."""
+    return published_step_s(entry) * entry["published"] / step_s if entry["metric"] != "step_s" else step_s
+
+
+def simulate_entry(entry: dict) -> dict[str, float]:
+    """The simulated step of ``entry``: predicted and published metric and step, the step error."""
+    cfg = entry_config(entry)
+    sim = StepModel(cfg, build_topology(cfg.hardware)).run().metrics()
+    step_s, published_s = sim["step_ms"] / 1e3, published_step_s(entry)
+    return {
+        "published": float(entry["published"]),
+        "predicted": metric_of_step(entry, step_s),
+        "published_step_s": published_s,
+        "predicted_step_s": step_s,
+        "step_error": step_s / published_s - 1,
+        "exposed_comm_ms": float(sim["exposed_comm_ms"]),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Records and summary
+
+
+def entry_params(entry: dict) -> dict[str, Any]:
+    p = entry["parallel"]
+    return {
+        "what": entry["what"],
+        "kind": entry["kind"],
+        "gpu": entry["hardware"]["gpu"],
+        "gpus": entry_gpus(entry),
+        "measure": entry["metric"],
+        "tp": p.get("tp") or 1,
+        "dp": entry_gpus(entry) // (p.get("tp") or 1),
+    }
+
+
+def step_records(cfg: DictConfig, path: str | Path = STEPS_FILE) -> list[dict]:
+    """One predicted record per priced entry of ``path``."""
+    records = []
+    for entry in load_entries(path):
+        if "excluded" in entry:
+            continue
+        records.append(
+            predicted_record(
+                cfg,
+                paper=PAPER,
+                experiment=EXPERIMENT,
+                point=entry["id"],
+                hardware=entry["profile"],
+                params=entry_params(entry),
+                metrics=simulate_entry(entry),
+                backend="sim",
+            )
+        )
+    return records
+
+
+def summary(records: list[dict]) -> str:
+    """A per-entry table and the median and 90th percentile |step error|, dense and MoE apart."""
+    lines = [f"{'id':<48} {'kind':<5} {'gpus':>5} {'published':>10} {'predicted':>10} {'step err':>8}"]
+    for r in records:
+        p, m = r["params"], {name: value["value"] for name, value in r["metrics"].items()}
+        lines.append(
+            f"{r['point']:<48} {p['kind']:<5} {p['gpus']:>5} {m['published']:>10.4g} {m['predicted']:>10.4g} "
+            f"{m['step_error']:>+8.1%}"
+        )
+    for kind in ("dense", "moe"):
+        errors = np.abs([r["metrics"]["step_error"]["value"] for r in records if r["params"]["kind"] == kind])
+        if len(errors):
+            lines.append(
+                f"{kind}: {len(errors)} entries, median |step error| {np.median(errors):.1%}, "
+                f"p90 {np.percentile(errors, 90):.1%}"
+            )
+        else:
+            lines.append(f"{kind}: no entry priced")
+    return "\n".join(lines)
+
+
+def records_with_summary(cfg: DictConfig) -> list[dict]:
+    records = step_records(cfg)
+    print(summary(records))
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    return predictions_main(argv, __doc__, records_with_summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The step-level external validation: its entries load, map to the suite's config and are priced."""
+
+import copy
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments import external_steps as es
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
+
+SMALL = {  # a small dense GPT on one H100 node, 2-byte precision
+    "id": "small",
+    "what": "a hand-checkable entry",
+    "source": "this test",
+    "kind": "dense",
+    "hardware": {"gpu": "H100", "nodes": 1, "gpus_per_node": 1},
+    "model": {"n_layers": 2, "d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1024, "seq_len": 128},
+    "parallel": {"tp": 1},
+    "batch": {"micro_batch": 4, "global_batch": 4},
+    "precision": "bf16",
+    "metric": "tokens_per_s_per_gpu",
+    "published": 100000.0,
+    "profile": "h100-ndr-cluster",
+}
+
+
+def entry(**changes):
+    e = copy.deepcopy(SMALL)
+    for key, value in changes.items():
+        section, _, name = key.partition(".")
+        if name:
+            e[section][name] = value
+        else:
+            e[key] = value
+    return e
+
+
+def test_every_entry_is_priced_or_excluded_with_a_reason():
+    entries = es.load_entries()
+    priced = [e for e in entries if "excluded" not in e]
+    assert priced and len(entries) > len(priced)
+    for e in entries:
+        assert "excluded" in e or e["profile"] and e["metric"] in es.METRICS
+    assert es.record_points(None) == [e["id"] for e in priced]
+
+
+def test_published_step_follows_the_metric_definition():
+    e = entry(**{"hardware.gpus_per_node": 8, "batch.global_batch": 48, "model.seq_len": 2048, "published": 10643})
+    assert es.published_step_s(e) == pytest.approx(48 * 2048 / (10643 * 8))
+    assert es.metric_of_step(e, es.published_step_s(e) / 2) == pytest.approx(2 * 10643)
+    assert es.published_step_s(entry(metric="step_s", published=1.5)) == 1.5
+
+
+def test_one_gpu_step_is_the_compute_models_sum():
+    """One GPU: no communication, so the step is the sum of its compute ops' durations."""
+    cfg = es.entry_config(SMALL)
+    ops, _ = StepModel(cfg, build_topology(cfg.hardware)).build()
+    assert all(op.transfer is None for op in ops)
+    result = es.simulate_entry(SMALL)
+    assert result["predicted_step_s"] == pytest.approx(sum(op.duration_s for op in ops))
+    assert result["step_error"] == pytest.approx(result["predicted_step_s"] / es.published_step_s(SMALL) - 1)
+
+
+def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
+    """TP=2: one all-reduce of the layer's activations after attention and after the FFN, forward and backward."""
+    e = entry(**{"hardware.gpus_per_node": 2, "parallel.tp": 2})
+    cfg = es.entry_config(e)
+    topo = build_topology(cfg.hardware)
+    ops, _ = StepModel(cfg, topo).build()
+    tp_ops = [op for op in ops if op.phase == "tp_allreduce"]
+    assert len(tp_ops) == 4 * SMALL["model"]["n_layers"]
+    activation_bytes = SMALL["batch"]["global_batch"] * 128 * 256 * 2  # tokens x d_model x bf16
+    ring = topo.ring(np.arange(2), activation_bytes, "all_reduce")
+    # Each of the 2 ranks sends the whole buffer once (two halves), up to the NVSwitch and down to its peer.
+    assert np.sum(ring.nbytes) == pytest.approx(2 * 2 * activation_bytes)
+    for op in tp_ops:
+        assert np.sum(op.transfer.nbytes) == pytest.approx(np.sum(ring.nbytes))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"published": -1}, "published must be a positive number"),
+        ({"precision": "fp8"}, "precision 'fp8' is not priced"),
+        ({"profile": "no-such-gpu"}, "unknown profile 'no-such-gpu'"),
+        ({"model.d_ff": None}, "model.d_ff"),
+        ({"metric": "mfu"}, "metric 'mfu' is not priced"),
+        ({"batch.global_batch": 3, "hardware.gpus_per_node": 2}, "global_batch divisible by dp"),
+        ({"excluded": ""}, "excluded must say why"),
+        ({"kind": "sparse"}, "kind must be dense or moe"),
+    ],
+)
+def test_bad_entries_are_refused(tmp_path, changes, message):
+    path = tmp_path / "steps.yaml"
+    path.write_text(yaml.safe_dump({"entries": [entry(**changes)]}))
+    with pytest.raises(ValueError, match=message):
+        es.load_entries(path)
+
+
+def test_duplicate_ids_are_refused(tmp_path):
+    path = tmp_path / "steps.yaml"
+    path.write_text(yaml.safe_dump({"entries": [SMALL, SMALL]}))
+    with pytest.raises(ValueError, match="duplicate ids"):
+        es.load_entries(path)
