@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.config import CONFIG_DIR, ConfigError, load_config
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -48,27 +47,11 @@ DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute 
 
 def load_entries(path: str | Path = STEPS_FILE) -> list[dict[str, Any]]:
     """The entries of ``path`` in file order, checked; a bad one raises ValueError naming its id."""
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    entries = data.get("entries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a top-level 'entries:' list")
-    checked = [_checked(entry, f"{path}: entry #{i}") for i, entry in enumerate(entries, start=1)]
-    ids = [entry["id"] for entry in checked]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ValueError(f"{path}: duplicate ids {duplicates}; ids must be unique")
-    return checked
+    return published_entries(path, REQUIRED_KEYS, _checked)
 
 
 def _checked(entry: Any, where: str) -> dict[str, Any]:
-    """``entry`` as it is, or ValueError saying what to fix."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where} is not a mapping of key: value")
-    where = f"{where} ({entry.get('id')!r})"
-    missing = [key for key in REQUIRED_KEYS if key not in entry]
-    if missing:
-        raise ValueError(f"{where}: missing keys {missing}")
+    """``entry`` (a mapping with every required key) as it is, or ValueError saying what to fix."""
     if entry["kind"] not in ("dense", "moe"):
         raise ValueError(f"{where}: kind must be dense or moe, got {entry['kind']!r}")
     if "excluded" in entry:

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.config import CONFIG_DIR, ConfigError, load_config
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.engine import Op
@@ -67,27 +66,12 @@ WORKLOAD_KEYS = ("phase", "dtype", "tokens_per_rank", "hidden", "num_experts", "
 
 def load_entries(path: str | Path = HARDWARE_FILE) -> list[dict[str, Any]]:
     """The entries of ``path`` in file order, checked; a bad one raises ValueError naming its id."""
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    entries = data.get("entries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a top-level 'entries:' list")
-    checked = [_checked(entry, f"{path}: entry #{i}") for i, entry in enumerate(entries, start=1)]
-    ids = [entry["id"] for entry in checked]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ValueError(f"{path}: duplicate ids {duplicates}; ids must be unique")
-    return checked
+    return published_entries(path, REQUIRED_KEYS, _checked)
 
 
 def _checked(entry: Any, where: str) -> dict[str, Any]:
-    """``entry`` with published_low/high defaulted to published, or ValueError saying what to fix."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where} is not a mapping of key: value")
-    where = f"{where} ({entry.get('id')!r})"
-    missing = [key for key in REQUIRED_KEYS if key not in entry]
-    if missing:
-        raise ValueError(f"{where}: missing keys {missing}")
+    """``entry`` (a mapping with every required key) with published_low/high defaulted to published,
+    or ValueError saying what to fix."""
     if entry["kind"] not in KINDS:
         raise ValueError(f"{where}: unknown kind {entry['kind']!r}; use one of {list(KINDS)}")
     own_keys, metrics = KINDS[entry["kind"]]

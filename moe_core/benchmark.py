@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+import yaml
 from omegaconf import DictConfig
 
 from .config import ConfigError, config_arg_parser, load_config, to_container
@@ -97,6 +99,35 @@ def benchmark_main(
             write_records(records, cfg.results_dir)  # rank 0's; the others have none
     finally:
         shutdown()
+
+
+def published_entries(
+    path: str | Path, required_keys: tuple[str, ...], checked: Callable[[dict, str], dict]
+) -> list[dict[str, Any]]:
+    """The ``entries:`` list of a YAML file of published measurements (an external validation's), in
+    file order: each a mapping with ``required_keys``, then passed through ``checked(entry, where)``;
+    ValueError names a bad file, entry or duplicate id."""
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a top-level 'entries:' list")
+    entries = [_with_keys(entry, f"{path}: entry #{i}", required_keys, checked) for i, entry in enumerate(entries, 1)]
+    ids = [entry["id"] for entry in entries]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate ids {duplicates}; ids must be unique")
+    return entries
+
+
+def _with_keys(entry: Any, where: str, required_keys: tuple[str, ...], checked: Callable[[dict, str], dict]) -> dict:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not a mapping of key: value")
+    where = f"{where} ({entry.get('id')!r})"
+    missing = [key for key in required_keys if key not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+    return checked(entry, where)
 
 
 def predicted_record(
