@@ -177,12 +177,12 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
-        for testbed, value, setting, used, variants, shares in found:
+        for testbed, value, setting, used, variants, chosen in found:
             rows.append(
                 {
                     **published,
                     **testbed,
-                    **_judged(entry, testbed, value, variants, shares),
+                    **_judged(entry, testbed, value, variants, chosen, used),
                     "reproduced_setting": setting,
                     "points": points_text(used),
                 }
@@ -191,10 +191,16 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
 
 
 def _judged(
-    entry: dict[str, Any], testbed: dict[str, str], value: float, variants: dict[str, float], shares: dict[str, float]
+    entry: dict[str, Any],
+    testbed: dict[str, str],
+    value: float,
+    variants: dict[str, float],
+    chosen: pd.DataFrame,
+    used: set[str],
 ) -> dict[str, Any]:
     """The verdict columns of one reproduction: value, the unstated parameters' range and what it
-    explains (analysis.explain), the verdict and, for ``differs``, its computed reason."""
+    explains (analysis.explain), the verdict and, for ``differs``, its computed reason (from the
+    step terms of the ``used`` points among the testbed's ``chosen``-setting records)."""
     published = entry["value"]
     low, high = min([value, *variants.values()]), max([value, *variants.values()])
     judged, reason = judge(entry, testbed, value / published)
@@ -225,7 +231,7 @@ def _judged(
             columns["explainable"],
             explain.swept_keys(variants),
             columns["needs"],
-            shares,
+            explain.term_shares(chosen, used),
         )
     return columns
 
@@ -264,9 +270,9 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
 
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
-    """(testbed, value, setting, points used, {unstated setting: value}, the used points' step terms)
-    for every testbed whose chosen-value records hold the data ``fn`` needs; the dict holds the
-    sensitivity runs that reproduce it too."""
+    """(testbed, value, setting, points used, {unstated setting: value}, the testbed's chosen-value
+    records) for every testbed whose chosen-value records hold the data ``fn`` needs; the dict holds
+    the sensitivity runs that reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples):
         with _noting_used_points() as used:
             result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
@@ -277,7 +283,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants, explain.term_shares(at_setting(recs), used)
+        yield testbed, *result, used, variants, at_setting(recs)
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:
