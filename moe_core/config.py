@@ -205,13 +205,14 @@ class MoEConfig:
 
     num_experts: int = 4
     experts_per_rank: int = 1
-    top_k: int = 2
+    top_k: int = 2  # experts per token: 1 and 2 as GShard; >= 3 the renormalised top-k (Mixtral, Qwen3)
     # Capacity per expert and group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
     capacity_factor: float = 1.25
     min_capacity: int = 4
     # Tokens per local dispatch group (GShard's S); 0 = all tokens of a rank form one group.
     group_size: int = 0
     # "random": keep the 2nd expert only if 2*g2 > U(0,1) (GShard); "always": keep it whenever it fits.
+    # GShard's rule is for top_k 2 only: top_k 1 and >= 3 keep every choice whichever is set.
     second_expert_policy: Literal["random", "always"] = "random"
     dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
     aux_loss_weight: float = 0.01  # GShard's k in L = l_nll + k * l_aux
@@ -714,7 +715,7 @@ def _validate_model(cfg: DictConfig) -> None:
         f"embedding and head of {m.vocab_size} x {m.d_model} take {embedding_bytes / 2**30:.0f} GiB "
         f"(limit {MAX_EMBEDDING_BYTES / 2**30:.0f} GiB); use a smaller vocabulary",
     )
-    require(moe.top_k in (1, 2), "moe.top_k", f"GShard gating supports 1 or 2, got {moe.top_k}")
+    require(moe.top_k >= 1, "moe.top_k", f"experts per token, must be >= 1, got {moe.top_k}")
     require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}, got {moe.num_experts}")
     require(
         math.isfinite(moe.capacity_factor) and moe.capacity_factor > 0,

@@ -1,20 +1,25 @@
-"""GShard top-1/top-2 gating with local group dispatching, capacity and random routing.
+"""GShard top-1/top-2 gating, and top-k beyond 2, with local group dispatching, capacity and random routing.
 
 Follows GShard Algorithm 1 (arXiv 2006.16668v1) and its reference code (lingvo
 ``Top2GatingOnLogits``), for tokens already split into G groups of S tokens:
 
 * gates g = softmax(logits); top-1 expert e1 and (top-2) second expert e2;
   with top-2 both gates are renormalised, g1 <- g1/(g1+g2), g2 <- g2/(g1+g2); top-1 keeps raw g1.
+* top-k for k >= 3 (Mixtral, Qwen3 with ``norm_topk_prob``): the k largest gates (``torch.topk``),
+  renormalised to sum to 1. Top-2 keeps GShard's own code above, so its results stay bit-identical.
 * Buffer positions: top-1 assignments take slots before any top-2 assignment of the same group
-  (lingvo offsets position_in_expert_2 by the top-1 count); positions past the capacity C are
-  dropped. A token whose every assignment is dropped gets a zero combine vector and passes through
-  the residual connection ("overflowed" in the paper).
+  (lingvo offsets position_in_expert_2 by the top-1 count), and so on for every further choice:
+  slots by (choice, token); positions past the capacity C are dropped. A token whose every
+  assignment is dropped gets a zero combine vector and passes through the residual connection
+  ("overflowed" in the paper).
 * Random routing: the 2nd expert is kept only if 2*g2 > U(0,1) (lingvo's threshold 0.5). As in
-  lingvo, a rejected assignment takes no slot (the paper's pseudo-code counts it anyway).
+  lingvo, a rejected assignment takes no slot (the paper's pseudo-code counts it anyway). The rule
+  is GShard's for its 2nd expert only: top-1 and top-k for k >= 3 keep every choice (as "always").
 * Auxiliary load-balancing loss, per group l_aux = (1/E) sum_e (c_e/S) m_e, where c_e counts tokens
   whose top-1 is e and m_e is the mean gate of e; averaged over groups. ``aux_loss_scale="e2"``
   multiplies by E^2 (lingvo, DeepSpeed, Tutel), so perfectly uniform routing gives 1 instead of 1/E^2
-  (c_e/S = m_e = 1/E for every e: (1/E) * E * (1/E^2)).
+  (c_e/S = m_e = 1/E for every e: (1/E) * E * (1/E^2)). For any k the counts are of the top-1
+  choice, as GShard's loss (Mixtral and Qwen3 count all k choices; that form is not implemented).
 * Dropless mode (``capacity=None``): every assignment is kept.
 
 The result is a dispatch plan, independent of how tokens are moved (all-to-all or local copy).
@@ -50,14 +55,17 @@ def gshard_gating(
 
     Args:
         logits: (G, S, E) gate logits.
-        top_k: 1 or 2.
+        top_k: experts per token, >= 1 and at most E.
         capacity: slots per expert and group (C), or None for dropless routing.
-        noise: (G, S) U(0,1) draws for random routing of the 2nd expert; None keeps every 2nd choice.
+        noise: (G, S) U(0,1) draws for random routing of the 2nd expert (top_k 2 only); None keeps
+            every 2nd choice.
         aux_loss_scale: "paper" for GShard's (1/E) sum_e (c_e/S) m_e, "e2" for E^2 times that.
     """
-    if top_k not in (1, 2):
-        raise ValueError(f"top_k must be 1 or 2, got {top_k}")
     G, S, E = logits.shape
+    if not 1 <= top_k <= E:
+        raise ValueError(f"top_k must be between 1 and the {E} experts, got {top_k}")
+    if noise is not None and top_k != 2:
+        raise ValueError(f"random routing (noise) is GShard's rule for the 2nd expert: top_k 2 only, got {top_k}")
     gates = F.softmax(logits.float(), dim=-1)  # (G, S, E)
     g1, e1 = gates.max(dim=-1)  # (G, S)
 
@@ -72,7 +80,7 @@ def gshard_gating(
     if top_k == 1:
         experts, weights = e1[..., None], g1[..., None]
         wanted = torch.ones_like(experts, dtype=torch.bool)
-    else:
+    elif top_k == 2:
         g2, e2 = gates.scatter(-1, e1[..., None], -1.0).max(dim=-1)  # (G, S): best expert but e1
         denom = g1 + g2
         g1, g2 = g1 / denom, g2 / denom
@@ -80,6 +88,10 @@ def gshard_gating(
         experts = torch.stack([e1, e2], dim=-1)
         weights = torch.stack([g1, g2], dim=-1)
         wanted = torch.stack([torch.ones_like(keep2), keep2], dim=-1)
+    else:
+        top, experts = gates.topk(top_k, dim=-1)  # (G, S, k), largest first
+        weights = top / top.sum(dim=-1, keepdim=True)
+        wanted = torch.ones_like(experts, dtype=torch.bool)
     slots = _slots(experts, wanted, E)  # (G, S, k)
 
     kept = wanted if capacity is None else wanted & (slots < capacity)

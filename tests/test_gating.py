@@ -86,9 +86,56 @@ def test_capacity_rounding_rule(S, E, k, cf, expected):
     )
 
 
-def test_bad_top_k_raises():
+@pytest.mark.parametrize("top_k", [0, 4])
+def test_bad_top_k_raises(top_k):
     with pytest.raises(ValueError, match="top_k"):
-        gshard_gating(LOGITS, top_k=3, capacity=None)
+        gshard_gating(LOGITS, top_k=top_k, capacity=None)  # 3 experts
+
+
+def test_random_routing_is_top2_only():
+    with pytest.raises(ValueError, match="top_k 2 only"):
+        gshard_gating(LOGITS, top_k=3, capacity=None, noise=torch.rand(1, 4))
+
+
+def _top_k_reference(logits, k, capacity_slots):
+    """Softmax, the k largest gates renormalised, then each expert's slots filled in (choice, token)
+    order, one assignment at a time, dropping those past the capacity: loops, no sorting."""
+    G, S, E = logits.shape
+    top, experts = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+    weights = top / top.sum(dim=-1, keepdim=True)
+    kept = torch.zeros(G, S, k, dtype=torch.bool)
+    for g in range(G):
+        taken = [0] * E
+        for choice in range(k):
+            for t in range(S):
+                e = int(experts[g, t, choice])
+                kept[g, t, choice] = capacity_slots is None or taken[e] < capacity_slots
+                taken[e] += 1
+    return experts, weights, kept
+
+
+@pytest.mark.parametrize("k", [3, 4, 8])
+@pytest.mark.parametrize("capacity_slots", [None, 3, 12])
+def test_top_k_beyond_two_against_a_plain_reference(k, capacity_slots):
+    G, S, E = 2, 40, 10
+    logits = torch.randn(G, S, E, generator=torch.Generator().manual_seed(k))
+    r = gshard_gating(logits, k, capacity=capacity_slots)
+    experts, weights, kept = _top_k_reference(logits, k, capacity_slots)
+    assert torch.equal(r.expert_index, experts)
+    assert torch.equal(r.kept, kept)
+    assert torch.allclose(r.combine_weight, weights * kept)
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(G, S))  # renormalised over the k choices
+    assert torch.equal(r.slot, _one_hot_slots(r.expert_index, torch.ones_like(r.kept), E))  # every choice wanted
+    assert int(r.tokens_per_expert.sum()) == int(kept.sum())
+    assert float(r.dropped_fraction) == pytest.approx(1 - float(kept.float().mean()))
+
+
+def test_dropless_top8_keeps_every_assignment():
+    logits = torch.randn(3, 64, 16, generator=torch.Generator().manual_seed(0))
+    r = gshard_gating(logits, top_k=8, capacity=None)
+    assert bool(r.kept.all()) and float(r.dropped_fraction) == 0.0
+    assert int(r.tokens_per_expert.sum()) == 3 * 64 * 8
+    assert bool((r.expert_index.sort(dim=-1).values.diff(dim=-1) > 0).all())  # 8 distinct experts per token
 
 
 def _one_hot_slots(experts, wanted, num_experts):

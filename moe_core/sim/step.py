@@ -68,6 +68,22 @@ GATE_ROUTING = {
     1: {"fwd": (43, 16, 329), "bwd": (12, 44, 25)},
     2: {"fwd": (55, 28, 759), "bwd": (29, 76, 206)},
 }
+# Top-k for k >= 3 (torch.topk, renormalised): the same kernels for every k, bytes linear in k, as
+# (kernels, bytes per token and expert, per token, per token and choice); the coefficients are the
+# least-squares fit of traces at k = 3, 4, 5, 8 and three (tokens, experts) shapes, which they
+# reproduce to 0.01% (the test traces k = 3, 4, 8 and checks them).
+GATE_ROUTING_TOP_K = {"fwd": (48, 20, 52, 333), "bwd": (19, 44, 16, 85)}
+
+
+def gate_routing(top_k: int, pass_: str) -> tuple[int, float, float]:
+    """The gate's routing cost in ``pass_`` for ``top_k`` experts per token: (kernels, bytes per
+    token and expert, bytes per token), from GATE_ROUTING or, beyond top-2, GATE_ROUTING_TOP_K."""
+    if top_k in GATE_ROUTING:
+        return GATE_ROUTING[top_k][pass_]
+    kernels, per_token_expert, per_token, per_choice = GATE_ROUTING_TOP_K[pass_]
+    return kernels, per_token_expert, per_token + per_choice * top_k
+
+
 # Which calibrated op class (moe_core.config.COMPUTE_PHASES) prices an op phase: the measured
 # ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
 PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
@@ -352,7 +368,7 @@ class StepModel:
     def _gate_seconds(self, pass_: str) -> float:
         """The gate: its GEMM (tokens x d_model x experts) and the routing's kernels and bytes."""
         T, E = self._tokens(), self.cfg.moe.num_experts
-        kernels, per_token_expert, per_token = GATE_ROUTING[self.cfg.moe.top_k][pass_]
+        kernels, per_token_expert, per_token = gate_routing(self.cfg.moe.top_k, pass_)
         routing = self.compute.memory_bound(T * (per_token_expert * E + per_token), kernels)
         return self._priced(self._gemm(pass_, T, E, self.cfg.model.d_model) + routing, "gate")
 
