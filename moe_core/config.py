@@ -239,6 +239,10 @@ class ParallelConfig:
     world_size: int = 4
     tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.tensor_parallel)
     grid: GridConfig = field(default_factory=GridConfig)  # 3D tensor parallelism (exclusive with tensor_parallel)
+    # Pipeline stages of n_layers / pipeline_parallel blocks, stage s on ranks [s W/pp, (s+1) W/pp),
+    # run by the 1F1B schedule over train.micro_batches (moe_core.sim.pipeline): simulated only.
+    pipeline_parallel: int = 1
+    virtual_pipeline: int = 1  # interleaved 1F1B: model chunks per stage (Narayanan et al. SC'21); 1 = plain 1F1B
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
 
 
@@ -279,6 +283,7 @@ class CommConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 8  # sequences per rank and step
+    micro_batches: int = 1  # gradient accumulation: the per-rank batch in this many passes (must divide batch_size)
     lr: float = 3e-3
     warmup_iters: int = 3
     iters: int = 10  # timed iterations (each a full training step)
@@ -729,20 +734,68 @@ def _validate_model(cfg: DictConfig) -> None:
         f"must be >= 0, got {moe.aux_loss_weight}",
     )
     require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
-    tokens = cfg.train.batch_size * m.seq_len
-    require(
-        moe.group_size == 0 or tokens % moe.group_size == 0,
-        "moe.group_size",
-        f"must divide the tokens per rank (train.batch_size * model.seq_len = {tokens}), got {moe.group_size}",
-    )
+    _validate_pipeline(cfg)
+    stage_ranks = cfg.parallel.world_size // cfg.parallel.pipeline_parallel  # a stage's layout (all of it at pp 1)
     error = layout_error(
-        cfg.parallel.world_size, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel, grid_config(cfg)
+        stage_ranks, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel, grid_config(cfg)
     )
+    if error and cfg.parallel.pipeline_parallel > 1:
+        error = (
+            f"config key 'parallel.pipeline_parallel': each stage lays out its {stage_ranks} ranks "
+            f"(parallel.world_size / pipeline_parallel) as a run does, and {ERROR_KEY.sub('', error)}"
+        )
     if error:
         raise ConfigError(error)
     _validate_tensor_parallel(cfg)
     _validate_grid(cfg)
     _validate_hierarchical_a2a(cfg)
+
+
+def _validate_pipeline(cfg: DictConfig) -> None:
+    """Micro-batches split the batch; pipeline stages split the ranks and the blocks evenly, each
+    model chunk repeating the model's MoE pattern (moe_core.sim.pipeline simulates a stage as a
+    model of its own blocks); interleaving needs stages and, as Megatron's, whole rounds of
+    micro-batches."""
+    tr, par, m = cfg.train, cfg.parallel, cfg.model
+    require_at_least(tr, "train", 1, ("micro_batches",))
+    require_at_least(par, "parallel", 1, ("pipeline_parallel", "virtual_pipeline"))
+    m_b, pp, v = tr.micro_batches, par.pipeline_parallel, par.virtual_pipeline
+    require(tr.batch_size % m_b == 0, "train.micro_batches", f"must divide train.batch_size={tr.batch_size}, got {m_b}")
+    tokens = tr.batch_size // m_b * m.seq_len
+    require(
+        cfg.moe.group_size == 0 or tokens % cfg.moe.group_size == 0,
+        "moe.group_size",
+        f"must divide a micro-batch's tokens (train.batch_size / train.micro_batches * model.seq_len = {tokens}), "
+        f"got {cfg.moe.group_size}",
+    )
+    require(
+        par.world_size % pp == 0,
+        "parallel.pipeline_parallel",
+        f"stages split the ranks evenly: must divide parallel.world_size={par.world_size}, got {pp}",
+    )
+    chunks = pp * v
+    require(
+        m.n_layers % chunks == 0,
+        "parallel.pipeline_parallel" if v == 1 else "parallel.virtual_pipeline",
+        f"the {chunks} model chunks (pipeline_parallel={pp} x virtual_pipeline={v}) must split model.n_layers="
+        f"{m.n_layers} evenly",
+    )
+    require(
+        chunks == 1 or m.moe_every == 0 or (m.n_layers // chunks) % m.moe_every == 0,
+        "model.moe_every",
+        f"every model chunk of {m.n_layers // chunks} blocks must repeat the MoE pattern: moe_every must divide "
+        f"{m.n_layers // chunks}, got {m.moe_every}",
+    )
+    if v > 1:
+        require(
+            pp > 1, "parallel.virtual_pipeline", f"interleaves pipeline stages; needs pipeline_parallel > 1, got {pp}"
+        )
+        require(
+            m_b % pp == 0,
+            "train.micro_batches",
+            f"the interleaved schedule runs micro-batches in rounds of pipeline_parallel={pp}; must be a multiple, got "
+            f"{m_b}",
+        )
 
 
 def _validate_grid(cfg: DictConfig) -> None:

@@ -13,6 +13,7 @@ point, the launcher and the workflow:
   on this host (a CPU testbed: every rank's parameters, gradients, Adam state and activations,
   estimate_bytes) within the host's memory; the measured and simulated point counts within
   MAX_MEASURED_POINTS and MAX_SIM_POINTS;
+* settings only the simulator runs (pipeline parallelism) off the measured run's config;
 * settings a run would ignore (``comm.tp_chunks`` where nothing is tensor-parallel);
 * the papers' own checks of what they derive (moe_core.points.RUN_CHECKS).
 
@@ -72,9 +73,10 @@ def check_run(cfg: DictConfig) -> None:
 
 
 def _check_run(cfg: DictConfig) -> None:
+    check_simulated_only(cfg)  # first: every list and point below derives from the measured run's config
     for key, uses in OVERRIDE_LISTS.items():
         check_override_list(cfg, key, uses(cfg))
-    check_point_counts(cfg)  # first: a sweep of a million points is refused before each is validated
+    check_point_counts(cfg)  # before the points: a sweep of a million points is refused before each is validated
     check_measured_points(cfg)
     check_ignored(cfg)
     for check in RUN_CHECKS:
@@ -227,6 +229,19 @@ def check_point_counts(cfg: DictConfig) -> None:
         f"{c.world_size} ranks x 4 buffers of {c.max_bytes} bytes exceed this host's memory; lower it, "
         "or set force=true",
     )
+
+
+def check_simulated_only(cfg: DictConfig) -> None:
+    """Settings only the simulator runs: the run's config is that of its measured executor
+    (experiments/train_step.py) and of every measured sweep point, so it must not set them; a
+    simulated run sets them in what it derives (``sim_sweep.overrides``, a priced entry's config)."""
+    for key in ("parallel.pipeline_parallel", "parallel.virtual_pipeline"):
+        require(
+            OmegaConf.select(cfg, key) == 1,
+            key,
+            f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
+            f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
+        )
 
 
 def check_ignored(cfg: DictConfig) -> None:
