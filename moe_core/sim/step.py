@@ -229,10 +229,17 @@ class StepSimulation:
 
 
 class StepModel:
-    """Builds and simulates the training step of ``cfg`` on topology ``topo``."""
+    """Builds and simulates the training step of ``cfg`` on topology ``topo``.
 
-    def __init__(self, cfg: DictConfig, topo):
+    ``embedding`` / ``head``: whether the ranks hold the embedding and the final norm, LM head and
+    loss; a pipeline stage (moe_core.sim.pipeline) holds only its share, the whole model both.
+    """
+
+    def __init__(self, cfg: DictConfig, topo, embedding: bool = True, head: bool = True):
+        if cfg.parallel.pipeline_parallel > 1:
+            raise ValueError("a pipelined config is a composition of stages: use moe_core.sim.pipeline.simulate_step")
         self.cfg, self.topo = cfg, topo
+        self.embedding, self.head = embedding, head
         self.elem = DTYPE_BYTES[cfg.train.dtype]
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
@@ -244,12 +251,15 @@ class StepModel:
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.compute = ComputeModel.from_profile(cfg.hardware, tflops, self.elem, share)
-        self.plan = build_plan(cfg, gradient_tensors(cfg, self.layout), self.elem)
+        self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)
         if self.plan.choose_packing is not None:
             self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
-            self.plan = build_plan(
-                cfg, gradient_tensors(cfg, self.layout), self.elem
-            )  # gradient units of the packed layout
+            self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)  # gradient units of the packed layout
+
+    def _gradient_tensors(self) -> list:
+        """The gradient tensors of this layout that these ranks hold (``embedding``, ``head``)."""
+        held = {"embed": self.embedding, "head": self.head}
+        return [t for t in gradient_tensors(self.cfg, self.layout) if held.get(_block_of(t.name), True)]
 
     def _use_layout(self, layout: Layout) -> None:
         self._ring_costs: dict = {}
@@ -558,7 +568,7 @@ class StepModel:
             return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", compute("ffn", pass_, last, i), activation_bytes)
 
         moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
-        last = compute("embed", "fwd", None)
+        last = compute("embed", "fwd", None) if self.embedding else None
         for i in range(m.n_layers):
             last = attention(i, "fwd", compute("norms", "fwd", last, i))
             if i in moe_layers:
@@ -566,7 +576,8 @@ class StepModel:
                 last = exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
             else:
                 last = dense_ffn(i, "fwd", last)
-        last = add("head.fwd_bwd", "dense", last, duration_s=self._head_seconds())
+        if self.head:
+            last = add("head.fwd_bwd", "dense", last, duration_s=self._head_seconds())
         grads_ready = {"head": last}
         for i in reversed(range(m.n_layers)):
             if i in moe_layers:
@@ -576,7 +587,7 @@ class StepModel:
                 last = dense_ffn(i, "bwd", last)
             last = grads_ready[i] = compute("norms", "bwd", attention(i, "bwd", last), i)
         # the embeddings' gradients are the last: their op ends the backward pass
-        backward_end = grads_ready["embed"] = compute("embed", "bwd", last)
+        backward_end = grads_ready["embed"] = compute("embed", "bwd", last) if self.embedding else last
         deferred = grid.deferred if grid is not None else []
         reduced = self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
         add("optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=self._optimizer_seconds())
