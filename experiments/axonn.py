@@ -13,7 +13,8 @@ overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Record
   on the baseline's layout (tensor parallelism in a node x pipeline x data): one pipeline stage of
   one micro-batch simulated alone and with its data-parallel replicas (the difference is the
   gradient all-reduce after the pipeline flush), composed by the 1F1B schedule
-  (moe_core/papers/axonn/baseline.py). Time per batch, model FLOP/s and their share of peak.
+  (the layout moe_core/papers/axonn/baseline.py's, the schedule moe_core.sim.pipeline's). Time per
+  batch, model FLOP/s and their share of peak.
 * ``axonn_ablation/<variant>``: the ~2B model under every overlap variant, on the best grid on which
   every overlap acts.
 * ``axonn_ranking/<grid>``: the model's prediction for every grid of the largest model that fits in
@@ -39,12 +40,13 @@ from omegaconf import DictConfig
 from moe_core.benchmark import predicted_record, predictions_main
 from moe_core.config import derive_config, load_config
 from moe_core.grid import GRID_AXES, Grid
-from moe_core.papers.axonn.baseline import megatron_layout, pipeline_time_s
+from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.points import own_layout, unstated_overrides, unstated_param, unstated_variants
+from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 

@@ -1,6 +1,6 @@
 """The Megatron-LM baseline AxoNN compares against (papers.md §3.1): its layout as its authors
-configure GPT (Narayanan et al., SC'21), and the time of its 1F1B pipeline schedule. Pure functions,
-no torch.
+configure GPT (Narayanan et al., SC'21); the time of its 1F1B pipeline schedule is the core's
+(moe_core.sim.pipeline.pipeline_time_s). Pure functions, no torch.
 
 The rule: tensor parallelism inside a node (NVLink), tp = devices_per_node (or the whole world when
 it is smaller); the smallest pipeline depth pp, with n_layers % pp == 0 (powers of two first, then
@@ -74,12 +74,3 @@ def megatron_layout(
         f"no Megatron layout of {model.name} on gpus={gpus} fits memory_GB={memory_GB}: pipeline depths dividing "
         f"n_layers={model.n_layers} and gpus / tp = {gpus // tp} were tried; add GPUs or memory"
     )
-
-
-def pipeline_time_s(stage_forward_backward_s: float, microbatches: int, pp: int, p2p_s: float) -> float:
-    """Time of one iteration of the 1F1B schedule (Narayanan et al.): (microbatches + pp - 1) slots of a
-    stage's forward and backward of one micro-batch plus its point-to-point transfer; the pp - 1 extra
-    slots are the bubble, a fraction (pp - 1) / microbatches of the ideal time."""
-    if microbatches < 1 or pp < 1:
-        raise ValueError(f"need microbatches >= 1 and pp >= 1, got microbatches={microbatches}, pp={pp}")
-    return (microbatches + pp - 1) * (stage_forward_backward_s + p2p_s)
