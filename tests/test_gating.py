@@ -7,6 +7,7 @@ import torch
 
 from moe_core.capacity import capacity
 from moe_core.gating import gshard_gating
+from moe_core.layer import MoELayer
 
 # 4 tokens, 3 experts; logits = log(p) so that softmax returns p exactly.
 P = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.7, 0.2, 0.1], [0.6, 0.1, 0.3]])
@@ -178,3 +179,42 @@ def test_sorted_slots_at_a_size_one_hot_masks_could_not_afford():
         assert torch.equal(in_order, torch.arange(int(mine.sum())))  # slots 0.. in (choice, token) order
         assert torch.equal(kept[mine], slot[mine] < C)
     assert int(r.tokens_per_expert.sum()) == int(kept.sum()) and int(r.tokens_per_expert.max()) <= C
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_a_top4_moe_layer_is_the_weighted_sum_of_its_experts(dropless):
+    """Capacity mode (room for every assignment) and dropless mode give each token the renormalised
+    weighted sum of its 4 experts' outputs."""
+    torch.manual_seed(0)
+    E, M = 6, 8
+    layer = MoELayer(
+        d_model=M,
+        d_ff=16,
+        num_experts=E,
+        top_k=4,
+        capacity_factor=float(E),  # C = 4 * S: every assignment fits
+        min_capacity=0,
+        group_size=0,
+        second_expert_policy="random",  # GShard's top-2 rule: every choice is kept at top_k 4
+        dropless=dropless,
+        aux_loss_scale="e2",
+        layer_id=0,
+        seed=0,
+    )
+    x = torch.randn(2, 5, M)
+    with torch.no_grad():
+        y, _ = layer(x)
+        tokens = x.reshape(-1, M)
+        top, experts = torch.softmax(layer.gate(tokens), dim=-1).topk(4, dim=-1)
+        w_in, w_out = layer.experts.w_in, layer.experts.w_out
+        expected = torch.stack(
+            [
+                sum(
+                    top[t, c] / top[t].sum() * (torch.relu(tokens[t] @ w_in[e]) @ w_out[e])
+                    for c, e in enumerate(experts[t])
+                )
+                for t in range(tokens.shape[0])
+            ]
+        )
+    assert bool(layer.last_gating.kept.all())
+    assert torch.allclose(y.reshape(-1, M), expected, atol=1e-5)
