@@ -101,6 +101,7 @@ def test_stage_times_are_their_step_models_and_the_bubble_is_pp_minus_1_over_m()
     metrics = simulate_step(cfg, topo)
     assert metrics["stage_fwd_bwd_ms"] == pytest.approx(max(fwd_bwd))
     assert metrics["p2p_ms"] < 1e-4 * metrics["step_ms"]
+    assert metrics["exposed_comm_ms"] < 1e-3 * metrics["step_ms"]  # all-to-alls and gradient sync as free
     assert metrics["bubble_ms"] / (m * max(fwd_bwd)) == pytest.approx((pp - 1) / m)
     assert metrics["step_ms"] == pytest.approx((m + pp - 1) * max(fwd_bwd) + max(tails), rel=1e-4)
 
@@ -125,7 +126,10 @@ def test_p2p_bytes_and_time_by_hand():
     by_hand = 3e-6 + nbytes / (50e9 * 0.97)  # inter-node latency + bytes at NDR's achieved rate
     assert boundary_seconds(cfg, topo, stages[0], stages[1]) == pytest.approx(by_hand)
     assert PipelineModel(cfg, topo).p2p_seconds() == pytest.approx(2 * by_hand)  # forward and backward
-    assert simulate_step(cfg, topo)["p2p_micro_batch_ms"] == pytest.approx(2e3 * by_hand)
+    metrics = simulate_step(cfg, topo)
+    assert metrics["p2p_micro_batch_ms"] == pytest.approx(2e3 * by_hand)
+    assert metrics["p2p_ms"] == pytest.approx((4 + 3) * 2e3 * by_hand)  # in each of m + pp - 1 slots
+    assert metrics["exposed_comm_ms"] > metrics["p2p_ms"]  # and the all-to-alls of every micro-batch
 
 
 def test_fewer_micro_batches_than_stages_run_with_a_large_bubble():

@@ -180,7 +180,7 @@ class PipelineModel:
         tail = stage_metrics[last]
         # collectives inside a micro-batch's forward and backward (all-to-alls, tensor-parallel ones)
         in_micro_batch_ms = sims[slowest].waiting_ms(lambda op: op.transfer is not None and op.phase != "allreduce")
-        exposed_ms = m * in_micro_batch_ms + p2p_total_s * 1e3 + tail["allreduce_exposed_ms"]
+        exposed_ms = float(m * in_micro_batch_ms + p2p_total_s * 1e3 + tail["allreduce_exposed_ms"])
         step_ms = step_s * 1e3
         return {
             "step_ms": step_ms,
