@@ -238,6 +238,14 @@ class ParallelConfig:
     world_size: int = 4
     tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.tensor_parallel)
     grid: GridConfig = field(default_factory=GridConfig)  # 3D tensor parallelism (exclusive with tensor_parallel)
+    # How data-parallel replicas hold the parameters (simulated only; moe_core.sim.step), over the
+    # ranks holding replicas of the same weights (dense: the same tensor-parallel shard; experts:
+    # their "dp" replicas): "none" replicates them (DDP: gradients all-reduced); "optimizer" shards
+    # the optimizer (ZeRO-1, Megatron's distributed optimizer: gradients reduce-scattered, each rank
+    # updates its 1/dp, parameters all-gathered after the step); "full" shards the parameters too
+    # (ZeRO-3, FSDP2 fully_shard per block plus one root unit for embeddings and head: all-gathered
+    # before each block's forward and backward, gradients reduce-scattered after its backward).
+    data_sharding: Literal["none", "optimizer", "full"] = "none"
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
 
 
@@ -278,6 +286,7 @@ class CommConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 8  # sequences per rank and step
+    micro_batches: int = 1  # gradient accumulation: the per-rank batch in this many passes (must divide batch_size)
     lr: float = 3e-3
     warmup_iters: int = 3
     iters: int = 10  # timed iterations (each a full training step)
@@ -844,6 +853,13 @@ def _validate_training(cfg: DictConfig) -> None:
         "train.data_branching",
         f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
     )
+    _validate_micro_batches(cfg)
+    require(
+        par.data_sharding == "none" or grid_config(cfg).is_trivial,
+        "parallel.data_sharding",
+        f"{par.data_sharding!r} with a 3D grid: the grid shards its weights over parallel.grid.depth itself "
+        "(moe_core.grid); use parallel.data_sharding=none under parallel.grid",
+    )
     require(
         math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
         "parallel.timeout_s",
@@ -874,6 +890,55 @@ def _validate_training(cfg: DictConfig) -> None:
         math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0,
         "collectives.traffic_zipf",
         f"must be >= 0, got {c.traffic_zipf}",
+    )
+
+
+def micro_batch_config(cfg: DictConfig) -> DictConfig:
+    """The config of one gradient-accumulation pass: ``train.batch_size / train.micro_batches``
+    sequences in one pass; ``cfg`` itself when there is one pass. What a pass's shapes (its tokens,
+    the expert capacity) are computed from."""
+    passes = cfg.train.micro_batches
+    if passes == 1:
+        return cfg
+    micro = OmegaConf.merge(cfg, {"train": {"batch_size": cfg.train.batch_size // passes, "micro_batches": 1}})
+    OmegaConf.set_readonly(micro, True)
+    return micro
+
+
+def _validate_micro_batches(cfg: DictConfig) -> None:
+    """Passes divide the per-rank batch, and one pass is a valid step of its own (its tokens split
+    into gate groups, its capacity slots over "tp")."""
+    passes, batch = cfg.train.micro_batches, cfg.train.batch_size
+    key = "train.micro_batches"
+    require(passes >= 1, key, f"counts gradient-accumulation passes, must be >= 1, got {passes}")
+    require(
+        batch % passes == 0,
+        key,
+        f"must divide train.batch_size={batch} (each pass takes batch_size / micro_batches sequences), got {passes}",
+    )
+    if passes > 1:
+        try:
+            _validate_model(micro_batch_config(cfg))
+        except ConfigError as err:
+            raise ConfigError(f"config key '{key}': a pass of {batch // passes} sequences is invalid: {err}") from None
+
+
+def validate_measured(cfg: DictConfig) -> None:
+    """What the measured executor (experiments/train_step.py) cannot run yet: settings the step
+    simulator (moe_core.sim.step) alone models. Raises ConfigError naming the key to change."""
+    sharding = cfg.parallel.data_sharding
+    require(
+        sharding == "none",
+        "parallel.data_sharding",
+        f"{sharding!r} is simulated only: the measured executor has no sharded data parallelism yet; "
+        "use parallel.data_sharding=none for measured runs",
+    )
+    passes = cfg.train.micro_batches
+    require(
+        passes == 1,
+        "train.micro_batches",
+        f"{passes} passes are simulated only: the measured executor has no gradient accumulation yet; "
+        "use train.micro_batches=1 for measured runs",
     )
 
 

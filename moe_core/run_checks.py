@@ -8,7 +8,8 @@ point, the launcher and the workflow:
   ``lina.overrides``, ``monta.overrides``, ``inference.overrides``, ``axonn.measured_overrides``):
   each entry a ``key=value`` that does not decide where records go (RECORD_KEYS) nor sets another
   list, and the list applied to the run's config, in every context it is used in, a valid config;
-* every measured training-step point (moe_core.points.measured_points): its config valid;
+* every measured training-step point (moe_core.points.measured_points): its config valid, and none
+  of the settings only the simulator models (moe_core.config.validate_measured);
 * sizes: simulated clusters within MAX_SIM_WORLD_SIZE ranks; each measured run's memory estimate
   on this host (a CPU testbed: every rank's parameters, gradients, Adam state and activations,
   estimate_bytes) within the host's memory; the measured and simulated point counts within
@@ -30,7 +31,7 @@ import socket
 from omegaconf import DictConfig, OmegaConf
 
 from .capacity import moe_blocks
-from .config import ERROR_KEY, config_digest, derive_config, validate_point
+from .config import ERROR_KEY, config_digest, derive_config, validate_measured, validate_point
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
 from .sections import ConfigError, require
 
@@ -140,6 +141,7 @@ def check_measured_points(cfg: DictConfig) -> None:
         try:
             scratch.merge_with_dotlist(overrides)
             validate_point(scratch)
+            validate_measured(scratch)
         except ConfigError as err:
             raise _blamed(err, where, blame, what) from None
         check_memory(scratch, f"{what} of {where}")
