@@ -39,7 +39,7 @@ from .capacity import dispatch_rows_per_expert
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
 from .points import sweep_points
-from .policies import POLICIES, TP_DISPATCHES, plan_features
+from .policies import POLICIES, TP_DISPATCHES, gradient_features, plan_features
 from .sections import (
     COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
@@ -244,7 +244,8 @@ class ParallelConfig:
     # the optimizer (ZeRO-1, Megatron's distributed optimizer: gradients reduce-scattered, each rank
     # updates its 1/dp, parameters all-gathered after the step); "full" shards the parameters too
     # (ZeRO-3, FSDP2 fully_shard per block plus one root unit for embeddings and head: all-gathered
-    # before each block's forward and backward, gradients reduce-scattered after its backward).
+    # before each block's forward and backward, gradients reduce-scattered after its backward, in
+    # every micro-batch; these units replace the policy's gradient buckets and launch rule).
     data_sharding: Literal["none", "optimizer", "full"] = "none"
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
 
@@ -855,12 +856,6 @@ def _validate_training(cfg: DictConfig) -> None:
     )
     _validate_micro_batches(cfg)
     require(
-        par.data_sharding == "none" or grid_config(cfg).is_trivial,
-        "parallel.data_sharding",
-        f"{par.data_sharding!r} with a 3D grid: the grid shards its weights over parallel.grid.depth itself "
-        "(moe_core.grid); use parallel.data_sharding=none under parallel.grid",
-    )
-    require(
         math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
         "parallel.timeout_s",
         f"must be between 1 and {MAX_TIMEOUT_S:.0f} seconds, got {par.timeout_s}",
@@ -868,6 +863,7 @@ def _validate_training(cfg: DictConfig) -> None:
     require(
         comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}"
     )
+    _validate_data_sharding(cfg)
     for key in ("bucket_mb", "partition_mb"):
         require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")
     require(
@@ -890,6 +886,25 @@ def _validate_training(cfg: DictConfig) -> None:
         math.isfinite(c.traffic_zipf) and c.traffic_zipf >= 0,
         "collectives.traffic_zipf",
         f"must be >= 0, got {c.traffic_zipf}",
+    )
+
+
+def _validate_data_sharding(cfg: DictConfig) -> None:
+    """Sharding applies to replicated weights and, fully sharded, to DDP-like gradient plans."""
+    sharding, policy = cfg.parallel.data_sharding, cfg.comm.policy
+    require(
+        sharding == "none" or grid_config(cfg).is_trivial,
+        "parallel.data_sharding",
+        f"{sharding!r} with a 3D grid: the grid shards its weights over parallel.grid.depth itself "
+        "(moe_core.grid); use parallel.data_sharding=none under parallel.grid",
+    )
+    features = gradient_features(cfg) if sharding == "full" else []
+    require(
+        not features,
+        "parallel.data_sharding",
+        f"'full' replaces the policy's gradient units by FSDP's per-block ones, but policy '{policy}' "
+        f"{' and '.join(features)}; use parallel.data_sharding=optimizer (or none) with it, or a policy "
+        "that buckets its gradients (sequential, overlap)",
     )
 
 

@@ -17,6 +17,9 @@ of their tensor-parallel shard, experts over their "dp" replicas), one collectiv
   streams); the compute stream waits only for the gather of the unit it computes next.
 * gradient accumulation: all of this in every pass (FSDP2's default: gradients reduce-scattered
   per micro-batch, no ``no_sync``), so k passes gather and reduce k times.
+* these units replace the plan's gradient buckets and launch rule (config validation refuses
+  plans that schedule gradients otherwise, moe_core.policies.gradient_features); the plan's
+  all-to-all decisions apply as they are.
 
 Per-rank bytes of a collective over a group of p ranks holding S bytes in all: all-gather and
 reduce-scatter each send (p - 1)/p S (moe_core.sim.topology ring), half of an all-reduce's.
@@ -48,7 +51,6 @@ class FullShardOps:
         for t in step.plan.tensors:
             group = self.numel.setdefault(unit_of(t.name), {})
             group[t.group] = group.get(t.group, 0) + t.numel
-        self.priority = 1 if step.plan.gradients_yield_to_a2a else 0
         self.gathered: int | None = None  # the all-gather stream's last op
         self.reduced: int | None = None  # the reduce-scatter stream's last op
         self.computing: list[int] = []  # what the compute stream had done when the last unit began
@@ -76,7 +78,7 @@ class FullShardOps:
             cost = self.step._ring("reduce_scatter", self.step.layout.gradient_groups(group), numel * self.step.elem)
             if cost is not None:
                 name = f"{_label(unit)}.grad_scatter_{group}.bwd"
-                self.reduced = self.add(name, "reduce_scatter", [ready, self.reduced], priority=self.priority, **cost)
+                self.reduced = self.add(name, "reduce_scatter", [ready, self.reduced], **cost)
 
     def last_reduced(self) -> list[int]:
         """The optimizer's wait: the last reduce-scatter (none when no gradient is reduced)."""

@@ -595,7 +595,7 @@ class StepModel:
                 if shards is not None:
                     shards.reduce(i, last)
             # the embeddings' gradients are the last: their op ends the backward pass
-            backward_end = grads_ready["embed"] = compute("embed", "bwd", last)
+            last = backward_end = grads_ready["embed"] = compute("embed", "bwd", last)
             if shards is not None:
                 shards.reduce(ROOT, backward_end)
         prefix = ""
