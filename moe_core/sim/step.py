@@ -95,7 +95,7 @@ class StepSimulation:
     ops: list[Op]
     timeline: Timeline
     backward_end: int  # index of the last backward compute op
-    allreduce_alone_s: float = 0.0  # the gradient all-reduces each alone, one after another
+    allreduce_alone_s: float = 0.0  # the gradient sync's collectives each alone, one after another
 
     def metrics(self) -> dict[str, float]:
         """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms; and
@@ -108,6 +108,9 @@ class StepSimulation:
         (``waiting_ms``). Without pipelining that is the all-to-alls' own time; with it, the expert
         micro-ops they overlap, and dispatch and combine micro-ops in flight together, are counted
         once, so shares stay shares. Dispatch and combine split it in proportion to their own waits.
+        A sharded run's parameter all-gathers (``param_gather_exposed_ms``) count where the compute
+        stream waits for them and no all-to-all already does: before a fully sharded block, or
+        after a sharded optimizer's step; the step is dense, MoE, exposed gradient sync and these.
         """
         dur = (self.timeline.end_s - self.timeline.start_s) * 1e3
         by_phase = {p: float(sum(d for op, d in zip(self.ops, dur) if op.phase == p)) for p in ("gate", "expert")}
