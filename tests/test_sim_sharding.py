@@ -254,3 +254,20 @@ def test_full_sharding_refuses_plans_that_schedule_their_gradients():
     _, zero1 = simulate([*DP4, "comm.policy=lina", "parallel.data_sharding=optimizer"])
     scattered = phase_ops(zero1, "reduce_scatter")
     assert scattered and all(op.priority == 1 for op in scattered)
+
+
+def test_a_grids_prefetch_starts_afresh_in_every_pass():
+    """Under a 3D grid that prefetches its weights, a pass's first all-gather waits for the pass
+    before it, as the step's first one does."""
+    grid = [
+        "hardware_profile=lina-a100-4x4",
+        "parallel.world_size=8",
+        "parallel.grid.depth=2",
+        "parallel.grid.row=2",
+        "moe.num_experts=2",
+    ]
+    _, sim = simulate([*grid, "comm.grid_overlap.all_gather=true", "train.micro_batches=2"])
+    index = {op.name: k for k, op in enumerate(sim.ops)}
+    first = index["mb1/L0.attn.qkv.all_gather_depth.fwd"]
+    assert sim.ops[first].deps == [index["mb1/L0.norms.fwd"]]  # not the previous pass's last gather
+    assert sim.timeline.start_s[first] >= sim.timeline.end_s[index["mb0/embed.bwd"]] - 1e-12

@@ -6,10 +6,10 @@ holding replicas of them (moe_core.layout.Layout.gradient_groups: dense weights 
 of their tensor-parallel shard, experts over their "dp" replicas), one collective per group.
 
 * forward: a block's parameters are all-gathered before it computes and freed after it (reshard
-  after forward); the all-gather of the next unit is issued once the previous one is done and the
-  unit before it has started computing (FSDP2's forward prefetch of one), so it overlaps that
-  unit's compute. The root is gathered at the start of each pass and, as FSDP2 does for the root,
-  kept through the backward pass.
+  after forward); a unit's all-gather is issued once the previous unit's is done and that unit
+  has started computing (FSDP2's forward prefetch of one), so it overlaps that unit's compute.
+  The root is gathered at the start of each pass and, as FSDP2 does for the root, kept through
+  the backward pass.
 * backward: every block is gathered again before its backward, prefetched the same way (the last
   block's gather overlaps the head); its gradients are reduce-scattered as soon as its backward
   is done, the root's after the embedding's backward.
@@ -70,7 +70,7 @@ class FullShardOps:
                 name = f"{_label(unit)}.param_gather_{group}.{pass_}"
                 self.gathered = self.add(name, "param_all_gather", [*deps, self.gathered], **cost)
                 gathers.append(self.gathered)
-        return [*self.computing, *gathers[-1:]]
+        return [*self.computing, *gathers[-1:]]  # the stream's last gather ends after the others
 
     def reduce(self, unit: int | str, ready: int) -> None:
         """Reduce-scatter ``unit``'s gradients once ``ready`` (its backward) is done."""

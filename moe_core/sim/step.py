@@ -577,6 +577,8 @@ class StepModel:
         last = None
         for j in range(self.passes):  # gradient accumulation: one forward and backward per micro-batch
             prefix = f"mb{j}/" if self.passes > 1 else ""
+            if grid is not None:
+                grid.start_pass()
             last = compute("embed", "fwd", gathered(ROOT, "fwd", last))
             for i in range(m.n_layers):
                 last = attention(i, "fwd", compute("norms", "fwd", gathered(i, "fwd", last), i))
