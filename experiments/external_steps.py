@@ -4,10 +4,13 @@
 
 analysis/external_steps.yaml lists published end-to-end training throughputs on real GPU clusters with their
 settings. Each entry is either priced or carries ``excluded: "<why>"`` (a mechanism the simulator lacks). A
-priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads, d_ff, vocab, sequence,
-the per-rank batch global_batch / dp in one pass, bfloat16, tensor parallelism, data parallelism over the
-rest) and simulated by ``moe_core.sim.step.StepModel`` on the entry's hardware profile as it is (spec-sheet
-values; nothing is fitted to these rows, they are held out).
+priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads, d_ff, vocab, sequence;
+bfloat16; tensor, pipeline (1F1B, interleaved when the source says so) and data parallelism as the source
+states them; the per-rank batch global_batch / dp in micro-batches of the source's size; the source's
+activation recomputation; FSDP as full data sharding, Megatron's distributed optimizer as optimizer sharding)
+and simulated by ``moe_core.sim.pipeline.simulate_step`` on the entry's hardware profile as it is (spec-sheet
+values; nothing is fitted to these rows, they are held out). A GELU FFN is priced as the suite's ReLU FFN:
+the same two GEMMs and one elementwise kernel per pass.
 
 The error is on step time: ``step_error = predicted step / published step - 1``, the published step derived
 from the published metric with the source's own definition (``tokens_per_s_per_gpu``: global_batch x seq_len /
@@ -29,7 +32,7 @@ from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.config import CONFIG_DIR, ConfigError, load_config
-from moe_core.sim.step import StepModel
+from moe_core.sim.pipeline import simulate_step
 from moe_core.sim.topology import build_topology
 
 PAPER, EXPERIMENT = "common", "external_steps"
@@ -39,6 +42,8 @@ PRICED_KEYS = ("profile", "published")
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
 METRICS = ("step_s", "tokens_per_s_per_gpu")  # the metrics a priced entry may carry
 DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute model's peak is the bf16 one
+RECOMPUTE = ("none", "selective", "full")  # a priced entry states its activation recomputation
+FSDP = (True, "FULL_SHARD")  # how sources say their parameters are fully sharded (FSDP, ZeRO-3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,15 +81,41 @@ def _check_priced(entry: dict, where: str) -> None:
         raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(DTYPE)}")
     if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
         raise ValueError(f"{where}: unknown profile {entry['profile']!r}; add configs/hardware/<profile>.yaml")
-    gpus, tp = entry_gpus(entry), entry["parallel"].get("tp") or 1
-    if gpus % tp or entry["batch"]["global_batch"] % (gpus // tp):
-        raise ValueError(f"{where}: need GPUs divisible by tp and global_batch divisible by dp = GPUs / tp")
+    if entry.get("recompute") not in RECOMPUTE:
+        raise ValueError(f"{where}: recompute must be one of {list(RECOMPUTE)}, got {entry.get('recompute')!r}")
+    gpus, tp, pp = entry_gpus(entry), _axis(entry, "tp"), _axis(entry, "pp")
+    if gpus % (tp * pp) or entry["batch"]["global_batch"] % (gpus // (tp * pp)):
+        raise ValueError(f"{where}: need GPUs divisible by tp x pp and global_batch divisible by dp = GPUs / (tp x pp)")
+    per_rank, micro = _per_rank_batch(entry), entry["batch"].get("micro_batch") or _per_rank_batch(entry)
+    if per_rank % micro:
+        raise ValueError(f"{where}: micro_batch {micro} must divide the per-rank batch global_batch / dp = {per_rank}")
     if not (isinstance(entry["published"], (int, float)) and entry["published"] > 0):
         raise ValueError(f"{where}: published must be a positive number, got {entry['published']!r}")
 
 
 def entry_gpus(entry: dict) -> int:
     return entry["hardware"]["nodes"] * entry["hardware"]["gpus_per_node"]
+
+
+def _axis(entry: dict, name: str) -> int:
+    """A parallel axis's size as the source states it; an axis it leaves out is 1."""
+    return entry["parallel"].get(name) or 1
+
+
+def entry_dp(entry: dict) -> int:
+    return entry_gpus(entry) // (_axis(entry, "tp") * _axis(entry, "pp"))
+
+
+def _per_rank_batch(entry: dict) -> int:
+    return entry["batch"]["global_batch"] // entry_dp(entry)
+
+
+def data_sharding(entry: dict) -> str:
+    """How the entry's data-parallel replicas hold the parameters (moe_core.config ``parallel.data_sharding``)."""
+    p = entry["parallel"]
+    if p.get("fsdp") in FSDP:
+        return "full"
+    return "optimizer" if p.get("distributed_optimizer") else "none"
 
 
 def record_points(cfg: DictConfig) -> list[str]:
@@ -98,21 +129,29 @@ def record_points(cfg: DictConfig) -> list[str]:
 
 def entry_overrides(entry: dict) -> list[str]:
     """The config of ``entry``'s training step on its profile: a dense GPT, one rank per GPU, the per-rank
-    batch global_batch / dp in one pass (gradient accumulation's micro-batches add up to it)."""
+    batch global_batch / dp in passes of the source's micro-batch (gradient accumulation, or the pipeline's
+    micro-batches), its recomputation and data sharding."""
     m, gpus = entry["model"], entry_gpus(entry)
-    tp = entry["parallel"].get("tp") or 1
-    dp = gpus // tp
+    tp, pp = _axis(entry, "tp"), _axis(entry, "pp")
+    ranks = gpus // pp  # of one pipeline stage: its experts' layout lives there
+    per_rank = _per_rank_batch(entry)
+    micro = entry["batch"].get("micro_batch") or per_rank
     return [
         f"hardware_profile={entry['profile']}",
         f"hardware.nodes={entry['hardware']['nodes']}",
         f"parallel.world_size={gpus}",
         f"parallel.tensor_parallel={tp}",
-        f"moe.num_experts={dp}",  # unused by a dense model (moe_every=0); one per rank keeps the layout valid
+        f"parallel.pipeline_parallel={pp}",
+        f"parallel.virtual_pipeline={_axis(entry, 'vpp')}",
+        f"parallel.data_sharding={data_sharding(entry)}",
+        f"moe.num_experts={ranks // tp}",  # unused by a dense model (moe_every=0); one per rank keeps the layout valid
         "moe.experts_per_rank=1",
         "moe.top_k=1",
         "model.moe_every=0",
         *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
-        f"train.batch_size={entry['batch']['global_batch'] // dp}",
+        f"train.batch_size={per_rank}",
+        f"train.micro_batches={per_rank // micro}",
+        f"train.recompute={entry['recompute']}",
         f"train.dtype={DTYPE[entry['precision']]}",
         "comm.bucket_mb=25",  # PyTorch DDP's default bucket
     ]
@@ -141,7 +180,7 @@ def metric_of_step(entry: dict, step_s: float) -> float:
 def simulate_entry(entry: dict) -> dict[str, float]:
     """The simulated step of ``entry``: predicted and published metric and step, the step error."""
     cfg = entry_config(entry)
-    sim = StepModel(cfg, build_topology(cfg.hardware)).run().metrics()
+    sim = simulate_step(cfg, build_topology(cfg.hardware))
     step_s, published_s = sim["step_ms"] / 1e3, published_step_s(entry)
     return {
         "published": float(entry["published"]),
@@ -158,15 +197,18 @@ def simulate_entry(entry: dict) -> dict[str, float]:
 
 
 def entry_params(entry: dict) -> dict[str, Any]:
-    p = entry["parallel"]
     return {
         "what": entry["what"],
         "kind": entry["kind"],
         "gpu": entry["hardware"]["gpu"],
         "gpus": entry_gpus(entry),
         "measure": entry["metric"],
-        "tp": p.get("tp") or 1,
-        "dp": entry_gpus(entry) // (p.get("tp") or 1),
+        "tp": _axis(entry, "tp"),
+        "pp": _axis(entry, "pp"),
+        "dp": entry_dp(entry),
+        "micro_batch": entry["batch"].get("micro_batch") or _per_rank_batch(entry),
+        "recompute": entry["recompute"],
+        "data_sharding": data_sharding(entry),
     }
 
 

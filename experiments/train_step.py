@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.config import ConfigError, config_arg_parser, load_config, to_container, validate_measured
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.executor import make_policy
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        validate_measured(cfg)  # the simulator's settings this executor has no mechanism for
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

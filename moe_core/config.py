@@ -39,7 +39,7 @@ from .capacity import dispatch_rows_per_expert
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
 from .points import sweep_points
-from .policies import POLICIES, TP_DISPATCHES, plan_features
+from .policies import POLICIES, TP_DISPATCHES, gradient_features, plan_features
 from .sections import (
     COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
@@ -243,6 +243,15 @@ class ParallelConfig:
     # run by the 1F1B schedule over train.micro_batches (moe_core.sim.pipeline): simulated only.
     pipeline_parallel: int = 1
     virtual_pipeline: int = 1  # interleaved 1F1B: model chunks per stage (Narayanan et al. SC'21); 1 = plain 1F1B
+    # How data-parallel replicas hold the parameters (simulated only; moe_core.sim.step), over the
+    # ranks holding replicas of the same weights (dense: the same tensor-parallel shard; experts:
+    # their "dp" replicas): "none" replicates them (DDP: gradients all-reduced); "optimizer" shards
+    # the optimizer (ZeRO-1, Megatron's distributed optimizer: gradients reduce-scattered, each rank
+    # updates its 1/dp, parameters all-gathered after the step); "full" shards the parameters too
+    # (ZeRO-3, FSDP2 fully_shard per block plus one root unit for embeddings and head: all-gathered
+    # before each block's forward and backward, gradients reduce-scattered after its backward, in
+    # every micro-batch; these units replace the policy's gradient buckets and launch rule).
+    data_sharding: Literal["none", "optimizer", "full"] = "none"
     timeout_s: float = 120.0  # collective timeout; a hung rank ends the run after this
 
 
@@ -284,6 +293,10 @@ class CommConfig:
 class TrainConfig:
     batch_size: int = 8  # sequences per rank and step
     micro_batches: int = 1  # gradient accumulation: the per-rank batch in this many passes (must divide batch_size)
+    # Activation recomputation (simulated only): "full" re-runs each block's forward before its
+    # backward (Megatron --recompute-granularity full, llm-foundry activation_checkpointing);
+    # "selective" only its attention core (Megatron --recompute-granularity selective).
+    recompute: Literal["none", "selective", "full"] = "none"
     lr: float = 3e-3
     warmup_iters: int = 3
     iters: int = 10  # timed iterations (each a full training step)
@@ -752,22 +765,13 @@ def _validate_model(cfg: DictConfig) -> None:
 
 
 def _validate_pipeline(cfg: DictConfig) -> None:
-    """Micro-batches split the batch; pipeline stages split the ranks and the blocks evenly, each
+    """Pipeline stages split the ranks and the blocks evenly, each
     model chunk repeating the model's MoE pattern (moe_core.sim.pipeline simulates a stage as a
     model of its own blocks); interleaving needs stages and, as Megatron's, whole rounds of
     micro-batches."""
     tr, par, m = cfg.train, cfg.parallel, cfg.model
-    require_at_least(tr, "train", 1, ("micro_batches",))
     require_at_least(par, "parallel", 1, ("pipeline_parallel", "virtual_pipeline"))
     m_b, pp, v = tr.micro_batches, par.pipeline_parallel, par.virtual_pipeline
-    require(tr.batch_size % m_b == 0, "train.micro_batches", f"must divide train.batch_size={tr.batch_size}, got {m_b}")
-    tokens = tr.batch_size // m_b * m.seq_len
-    require(
-        cfg.moe.group_size == 0 or tokens % cfg.moe.group_size == 0,
-        "moe.group_size",
-        f"must divide a micro-batch's tokens (train.batch_size / train.micro_batches * model.seq_len = {tokens}), "
-        f"got {cfg.moe.group_size}",
-    )
     require(
         par.world_size % pp == 0,
         "parallel.pipeline_parallel",
@@ -812,6 +816,12 @@ def _validate_grid(cfg: DictConfig) -> None:
     error = grid_split_error(grid, m.d_model, m.d_ff, m.n_heads)
     if error:
         raise ConfigError(f"config key 'parallel.grid': {error}")
+    require(
+        cfg.train.recompute == "none",
+        "train.recompute",
+        f"the 3D grid does not recompute activations yet; use train.recompute=none with parallel.grid, got "
+        f"{cfg.train.recompute!r}",
+    )
     features = plan_features(cfg)
     require(
         not features and cfg.comm.a2a_algorithm == "flat",
@@ -898,6 +908,7 @@ def _validate_training(cfg: DictConfig) -> None:
         "train.data_branching",
         f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
     )
+    _validate_micro_batches(cfg)
     require(
         math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
         "parallel.timeout_s",
@@ -906,6 +917,7 @@ def _validate_training(cfg: DictConfig) -> None:
     require(
         comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}"
     )
+    _validate_data_sharding(cfg)
     for key in ("bucket_mb", "partition_mb"):
         require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")
     require(
@@ -929,6 +941,96 @@ def _validate_training(cfg: DictConfig) -> None:
         "collectives.traffic_zipf",
         f"must be >= 0, got {c.traffic_zipf}",
     )
+
+
+def _validate_data_sharding(cfg: DictConfig) -> None:
+    """Sharding applies to replicated weights and, fully sharded, to DDP-like gradient plans."""
+    sharding, policy = cfg.parallel.data_sharding, cfg.comm.policy
+    require(
+        sharding == "none" or grid_config(cfg).is_trivial,
+        "parallel.data_sharding",
+        f"{sharding!r} with a 3D grid: the grid shards its weights over parallel.grid.depth itself "
+        "(moe_core.grid); use parallel.data_sharding=none under parallel.grid",
+    )
+    features = gradient_features(cfg) if sharding == "full" else []
+    require(
+        not features,
+        "parallel.data_sharding",
+        f"'full' replaces the policy's gradient units by FSDP's per-block ones, but policy '{policy}' "
+        f"{' and '.join(features)}; use parallel.data_sharding=optimizer (or none) with it, or a policy "
+        "that buckets its gradients (sequential, overlap)",
+    )
+
+
+def micro_batch_config(cfg: DictConfig) -> DictConfig:
+    """The config of one gradient-accumulation pass: ``train.batch_size / train.micro_batches``
+    sequences in one pass; ``cfg`` itself when there is one pass. What a pass's shapes (its tokens,
+    the expert capacity) are computed from."""
+    passes = cfg.train.micro_batches
+    if passes == 1:
+        return cfg
+    one_pass = {"batch_size": cfg.train.batch_size // passes, "micro_batches": 1}
+    # a pass is one forward and backward; a pipeline schedules its passes (moe_core.sim.pipeline)
+    micro = OmegaConf.merge(cfg, {"train": one_pass, "parallel": {"pipeline_parallel": 1, "virtual_pipeline": 1}})
+    OmegaConf.set_readonly(micro, True)
+    return micro
+
+
+def _validate_micro_batches(cfg: DictConfig) -> None:
+    """Passes divide the per-rank batch, and one pass is a valid step of its own (its tokens split
+    into gate groups, its capacity slots over "tp")."""
+    passes, batch = cfg.train.micro_batches, cfg.train.batch_size
+    key = "train.micro_batches"
+    require(passes >= 1, key, f"counts gradient-accumulation passes, must be >= 1, got {passes}")
+    require(
+        batch % passes == 0,
+        key,
+        f"must divide train.batch_size={batch} (each pass takes batch_size / micro_batches sequences), got {passes}",
+    )
+    tokens = batch // passes * cfg.model.seq_len
+    require(
+        cfg.moe.group_size == 0 or tokens % cfg.moe.group_size == 0,
+        "moe.group_size",
+        f"must divide a micro-batch's tokens (train.batch_size / train.micro_batches * model.seq_len = {tokens}), "
+        f"got {cfg.moe.group_size}",
+    )
+    if passes > 1:
+        try:
+            _validate_model(micro_batch_config(cfg))
+        except ConfigError as err:
+            raise ConfigError(f"config key '{key}': a pass of {batch // passes} sequences is invalid: {err}") from None
+
+
+def validate_measured(cfg: DictConfig) -> None:
+    """What the measured executor (experiments/train_step.py) cannot run yet: settings the step
+    simulator (moe_core.sim.step) alone models. Raises ConfigError naming the key to change."""
+    sharding = cfg.parallel.data_sharding
+    require(
+        sharding == "none",
+        "parallel.data_sharding",
+        f"{sharding!r} is simulated only: the measured executor has no sharded data parallelism yet; "
+        "use parallel.data_sharding=none for measured runs",
+    )
+    passes = cfg.train.micro_batches
+    require(
+        passes == 1,
+        "train.micro_batches",
+        f"{passes} passes are simulated only: the measured executor has no gradient accumulation yet; "
+        "use train.micro_batches=1 for measured runs",
+    )
+    require(
+        cfg.train.recompute == "none",
+        "train.recompute",
+        f"{cfg.train.recompute!r} is simulated only: the measured executor has no activation recomputation yet; "
+        "use train.recompute=none for measured runs",
+    )
+    for key in ("parallel.pipeline_parallel", "parallel.virtual_pipeline"):
+        require(
+            OmegaConf.select(cfg, key) == 1,
+            key,
+            f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
+            f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
+        )
 
 
 def _validate_sweeps(cfg: DictConfig) -> None:

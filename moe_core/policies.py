@@ -116,6 +116,18 @@ def plan_features(cfg) -> list[str]:
     return [name for name, on in features.items() if on]
 
 
+def gradient_features(cfg) -> list[str]:
+    """What ``cfg.comm.policy``'s plan decides for the gradients beyond DDP's buckets and launch
+    rule (decided on one probe tensor, so torch-free and instant): full data sharding replaces the
+    plan's gradient units by FSDP's per-block ones, so config validation refuses these with it."""
+    plan = policy_spec(cfg.comm.policy).decide(PlanInputs([GradientTensor("probe", 1, "dense")], 4, 1, 1.0))
+    features = {
+        "yields its gradients to the all-to-alls": plan.gradients_yield_to_a2a,
+        "cuts its gradients into micro-ops": any(not unit.fused for unit in plan.gradient_units),
+    }
+    return [name for name, on in features.items() if on]
+
+
 def sequential_plan(inputs: PlanInputs) -> CommPlan:
     return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=False)
 

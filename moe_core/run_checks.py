@@ -8,7 +8,8 @@ point, the launcher and the workflow:
   ``lina.overrides``, ``monta.overrides``, ``inference.overrides``, ``axonn.measured_overrides``):
   each entry a ``key=value`` that does not decide where records go (RECORD_KEYS) nor sets another
   list, and the list applied to the run's config, in every context it is used in, a valid config;
-* every measured training-step point (moe_core.points.measured_points): its config valid;
+* every measured training-step point (moe_core.points.measured_points): its config valid, and none
+  of the settings only the simulator models (moe_core.config.validate_measured);
 * sizes: simulated clusters within MAX_SIM_WORLD_SIZE ranks; each measured run's memory estimate
   on this host (a CPU testbed: every rank's parameters, gradients, Adam state and activations,
   estimate_bytes) within the host's memory; the measured and simulated point counts within
@@ -31,7 +32,7 @@ import socket
 from omegaconf import DictConfig, OmegaConf
 
 from .capacity import moe_blocks
-from .config import ERROR_KEY, config_digest, derive_config, validate_point
+from .config import ERROR_KEY, config_digest, derive_config, validate_measured, validate_point
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
 from .sections import ConfigError, require
 
@@ -73,7 +74,7 @@ def check_run(cfg: DictConfig) -> None:
 
 
 def _check_run(cfg: DictConfig) -> None:
-    check_simulated_only(cfg)  # first: every list and point below derives from the measured run's config
+    validate_measured(cfg)  # first: every list and point below derives from the measured run's config
     for key, uses in OVERRIDE_LISTS.items():
         check_override_list(cfg, key, uses(cfg))
     check_point_counts(cfg)  # before the points: a sweep of a million points is refused before each is validated
@@ -142,6 +143,7 @@ def check_measured_points(cfg: DictConfig) -> None:
         try:
             scratch.merge_with_dotlist(overrides)
             validate_point(scratch)
+            validate_measured(scratch)
         except ConfigError as err:
             raise _blamed(err, where, blame, what) from None
         check_memory(scratch, f"{what} of {where}")
@@ -229,19 +231,6 @@ def check_point_counts(cfg: DictConfig) -> None:
         f"{c.world_size} ranks x 4 buffers of {c.max_bytes} bytes exceed this host's memory; lower it, "
         "or set force=true",
     )
-
-
-def check_simulated_only(cfg: DictConfig) -> None:
-    """Settings only the simulator runs: the run's config is that of its measured executor
-    (experiments/train_step.py) and of every measured sweep point, so it must not set them; a
-    simulated run sets them in what it derives (``sim_sweep.overrides``, a priced entry's config)."""
-    for key in ("parallel.pipeline_parallel", "parallel.virtual_pipeline"):
-        require(
-            OmegaConf.select(cfg, key) == 1,
-            key,
-            f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
-            f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
-        )
 
 
 def check_ignored(cfg: DictConfig) -> None:

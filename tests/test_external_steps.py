@@ -20,6 +20,7 @@ SMALL = {  # a small dense GPT on one H100 node, 2-byte precision
     "parallel": {"tp": 1},
     "batch": {"micro_batch": 4, "global_batch": 4},
     "precision": "bf16",
+    "recompute": "none",
     "metric": "tokens_per_s_per_gpu",
     "published": 100000.0,
     "profile": "h100-ndr-cluster",

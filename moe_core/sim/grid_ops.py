@@ -38,8 +38,14 @@ class GridOps:
         self.grid, self.overlaps = step.layout.grid, step.plan.grid_overlaps
         self.tokens = cfg.train.batch_size * cfg.model.seq_len
         self.specs = {s.name: s for s in block_linears(cfg.model.d_model, cfg.model.d_ff, dense_ffn=True)}
-        self.prefetch_anchor: dict[str, int | None] = {"fwd": None, "bwd": None}  # the last weight all-gather
+        self.prefetch_anchor: dict[str, int | None] = {}  # the last weight all-gather per pass
         self.deferred: list[int] = []  # reduce-scatters completed after the backward pass
+        self.start_pass()
+
+    def start_pass(self) -> None:
+        """A new forward and backward pass (gradient accumulation's next micro-batch): the first
+        layer's weight all-gather of each pass is not prefetched."""
+        self.prefetch_anchor = {"fwd": None, "bwd": None}
 
     def attention(self, i: int, pass_: str, last) -> int | list[int]:
         core = self.step.attention_core_seconds(pass_, head_split=self.grid.row)

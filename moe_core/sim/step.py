@@ -21,6 +21,16 @@ forward ops in order, then backward ops in reverse order, then gradient all-redu
 after the whole backward or as soon as a unit's last gradient is ready, one unit after another on
 one communicator, then the optimizer. Under a 3D tensor-parallel grid the attention and dense FFN
 are its linear layers with their collectives and overlaps (moe_core.sim.grid_ops).
+
+Data parallelism (``parallel.data_sharding``): replicated, the plan's units are all-reduced; with
+a sharded optimizer (ZeRO-1) the same units are reduce-scattered, each rank's optimizer updates its
+1/dp of the parameters and the units are all-gathered after it, one after another on one
+communicator; fully sharded (ZeRO-3 / FSDP2), the plan's units give way to per-block all-gathers
+and reduce-scatters during the passes (moe_core.sim.sharding), and the optimizer updates the shard.
+Gradient accumulation (``train.micro_batches``): the forward and backward passes once per
+micro-batch, each pass priced on its own shapes (moe_core.config.micro_batch_config); the plan's
+gradient sync follows the last pass only (DDP's ``no_sync`` before it), launched by its rule on the
+last pass's gradients, while full sharding reduces every pass's.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
+from ..config import micro_batch_config
 from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, layout_of
 from ..model import gradient_tensors
@@ -43,6 +54,7 @@ from .collectives import collective_op, simulate_on
 from .compute import ComputeModel
 from .engine import Op, Timeline, as_deps
 from .grid_ops import GridOps
+from .sharding import ROOT, FullShardOps
 from .topology import Transfer
 
 # The memory-bound ops beside the GEMMs (moe_core.model), per pass: (kernels, passes over their
@@ -99,7 +111,7 @@ class StepSimulation:
     ops: list[Op]
     timeline: Timeline
     backward_end: int  # index of the last backward compute op
-    allreduce_alone_s: float = 0.0  # the gradient all-reduces each alone, one after another
+    allreduce_alone_s: float = 0.0  # the gradient sync's collectives each alone, one after another
 
     def metrics(self) -> dict[str, float]:
         """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms; and
@@ -112,6 +124,9 @@ class StepSimulation:
         (``waiting_ms``). Without pipelining that is the all-to-alls' own time; with it, the expert
         micro-ops they overlap, and dispatch and combine micro-ops in flight together, are counted
         once, so shares stay shares. Dispatch and combine split it in proportion to their own waits.
+        A sharded run's parameter all-gathers (``param_gather_exposed_ms``) count where the compute
+        stream waits for them and no all-to-all already does: before a fully sharded block, or
+        after a sharded optimizer's step; the step is dense, MoE, exposed gradient sync and these.
         """
         dur = (self.timeline.end_s - self.timeline.start_s) * 1e3
         by_phase = {p: float(sum(d for op, d in zip(self.ops, dur) if op.phase == p)) for p in ("gate", "expert")}
@@ -123,6 +138,8 @@ class StepSimulation:
         optimizer = next(i for i, op in enumerate(self.ops) if op.phase == "optimizer")
         # the gradient all-reduces' wait: from the end of the backward pass to the optimizer's start
         exposed = float(self.timeline.start_s[optimizer] - self.timeline.end_s[self.backward_end]) * 1e3
+        # the compute stream's wait for a sharded run's parameter all-gathers beyond its all-to-all wait
+        gathers = self.waiting_ms(lambda op: op.phase.endswith("a2a") or op.phase == "param_all_gather") - a2a
         a2a_dir = {
             d: self.waiting_ms(lambda op, d=d: op.phase.endswith("a2a") and op.name.endswith(d))
             for d in (".fwd", ".bwd")
@@ -152,12 +169,13 @@ class StepSimulation:
             "moe_layer_bwd_ms": span["bwd"],
             "moe_compute_share": compute_share,
             "allreduce_exposed_ms": exposed,
+            "param_gather_exposed_ms": gathers,
             "optimizer_ms": float(dur[optimizer]),  # one Adam step (in dense_ms)
             # cutting pipelined all-to-alls into micro-ops and joining them (in dense_ms)
             "partition_ms": float(sum(d for op, d in zip(self.ops, dur) if op.phase == "partition")),
             # what the gradient sync's units cost to transmit, without contention or overlap
             "allreduce_alone_ms": self.allreduce_alone_s * 1e3,
-            "dense_ms": step - moe - exposed,
+            "dense_ms": step - moe - exposed - gathers,
             "a2a_share": a2a / step,
             "a2a_share_of_moe": a2a / moe if moe else 0.0,
         }
@@ -238,8 +256,10 @@ class StepModel:
     def __init__(self, cfg: DictConfig, topo, embedding: bool = True, head: bool = True):
         if cfg.parallel.pipeline_parallel > 1:
             raise ValueError("a pipelined config is a composition of stages: use moe_core.sim.pipeline.simulate_step")
-        self.cfg, self.topo = cfg, topo
+        # ``self.cfg`` is one pass's: the ops are priced on a micro-batch's shapes
+        self.cfg, self.topo = micro_batch_config(cfg), topo
         self.embedding, self.head = embedding, head
+        self.passes, self.sharding = cfg.train.micro_batches, cfg.parallel.data_sharding
         self.elem = DTYPE_BYTES[cfg.train.dtype]
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
@@ -404,12 +424,17 @@ class StepModel:
         return self._priced(copies * self.compute.copy(buffer_bytes), "copy")
 
     def _optimizer_seconds(self) -> float:
-        """AdamW over this rank's parameters; torch runs its multi-tensor implementation on CUDA."""
+        """AdamW over this rank's parameters, sharded: its 1/p of every tensor's, p the ranks that
+        hold replicas of it; torch runs its multi-tensor implementation on CUDA."""
         tensors = self.plan.tensors
-        params = sum(t.numel for t in tensors)
+        params = sum(t.numel / self._shards(t.group) for t in tensors)
         return self._priced(
             self.compute.optimizer(params, len(tensors), multi_tensor=self.cfg.hardware.device == "cuda"), "optimizer"
         )
+
+    def _shards(self, group: str) -> int:
+        """Over how many ranks a gradient group's parameters and optimizer state are sharded."""
+        return 1 if self.sharding == "none" else self.layout.gradient_groups(group).shape[1]
 
     # -- collectives -----------------------------------------------------------------------------
     def _merged(self, transfers: list[Transfer]) -> Transfer:
@@ -485,9 +510,10 @@ class StepModel:
         gather = self._ring("all_gather", self.tp_groups, a2a_bytes / tp_chunks) if tp_chunks else None
         pipelined = self.plan.pipeline_experts
         ops: list[Op] = []
+        prefix = ""  # of a micro-batch's op names, "mb<j>/", when there are several
 
         def add(name: str, phase: str, after: int | list[int] | None, **kw) -> int:
-            ops.append(Op(name, phase, as_deps(after), **kw))
+            ops.append(Op(prefix + name, phase, as_deps(after), **kw))
             return len(ops) - 1
 
         def all_to_all(name: str, phase: str, after) -> int:
@@ -567,35 +593,75 @@ class StepModel:
                 return grid.ffn(i, pass_, last)
             return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", compute("ffn", pass_, last, i), activation_bytes)
 
-        moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
-        last = compute("embed", "fwd", None) if self.embedding else None
-        for i in range(m.n_layers):
+        shards = FullShardOps(self, add) if self.sharding == "full" else None
+        recompute = self.cfg.train.recompute
+
+        def block_forward(i: int, last) -> int:
+            """Block ``i``'s forward ops; full recomputation repeats them, exchanges included, before
+            the block's backward (as Megatron's and DeepSpeed's full recompute re-run the whole block)."""
             last = attention(i, "fwd", compute("norms", "fwd", last, i))
-            if i in moe_layers:
-                last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"])
-                last = exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
-            else:
-                last = dense_ffn(i, "fwd", last)
-        if self.head:
-            last = add("head.fwd_bwd", "dense", last, duration_s=self._head_seconds())
-        grads_ready = {"head": last}
-        for i in reversed(range(m.n_layers)):
-            if i in moe_layers:
-                last = exchange_compute_exchange(i, "combine", "dispatch", last, "bwd")
-                last = add(f"L{i}.gate.bwd", "gate", last, duration_s=op_seconds["gate"]["bwd"])
-            else:
-                last = dense_ffn(i, "bwd", last)
-            last = grads_ready[i] = compute("norms", "bwd", attention(i, "bwd", last), i)
-        # the embeddings' gradients are the last: their op ends the backward pass
-        backward_end = grads_ready["embed"] = compute("embed", "bwd", last) if self.embedding else last
+            if i not in moe_layers:
+                return dense_ffn(i, "fwd", last)
+            last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"])
+            return exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
+
+        def attention_core_forward(i: int, last) -> int:
+            """Selective recomputation (Korthikanti et al. 2022): only the attention core's forward
+            (Q K^T, softmax, P V) again before the block's backward, its heads split over "tp"."""
+            return add(f"L{i}.attn_core.fwd", "dense", last, duration_s=self.attention_core_seconds("fwd", tp))
+
+        def gathered(unit: int | str, pass_: str, last):
+            """``last`` and, fully sharded, the all-gathers of ``unit``'s parameters it computes on."""
+            return last if shards is None else shards.before(unit, pass_, last)
+
+        moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
+        last = None
+        for j in range(self.passes):  # gradient accumulation: one forward and backward per micro-batch
+            prefix = f"mb{j}/" if self.passes > 1 else ""
+            if grid is not None:
+                grid.start_pass()
+            if self.embedding:
+                last = compute("embed", "fwd", gathered(ROOT, "fwd", last))
+            for i in range(m.n_layers):
+                last = block_forward(i, gathered(i, "fwd", last))
+            if self.head:
+                last = add("head.fwd_bwd", "dense", gathered(ROOT, "bwd", last), duration_s=self._head_seconds())
+            grads_ready = {"head": last}
+            for i in reversed(range(m.n_layers)):
+                last = gathered(i, "bwd", last)
+                if recompute != "none":  # ops named "recompute/...", the pass's prefix kept
+                    pass_prefix, prefix = prefix, prefix + "recompute/"
+                    last = block_forward(i, last) if recompute == "full" else attention_core_forward(i, last)
+                    prefix = pass_prefix
+                if i in moe_layers:
+                    last = exchange_compute_exchange(i, "combine", "dispatch", last, "bwd")
+                    last = add(f"L{i}.gate.bwd", "gate", last, duration_s=op_seconds["gate"]["bwd"])
+                else:
+                    last = dense_ffn(i, "bwd", last)
+                last = grads_ready[i] = compute("norms", "bwd", attention(i, "bwd", last), i)
+                if shards is not None:
+                    shards.reduce(i, last)
+            # the embeddings' gradients are the last: their op ends the backward pass
+            last = backward_end = grads_ready["embed"] = compute("embed", "bwd", last) if self.embedding else last
+            if shards is not None:
+                shards.reduce(ROOT, backward_end)
+        prefix = ""
         deferred = grid.deferred if grid is not None else []
-        reduced = self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
-        add("optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=self._optimizer_seconds())
+        if shards is not None:  # the passes reduced every block's gradients
+            reduced = shards.last_reduced()
+        else:  # the plan's units, on the last pass's gradients
+            reduced = self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
+        optimizer = add(
+            "optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=self._optimizer_seconds()
+        )
+        if self.sharding == "optimizer":
+            self._add_parameter_gathers(ops, optimizer)
         return ops, backward_end
 
     def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, after_backward: list[int]) -> list[int]:
-        """The plan's gradient all-reduces, launched by its rule, one after another on one
-        communicator; units that yield to the all-to-alls run in a lower strict-priority class.
+        """The plan's gradient all-reduces (reduce-scatters under a sharded optimizer), launched by
+        its rule, one after another on one communicator; units that yield to the all-to-alls run in
+        a lower strict-priority class.
         ``after_backward``: the end of the backward pass and the reduce-scatters a grid completes
         after it, which units launched after the backward pass, and a grid's depth-sharded units
         whose reduce-scatter is deferred, wait for (moe_core.executor). Returns the last all-reduce
@@ -604,9 +670,10 @@ class StepModel:
         priority = 1 if self.plan.gradients_yield_to_a2a else 0
         overlaps = self.plan.grid_overlaps
         deferred = overlaps is not None and overlaps.defers_gradients(self.layout.grid)
+        collective, phase = self._gradient_sync
         previous = None
         for k, unit in enumerate(self.plan.gradient_units):
-            cost = self._ring("all_reduce", self.layout.gradient_groups(unit.group), unit.numel * self.elem)
+            cost = self._ring(collective, self.layout.gradient_groups(unit.group), unit.numel * self.elem)
             if cost is None:
                 continue
             if self.plan.launch_when_ready and not (deferred and unit.group == "data"):
@@ -614,14 +681,30 @@ class StepModel:
             else:
                 launch_after = after_backward
             deps = [*launch_after] + ([previous] if previous is not None else [])
-            ops.append(Op(f"allreduce{k}", "allreduce", deps, priority=priority, **cost))
+            ops.append(Op(f"{phase}{k}", phase, deps, priority=priority, **cost))
             previous = len(ops) - 1
         return [] if previous is None else [previous]
+
+    @property
+    def _gradient_sync(self) -> tuple[str, str]:
+        """The gradient sync's (ring collective, op phase): all-reduces, or a sharded run's reduce-scatters."""
+        return ("all_reduce", "allreduce") if self.sharding == "none" else ("reduce_scatter", "reduce_scatter")
+
+    def _add_parameter_gathers(self, ops: list[Op], optimizer: int) -> None:
+        """A sharded optimizer's all-gathers of the updated parameters, the plan's units one after
+        another on one communicator once the optimizer step is done (Megatron's distributed optimizer
+        without ``overlap_param_gather``): each rank then holds every parameter for the next step."""
+        previous = optimizer
+        for k, unit in enumerate(self.plan.gradient_units):
+            cost = self._ring("all_gather", self.layout.gradient_groups(unit.group), unit.numel * self.elem)
+            if cost is not None:
+                ops.append(Op(f"param_gather{k}", "param_all_gather", [previous], **cost))
+                previous = len(ops) - 1
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
         timeline = simulate_on(self.cfg.hardware, self.topo, ops)
-        return StepSimulation(ops, timeline, backward_end, self._alone_seconds(ops, "allreduce"))
+        return StepSimulation(ops, timeline, backward_end, self._alone_seconds(ops, self._gradient_sync[1]))
 
     def _alone_seconds(self, ops: list[Op], phase: str) -> float:
         """The ``phase`` ops' time each alone on the network, one after another: what their units
