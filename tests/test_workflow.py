@@ -112,30 +112,46 @@ def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_a_changed_config_re_measures_what_read_the_old_one(tmp_path):
+@dataclass
+class MadeRecord:
+    """One record of configs/ci.yaml made for real, shared by the tests that only plan around it."""
+
+    results: Path
+    target: str  # the record
+    args: list[str]  # the Snakemake arguments that made it
+
+
+@pytest.fixture(scope="module")
+def ci_record(tmp_path_factory) -> MadeRecord:
+    """The first dispatcher-study record of configs/ci.yaml, with the config snapshot its job read."""
+    results = tmp_path_factory.mktemp("ci_record")
+    args = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={results}"]
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={results}"])
+    target = str(results / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
+    made = snakemake(target, *args)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return MadeRecord(results, target, args)
+
+
+def test_a_changed_config_re_measures_what_read_the_old_one(ci_record):
     """The jobs read a config snapshot named by its content, so a changed config is a new input
     of every job that reads it, and Snakemake plans those jobs again (its default rerun trigger
     on a changed set of input files); an unchanged config plans nothing."""
-    base = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={tmp_path}"]
-    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={tmp_path}"])
-    target = str(tmp_path / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
-    made = snakemake(target, *base)
-    assert made.returncode == 0, made.stderr[-3000:]
-    unchanged = snakemake(target, "-n", *base)
+    unchanged = snakemake(ci_record.target, "-n", *ci_record.args)
     assert unchanged.returncode == 0 and "Nothing to be done" in unchanged.stdout + unchanged.stderr
-    changed = snakemake(target, "-n", *base, "dispatch_study={capacity_factor: 1.5}")
+    changed = snakemake(ci_record.target, "-n", *ci_record.args, "dispatch_study={capacity_factor: 1.5}")
     assert changed.returncode == 0, changed.stderr
     assert "rule dispatchers_simulated:" in changed.stdout + changed.stderr
-    assert len(list((tmp_path / "config").iterdir())) == 1  # the dry run wrote no snapshot
+    assert len(list((ci_record.results / "config").iterdir())) == 1  # the dry run wrote no snapshot
 
 
-def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(tmp_path, default_dry_run):
+def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(ci_record, default_dry_run):
     """A dry run (or --summary) of another config writes nothing, so the jobs of a sweep already
     planned keep reading the snapshot of the config they were planned with; a dry run into a new
     results_dir (the shared one) does not even create it."""
-    results = tmp_path / "results"
-    assert snakemake("resolved_config", "--cores", "1", "--config", f"results_dir={results}").returncode == 0
+    results = ci_record.results
     before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    assert any(p.parent.name == "config" for p in before)  # the snapshot its jobs read
     for extra in (["-n"], ["--summary"], ["-n", "--configfile", "configs/ci.yaml"]):
         proc = snakemake("--cores", "1", *extra, "--config", f"results_dir={results}", "collectives={iters: 3}")
         assert proc.returncode == 0, proc.stderr
