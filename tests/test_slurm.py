@@ -159,7 +159,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
         while not ready():
             dead = {name: p.returncode for name, p in self.daemons.items() if p.poll() is not None}
             assert not dead and time.monotonic() < deadline, f"waiting for {what}: exited {dead}\n{self.logs()}"
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     def logs(self) -> str:
         files = [*self.root.glob("*.out"), *(self.root / "log").glob("*.log"), *self.root.glob("munge/*.log")]
@@ -171,7 +171,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
             run("scancel", "--user", "root", env=self.env)
             deadline = time.monotonic() + 3 * STOP_S
             while run("squeue", "-h", env=self.env).stdout.strip() and time.monotonic() < deadline:
-                time.sleep(1)
+                time.sleep(0.2)
         for proc in reversed(list(self.daemons.values())):
             if proc.poll() is None:
                 proc.terminate()
