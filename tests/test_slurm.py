@@ -6,8 +6,8 @@ them afterwards, failed test or not. The one file outside that directory is the 
 the default path /etc/slurm/slurm.conf: Snakemake's SLURM jobstep removes SLURM_CONF (with every
 other SLURM_* variable but SLURM_JOB_ID) from a rule's environment, so ``srun`` and ``scontrol``
 inside a job only find the default. The fixture never overwrites a configuration it did not write.
-The CI sweep (configs/ci.yaml) then runs through
-``snakemake --executor slurm --profile configs/profiles/slurm``.
+The CI sweep (configs/ci.yaml), cut to two training-step points and three message sizes, then
+runs through ``snakemake --executor slurm --profile configs/profiles/slurm``.
 
 Multi-task jobs on one node: the sweep runs on a 2-node x 1-device hardware description
 (``hardware.nodes=2``, ``hardware.devices_per_node=1``), so every 2-rank measured job is a
@@ -41,6 +41,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED_RULES = ("train_step", "collectives")
+# The CI sweep cut to what the SLURM path needs: two training-step points (one to cancel, one to
+# finish beside it) and the collectives at 1-4 KiB. The one-node cluster runs its jobs one after
+# another, each a Snakemake job step, a launcher, two torchrun agents and two ranks starting on
+# 2 cores, so every point left out saves about a minute. As Snakemake --config values, which
+# load_config merges into the config files the same way.
+SWEEP = ["sweep={num_experts: [2], policy: [sequential, overlap]}", "collectives={max_bytes: 4096}"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 CONF_MARKER = "# one-node test cluster of tests/test_slurm.py, removed when the test ends"
 DAEMON_START_S = 60
@@ -153,7 +159,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
         while not ready():
             dead = {name: p.returncode for name, p in self.daemons.items() if p.poll() is not None}
             assert not dead and time.monotonic() < deadline, f"waiting for {what}: exited {dead}\n{self.logs()}"
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     def logs(self) -> str:
         files = [*self.root.glob("*.out"), *(self.root / "log").glob("*.log"), *self.root.glob("munge/*.log")]
@@ -165,7 +171,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
             run("scancel", "--user", "root", env=self.env)
             deadline = time.monotonic() + 3 * STOP_S
             while run("squeue", "-h", env=self.env).stdout.strip() and time.monotonic() < deadline:
-                time.sleep(1)
+                time.sleep(0.2)
         for proc in reversed(list(self.daemons.values())):
             if proc.poll() is None:
                 proc.terminate()
@@ -197,20 +203,25 @@ def cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+def sweep_config():
+    """The config of the test's sweep: configs/ci.yaml with the SWEEP overrides."""
+    return load_config(["configs/default.yaml", "configs/ci.yaml"], SWEEP)
+
+
 def measured_targets(results: Path) -> list[str]:
-    """The CI sweep's measured records: its training-step points and the collectives microbenchmark.
+    """The sweep's measured records: its training-step points and the collectives microbenchmark.
 
     The simulated, analysis and paper-specific rules are local ones the plain CI smoke run (.ci/run)
     covers; leaving them out keeps this test short on 2 cores.
     """
-    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"])
+    cfg = sweep_config()
     train = [results / "raw" / cfg.paper / cfg.experiment / f"{point_name(p)}.json" for p in sweep_points(cfg)[0]]
     collectives = results / "raw" / "common" / "collectives" / f"{collective_points(cfg)[0]}.json"
     return [str(path) for path in (*train, collectives)]
 
 
 def snakemake(results: Path, *extra: str) -> list[str]:
-    """The CI sweep's measured points as SLURM jobs on the test cluster."""
+    """The sweep's measured points as SLURM jobs on the test cluster."""
     return [
         "snakemake",
         "--executor",
@@ -222,6 +233,7 @@ def snakemake(results: Path, *extra: str) -> list[str]:
         "--config",
         f"results_dir={results}",
         "hardware={nodes: 2, devices_per_node: 1}",
+        *SWEEP,
         "--set-resources",
         *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
         # No slurmdbd: no account to guess; poll soon, the jobs take seconds.
@@ -250,7 +262,8 @@ def measured_records(results: Path) -> dict[str, dict]:
 @pytest.mark.timeout(1200)
 def test_ci_sweep_runs_as_slurm_jobs_and_a_cancelled_point_reruns_alone(cluster, tmp_path):
     env = {**cluster.env, "WANDB_MODE": "disabled"}
-    n_train = len(sweep_points(load_config(["configs/default.yaml", "configs/ci.yaml"]))[0])
+    n_train = len(sweep_points(sweep_config())[0])
+    assert n_train == 2
     results = tmp_path / "results"
     logs = results / "logs" / "train_step"
 

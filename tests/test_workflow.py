@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,29 +27,50 @@ def test_lint_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
-    proc = snakemake("--cores", "2", "-n", "--quiet", "rules", "--config", f"results_dir={tmp_path}")
+@dataclass
+class DryRun:
+    """One dry run (``-n -p``) of the whole default workflow, shared by the tests that read it."""
+
+    results: Path  # its results_dir, which did not exist before the dry run
+    output: str  # Snakemake's stdout and stderr
+    wrote_results: bool  # whether results_dir existed right after the dry run
+
+
+@pytest.fixture(scope="module")
+def default_dry_run(tmp_path_factory) -> DryRun:
+    """The default workflow planned once (a whole dry run takes tens of seconds on 2 cores) into a
+    results_dir holding spaces, quotes, `$(...)` and backticks, which the tests below all need."""
+    results = tmp_path_factory.mktemp("dry_run") / "we ird 'q\" $(touch PWNED) `touch PWNED2`"
+    proc = snakemake("-n", "-p", "--cores", "2", "--config", f"results_dir={results}")
     assert proc.returncode == 0, proc.stderr
+    return DryRun(results, proc.stdout + proc.stderr, results.exists())
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Rule -> jobs planned, from the "Job stats" table a dry run prints."""
+    lines = output.partition("Job stats:\n")[2].split("\n\n", 1)[0].splitlines()
+    return {words[0]: int(words[1]) for words in map(str.split, lines) if len(words) == 2 and words[1].isdigit()}
+
+
+def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run):
     cfg = load_config(["configs/default.yaml"])
     points, _ = sweep_points(cfg)
-    out = proc.stdout + proc.stderr
-    job_lines = [line.split() for line in out.splitlines()]
-    counts = {words[0]: words[1] for words in job_lines if len(words) == 2 and words[1].isdigit()}
+    counts = job_counts(default_dry_run.output)
     assert len(points) == 12 and len(lina_measured_points(cfg)) == 2 and len(monta_measured_points(cfg)) == 3
-    assert int(counts["train_step"]) == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
+    assert counts["train_step"] == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
     # 240: Lina's 4 x 6 points again at each of the 10 settings of its 3 unstated parameters' joint
     # design (4 one at a time, 6 corners); MoNTA's 29 and its 3 tp-8 dispatches again at the other
     # end of its unstated NIC count
-    assert int(counts["sim_train_step"]) == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 240
-    assert int(counts["lina_inference"]) == 1
-    assert int(counts["monta_a2a"]) == int(counts["monta_model"]) == int(counts["monta_strategy_table"]) == 1
-    assert int(counts["dispatchers"]) == int(counts["dispatchers_simulated"]) == int(counts["dispatcher_table"]) == 1
-    assert int(counts["figure_dispatchers_under_skew"]) == 1
-    assert int(counts["collectives"]) == 1
-    assert int(counts["external_steps"]) == int(counts["external_steps_table"]) == 1
-    assert int(counts["figure_external_steps_errors"]) == 1
+    assert counts["sim_train_step"] == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 240
+    assert counts["lina_inference"] == 1
+    assert counts["monta_a2a"] == counts["monta_model"] == counts["monta_strategy_table"] == 1
+    assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["dispatcher_table"] == 1
+    assert counts["figure_dispatchers_under_skew"] == 1
+    assert counts["collectives"] == 1
+    assert counts["external_steps"] == counts["external_steps_table"] == 1
+    assert counts["figure_external_steps_errors"] == 1
     assert all(
-        int(counts[f"figure_{name}"]) == 1
+        counts[f"figure_{name}"] == 1
         for name in (
             "step_breakdown",
             "a2a_share_vs_experts",
@@ -60,13 +82,13 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(tmp_path):
             "lina_inference",
         )
     )
-    assert int(counts["aurora_simulated"]) == int(counts["aurora_a2a"]) == 1
+    assert counts["aurora_simulated"] == counts["aurora_a2a"] == 1
     assert all(
-        int(counts[f"figure_aurora_{name}"]) == 1
+        counts[f"figure_aurora_{name}"] == 1
         for name in ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library")
     )
     assert all(
-        int(counts[f"figure_monta_{name}"]) == 1
+        counts[f"figure_monta_{name}"] == 1
         for name in ("a2a_vs_tp", "chunks", "iteration_breakdown", "strategy_ranking", "hierarchical")
     )
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
@@ -90,45 +112,58 @@ def test_bad_config_stops_the_workflow_before_any_job(tmp_path, override, needle
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_a_changed_config_re_measures_what_read_the_old_one(tmp_path):
+@dataclass
+class MadeRecord:
+    """One record of configs/ci.yaml made for real, shared by the tests that only plan around it."""
+
+    results: Path
+    target: str  # the record
+    args: list[str]  # the Snakemake arguments that made it
+
+
+@pytest.fixture(scope="module")
+def ci_record(tmp_path_factory) -> MadeRecord:
+    """The first dispatcher-study record of configs/ci.yaml, with the config snapshot its job read."""
+    results = tmp_path_factory.mktemp("ci_record")
+    args = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={results}"]
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={results}"])
+    target = str(results / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
+    made = snakemake(target, *args)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return MadeRecord(results, target, args)
+
+
+def test_a_changed_config_re_measures_what_read_the_old_one(ci_record):
     """The jobs read a config snapshot named by its content, so a changed config is a new input
     of every job that reads it, and Snakemake plans those jobs again (its default rerun trigger
     on a changed set of input files); an unchanged config plans nothing."""
-    base = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={tmp_path}"]
-    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={tmp_path}"])
-    target = str(tmp_path / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
-    made = snakemake(target, *base)
-    assert made.returncode == 0, made.stderr[-3000:]
-    unchanged = snakemake(target, "-n", *base)
+    unchanged = snakemake(ci_record.target, "-n", *ci_record.args)
     assert unchanged.returncode == 0 and "Nothing to be done" in unchanged.stdout + unchanged.stderr
-    changed = snakemake(target, "-n", *base, "dispatch_study={capacity_factor: 1.5}")
+    changed = snakemake(ci_record.target, "-n", *ci_record.args, "dispatch_study={capacity_factor: 1.5}")
     assert changed.returncode == 0, changed.stderr
     assert "rule dispatchers_simulated:" in changed.stdout + changed.stderr
-    assert len(list((tmp_path / "config").iterdir())) == 1  # the dry run wrote no snapshot
+    assert len(list((ci_record.results / "config").iterdir())) == 1  # the dry run wrote no snapshot
 
 
-def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(tmp_path):
+def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(ci_record, default_dry_run):
     """A dry run (or --summary) of another config writes nothing, so the jobs of a sweep already
-    planned keep reading the snapshot of the config they were planned with."""
-    results = tmp_path / "results"
-    assert snakemake("resolved_config", "--cores", "1", "--config", f"results_dir={results}").returncode == 0
+    planned keep reading the snapshot of the config they were planned with; a dry run into a new
+    results_dir (the shared one) does not even create it."""
+    results = ci_record.results
     before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    assert any(p.parent.name == "config" for p in before)  # the snapshot its jobs read
     for extra in (["-n"], ["--summary"], ["-n", "--configfile", "configs/ci.yaml"]):
         proc = snakemake("--cores", "1", *extra, "--config", f"results_dir={results}", "collectives={iters: 3}")
         assert proc.returncode == 0, proc.stderr
     after = {p: p.read_bytes() for p in results.rglob("*") if p.is_file() and ".snakemake" not in p.parts}
     assert after == before
-    fresh = tmp_path / "fresh"
-    assert snakemake("--cores", "1", "-n", "--config", f"results_dir={fresh}").returncode == 0
-    assert not fresh.exists()
+    assert not default_dry_run.wrote_results
 
 
-def commands_of_every_rule(results: Path) -> dict[str, list[str]]:
-    """Rule -> the shell commands a dry run of the whole default workflow prints for its jobs."""
-    proc = snakemake("-n", "-p", "--cores", "2", "--config", f"results_dir={results}")
-    assert proc.returncode == 0, proc.stderr
+def commands_of_every_rule(output: str) -> dict[str, list[str]]:
+    """Rule -> the shell commands a dry run (``-n -p``) of the whole workflow prints for its jobs."""
     commands, rule = {}, None
-    for line in (proc.stdout + proc.stderr).splitlines():
+    for line in output.splitlines():
         words = line.split()
         if len(words) == 2 and words[0] in ("rule", "localrule") and words[1].endswith(":"):
             rule = words[1][:-1]
@@ -145,12 +180,12 @@ with open(os.environ["ARGV_LOG"], "a") as f:
 """
 
 
-def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path):
+def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path, default_dry_run):
     """Every rule's shell command, run by bash as Snakemake would (with the Snakefile's `logged`
     prefix), passes a results_dir holding spaces, quotes, `$(...)` and backticks to python as
     whole arguments, and the shell runs nothing of it."""
-    results = tmp_path / "we ird 'q\" $(touch PWNED) `touch PWNED2`"
-    commands = commands_of_every_rule(results)
+    results = default_dry_run.results
+    commands = commands_of_every_rule(default_dry_run.output)
     rules = {line.split()[0] for line in snakemake("--list-rules").stdout.splitlines() if line[:1].isalpha()}
     assert rules - set(commands) == {"all", "resolved_config"}  # the rules without a shell command
     bin_dir = tmp_path / "bin"
@@ -173,6 +208,7 @@ def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path):
             if "we ird" in arg:  # the whole path in one argument, as a value or as key=value
                 assert str(results) in arg, (arg, argv)
     assert not list(tmp_path.rglob("PWNED*")) and not list(Path(".").glob("PWNED*"))
+    assert not list(results.parent.rglob("PWNED*"))
 
 
 def test_a_requested_target_outside_results_dir_matches_no_rule(tmp_path):
