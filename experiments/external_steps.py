@@ -86,7 +86,7 @@ def _check_priced(entry: dict, where: str) -> None:
     gpus, tp, pp = entry_gpus(entry), _axis(entry, "tp"), _axis(entry, "pp")
     if gpus % (tp * pp) or entry["batch"]["global_batch"] % (gpus // (tp * pp)):
         raise ValueError(f"{where}: need GPUs divisible by tp x pp and global_batch divisible by dp = GPUs / (tp x pp)")
-    per_rank, micro = _per_rank_batch(entry), entry["batch"].get("micro_batch") or _per_rank_batch(entry)
+    per_rank, micro = _per_rank_batch(entry), _micro_batch(entry)
     if per_rank % micro:
         raise ValueError(f"{where}: micro_batch {micro} must divide the per-rank batch global_batch / dp = {per_rank}")
     if not (isinstance(entry["published"], (int, float)) and entry["published"] > 0):
@@ -108,6 +108,11 @@ def entry_dp(entry: dict) -> int:
 
 def _per_rank_batch(entry: dict) -> int:
     return entry["batch"]["global_batch"] // entry_dp(entry)
+
+
+def _micro_batch(entry: dict) -> int:
+    """Sequences per pass as the source states them; a source that states none runs its batch in one pass."""
+    return entry["batch"].get("micro_batch") or _per_rank_batch(entry)
 
 
 def data_sharding(entry: dict) -> str:
@@ -134,8 +139,7 @@ def entry_overrides(entry: dict) -> list[str]:
     m, gpus = entry["model"], entry_gpus(entry)
     tp, pp = _axis(entry, "tp"), _axis(entry, "pp")
     ranks = gpus // pp  # of one pipeline stage: its experts' layout lives there
-    per_rank = _per_rank_batch(entry)
-    micro = entry["batch"].get("micro_batch") or per_rank
+    per_rank, micro = _per_rank_batch(entry), _micro_batch(entry)
     return [
         f"hardware_profile={entry['profile']}",
         f"hardware.nodes={entry['hardware']['nodes']}",
@@ -206,7 +210,7 @@ def entry_params(entry: dict) -> dict[str, Any]:
         "tp": _axis(entry, "tp"),
         "pp": _axis(entry, "pp"),
         "dp": entry_dp(entry),
-        "micro_batch": entry["batch"].get("micro_batch") or _per_rank_batch(entry),
+        "micro_batch": _micro_batch(entry),
         "recompute": entry["recompute"],
         "data_sharding": data_sharding(entry),
     }
