@@ -1004,6 +1004,14 @@ def _validate_micro_batches(cfg: DictConfig) -> None:
 def validate_measured(cfg: DictConfig) -> None:
     """What the measured executor (experiments/train_step.py) cannot run yet: settings the step
     simulator (moe_core.sim.step) alone models. Raises ConfigError naming the key to change."""
+    # first: a pipeline also needs micro-batches, and the error names its root
+    for key in ("parallel.pipeline_parallel", "parallel.virtual_pipeline"):
+        require(
+            OmegaConf.select(cfg, key) == 1,
+            key,
+            f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
+            f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
+        )
     sharding = cfg.parallel.data_sharding
     require(
         sharding == "none",
@@ -1024,13 +1032,6 @@ def validate_measured(cfg: DictConfig) -> None:
         f"{cfg.train.recompute!r} is simulated only: the measured executor has no activation recomputation yet; "
         "use train.recompute=none for measured runs",
     )
-    for key in ("parallel.pipeline_parallel", "parallel.virtual_pipeline"):
-        require(
-            OmegaConf.select(cfg, key) == 1,
-            key,
-            f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
-            f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
-        )
 
 
 def _validate_sweeps(cfg: DictConfig) -> None:

@@ -216,7 +216,21 @@ def test_defaults_replicate_and_take_one_pass():
         (["train.micro_batches=0"], "train.micro_batches", "must be >= 1"),
         (["train.batch_size=8", "train.micro_batches=3"], "train.micro_batches", "must divide train.batch_size=8"),
         # a pass of 2 sequences of 64 tokens cannot hold gate groups of 512 tokens (the batch can)
-        (["train.micro_batches=4", "moe.group_size=512"], "train.micro_batches", "a pass of 2 sequences"),
+        (["train.micro_batches=4", "moe.group_size=512"], "moe.group_size", "must divide a micro-batch's tokens"),
+        # the batch's ceil(1.1 x 8 x 64 x 2 / 4) = 282 capacity slots per expert split over 2 tensor-parallel
+        # ranks, a pass's ceil(1.1 x 2 x 64 x 2 / 4) = 71 do not
+        (
+            [
+                "train.micro_batches=4",
+                "moe.capacity_factor=1.1",
+                "moe.min_capacity=0",
+                "moe.dropless=false",
+                "moe.experts_per_rank=2",
+                "parallel.tensor_parallel=2",
+            ],
+            "train.micro_batches",
+            "a pass of 2 sequences is invalid: config key 'parallel.tensor_parallel'",
+        ),
         (["parallel.data_sharding=zero2"], "parallel.data_sharding", "zero2"),
         (
             ["parallel.data_sharding=full", "parallel.grid.row=2", "moe.num_experts=2"],
