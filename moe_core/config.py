@@ -35,6 +35,7 @@ from . import (
     dispatch_study,  # noqa: F401  (registers the dispatcher study's config section)
     papers,  # the registry: every paper registers its config section, policies and orders
 )
+from .activation import FFN_ACTIVATIONS
 from .capacity import dispatch_rows_per_expert
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
@@ -194,7 +195,9 @@ class ModelConfig:
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads, multi-head attention
     d_ff: int = 512  # hidden width of the dense FFNs and of every expert
+    ffn_activation: str = "relu"  # relu (GShard's FFN) | swiglu (Llama's, Mixtral's: silu(gate) * up, 3 GEMMs)
     seq_len: int = 64
     moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3; 0: a dense GPT
 
@@ -721,6 +724,17 @@ def _validate_model(cfg: DictConfig) -> None:
     require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"))
     require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
     require(
+        m.n_kv_heads == 0 or (m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0),
+        "model.n_kv_heads",
+        f"key/value heads, each shared by n_heads / n_kv_heads query heads: must divide model.n_heads={m.n_heads} "
+        f"(0: as many as n_heads), got {m.n_kv_heads}",
+    )
+    require(
+        m.ffn_activation in FFN_ACTIVATIONS,
+        "model.ffn_activation",
+        f"invalid value {m.ffn_activation!r}, expected one of {list(FFN_ACTIVATIONS)}",
+    )
+    require(
         0 <= m.moe_every <= m.n_layers,
         "model.moe_every",
         f"must be between 0 (a dense model) and model.n_layers={m.n_layers} (every moe_every-th layer is MoE), "
@@ -813,6 +827,12 @@ def _validate_grid(cfg: DictConfig) -> None:
     )
     if grid.is_trivial:
         return
+    for key, plain in (("n_kv_heads", 0), ("ffn_activation", "relu")):
+        require(
+            m[key] == plain,
+            f"model.{key}",
+            f"the 3D grid splits multi-head attention and a ReLU FFN only; use model.{key}={plain} with parallel.grid",
+        )
     error = grid_split_error(grid, m.d_model, m.d_ff, m.n_heads)
     if error:
         raise ConfigError(f"config key 'parallel.grid': {error}")
@@ -862,7 +882,7 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     require(comm.tp_chunks >= 0, "comm.tp_chunks", f"must be >= 0 (0 = the dispatch decides), got {comm.tp_chunks}")
     if tp == 1:
         return
-    for key in ("n_heads", "d_ff"):
+    for key in ("n_heads", "n_kv_heads", "d_ff"):
         require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
     require(
         not cfg.moe.dropless,

@@ -37,6 +37,7 @@ class MoELayer(nn.Module):
         second_expert_policy: str,
         dropless: bool,
         aux_loss_scale: str,
+        activation: str = "relu",
         layer_id: int,
         seed: int,
     ):
@@ -46,7 +47,7 @@ class MoELayer(nn.Module):
         self.random_routing = second_expert_policy == "random"
         self.aux_loss_scale, self.layer_id, self.seed = aux_loss_scale, layer_id, seed
         self.gate = nn.Linear(d_model, num_experts, bias=False)
-        self.experts = Experts(num_experts, d_model, d_ff)
+        self.experts = Experts(num_experts, d_model, d_ff, activation)
         self.comm = None  # CommPolicy under expert parallelism
         self.timer = PhaseTimer(enabled=False)
         self.rank = 0  # global rank: numbers this rank's groups for random routing

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
+from .activation import in_width
 from .capacity import moe_blocks
+from .experts import ffn_activation
 from .grid_parallel import GridGroups, grid_linears, shard_grid
 from .layer import MoELayer
 from .layout import Layout
@@ -22,36 +24,52 @@ from .tensor_parallel import shard_tensor_parallel
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int):
+    """Causal self-attention with ``n_kv_heads`` key/value heads shared by groups of the ``n_heads``
+    query heads (grouped-query attention, Ainslie et al. 2023; ``n_kv_heads == n_heads`` is
+    multi-head attention), Q, K and V from one fused projection."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
         super().__init__()
         self.head_dim = d_model // n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.kv_groups = n_heads // n_kv_heads  # query heads per key/value head
+        self.qkv = nn.Linear(d_model, d_model + 2 * n_kv_heads * self.head_dim)
         self.proj = nn.Linear(d_model, d_model)
+
+    def qkv_widths(self) -> list[int]:
+        """The fused projection's output blocks: Q, K, V features (what tensor parallelism splits each of)."""
+        kv = self.qkv.out_features // (self.kv_groups + 2)
+        return [self.kv_groups * kv, kv, kv]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        # nh: the heads this module computes (all of them, or a tensor-parallel rank's share)
-        q, k, v = self.qkv(x).chunk(3, dim=2)  # (B, T, nh * hs) each
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        qkv = self.qkv(x)  # all heads, or a tensor-parallel rank's share of the Q and of the K/V heads
+        kv = qkv.shape[-1] // (self.kv_groups + 2)
+        q, k, v = qkv.split([self.kv_groups * kv, kv, kv], dim=2)  # (B, T, heads * hs) each
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_groups > 1)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class DenseFFN(nn.Module):
-    def __init__(self, d_model: int, d_ff: int):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
-        self.w_in = nn.Linear(d_model, d_ff)
+        self.activation = activation
+        self.w_in = nn.Linear(d_model, in_width(activation) * d_ff)
         self.w_out = nn.Linear(d_ff, d_model)
 
+    def in_blocks(self) -> list[int]:
+        """``w_in``'s output blocks (SwiGLU: gate and up), each split alike by tensor parallelism."""
+        return [self.w_out.in_features] * in_width(self.activation)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.w_out(torch.relu(self.w_in(x))), x.new_zeros(())
+        return self.w_out(ffn_activation(self.w_in(x), self.activation)), x.new_zeros(())
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, ffn: nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.attn = CausalSelfAttention(d_model, n_heads, n_kv_heads)
         self.ffn = ffn
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,13 +100,14 @@ class MoETransformer(nn.Module):
                     group_size=moe.group_size,
                     second_expert_policy=moe.second_expert_policy,
                     dropless=moe.dropless,
+                    activation=m.ffn_activation,
                     aux_loss_scale=moe.aux_loss_scale,
                     layer_id=i,
                     seed=cfg.train.seed,
                 )
             else:
-                ffn = DenseFFN(m.d_model, m.d_ff)
-            blocks.append(Block(m.d_model, m.n_heads, ffn))
+                ffn = DenseFFN(m.d_model, m.d_ff, m.ffn_activation)
+            blocks.append(Block(m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, ffn))
         self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(m.d_model)
         self.head = nn.Linear(m.d_model, m.vocab_size, bias=False)

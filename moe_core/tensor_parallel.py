@@ -94,15 +94,18 @@ class RowParallelLinear(_ShardedLinear):
         return y + self.bias if self.bias is not None else y
 
 
-def _rows(t: torch.Tensor, index: int, parts: int, blocks: int = 1) -> torch.Tensor:
-    """Part ``index`` of ``parts`` of every one of ``blocks`` equal row blocks of ``t`` (dim 0)."""
-    rows = t.shape[0] // (blocks * parts)
-    return t.detach().view(blocks, parts, rows, *t.shape[1:])[:, index].reshape(blocks * rows, *t.shape[1:]).clone()
+def _rows(t: torch.Tensor, index: int, parts: int, blocks: list[int] | None = None) -> torch.Tensor:
+    """Part ``index`` of ``parts`` of every row block of ``t`` (dim 0), the blocks ``blocks`` rows
+    each (one block of all rows by default)."""
+    pieces = torch.split(t.detach(), blocks or [t.shape[0]], dim=0)
+    return torch.cat([piece.chunk(parts, dim=0)[index] for piece in pieces], dim=0).clone()
 
 
-def column_parallel(linear: nn.Linear, index: int, parts: int, group, blocks: int = 1) -> ColumnParallelLinear:
-    """``linear`` split by output features; ``blocks`` > 1 splits each of that many stacked outputs
-    (QKV: rank i keeps its heads of Q, of K and of V)."""
+def column_parallel(
+    linear: nn.Linear, index: int, parts: int, group, blocks: list[int] | None = None
+) -> ColumnParallelLinear:
+    """``linear`` split by output features; ``blocks`` (their sizes) splits each of several stacked
+    outputs (QKV: rank i keeps its heads of Q, of K and of V; SwiGLU: its units of gate and of up)."""
     bias = _rows(linear.bias, index, parts, blocks) if linear.bias is not None else None
     return ColumnParallelLinear(_rows(linear.weight, index, parts, blocks), bias, group)
 
@@ -116,8 +119,7 @@ def row_parallel(linear: nn.Linear, index: int, parts: int, group) -> RowParalle
 
 def shard_experts_hidden(layer: MoELayer, index: int, parts: int) -> None:
     """Keep part ``index`` of ``parts`` of every expert's hidden units (w_in columns, w_out rows)."""
-    hidden = layer.experts.w_in.shape[-1]
-    count = hidden // parts
+    count = layer.experts.w_out.shape[1] // parts  # w_out: (E, H, M)
     layer.experts.keep_hidden(index * count, count)
 
 
@@ -133,10 +135,10 @@ def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group) -> No
         return
     for block in model.blocks:
         attn = block.attn
-        attn.qkv = column_parallel(attn.qkv, index, parts, group, blocks=3)
+        attn.qkv = column_parallel(attn.qkv, index, parts, group, blocks=attn.qkv_widths())
         attn.proj = row_parallel(attn.proj, index, parts, group)
         if isinstance(block.ffn, MoELayer):
             shard_experts_hidden(block.ffn, index, parts)
         else:
-            block.ffn.w_in = column_parallel(block.ffn.w_in, index, parts, group)
+            block.ffn.w_in = column_parallel(block.ffn.w_in, index, parts, group, blocks=block.ffn.in_blocks())
             block.ffn.w_out = row_parallel(block.ffn.w_out, index, parts, group)

@@ -84,17 +84,23 @@ def _expected_grads(cfg, ref_grads, ep_rank, tp_rank, uniform_gate):
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
+# Llama's and Mixtral's blocks: 4 query heads sharing 2 key/value heads (one per "tp" rank), SwiGLU
+# dense FFN and experts (each rank keeps its units of the gate and of the up projection)
+LLAMA_BLOCKS = ["model.n_heads=4", "model.n_kv_heads=2", "model.ffn_activation=swiglu"]
+
+
 @pytest.mark.parametrize(
-    "world,experts,per_rank,uniform_gate",
+    "world,experts,per_rank,uniform_gate,blocks",
     [
-        (4, 4, 2, False),  # tp 2 x ep 2
-        (8, 4, 2, False),  # tp 2 x ep 2 x dp 2
-        (8, 4, 1, True),  # tp 2 x ep 4; every token goes to experts 0 and 1: two ranks get none
+        (4, 4, 2, False, []),  # tp 2 x ep 2
+        (4, 4, 2, False, LLAMA_BLOCKS),
+        (8, 4, 2, False, []),  # tp 2 x ep 2 x dp 2
+        (8, 4, 1, True, []),  # tp 2 x ep 4; every token goes to experts 0 and 1: two ranks get none
     ],
 )
-def test_every_dispatch_equals_reference(tmp_path, world, experts, per_rank, uniform_gate):
+def test_every_dispatch_equals_reference(tmp_path, world, experts, per_rank, uniform_gate, blocks):
     tp = 2
-    overrides = _overrides(world, experts, per_rank, tp)
+    overrides = [*_overrides(world, experts, per_rank, tp), *blocks]
     mp.spawn(_worker, args=(world, str(tmp_path / "init"), overrides, uniform_gate, str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     cfg = load_config(overrides=overrides)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
+from ..activation import in_width
 from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from ..config import micro_batch_config
 from ..grid import GRID_COLLECTIVES
@@ -67,6 +68,9 @@ ELEMENTWISE = {
     "layer_norm": {"fwd": (1, 2), "bwd": (2, 4)},
     "residual": {"fwd": (1, 3), "bwd": (1, 3)},
     "relu": {"fwd": (1, 2), "bwd": (1, 3)},
+    # per hidden unit: silu(gate) (2 passes), * up (3); backward two muls, silu_backward and the cat of
+    # the gate and up gradients into the input projection's (4 passes); counted by dispatch tracing
+    "swiglu": {"fwd": (2, 5), "bwd": (4, 13)},
     "bias": {"fwd": (0, 0), "bwd": (1, 1)},
     "embedding": {"fwd": (3, 5), "bwd": (3, 4)},
     "cross_entropy": {"fwd": (3, 5), "bwd": (3, 5)},
@@ -364,16 +368,24 @@ class StepModel:
         )
 
     def _attention_seconds(self, pass_: str) -> float:
-        """QKV projection, attention core, output projection; heads split over "tp"."""
-        T, M, tp = self._tokens(), self.cfg.model.d_model, self.layout.tensor_parallel
-        linears = self._linear(pass_, T, 3 * M / tp, M) + self._linear(pass_, T, M, M / tp)
+        """QKV projection (K and V of the n_kv_heads heads), attention core, output projection; heads
+        split over "tp"."""
+        T, m, tp = self._tokens(), self.cfg.model, self.layout.tensor_parallel
+        kv = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
+        linears = self._linear(pass_, T, (m.d_model + 2 * kv) / tp, m.d_model) + self._linear(
+            pass_, T, m.d_model, m.d_model / tp
+        )
         return self._priced(linears, "dense") + self.attention_core_seconds(pass_, tp)
 
     def _ffn_seconds(self, pass_: str) -> float:
-        """The dense FFN, hidden units split over "tp": W_in, ReLU, W_out."""
+        """The dense FFN, hidden units split over "tp": W_in (SwiGLU: gate and up), activation, W_out."""
         T, M, tp = self._tokens(), self.cfg.model.d_model, self.layout.tensor_parallel
-        H = self.cfg.model.d_ff / tp
-        seconds = self._linear(pass_, T, H, M) + self._elementwise("relu", pass_, T * H) + self._linear(pass_, T, M, H)
+        H, activation = self.cfg.model.d_ff / tp, self.cfg.model.ffn_activation
+        seconds = (
+            self._linear(pass_, T, in_width(activation) * H, M)
+            + self._elementwise(activation, pass_, T * H)
+            + self._linear(pass_, T, M, H)
+        )
         return self._priced(seconds, "dense")
 
     def _expert_seconds(self, rows: float, pass_: str) -> float:
@@ -386,11 +398,11 @@ class StepModel:
 
     def expert_ffn_seconds(self, pass_: str, rows_each: float, count: int, hidden: float) -> float:
         """``count`` experts of ``hidden`` units on ``rows_each`` rows each, as one (batched) GEMM
-        pair with the ReLU between: W_in, ReLU, W_out."""
-        M = self.cfg.model.d_model
+        pair with the activation between: W_in (SwiGLU: gate and up), activation, W_out."""
+        M, activation = self.cfg.model.d_model, self.cfg.model.ffn_activation
         seconds = (
-            self._gemm(pass_, rows_each, hidden, M, count)
-            + self._elementwise("relu", pass_, count * rows_each * hidden)
+            self._gemm(pass_, rows_each, in_width(activation) * hidden, M, count)
+            + self._elementwise(activation, pass_, count * rows_each * hidden)
             + self._gemm(pass_, rows_each, M, hidden, count)
         )
         return self._priced(seconds, "expert")

@@ -106,6 +106,8 @@ class AxonnConfig:
             "moe.top_k=1",
             "model.d_model=256",
             "model.n_heads=8",
+            "model.n_kv_heads=0",  # a GPT's blocks (multi-head attention, one-GEMM FFN), as the grid splits them
+            "model.ffn_activation=relu",
             "model.d_ff=1024",
             "model.n_layers=4",
             "model.seq_len=64",
