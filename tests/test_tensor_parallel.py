@@ -92,8 +92,7 @@ LLAMA_BLOCKS = ["model.n_heads=4", "model.n_kv_heads=2", "model.ffn_activation=s
 @pytest.mark.parametrize(
     "world,experts,per_rank,uniform_gate,blocks",
     [
-        (4, 4, 2, False, []),  # tp 2 x ep 2
-        (4, 4, 2, False, LLAMA_BLOCKS),
+        (4, 4, 2, False, LLAMA_BLOCKS),  # tp 2 x ep 2
         (8, 4, 2, False, []),  # tp 2 x ep 2 x dp 2
         (8, 4, 1, True, []),  # tp 2 x ep 4; every token goes to experts 0 and 1: two ranks get none
     ],
