@@ -4,13 +4,14 @@
 
 analysis/external_steps.yaml lists published end-to-end training throughputs on real GPU clusters with their
 settings. Each entry is either priced or carries ``excluded: "<why>"`` (a mechanism the simulator lacks). A
-priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads, d_ff, vocab, sequence;
+priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads and key/value heads, d_ff
+and FFN activation, vocab, sequence;
 bfloat16; tensor, pipeline (1F1B, interleaved when the source says so) and data parallelism as the source
 states them; the per-rank batch global_batch / dp in micro-batches of the source's size; the source's
 activation recomputation; FSDP as full data sharding, Megatron's distributed optimizer as optimizer sharding)
 and simulated by ``moe_core.sim.pipeline.simulate_step`` on the entry's hardware profile as it is (spec-sheet
 values; nothing is fitted to these rows, they are held out). A GELU FFN is priced as the suite's ReLU FFN:
-the same two GEMMs and one elementwise kernel per pass.
+the same two GEMMs and one elementwise kernel per pass; SwiGLU as SwiGLU.
 
 The error is on step time: ``step_error = predicted step / published step - 1``, the published step derived
 from the published metric with the source's own definition (``tokens_per_s_per_gpu``: global_batch x seq_len /
@@ -43,7 +44,10 @@ MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
 METRICS = ("step_s", "tokens_per_s_per_gpu")  # the metrics a priced entry may carry
 DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute model's peak is the bf16 one
 RECOMPUTE = ("none", "selective", "full")  # a priced entry states its activation recomputation
-FSDP = (True, "FULL_SHARD")  # how sources say their parameters are fully sharded (FSDP, ZeRO-3)
+FSDP = (True, "FULL_SHARD", "FSDP2")  # how sources say their parameters are fully sharded (FSDP, ZeRO-3)
+# The suite's FFN for a source's: SwiGLU as it is; GELU as ReLU, the same two GEMMs and one elementwise
+# kernel per pass (GELU's few more FLOPs per element are memory-bound either way)
+FFN_ACTIVATION = {"swiglu": "swiglu", "gelu": "relu"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,6 +85,10 @@ def _check_priced(entry: dict, where: str) -> None:
         raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(DTYPE)}")
     if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
         raise ValueError(f"{where}: unknown profile {entry['profile']!r}; add configs/hardware/<profile>.yaml")
+    if entry["model"].get("ffn_type") not in FFN_ACTIVATION:
+        raise ValueError(
+            f"{where}: model.ffn_type must be one of {list(FFN_ACTIVATION)}, got {entry['model'].get('ffn_type')!r}"
+        )
     if entry.get("recompute") not in RECOMPUTE:
         raise ValueError(f"{where}: recompute must be one of {list(RECOMPUTE)}, got {entry.get('recompute')!r}")
     gpus, tp, pp = entry_gpus(entry), _axis(entry, "tp"), _axis(entry, "pp")
@@ -153,6 +161,8 @@ def entry_overrides(entry: dict) -> list[str]:
         "moe.top_k=1",
         "model.moe_every=0",
         *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
+        f"model.n_kv_heads={m.get('n_kv_heads') or 0}",  # grouped-query attention where the source has it
+        f"model.ffn_activation={FFN_ACTIVATION[m['ffn_type']]}",
         f"train.batch_size={per_rank}",
         f"train.micro_batches={per_rank // micro}",
         f"train.recompute={entry['recompute']}",

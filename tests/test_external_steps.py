@@ -16,7 +16,15 @@ SMALL = {  # a small dense GPT on one H100 node, 2-byte precision
     "source": "this test",
     "kind": "dense",
     "hardware": {"gpu": "H100", "nodes": 1, "gpus_per_node": 1},
-    "model": {"n_layers": 2, "d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1024, "seq_len": 128},
+    "model": {
+        "n_layers": 2,
+        "d_model": 256,
+        "n_heads": 4,
+        "d_ff": 1024,
+        "ffn_type": "gelu",
+        "vocab_size": 1024,
+        "seq_len": 128,
+    },
     "parallel": {"tp": 1},
     "batch": {"micro_batch": 4, "global_batch": 4},
     "precision": "bf16",
@@ -64,6 +72,12 @@ def test_one_gpu_step_is_the_compute_models_sum():
     assert result["step_error"] == pytest.approx(result["predicted_step_s"] / es.published_step_s(SMALL) - 1)
 
 
+def test_llama_blocks_map_to_grouped_query_attention_and_swiglu():
+    cfg = es.entry_config(entry(**{"model.ffn_type": "swiglu", "model.n_kv_heads": 2}))
+    assert (cfg.model.ffn_activation, cfg.model.n_kv_heads) == ("swiglu", 2)
+    assert es.entry_config(SMALL).model.ffn_activation == "relu"  # GELU: the same two GEMMs
+
+
 def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
     """TP=2: one all-reduce of the layer's activations after attention and after the FFN, forward and backward."""
     e = entry(**{"hardware.gpus_per_node": 2, "parallel.tp": 2})
@@ -91,6 +105,7 @@ def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
         ({"batch.global_batch": 3, "hardware.gpus_per_node": 2}, "global_batch divisible by dp"),
         ({"excluded": ""}, "excluded must say why"),
         ({"kind": "sparse"}, "kind must be dense or moe"),
+        ({"model.ffn_type": "geglu"}, "model.ffn_type must be one of"),
     ],
 )
 def test_bad_entries_are_refused(tmp_path, changes, message):
