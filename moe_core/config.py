@@ -196,10 +196,16 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads, multi-head attention
+    head_dim: int = 0  # features per head (Qwen3: 128 on d_model 4096 with 64 heads); 0: d_model / n_heads
     d_ff: int = 512  # hidden width of the dense FFNs and of every expert
     ffn_activation: str = "relu"  # relu (GShard's FFN) | swiglu (Llama's, Mixtral's: silu(gate) * up, 3 GEMMs)
     seq_len: int = 64
     moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3; 0: a dense GPT
+
+
+def head_dim(model: DictConfig) -> int:
+    """Features per attention head: ``model.head_dim``, or d_model / n_heads when it is 0."""
+    return model.head_dim or model.d_model // model.n_heads
 
 
 @dataclass
@@ -722,7 +728,14 @@ def _validate_rates(hw: DictConfig) -> None:
 def _validate_model(cfg: DictConfig) -> None:
     m, moe = cfg.model, cfg.moe
     require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"))
-    require(m.d_model % m.n_heads == 0, "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
+    require(
+        m.head_dim >= 0, "model.head_dim", f"features per head, must be >= 0 (0: d_model / n_heads), got {m.head_dim}"
+    )
+    require(
+        m.head_dim > 0 or m.d_model % m.n_heads == 0,
+        "model.n_heads",
+        f"must divide model.d_model={m.d_model} (or set model.head_dim), got {m.n_heads}",
+    )
     require(
         m.n_kv_heads == 0 or (m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0),
         "model.n_kv_heads",
@@ -827,7 +840,7 @@ def _validate_grid(cfg: DictConfig) -> None:
     )
     if grid.is_trivial:
         return
-    for key, plain in (("n_kv_heads", 0), ("ffn_activation", "relu")):
+    for key, plain in (("n_kv_heads", 0), ("head_dim", 0), ("ffn_activation", "relu")):
         require(
             m[key] == plain,
             f"model.{key}",

@@ -14,6 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from .activation import in_width
 from .capacity import moe_blocks
+from .config import head_dim
 from .experts import ffn_activation
 from .grid_parallel import GridGroups, grid_linears, shard_grid
 from .layer import MoELayer
@@ -26,14 +27,15 @@ from .tensor_parallel import shard_tensor_parallel
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with ``n_kv_heads`` key/value heads shared by groups of the ``n_heads``
     query heads (grouped-query attention, Ainslie et al. 2023; ``n_kv_heads == n_heads`` is
-    multi-head attention), Q, K and V from one fused projection."""
+    multi-head attention), Q, K and V from one fused projection, ``head_dim`` features per head
+    (d_model / n_heads in GPT and Llama, larger in Qwen3)."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int):
         super().__init__()
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim
         self.kv_groups = n_heads // n_kv_heads  # query heads per key/value head
-        self.qkv = nn.Linear(d_model, d_model + 2 * n_kv_heads * self.head_dim)
-        self.proj = nn.Linear(d_model, d_model)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim)
+        self.proj = nn.Linear(n_heads * head_dim, d_model)
 
     def qkv_widths(self) -> list[int]:
         """The fused projection's output blocks: Q, K, V features (what tensor parallelism splits each of)."""
@@ -66,10 +68,10 @@ class DenseFFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, ffn: nn.Module):
+    def __init__(self, d_model: int, attn: CausalSelfAttention, ffn: nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, n_kv_heads)
+        self.attn = attn
         self.ffn = ffn
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +109,8 @@ class MoETransformer(nn.Module):
                 )
             else:
                 ffn = DenseFFN(m.d_model, m.d_ff, m.ffn_activation)
-            blocks.append(Block(m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, ffn))
+            attn = CausalSelfAttention(m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, head_dim(m))
+            blocks.append(Block(m.d_model, attn, ffn))
         self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(m.d_model)
         self.head = nn.Linear(m.d_model, m.vocab_size, bias=False)

@@ -18,14 +18,15 @@ from moe_core.sim.topology import build_topology
 from moe_core.tensor_parallel import shard_tensor_parallel
 
 
-def _attention_by_hand(x, qkv_weight, qkv_bias, proj, n_heads, n_kv_heads):
-    """Causal softmax attention, every query head h reading key/value head h // (n_heads / n_kv_heads)."""
-    B, T, M = x.shape
-    hd = M // n_heads
+def _attention_by_hand(x, qkv_weight, qkv_bias, proj, n_heads, n_kv_heads, hd):
+    """Causal softmax attention of heads of ``hd`` features, every query head h reading key/value
+    head h // (n_heads / n_kv_heads)."""
+    B, T, _ = x.shape
     qkv = x @ qkv_weight.T + qkv_bias
-    q = qkv[..., :M].view(B, T, n_heads, hd)
-    k = qkv[..., M : M + n_kv_heads * hd].view(B, T, n_kv_heads, hd)
-    v = qkv[..., M + n_kv_heads * hd :].view(B, T, n_kv_heads, hd)
+    q_width, kv_width = n_heads * hd, n_kv_heads * hd
+    q = qkv[..., :q_width].view(B, T, n_heads, hd)
+    k = qkv[..., q_width : q_width + kv_width].view(B, T, n_kv_heads, hd)
+    v = qkv[..., q_width + kv_width :].view(B, T, n_kv_heads, hd)
     group = n_heads // n_kv_heads
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     heads = []
@@ -35,13 +36,14 @@ def _attention_by_hand(x, qkv_weight, qkv_bias, proj, n_heads, n_kv_heads):
     return proj(torch.cat(heads, dim=-1))
 
 
-@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
-def test_grouped_query_attention_equals_the_formula(n_kv_heads):
+@pytest.mark.parametrize(("n_kv_heads", "hd"), [(1, 8), (2, 8), (4, 8), (2, 16)])
+def test_grouped_query_attention_equals_the_formula(n_kv_heads, hd):
+    """4 query heads on d_model 32: of d_model / n_heads = 8 features (GPT, Llama) or 16 (Qwen3's wider heads)."""
     torch.manual_seed(0)
-    attn = CausalSelfAttention(d_model=32, n_heads=4, n_kv_heads=n_kv_heads).double()
-    assert attn.qkv.out_features == 32 + 2 * n_kv_heads * 8
+    attn = CausalSelfAttention(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, head_dim=hd).double()
+    assert attn.qkv.out_features == (4 + 2 * n_kv_heads) * hd and attn.proj.in_features == 4 * hd
     x = torch.randn(2, 5, 32, dtype=torch.float64)
-    expected = _attention_by_hand(x, attn.qkv.weight, attn.qkv.bias, attn.proj, 4, n_kv_heads)
+    expected = _attention_by_hand(x, attn.qkv.weight, attn.qkv.bias, attn.proj, 4, n_kv_heads, hd)
     torch.testing.assert_close(attn(x), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -124,15 +126,16 @@ def test_the_simulated_step_prices_the_gemms_of_llama_blocks(monkeypatch):
     """The step simulator's compute ops with every GEMM priced at its FLOPs and nothing else priced:
     their sum is the step's FLOPs, forward 2 x tokens x (Q, K and V of the key/value heads, output,
     gate + up + down of SwiGLU, head) plus the attention core, backward twice the forward (the
-    formula of Narayanan et al. SC'21, with GQA's and SwiGLU's widths)."""
+    formula of Narayanan et al. SC'21, with GQA's, Qwen3's head and SwiGLU's widths)."""
     monkeypatch.setattr(ComputeModel, "gemm", lambda self, m, n, k, count=1: 2 * m * n * k * count)
     for free in ("memory_bound", "copy", "optimizer"):
         monkeypatch.setattr(ComputeModel, free, lambda self, *args, **kwargs: 0.0)
     monkeypatch.setattr(StepModel, "_priced", lambda self, seconds, phase: seconds)
     dims = ["model.d_model=512", "model.n_heads=8", "model.n_kv_heads=2", "model.d_ff=1024", "model.n_layers=2"]
     dims += ["model.ffn_activation=swiglu", "model.moe_every=0", "model.vocab_size=1000", "model.seq_len=128"]
+    dims += ["model.head_dim=128"]  # Qwen3's heads: 8 x 128 = 1024 query features on d_model 512
     cfg = load_config(overrides=[*dims, "hardware_profile=dgx-a100-80gb-hdr", "train.batch_size=4"], whole_run=False)
     ops, _ = StepModel(cfg, build_topology(cfg.hardware)).build()
-    tokens, M, kv, H, V, S = 4 * 128, 512, 2 * 64, 1024, 1000, 128
-    per_layer = 2 * tokens * (M * (M + 2 * kv) + M * M + 3 * M * H) + 2 * 2 * tokens * S * M
+    tokens, M, q, kv, H, V, S = 4 * 128, 512, 8 * 128, 2 * 128, 1024, 1000, 128
+    per_layer = 2 * tokens * (M * (q + 2 * kv) + q * M + 3 * M * H) + 2 * 2 * tokens * S * q
     assert sum(op.duration_s for op in ops) == pytest.approx(3 * (2 * per_layer + 2 * tokens * M * V), rel=1e-12)

@@ -84,9 +84,10 @@ def _expected_grads(cfg, ref_grads, ep_rank, tp_rank, uniform_gate):
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-# Llama's and Mixtral's blocks: 4 query heads sharing 2 key/value heads (one per "tp" rank), SwiGLU
-# dense FFN and experts (each rank keeps its units of the gate and of the up projection)
-LLAMA_BLOCKS = ["model.n_heads=4", "model.n_kv_heads=2", "model.ffn_activation=swiglu"]
+# Llama's, Mixtral's and Qwen3's blocks: 4 query heads sharing 2 key/value heads (one per "tp" rank),
+# each of 16 features on d_model 32 (Qwen3's wider heads), SwiGLU dense FFN and experts (each rank
+# keeps its units of the gate and of the up projection)
+LLAMA_BLOCKS = ["model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=16", "model.ffn_activation=swiglu"]
 
 
 @pytest.mark.parametrize(

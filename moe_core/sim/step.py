@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 
 from ..activation import in_width
 from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
-from ..config import micro_batch_config
+from ..config import head_dim, micro_batch_config
 from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, layout_of
 from ..model import gradient_tensors
@@ -354,9 +354,9 @@ class StepModel:
         scores Q K^T and context P V for each sequence and head, heads split over ``head_split``
         ranks."""
         m = self.cfg.model
-        count, head_dim = self.cfg.train.batch_size * m.n_heads / head_split, m.d_model // m.n_heads
-        scores = self._gemm(pass_, m.seq_len, m.seq_len, head_dim, count)
-        context = self._gemm(pass_, m.seq_len, head_dim, m.seq_len, count)
+        count, features = self.cfg.train.batch_size * m.n_heads / head_split, head_dim(m)
+        scores = self._gemm(pass_, m.seq_len, m.seq_len, features, count)
+        context = self._gemm(pass_, m.seq_len, features, m.seq_len, count)
         return self._priced(scores + context, "dense")
 
     def _norms_seconds(self, pass_: str) -> float:
@@ -371,10 +371,8 @@ class StepModel:
         """QKV projection (K and V of the n_kv_heads heads), attention core, output projection; heads
         split over "tp"."""
         T, m, tp = self._tokens(), self.cfg.model, self.layout.tensor_parallel
-        kv = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
-        linears = self._linear(pass_, T, (m.d_model + 2 * kv) / tp, m.d_model) + self._linear(
-            pass_, T, m.d_model, m.d_model / tp
-        )
+        q, kv = m.n_heads * head_dim(m), (m.n_kv_heads or m.n_heads) * head_dim(m)
+        linears = self._linear(pass_, T, (q + 2 * kv) / tp, m.d_model) + self._linear(pass_, T, m.d_model, q / tp)
         return self._priced(linears, "dense") + self.attention_core_seconds(pass_, tp)
 
     def _ffn_seconds(self, pass_: str) -> float:

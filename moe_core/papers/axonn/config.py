@@ -107,6 +107,7 @@ class AxonnConfig:
             "model.d_model=256",
             "model.n_heads=8",
             "model.n_kv_heads=0",  # a GPT's blocks (multi-head attention, one-GEMM FFN), as the grid splits them
+            "model.head_dim=0",
             "model.ffn_activation=relu",
             "model.d_ff=1024",
             "model.n_layers=4",
