@@ -252,6 +252,10 @@ class ParallelConfig:
     # run by the 1F1B schedule over train.micro_batches (moe_core.sim.pipeline): simulated only.
     pipeline_parallel: int = 1
     virtual_pipeline: int = 1  # interleaved 1F1B: model chunks per stage (Narayanan et al. SC'21); 1 = plain 1F1B
+    # How the pp x virtual_pipeline model chunks split the blocks: "blocks" evenly; "embedding_and_loss" counts
+    # the embedding and the loss as a block each (Megatron's --account-for-embedding/loss-in-pipeline-split),
+    # so the first and last chunks hold one block fewer (Qwen3-235B: 94 blocks + 2 over 32 chunks of 3)
+    pipeline_split: str = "blocks"
     # How data-parallel replicas hold the parameters (simulated only; moe_core.sim.step), over the
     # ranks holding replicas of the same weights (dense: the same tensor-parallel shard; experts:
     # their "dp" replicas): "none" replicates them (DDP: gradients all-reduced); "optimizer" shards
@@ -587,6 +591,7 @@ def _load_hardware(profile: str) -> DictConfig:
     return _load_yaml(path)
 
 
+PIPELINE_SPLITS = ("blocks", "embedding_and_loss")  # parallel.pipeline_split: see ParallelConfig
 COMPUTE_PHASES = ("dense", "gate", "expert")  # op classes of the step model with their own efficiency
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a collective timeout beyond a week is a typo (and overflows C++ timers)
 MAX_EMBEDDING_BYTES = 2**36  # 64 GiB: embedding + head beyond this is a typo, not a model we train
@@ -804,18 +809,24 @@ def _validate_pipeline(cfg: DictConfig) -> None:
         "parallel.pipeline_parallel",
         f"stages split the ranks evenly: must divide parallel.world_size={par.world_size}, got {pp}",
     )
-    chunks = pp * v
     require(
-        m.n_layers % chunks == 0,
+        par.pipeline_split in PIPELINE_SPLITS,
+        "parallel.pipeline_split",
+        f"invalid value {par.pipeline_split!r}, expected one of {list(PIPELINE_SPLITS)}",
+    )
+    chunks, counted = pp * v, m.n_layers + (2 if par.pipeline_split == "embedding_and_loss" else 0)
+    require(
+        counted % chunks == 0 and counted // chunks >= (2 if counted > m.n_layers else 1),
         "parallel.pipeline_parallel" if v == 1 else "parallel.virtual_pipeline",
         f"the {chunks} model chunks (pipeline_parallel={pp} x virtual_pipeline={v}) must split model.n_layers="
-        f"{m.n_layers} evenly",
+        f"{m.n_layers} evenly" + (" with the embedding and the loss counted as blocks" if counted > m.n_layers else ""),
     )
+    sizes = set(pipeline_chunk_blocks(cfg))
     require(
-        chunks == 1 or m.moe_every == 0 or (m.n_layers // chunks) % m.moe_every == 0,
+        chunks == 1 or m.moe_every == 0 or all(size % m.moe_every == 0 for size in sizes),
         "model.moe_every",
-        f"every model chunk of {m.n_layers // chunks} blocks must repeat the MoE pattern: moe_every must divide "
-        f"{m.n_layers // chunks}, got {m.moe_every}",
+        f"every model chunk (of {sorted(sizes)} blocks) must repeat the MoE pattern: moe_every must divide each, "
+        f"got {m.moe_every}",
     )
     if v > 1:
         require(
@@ -993,6 +1004,20 @@ def _validate_data_sharding(cfg: DictConfig) -> None:
         f"{' and '.join(features)}; use parallel.data_sharding=optimizer (or none) with it, or a policy "
         "that buckets its gradients (sequential, overlap)",
     )
+
+
+def pipeline_chunk_blocks(cfg: DictConfig) -> list[int]:
+    """Blocks of each of the pp x virtual_pipeline model chunks in model order (chunk j runs on stage
+    j mod pp): all alike, or under ``parallel.pipeline_split=embedding_and_loss`` the first (beside
+    the embedding) and the last (beside the loss) one block short."""
+    par = cfg.parallel
+    chunks = par.pipeline_parallel * par.virtual_pipeline
+    if par.pipeline_split == "blocks":
+        return [cfg.model.n_layers // chunks] * chunks
+    sizes = [(cfg.model.n_layers + 2) // chunks] * chunks
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    return sizes
 
 
 def micro_batch_config(cfg: DictConfig) -> DictConfig:

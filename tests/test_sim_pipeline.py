@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moe_core.config import ConfigError, load_config
+from moe_core.config import ConfigError, load_config, pipeline_chunk_blocks
 from moe_core.sim.pipeline import (
     PipelineModel,
     activation_bytes,
@@ -73,7 +73,7 @@ def test_stages_split_ranks_and_layers_and_hold_embedding_and_head():
     stages = pipeline_stages(cfg)
     assert [s.ranks.tolist() for s in stages] == [list(range(8 * s, 8 * s + 8)) for s in range(4)]
     assert [(s.embedding, s.head) for s in stages] == [(True, False), (False, False), (False, False), (False, True)]
-    stage = stage_config(cfg)
+    stage = stage_config(cfg, stages[0])
     assert (stage.parallel.world_size, stage.model.n_layers, stage.train.batch_size) == (8, 2, 2)
     assert (stage.parallel.pipeline_parallel, stage.train.micro_batches) == (1, 1)
     topo = build_topology(cfg.hardware)
@@ -93,7 +93,7 @@ def test_stage_times_are_their_step_models_and_the_bubble_is_pp_minus_1_over_m()
     pp, m = 4, 8
     cfg = pipelined(pp, m, 1, *FREE_LINKS)
     topo = build_topology(cfg.hardware)
-    stage, fwd_bwd, tails = stage_config(cfg), [], []
+    stage, fwd_bwd, tails = stage_config(cfg, pipeline_stages(cfg)[0]), [], []
     for parts in ((True, False), (False, False), (False, True)):
         sim = StepModel(stage, topo, *parts).run()
         fwd_bwd.append(float(sim.timeline.end_s[sim.backward_end]) * 1e3)
@@ -104,6 +104,23 @@ def test_stage_times_are_their_step_models_and_the_bubble_is_pp_minus_1_over_m()
     assert metrics["exposed_comm_ms"] < 1e-3 * metrics["step_ms"]  # all-to-alls and gradient sync as free
     assert metrics["bubble_ms"] / (m * max(fwd_bwd)) == pytest.approx((pp - 1) / m)
     assert metrics["step_ms"] == pytest.approx((m + pp - 1) * max(fwd_bwd) + max(tails), rel=1e-4)
+
+
+def test_megatrons_split_counts_the_embedding_and_the_loss_as_blocks():
+    """Qwen3-235B's layout in small: 6 blocks + embedding + loss over 2 stages x 2 chunks of 2: chunk 0
+    (stage 0) and chunk 3 (stage 1) hold one block each, so each stage holds 3; the stages are
+    simulated with their blocks, and the split is named when it cannot be even."""
+    cfg = pipelined(2, 4, 2, "model.n_layers=6", "model.moe_every=1", "parallel.pipeline_split=embedding_and_loss")
+    assert pipeline_chunk_blocks(cfg) == [1, 2, 2, 1]
+    stages = pipeline_stages(cfg)
+    assert [(s.blocks, s.embedding, s.head) for s in stages] == [(3, True, False), (3, False, True)]
+    assert stage_config(cfg, stages[1]).model.n_layers == 3
+    plain = pipelined(2, 4, 2, "model.n_layers=4", "model.moe_every=1")
+    assert [s.blocks for s in pipeline_stages(plain)] == [2, 2] and pipeline_chunk_blocks(plain) == [1, 1, 1, 1]
+    split = simulate_step(cfg, build_topology(cfg.hardware))["stage_fwd_bwd_ms"]
+    assert split > simulate_step(plain, build_topology(plain.hardware))["stage_fwd_bwd_ms"]  # 3 blocks a stage, not 2
+    with pytest.raises(ConfigError, match="with the embedding and the loss counted as blocks"):
+        pipelined(2, 4, 2, "model.n_layers=8", "parallel.pipeline_split=embedding_and_loss")
 
 
 def test_interleaving_divides_the_bubble_and_multiplies_the_transfers():

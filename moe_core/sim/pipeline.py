@@ -1,6 +1,7 @@
 """Pipeline parallelism as a composition of simulated stages: the 1F1B schedule (Narayanan et al., SC'21).
 
-``parallel.pipeline_parallel`` = pp stages of n_layers / pp blocks each; stage s runs on ranks
+``parallel.pipeline_parallel`` = pp stages of n_layers / pp blocks each (``parallel.pipeline_split``:
+or Megatron's split counting the embedding and the loss as blocks); stage s runs on ranks
 [s W/pp, (s+1) W/pp) (Megatron's default rank order puts pipeline parallelism outermost), the first
 stage holds the embedding, the last the final norm, LM head and loss. Inside a stage the ranks are
 laid out as a whole run's are (expert, tensor and data parallelism over its W/pp ranks).
@@ -39,7 +40,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..capacity import DTYPE_BYTES
-from ..config import ConfigError, derive_config
+from ..config import ConfigError, derive_config, pipeline_chunk_blocks
 from .collectives import PointToPoint, simulate_on
 from .engine import Op
 from .step import StepModel, StepSimulation
@@ -61,34 +62,39 @@ def pipeline_time_s(
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage: its global ranks and whether it holds the embedding and the head."""
+    """One pipeline stage: its global ranks, its blocks (of all its model chunks) and whether it holds
+    the embedding and the head."""
 
     index: int
     ranks: np.ndarray
+    blocks: int
     embedding: bool
     head: bool
 
 
 def pipeline_stages(cfg: DictConfig) -> list[Stage]:
-    """The pp stages of ``cfg``: stage s on ranks [s W/pp, (s+1) W/pp), the embedding on the first,
-    the head and loss on the last."""
+    """The pp stages of ``cfg``: stage s on ranks [s W/pp, (s+1) W/pp) with model chunks s, s + pp, ...
+    (moe_core.config.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
     pp = cfg.parallel.pipeline_parallel
-    per_stage = cfg.parallel.world_size // pp
-    return [Stage(s, np.arange(s * per_stage, (s + 1) * per_stage), s == 0, s == pp - 1) for s in range(pp)]
+    per_stage, chunk_blocks = cfg.parallel.world_size // pp, pipeline_chunk_blocks(cfg)
+    return [
+        Stage(s, np.arange(s * per_stage, (s + 1) * per_stage), sum(chunk_blocks[s::pp]), s == 0, s == pp - 1)
+        for s in range(pp)
+    ]
 
 
-def stage_config(cfg: DictConfig) -> DictConfig:
-    """The config of one stage's forward and backward of one micro-batch: its ranks, its n_layers / pp
-    blocks (all its model chunks), the micro-batch as its batch, no pipeline."""
+def stage_config(cfg: DictConfig, stage: Stage) -> DictConfig:
+    """The config of ``stage``'s forward and backward of one micro-batch: its ranks, its blocks, the
+    micro-batch as its batch, no pipeline."""
     par, tr = cfg.parallel, cfg.train
-    pp = par.pipeline_parallel
     return derive_config(
         cfg,
         [
-            f"parallel.world_size={par.world_size // pp}",
+            f"parallel.world_size={par.world_size // par.pipeline_parallel}",
             "parallel.pipeline_parallel=1",
             "parallel.virtual_pipeline=1",
-            f"model.n_layers={cfg.model.n_layers // pp}",
+            "parallel.pipeline_split=blocks",
+            f"model.n_layers={stage.blocks}",
             f"train.batch_size={tr.batch_size // tr.micro_batches}",
             "train.micro_batches=1",
         ],
@@ -138,17 +144,16 @@ class PipelineModel:
         self.cfg, self.topo = cfg, topo
         self.stages = pipeline_stages(cfg)
         _check_alike(self.stages, topo)
-        self.stage_cfg = stage_config(cfg)
 
     def stage_simulations(self) -> list[StepSimulation]:
         """Each stage's simulated forward and backward of one micro-batch, then its gradient sync and
         optimizer step; stages holding the same parts share one simulation."""
-        simulated: dict[tuple[bool, bool], StepSimulation] = {}
+        simulated: dict[tuple[int, bool, bool], StepSimulation] = {}
         for stage in self.stages:
-            parts = (stage.embedding, stage.head)
+            parts = (stage.blocks, stage.embedding, stage.head)
             if parts not in simulated:
-                simulated[parts] = StepModel(self.stage_cfg, self.topo, *parts).run()
-        return [simulated[stage.embedding, stage.head] for stage in self.stages]
+                simulated[parts] = StepModel(stage_config(self.cfg, stage), self.topo, *parts[1:]).run()
+        return [simulated[stage.blocks, stage.embedding, stage.head] for stage in self.stages]
 
     def p2p_seconds(self) -> float:
         """A micro-batch's transfers across the slowest stage boundary: activations forward plus
