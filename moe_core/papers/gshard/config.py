@@ -32,11 +32,15 @@ MiB = 2**20
 # study (moe_core.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud
 # page's pod bisection over the torus's bisection links) to 82 (656 Gb/s per link). GEMMs' share of
 # the bf16 peak: chosen 0.5; 0.17 if XLA ran GShard's float32 matmuls in three bf16 passes at that
-# efficiency, 0.87 the largest share measured here (the H200's GEMM curve).
+# efficiency, 0.87 the largest share measured here (the H200's GEMM curve). Tokens per core
+# (gshard.tokens_scaling): chosen 1, Table 3's batches as the paper states them (4 groups a core at
+# 128 experts, 1 at 512 and 2048); 0, one group a core at every size, GShard's N/D = O(1) scaling
+# assumption, which the paper states but does not say Table 3's 128-expert run followed.
 SCALING_UNSTATED = register_unstated(
     "gshard",
     Unstated("hardware.intra_node_GBps", chosen=70.0, low=50.0, high=82.0),
     Unstated("hardware.compute_efficiency", chosen=0.5, low=0.17, high=0.87),
+    Unstated("gshard.tokens_scaling", chosen=1.0, low=0.0, high=1.0),
 )
 
 
@@ -65,6 +69,9 @@ class GshardConfig:
     # 2 x 976 x 1024 x 4 B = 8 MB per core at 512 and 2048 experts and 32 MB at 128, the two sizes of
     # Fig 9: consistent with S about 1K.
     group_size: int = 976
+    # How many of their Table 3 groups the cores hold (moe_core/papers/gshard/models.py tokens_per_core):
+    # 1, Table 3's batches; 0, one group per core at every size (N/D constant). Unstated: see above.
+    tokens_scaling: float = 1.0
     # Unstated. Attention spans one sentence per side (source or target). 1T tokens over the 13B
     # examples of the 100->English data is 77 tokens per pair, 38 per side, if the 1T tokens are about
     # one pass over them; 32 is the power of two nearest that which divides a chip's tokens
@@ -100,6 +107,11 @@ def validate_gshard(cfg: DictConfig) -> None:
     require_at_least(g, "gshard", 1, ("cores_per_chip", "group_size", "seq_len"))
     require_choices([g.policy], POLICIES, "gshard.policy")
     require_positive(g, "gshard", ("capacity_factor", "device_memory_GB"))
+    require(
+        0 <= g.tokens_scaling <= 1,
+        "gshard.tokens_scaling",
+        f"must be between 0 (one group per core) and 1 (Table 3's batch), got {g.tokens_scaling}",
+    )
     for model_id in g.models:
         _validate_batch(g, MODELS[model_id])
     for i, layers in enumerate(g.memory_layers):
@@ -127,7 +139,7 @@ def _validate_batch(g: DictConfig, model) -> None:
         "gshard.group_size",
         f"exceeds the {share} tokens per core and side of model ({model.id}); use at most {share}, got {g.group_size}",
     )
-    chip = tokens_per_core(model, g.group_size) * g.cores_per_chip
+    chip = tokens_per_core(model, g.group_size, g.tokens_scaling) * g.cores_per_chip
     require(
         chip % g.seq_len == 0,
         "gshard.seq_len",
