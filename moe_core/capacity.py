@@ -28,10 +28,25 @@ def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_facto
     return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
 
 
+def expert_tensor_parallel(cfg) -> int:
+    """Over how many ranks each expert's hidden units are split: ``moe.expert_tensor_parallel``, or
+    when 0 ``parallel.tensor_parallel`` (DeepSpeed's layout, Megatron's default)."""
+    return cfg.moe.expert_tensor_parallel or cfg.parallel.tensor_parallel
+
+
+def moe_tokens(cfg) -> int:
+    """Tokens one rank routes per MoE layer: its batch's; with experts split over fewer ranks than
+    the dense blocks (expert_tensor_parallel < tensor_parallel), the rank's share of its
+    tensor-parallel group's tokens, as Megatron's sequence parallelism hands them to the MoE layer."""
+    tokens = cfg.train.batch_size * cfg.model.seq_len
+    return tokens * expert_tensor_parallel(cfg) // cfg.parallel.tensor_parallel
+
+
 def dispatch_rows_per_expert(cfg) -> int:
     """Rows per expert of one rank's capacity-mode dispatch buffer (E, G * C, M): G groups of
-    ``moe.group_size`` tokens (one group per rank when 0) times the capacity C of a group."""
-    m, moe = cfg.model, cfg.moe
-    tokens = cfg.train.batch_size * m.seq_len
+    ``moe.group_size`` tokens (one group per rank when 0) of its :func:`moe_tokens`, times the
+    capacity C of a group."""
+    moe = cfg.moe
+    tokens = moe_tokens(cfg)
     group = moe.group_size or tokens
     return (tokens // group) * capacity(group, moe.num_experts, moe.top_k, moe.capacity_factor, moe.min_capacity)

@@ -36,7 +36,7 @@ from . import (
     papers,  # the registry: every paper registers its config section, policies and orders
 )
 from .activation import FFN_ACTIVATIONS
-from .capacity import dispatch_rows_per_expert
+from .capacity import dispatch_rows_per_expert, expert_tensor_parallel
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
 from .points import sweep_points
@@ -224,6 +224,11 @@ class MoEConfig:
     # GShard's rule is for top_k 2 only: top_k 1 and >= 3 keep every choice whichever is set.
     second_expert_policy: Literal["random", "always"] = "random"
     dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
+    # Ranks each expert's hidden units are split over (simulated only): 0 = parallel.tensor_parallel
+    # (DeepSpeed's layout: the "tp" ranks route their shared tokens once); 1 = whole experts, each
+    # tensor-parallel rank routing its own 1/tp of the tokens over an expert-parallel group of its
+    # own (Megatron's --expert-tensor-parallel-size 1 with sequence parallelism; Mixtral's recipes)
+    expert_tensor_parallel: int = 0
     aux_loss_weight: float = 0.01  # GShard's k in L = l_nll + k * l_aux
     # "paper": l_aux = (1/E) sum_e (c_e/S) m_e (uniform routing gives 1/E^2);
     # "e2": E^2 times that, as lingvo/DeepSpeed/Tutel compute it (uniform routing gives ~1).
@@ -781,6 +786,13 @@ def _validate_model(cfg: DictConfig) -> None:
     require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
     _validate_pipeline(cfg)
     stage_ranks = cfg.parallel.world_size // cfg.parallel.pipeline_parallel  # a stage's layout (all of it at pp 1)
+    etp = moe.expert_tensor_parallel
+    require(
+        etp in (0, 1, cfg.parallel.tensor_parallel),
+        "moe.expert_tensor_parallel",
+        f"0 (as parallel.tensor_parallel), 1 (whole experts) or parallel.tensor_parallel="
+        f"{cfg.parallel.tensor_parallel}; got {etp}",
+    )
     error = layout_error(
         stage_ranks, moe.num_experts, moe.experts_per_rank, cfg.parallel.tensor_parallel, grid_config(cfg)
     )
@@ -908,6 +920,13 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
         return
     for key in ("n_heads", "n_kv_heads", "d_ff"):
         require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
+    if expert_tensor_parallel(cfg) == 1:  # whole experts: every rank routes tokens of its own, no duplicates
+        require(  # comm.tp_dispatch has nothing to drop: each rank's tokens are its own
+            not plan_features(cfg),
+            "moe.expert_tensor_parallel",
+            f"whole experts under tensor parallelism take a sequential or overlap policy, not '{comm.policy}'",
+        )
+        return
     require(
         not cfg.moe.dropless,
         "moe.dropless",
@@ -1070,6 +1089,12 @@ def validate_measured(cfg: DictConfig) -> None:
             f"is simulated only (moe_core.sim.pipeline): a measured run has no pipeline schedule; set it in "
             f"sim_sweep.overrides or a simulated config, not for the measured run (got {OmegaConf.select(cfg, key)})",
         )
+    require(
+        cfg.moe.expert_tensor_parallel in (0, cfg.parallel.tensor_parallel),
+        "moe.expert_tensor_parallel",
+        "whole experts under tensor parallelism are simulated only: the measured executor splits experts over "
+        '"tp"; use moe.expert_tensor_parallel=0 for measured runs',
+    )
     sharding = cfg.parallel.data_sharding
     require(
         sharding == "none",

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
 from .activation import in_width
-from .capacity import moe_blocks
+from .capacity import expert_tensor_parallel, moe_blocks
 from .config import head_dim
 from .experts import ffn_activation
 from .grid_parallel import GridGroups, grid_linears, shard_grid
@@ -163,7 +163,7 @@ def gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
     (moe_core.policies.build_plan), in both executors."""
     share = layout.experts_per_rank / cfg.moe.num_experts
     model = shape_only_model(cfg)
-    shard_tensor_parallel(model, 0, layout.tensor_parallel, group=None)
+    shard_tensor_parallel(model, 0, layout.tensor_parallel, group=None, experts=expert_tensor_parallel(cfg) > 1)
     no_groups = dict.fromkeys(("depth", "row", "col"))
     shard_grid(model, GridGroups(layout.grid, dict.fromkeys(no_groups, 0), no_groups))
     depth_sharded = {id(layer.weight) for layer in grid_linears(model)}

@@ -123,7 +123,7 @@ def shard_experts_hidden(layer: MoELayer, index: int, parts: int) -> None:
     layer.experts.keep_hidden(index * count, count)
 
 
-def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group) -> None:
+def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group, experts: bool = True) -> None:
     """Split ``model``'s blocks over a "tp" group of ``parts`` ranks; this rank is ``index``.
 
     Works on any device, the meta device included (moe_core.model.gradient_tensors reads a rank's
@@ -138,7 +138,8 @@ def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group) -> No
         attn.qkv = column_parallel(attn.qkv, index, parts, group, blocks=attn.qkv_widths())
         attn.proj = row_parallel(attn.proj, index, parts, group)
         if isinstance(block.ffn, MoELayer):
-            shard_experts_hidden(block.ffn, index, parts)
+            if experts:  # False: whole experts (moe.expert_tensor_parallel=1, simulated only)
+                shard_experts_hidden(block.ffn, index, parts)
         else:
             block.ffn.w_in = column_parallel(block.ffn.w_in, index, parts, group, blocks=block.ffn.in_blocks())
             block.ffn.w_out = row_parallel(block.ffn.w_out, index, parts, group)

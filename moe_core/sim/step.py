@@ -43,10 +43,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..activation import in_width
-from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
+from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_blocks, moe_tokens
 from ..config import head_dim, micro_batch_config
 from ..grid import GRID_COLLECTIVES
-from ..layout import Layout, layout_of
+from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops
 from ..policies import build_plan
@@ -288,8 +288,19 @@ class StepModel:
     def _use_layout(self, layout: Layout) -> None:
         self._ring_costs: dict = {}
         self.layout = layout
-        self.ep_groups = layout.groups("ep")  # rows: the ranks of one expert-parallel group
+        # the experts' own layout: the run's, or with whole experts under "tp" (expert_tensor_parallel
+        # 1) expert parallelism over the ranks alone, every rank routing tokens of its own
+        self.expert_tp = expert_tensor_parallel(self.cfg) if layout.tensor_parallel > 1 else 1
+        whole = self.expert_tp < layout.tensor_parallel
+        self.moe_layout = (
+            expert_layout(layout.world_size, layout.num_experts, layout.experts_per_rank) if whole else layout
+        )
+        self.ep_groups = self.moe_layout.groups("ep")  # rows: the ranks of one expert-parallel group
         self.tp_groups = layout.groups("tp")  # rows: the ranks of one tensor-parallel group
+
+    def _gradient_groups(self, group: str) -> np.ndarray:
+        """The rank groups a gradient of ``group`` is summed over: the experts' by their own layout."""
+        return (self.moe_layout if group == "expert" else self.layout).gradient_groups(group)
 
     def _micro_op_costs(self) -> Callable[[Layout], tuple[float, float]]:
         """This model's (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on a
@@ -300,7 +311,7 @@ class StepModel:
             self._use_layout(layout)
             rows, a2a_bytes = self._moe_sizes()
             count = len(self._a2a_chunks())
-            a2a = self._all_to_all(a2a_bytes)[0] if self.layout.expert_parallel > 1 else None
+            a2a = self._all_to_all(a2a_bytes)[0] if self.moe_layout.expert_parallel > 1 else None
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return self._expert_seconds(rows / count, "fwd"), a2a_s / count
 
@@ -309,12 +320,12 @@ class StepModel:
     # -- sizes -----------------------------------------------------------------------------------
     def _moe_sizes(self) -> tuple[int, float]:
         """(expert rows computed per rank, all-to-all bytes each rank sends per all-to-all)."""
-        m, moe, tr = self.cfg.model, self.cfg.moe, self.cfg.train
+        m, moe = self.cfg.model, self.cfg.moe
         if moe.dropless:  # balanced routing: every rank receives top_k * tokens rows
-            rows = moe.top_k * tr.batch_size * m.seq_len
+            rows = moe.top_k * moe_tokens(self.cfg)
             return rows, rows * m.d_model * self.elem
         per_expert = dispatch_rows_per_expert(self.cfg)  # G * C
-        rows = self.layout.experts_per_rank * self.layout.expert_parallel * per_expert
+        rows = self.moe_layout.experts_per_rank * self.moe_layout.expert_parallel * per_expert
         return rows, moe.num_experts * per_expert * m.d_model * self.elem
 
     def _a2a_chunks(self) -> list[tuple[int, int]]:
@@ -389,10 +400,8 @@ class StepModel:
     def _expert_seconds(self, rows: float, pass_: str) -> float:
         """The local experts on ``rows`` rows in all (rows / experts each): one batched GEMM pair
         (torch.bmm over the local experts), the ReLU between; hidden units split over "tp"."""
-        e_local = self.layout.experts_per_rank
-        return self.expert_ffn_seconds(
-            pass_, rows / e_local, e_local, self.cfg.model.d_ff / self.layout.tensor_parallel
-        )
+        e_local = self.moe_layout.experts_per_rank
+        return self.expert_ffn_seconds(pass_, rows / e_local, e_local, self.cfg.model.d_ff / self.expert_tp)
 
     def expert_ffn_seconds(self, pass_: str, rows_each: float, count: int, hidden: float) -> float:
         """``count`` experts of ``hidden`` units on ``rows_each`` rows each, as one (batched) GEMM
@@ -407,7 +416,7 @@ class StepModel:
 
     def _gate_seconds(self, pass_: str) -> float:
         """The gate: its GEMM (tokens x d_model x experts) and the routing's kernels and bytes."""
-        T, E = self._tokens(), self.cfg.moe.num_experts
+        T, E = moe_tokens(self.cfg), self.cfg.moe.num_experts
         kernels, per_token_expert, per_token = gate_routing(self.cfg.moe.top_k, pass_)
         routing = self.compute.memory_bound(T * (per_token_expert * E + per_token), kernels)
         return self._priced(self._gemm(pass_, T, E, self.cfg.model.d_model) + routing, "gate")
@@ -430,7 +439,7 @@ class StepModel:
         """The contiguous copies on one side of an MoE exchange: the sender's permute of its tokens
         into the expert-major buffer (or back), and under expert parallelism the receiver's
         re-layout of what arrived (moe_core.layer). Modelled together on the sender's side."""
-        copies = 2 if self.layout.expert_parallel > 1 else 1
+        copies = 2 if self.moe_layout.expert_parallel > 1 else 1
         return self._priced(copies * self.compute.copy(buffer_bytes), "copy")
 
     def _optimizer_seconds(self) -> float:
@@ -444,7 +453,7 @@ class StepModel:
 
     def _shards(self, group: str) -> int:
         """Over how many ranks a gradient group's parameters and optimizer state are sharded."""
-        return 1 if self.sharding == "none" else self.layout.gradient_groups(group).shape[1]
+        return 1 if self.sharding == "none" else self._gradient_groups(group).shape[1]
 
     # -- collectives -----------------------------------------------------------------------------
     def _merged(self, transfers: list[Transfer]) -> Transfer:
@@ -464,7 +473,7 @@ class StepModel:
         exchange's two phases (intra-node, then inter-node) when the plan asks for it and the
         groups span nodes, as the measured run does (moe_core.hierarchical_a2a)."""
         if self.plan.hierarchical_a2a and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
-            p = self.layout.expert_parallel
+            p = self.moe_layout.expert_parallel
             traffic = np.full((p, p), bytes_per_rank / p)
             phases = zip(*[self.topo.hierarchical_all_to_all(g, traffic) for g in self.ep_groups])
             footprints = [self._merged(list(phase)) for phase in phases]
@@ -513,10 +522,10 @@ class StepModel:
         # back into one (moe_core.comm.pipelined_exchange): the partition and the concatenation
         partition_s = self._priced(self.compute.copy(a2a_bytes), "partition")
         # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
-        tp_chunks = self.plan.tp_exchange_chunks if tp > 1 else None
+        tp_chunks = self.plan.tp_exchange_chunks if self.expert_tp > 1 else None
         a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
         # every micro-op carries its share of the bytes and pays the latency
-        a2a = self._all_to_all(a2a_bytes / a2a_share) if self.layout.expert_parallel > 1 else None
+        a2a = self._all_to_all(a2a_bytes / a2a_share) if self.moe_layout.expert_parallel > 1 else None
         gather = self._ring("all_gather", self.tp_groups, a2a_bytes / tp_chunks) if tp_chunks else None
         pipelined = self.plan.pipeline_experts
         ops: list[Op] = []
@@ -561,7 +570,8 @@ class StepModel:
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", last)
                 last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=op_seconds["expert"][pass_])
-                last = tp_all_reduce(f"L{i}.expert_allreduce.{pass_}", last, rows * M * self.elem)
+                if self.expert_tp > 1:  # the experts' partial sums over their split hidden units
+                    last = tp_all_reduce(f"L{i}.expert_allreduce.{pass_}", last, rows * M * self.elem)
                 for k in range(chunks):
                     last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
             else:
@@ -683,7 +693,7 @@ class StepModel:
         collective, phase = self._gradient_sync
         previous = None
         for k, unit in enumerate(self.plan.gradient_units):
-            cost = self._ring(collective, self.layout.gradient_groups(unit.group), unit.numel * self.elem)
+            cost = self._ring(collective, self._gradient_groups(unit.group), unit.numel * self.elem)
             if cost is None:
                 continue
             if self.plan.launch_when_ready and not (deferred and unit.group == "data"):
@@ -706,7 +716,7 @@ class StepModel:
         without ``overlap_param_gather``): each rank then holds every parameter for the next step."""
         previous = optimizer
         for k, unit in enumerate(self.plan.gradient_units):
-            cost = self._ring("all_gather", self.layout.gradient_groups(unit.group), unit.numel * self.elem)
+            cost = self._ring("all_gather", self._gradient_groups(unit.group), unit.numel * self.elem)
             if cost is not None:
                 ops.append(Op(f"param_gather{k}", "param_all_gather", [previous], **cost))
                 previous = len(ops) - 1
