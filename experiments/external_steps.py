@@ -9,13 +9,16 @@ and FFN activation, vocab, sequence;
 bfloat16; tensor, pipeline (1F1B, interleaved when the source says so) and data parallelism as the source
 states them; the per-rank batch global_batch / dp in micro-batches of the source's size; the source's
 activation recomputation; FSDP as full data sharding, Megatron's distributed optimizer as optimizer sharding)
-and simulated by ``moe_core.sim.pipeline.simulate_step`` on the entry's hardware profile as it is (spec-sheet
+and, for an MoE entry, Megatron's MoE: every layer's FFN top-k experts over ``ep`` ranks, whole (etp 1) or split
+as the dense blocks, dropless (routing priced as balanced) or at the stated capacity) and simulated by
+``moe_core.sim.pipeline.simulate_step`` on the entry's hardware profile as it is (spec-sheet
 values; nothing is fitted to these rows, they are held out). A GELU FFN is priced as the suite's ReLU FFN:
 the same two GEMMs and one elementwise kernel per pass; SwiGLU as SwiGLU.
 
 The error is on step time: ``step_error = predicted step / published step - 1``, the published step derived
 from the published metric with the source's own definition (``tokens_per_s_per_gpu``: global_batch x seq_len /
-(step x GPUs); ``step_s``: the step itself). The records also carry the metric predicted the same way.
+(step x GPUs); ``model_tflops_per_gpu``: the iteration's model FLOPs by the source's formula (``flops_formula``:
+Megatron-LM's, :func:`megatron_flops`) / (step x GPUs); ``step_s``: the step itself). The records also carry the metric predicted the same way.
 
 Records: ``results/raw/common/external_steps/<id>.json`` (mode simulated, backend sim) with metrics
 ``published``, ``predicted``, ``published_step_s``, ``predicted_step_s``, ``step_error`` and the simulated
@@ -41,7 +44,8 @@ STEPS_FILE = Path(__file__).resolve().parents[1] / "analysis" / "external_steps.
 REQUIRED_KEYS = ("id", "what", "source", "kind", "hardware", "model", "parallel", "batch", "precision", "metric")
 PRICED_KEYS = ("profile", "published")
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
-METRICS = ("step_s", "tokens_per_s_per_gpu")  # the metrics a priced entry may carry
+METRICS = ("step_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")  # the metrics a priced entry may carry
+FLOPS_FORMULAS = ("megatron-lm",)  # how a source counts the model FLOPs of model_tflops_per_gpu
 DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute model's peak is the bf16 one
 RECOMPUTE = ("none", "selective", "full")  # a priced entry states its activation recomputation
 FSDP = (True, "FULL_SHARD", "FSDP2")  # how sources say their parameters are fully sharded (FSDP, ZeRO-3)
@@ -81,6 +85,10 @@ def _check_priced(entry: dict, where: str) -> None:
         raise ValueError(f'{where}: missing {missing}; set them or add excluded: "<why>"')
     if entry["metric"] not in METRICS:
         raise ValueError(f"{where}: metric {entry['metric']!r} is not priced; use one of {list(METRICS)}")
+    if entry["metric"] == "model_tflops_per_gpu" and entry.get("flops_formula") not in FLOPS_FORMULAS:
+        raise ValueError(f"{where}: model_tflops_per_gpu needs flops_formula, one of {list(FLOPS_FORMULAS)}")
+    if entry["kind"] == "moe":
+        _check_moe(entry, where)
     if entry["precision"] not in DTYPE:
         raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(DTYPE)}")
     if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
@@ -99,6 +107,27 @@ def _check_priced(entry: dict, where: str) -> None:
         raise ValueError(f"{where}: micro_batch {micro} must divide the per-rank batch global_batch / dp = {per_rank}")
     if not (isinstance(entry["published"], (int, float)) and entry["published"] > 0):
         raise ValueError(f"{where}: published must be a positive number, got {entry['published']!r}")
+
+
+def _check_moe(entry: dict, where: str) -> None:
+    """What a priced MoE entry must state, in the forms the simulator has."""
+    m, par = entry["model"], entry["parallel"]
+    missing = [f"model.{key}" for key in ("num_experts", "top_k", "capacity_factor") if m.get(key) is None]
+    missing += [f"parallel.{key}" for key in ("ep",) if par.get(key) is None]
+    if missing:
+        raise ValueError(f'{where}: missing {missing}; set them or add excluded: "<why>"')
+    if (
+        m.get("moe_layer_pattern") != "every layer"
+        or m.get("shared_experts")
+        or m.get("expert_d_ff")
+        not in (
+            None,
+            m["d_ff"],
+        )
+    ):
+        raise ValueError(f"{where}: a priced MoE entry has an MoE FFN of d_ff in every layer and no shared expert")
+    if par.get("etp") not in (None, 1, _axis(entry, "tp")):
+        raise ValueError(f"{where}: parallel.etp must be 1 or parallel.tp, got {par.get('etp')!r}")
 
 
 def entry_gpus(entry: dict) -> int:
@@ -149,6 +178,7 @@ def entry_overrides(entry: dict) -> list[str]:
     ranks = gpus // pp  # of one pipeline stage: its experts' layout lives there
     per_rank, micro = _per_rank_batch(entry), _micro_batch(entry)
     return [
+        *(_moe_overrides(entry) if entry["kind"] == "moe" else _dense_overrides(ranks // tp)),
         f"hardware_profile={entry['profile']}",
         f"hardware.nodes={entry['hardware']['nodes']}",
         f"parallel.world_size={gpus}",
@@ -156,10 +186,6 @@ def entry_overrides(entry: dict) -> list[str]:
         f"parallel.pipeline_parallel={pp}",
         f"parallel.virtual_pipeline={_axis(entry, 'vpp')}",
         f"parallel.data_sharding={data_sharding(entry)}",
-        f"moe.num_experts={ranks // tp}",  # unused by a dense model (moe_every=0); one per rank keeps the layout valid
-        "moe.experts_per_rank=1",
-        "moe.top_k=1",
-        "model.moe_every=0",
         *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
         f"model.n_kv_heads={m.get('n_kv_heads') or 0}",  # grouped-query attention where the source has it
         f"model.ffn_activation={FFN_ACTIVATION[m['ffn_type']]}",
@@ -169,6 +195,45 @@ def entry_overrides(entry: dict) -> list[str]:
         f"train.dtype={DTYPE[entry['precision']]}",
         "comm.bucket_mb=25",  # PyTorch DDP's default bucket
     ]
+
+
+def _dense_overrides(experts: int) -> list[str]:
+    """A dense GPT; its (unused) experts one per rank of a stage's "tp" slice keep the layout valid."""
+    return [f"moe.num_experts={experts}", "moe.experts_per_rank=1", "moe.top_k=1", "model.moe_every=0"]
+
+
+def _moe_overrides(entry: dict) -> list[str]:
+    """Megatron's MoE: every layer's FFN an MoE of ``num_experts`` over ``ep`` ranks, top-k softmax
+    routing that keeps every choice, dropless (balanced routing) or at a capacity factor, the experts
+    whole (etp 1) or split as the dense blocks (etp = tp)."""
+    m, par = entry["model"], entry["parallel"]
+    capacity = m["capacity_factor"]
+    routing = ["moe.dropless=true"] if capacity == "dropless" else [f"moe.capacity_factor={capacity}"]
+    return [
+        f"moe.num_experts={m['num_experts']}",
+        f"moe.experts_per_rank={m['num_experts'] // par['ep']}",
+        f"moe.top_k={m['top_k']}",
+        "moe.second_expert_policy=always",
+        "moe.min_capacity=0",
+        *routing,
+        f"moe.expert_tensor_parallel={0 if par.get('etp') in (None, _axis(entry, 'tp')) else par['etp']}",
+        "model.moe_every=1",
+    ]
+
+
+def megatron_flops(entry: dict) -> float:
+    """Model FLOPs of one iteration as Megatron-LM counts them (megatron/training/training.py
+    num_floating_point_operations; Narayanan et al. SC'21 appendix): 12 B s L h^2 x ((1 + g/a + s/h) q/h
+    + ffn/h x top_k x (3/2 with SwiGLU) + V / (2 L h)), with a heads, g key/value heads, q = a x head
+    features; the attention core counted whole (no causal halving, as before Megatron's 2025 version)."""
+    m = entry["model"]
+    h, a, s, layers = m["d_model"], m["n_heads"], m["seq_len"], m["n_layers"]
+    g = m.get("n_kv_heads") or a
+    q_ratio = a * (m.get("head_dim") or h // a) / h
+    routed = m["top_k"] if entry["kind"] == "moe" else 1
+    gated = 3 / 2 if m["ffn_type"] == "swiglu" else 1
+    per_layer = (1 + g / a + s / h) * q_ratio + m["d_ff"] / h * routed * gated + m["vocab_size"] / (2 * layers * h)
+    return 12 * entry["batch"]["global_batch"] * s * layers * h * h * per_layer
 
 
 def entry_config(entry: dict) -> DictConfig:
@@ -182,6 +247,8 @@ def published_step_s(entry: dict) -> float:
     """The published step time, derived from the published metric the way the source defines it."""
     if entry["metric"] == "step_s":
         return float(entry["published"])
+    if entry["metric"] == "model_tflops_per_gpu":
+        return megatron_flops(entry) / (entry["published"] * 1e12 * entry_gpus(entry))
     tokens = entry["batch"]["global_batch"] * entry["model"]["seq_len"]
     return tokens / (entry["published"] * entry_gpus(entry))
 

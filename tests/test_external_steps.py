@@ -78,6 +78,32 @@ def test_llama_blocks_map_to_grouped_query_attention_and_swiglu():
     assert es.entry_config(SMALL).model.ffn_activation == "relu"  # GELU: the same two GEMMs
 
 
+def test_megatrons_flops_are_narayanan_et_al_s_formula_for_a_gpt():
+    """SC'21 appendix, without recomputation: 72 B s l h^2 (1 + s / 6h + V / 12 l h) for a GPT with d_ff = 4h."""
+    e = entry(metric="model_tflops_per_gpu", flops_formula="megatron-lm", **{"model.d_ff": 1024})
+    B, s, layers, h, V = 4, 128, 2, 256, 1024
+    assert es.megatron_flops(e) == pytest.approx(72 * B * s * layers * h**2 * (1 + s / (6 * h) + V / (12 * layers * h)))
+    # top-2 SwiGLU experts of d_ff: the MLP term x 2 x 3/2; 2 of 4 key/value heads: K and V halved
+    moe = entry(kind="moe", **{"model.ffn_type": "swiglu", "model.top_k": 2, "model.n_kv_heads": 2})
+    per_layer = (1 + 2 / 4 + s / h) + 4 * 2 * 1.5 + V / (2 * layers * h)
+    assert es.megatron_flops(moe) == pytest.approx(12 * B * s * layers * h**2 * per_layer)
+    assert es.published_step_s(e) == pytest.approx(es.megatron_flops(e) / (100000.0 * 1e12))
+
+
+def test_an_moe_entry_maps_to_megatrons_routing_and_layout():
+    moe = {"num_experts": 4, "top_k": 2, "capacity_factor": "dropless", "moe_layer_pattern": "every layer"}
+    e = entry(kind="moe", **{f"model.{k}": v for k, v in moe.items()})
+    e["hardware"]["gpus_per_node"], e["parallel"] = 8, {"tp": 2, "ep": 4, "etp": 1}
+    e["batch"]["global_batch"] = 16
+    cfg = es.entry_config(e)
+    assert (cfg.moe.num_experts, cfg.moe.experts_per_rank, cfg.moe.top_k, cfg.model.moe_every) == (4, 1, 2, 1)
+    assert cfg.moe.dropless and cfg.moe.second_expert_policy == "always" and cfg.moe.expert_tensor_parallel == 1
+    assert es.simulate_entry(e)["predicted_step_s"] > 0
+    e["model"]["shared_experts"] = 1
+    with pytest.raises(ValueError, match="no shared expert"):
+        es._checked(e, "entry")
+
+
 def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
     """TP=2: one all-reduce of the layer's activations after attention and after the FFN, forward and backward."""
     e = entry(**{"hardware.gpus_per_node": 2, "parallel.tp": 2})

@@ -65,7 +65,10 @@ def test_whole_experts_may_be_dropless_and_are_refused_for_measured_runs():
     assert model("moe.expert_tensor_parallel=1", "moe.dropless=true")._moe_sizes()[0] == 2 * 4 * 256 // 2
     with pytest.raises(ConfigError, match="moe.dropless"):
         model("moe.dropless=true")  # split experts dispatch capacity buffers
-    with pytest.raises(ConfigError, match="config key 'moe.expert_tensor_parallel': whole experts under tensor parallelism are simulated"):
+    with pytest.raises(
+        ConfigError,
+        match="config key 'moe.expert_tensor_parallel': whole experts under tensor parallelism are simulated",
+    ):
         load_config(overrides=[*MIXTRAL_LIKE, "moe.expert_tensor_parallel=1"])
     with pytest.raises(ConfigError, match="config key 'moe.expert_tensor_parallel'"):
         load_config(overrides=[*MIXTRAL_LIKE, "moe.expert_tensor_parallel=4"], whole_run=False)
