@@ -30,8 +30,12 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 #   reaches it, 240 GB/s per GPU into an NVSwitch-class node (no PCIe tree in the GPUs' way).
 # * Sequences per GPU, 8 of 512 tokens (4096 tokens per GPU and step): the paper gives no batch.
 #   Transformer-XL's own enwik8 script trains 22 segments of 512 per step on 4 GPUs (5.5 per GPU);
-#   range 4 to 16 (2048 to 8192 tokens), the memory of a 40 GB A100 holding 838M parameters with Adam
-#   and 16 sequences' activations at the top.
+#   range 4 to 64 (2048 to 32768 tokens). The top is what a 40 GB A100 holds: with one expert per GPU
+#   a GPU keeps 838M - 24 x 15 x 2.1M = 82M parameters (1.3 GB with Adam in float32), and a sequence's
+#   activations are about 0.5 GB in 16-bit (24 layers of 16 d_model- and 2 d_ff-wide tensors and the
+#   8 heads' 512 x 512 scores). Fig 15 asks for the top as well: a layer's all-to-all moves about
+#   1.25 MB per sequence (512 tokens, top-2 at capacity 1.25, 1 KB a bfloat16 token), so its 10-100 MB
+#   micro-ops cut it only from 8 to 80 sequences up (30 MB, the middle: 24).
 # * The software stack's cost per kernel, 38 us: this suite's eager PyTorch (the H200 record); Lina ran
 #   PyTorch 1.10 with DeepSpeed-MoE, also eager, whose per-op host overhead is about 10 us where the
 #   host keeps ahead of the GPU: 10 is the other end. The model is small (d_model 512), so its hundreds
@@ -43,7 +47,7 @@ INTRA_NODE_LINK = Unstated(
 TRAINING_UNSTATED = register_unstated(
     "lina",
     INTRA_NODE_LINK,
-    Unstated("train.batch_size", chosen=8, low=4, high=16),
+    Unstated("train.batch_size", chosen=8, low=4, high=64),
     Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0),
 )
 INFERENCE_UNSTATED = register_unstated(
