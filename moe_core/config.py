@@ -203,6 +203,11 @@ class ModelConfig:
     moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3; 0: a dense GPT
 
 
+def kv_heads(model: DictConfig) -> int:
+    """Key/value heads: ``model.n_kv_heads``, or n_heads (multi-head attention) when it is 0."""
+    return model.n_kv_heads or model.n_heads
+
+
 def head_dim(model: DictConfig) -> int:
     """Features per attention head: ``model.head_dim``, or d_model / n_heads when it is 0."""
     return model.head_dim or model.d_model // model.n_heads

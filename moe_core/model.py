@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from .activation import in_width
 from .capacity import expert_tensor_parallel, moe_blocks
-from .config import head_dim
+from .config import head_dim, kv_heads
 from .experts import ffn_activation
 from .grid_parallel import GridGroups, grid_linears, shard_grid
 from .layer import MoELayer
@@ -109,7 +109,7 @@ class MoETransformer(nn.Module):
                 )
             else:
                 ffn = DenseFFN(m.d_model, m.d_ff, m.ffn_activation)
-            attn = CausalSelfAttention(m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, head_dim(m))
+            attn = CausalSelfAttention(m.d_model, m.n_heads, kv_heads(m), head_dim(m))
             blocks.append(Block(m.d_model, attn, ffn))
         self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(m.d_model)

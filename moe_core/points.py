@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from .capacity import moe_blocks
 from .grid import GRID_AXES
 from .layout import layout_error, layout_of
-from .policies import TP_DISPATCHES, policy_spec
+from .policies import policy_spec, tp_exchange_chunks
 
 # cfg -> extra measured points (each with its "paper"), cfg -> {name: (paper, overrides)}
 MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
@@ -290,7 +290,7 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "tp_dispatch": cfg.comm.tp_dispatch,
         "tp_chunks": cfg.comm.tp_chunks,
         # the chunks the dispatch decided (None: duplicates sent), for the analysis
-        "tp_exchange_chunks": TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if layout.tensor_parallel > 1 else None,
+        "tp_exchange_chunks": tp_exchange_chunks(cfg),
         "a2a_algorithm": cfg.comm.a2a_algorithm,
         # the 3D grid (data x depth x row x col; all data without one) and its overlaps
         **{f"grid_{axis}": size for axis, size in zip(GRID_AXES, layout.grid.shape)},

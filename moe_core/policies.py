@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .capacity import expert_tensor_parallel
 from .grid import GridOverlaps
 from .layout import grid_config
 from .plan import CommPlan, GradientTensor, bucket_units
@@ -89,16 +90,22 @@ def register_tp_dispatch(name: str, decide: Callable[[object], int | None]) -> N
     TP_DISPATCHES[name] = decide
 
 
+def tp_exchange_chunks(cfg) -> int | None:
+    """What the MoE all-to-all does with the tokens the "tp" ranks share: ``comm.tp_dispatch``'s
+    decision (None: send the duplicates; n: drop them, then all-gather in n chunks) where experts are
+    split over "tp"; None, nothing shared, for whole experts or without tensor parallelism."""
+    return TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if expert_tensor_parallel(cfg) > 1 else None
+
+
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
     """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
     (moe_core.model.gradient_tensors): the one decision both executors follow (``element_bytes``: a
     gradient element's size as that executor reduces it)."""
     inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
-    tp_chunks = TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if cfg.parallel.tensor_parallel > 1 else None
     return replace(
         policy_spec(cfg.comm.policy).decide(inputs),
         tensors=tuple(tensors),
-        tp_exchange_chunks=tp_chunks,
+        tp_exchange_chunks=tp_exchange_chunks(cfg),
         hierarchical_a2a=cfg.comm.a2a_algorithm == "hierarchical",
         grid_overlaps=None if grid_config(cfg).is_trivial else GridOverlaps(**cfg.comm.grid_overlap),
     )

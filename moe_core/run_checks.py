@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .activation import in_width
 from .capacity import moe_blocks
-from .config import ERROR_KEY, config_digest, derive_config, head_dim, validate_measured, validate_point
+from .config import ERROR_KEY, config_digest, derive_config, head_dim, kv_heads, validate_measured, validate_point
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
 from .sections import ConfigError, require
 
@@ -170,7 +170,7 @@ def estimate_bytes(cfg: DictConfig) -> dict[str, int]:
     m, tp = cfg.model, max(cfg.parallel.tensor_parallel, cfg.parallel.grid.row * cfg.parallel.grid.col)
     moe_layers = len(moe_blocks(m.n_layers, m.moe_every))
     ffn = (in_width(m.ffn_activation) + 1) * m.d_model * m.d_ff
-    attention_params = m.d_model * (2 * m.n_heads + 2 * (m.n_kv_heads or m.n_heads)) * head_dim(m)  # Q, K, V, out
+    attention_params = m.d_model * (2 * m.n_heads + 2 * kv_heads(m)) * head_dim(m)  # Q, K, V, out
     blocks = m.n_layers * attention_params + (m.n_layers - moe_layers) * ffn
     experts = moe_layers * cfg.moe.experts_per_rank * ffn
     tokens = cfg.train.batch_size * m.seq_len

@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 
 from ..activation import in_width
 from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_blocks, moe_tokens
-from ..config import head_dim, micro_batch_config
+from ..config import head_dim, kv_heads, micro_batch_config
 from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
@@ -290,7 +290,7 @@ class StepModel:
         self.layout = layout
         # the experts' own layout: the run's, or with whole experts under "tp" (expert_tensor_parallel
         # 1) expert parallelism over the ranks alone, every rank routing tokens of its own
-        self.expert_tp = expert_tensor_parallel(self.cfg) if layout.tensor_parallel > 1 else 1
+        self.expert_tp = expert_tensor_parallel(self.cfg)
         whole = self.expert_tp < layout.tensor_parallel
         self.moe_layout = (
             expert_layout(layout.world_size, layout.num_experts, layout.experts_per_rank) if whole else layout
@@ -382,7 +382,7 @@ class StepModel:
         """QKV projection (K and V of the n_kv_heads heads), attention core, output projection; heads
         split over "tp"."""
         T, m, tp = self._tokens(), self.cfg.model, self.layout.tensor_parallel
-        q, kv = m.n_heads * head_dim(m), (m.n_kv_heads or m.n_heads) * head_dim(m)
+        q, kv = m.n_heads * head_dim(m), kv_heads(m) * head_dim(m)
         linears = self._linear(pass_, T, (q + 2 * kv) / tp, m.d_model) + self._linear(pass_, T, m.d_model, q / tp)
         return self._priced(linears, "dense") + self.attention_core_seconds(pass_, tp)
 
@@ -399,7 +399,8 @@ class StepModel:
 
     def _expert_seconds(self, rows: float, pass_: str) -> float:
         """The local experts on ``rows`` rows in all (rows / experts each): one batched GEMM pair
-        (torch.bmm over the local experts), the ReLU between; hidden units split over "tp"."""
+        (torch.bmm over the local experts), the activation between; hidden units split over the
+        experts' tensor-parallel ranks."""
         e_local = self.moe_layout.experts_per_rank
         return self.expert_ffn_seconds(pass_, rows / e_local, e_local, self.cfg.model.d_ff / self.expert_tp)
 
@@ -522,7 +523,7 @@ class StepModel:
         # back into one (moe_core.comm.pipelined_exchange): the partition and the concatenation
         partition_s = self._priced(self.compute.copy(a2a_bytes), "partition")
         # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
-        tp_chunks = self.plan.tp_exchange_chunks if self.expert_tp > 1 else None
+        tp_chunks = self.plan.tp_exchange_chunks
         a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
         # every micro-op carries its share of the bytes and pays the latency
         a2a = self._all_to_all(a2a_bytes / a2a_share) if self.moe_layout.expert_parallel > 1 else None
