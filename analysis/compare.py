@@ -177,12 +177,12 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
-        for testbed, value, setting, used, variants, chosen in found:
+        for testbed, value, setting, used, variants, chosen, requote in found:
             rows.append(
                 {
                     **published,
                     **testbed,
-                    **_judged(entry, testbed, value, variants, chosen, used),
+                    **_judged(entry, testbed, value, variants, chosen, used, requote),
                     "reproduced_setting": setting,
                     "points": points_text(used),
                 }
@@ -197,10 +197,12 @@ def _judged(
     variants: dict[str, float],
     chosen: pd.DataFrame,
     used: set[str],
+    requote: Callable[[pd.DataFrame], float],
 ) -> dict[str, Any]:
     """The verdict columns of one reproduction: value, the unstated parameters' range and what it
     explains (analysis.explain), the verdict and, for ``differs``, its computed reason (from the
-    step terms of the ``used`` points among the testbed's ``chosen``-setting records)."""
+    step terms of the ``used`` points among the testbed's ``chosen``-setting records, and what
+    ``requote``, the reproducer on changed records, gives when one term is scaled)."""
     published = entry["value"]
     low, high = min([value, *variants.values()]), max([value, *variants.values()])
     judged, reason = judge(entry, testbed, value / published)
@@ -232,6 +234,7 @@ def _judged(
             explain.swept_keys(variants),
             columns["needs"],
             explain.term_shares(chosen, used),
+            explain.term_factors(requote, chosen, used, published, value),
         )
     return columns
 
@@ -271,11 +274,17 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
     """(testbed, value, setting, points used, {unstated setting: value}, the testbed's chosen-value
-    records) for every testbed whose chosen-value records hold the data ``fn`` needs; the dict holds
-    the sensitivity runs that reproduce it too."""
+    records, the reproducer's value on changed chosen-value records) for every testbed whose
+    chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that
+    reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples):
         with _noting_used_points() as used:
             result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
+
+        def requote(changed: pd.DataFrame, testbed=testbed, samps=samps) -> float:
+            found = _run(fn, entry, testbed, changed, at_setting(samps))
+            return float("nan") if found is None else found[0]
+
         if result is None:
             continue
         variants = {}
@@ -283,7 +292,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants, at_setting(recs)
+        yield testbed, *result, used, variants, at_setting(recs), requote
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:

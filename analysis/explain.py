@@ -13,12 +13,24 @@ the chosen run's value and each sensitivity run's (``{setting: value}``, setting
   number most) at which the number would equal the published one, read off the piecewise-linear curve
   through its runs (extrapolated past the range's ends), and whether that value lies in its range.
 * **reason** (``differs`` rows): the ratio, the swept range and whether it reaches the published
-  number, what the most influential parameter would need, and the simulated step's terms at the chosen
-  setting (each term's share of the step, mean over the points the number comes from), so a reader
-  sees which term would have to move and whether anything plausible moves it.
+  number, what the most influential parameter would need, the simulated step's terms at the chosen
+  setting (each term's share of the step, mean over the points the number comes from), and each term's
+  **implied factor**: by how much that term alone would have to be scaled, in every point the number
+  comes from, for the reproducer to give the published number (term_factors). The term whose factor
+  is nearest 1 is the smallest departure that explains the published number; a term that must grow or
+  shrink several times over, while nothing plausible moves it, says the step physics of that term is
+  what the comparison doubts.
+
+The implied factors are first order: a term's time is scaled, the metrics that are parts of it scale
+with it, the sums that hold it move by the same milliseconds and the shares are recomputed
+(scale_term); what the term overlaps with stays as simulated. The reproducer itself is rerun on the
+scaled records, so the factor follows however it turns the terms into its number (a share, a speedup,
+a mean over models); a number that does not read the step terms gets none.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -34,6 +46,22 @@ STEP_TERMS = {
     "a2a_ms": "exposed all-to-all",
     "allreduce_exposed_ms": "exposed gradient all-reduce",
 }
+# What moves with a step term when its time is scaled (scale_term): metrics that are parts of it scale
+# with it, and the sums that hold it move by the same milliseconds; then the shares are recomputed.
+TERM_PARTS = {"a2a_ms": ("dispatch_a2a_ms", "combine_a2a_ms", "a2a_fwd_ms", "a2a_bwd_ms")}
+TERM_SUMS = {
+    "step_ms": tuple(STEP_TERMS),
+    "moe_layer_ms": ("gate_ms", "expert_ms", "a2a_ms"),
+    "exposed_comm_ms": ("a2a_ms", "allreduce_exposed_ms"),
+}
+SHARES = {  # share metric -> (numerator, denominator)
+    "a2a_share": ("a2a_ms", "step_ms"),
+    "a2a_share_of_moe": ("a2a_ms", "moe_layer_ms"),
+    "exposed_comm_share": ("exposed_comm_ms", "step_ms"),
+}
+MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}  # span -> its all-to-all part
+RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
+FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
 VERDICTS = ("consistent", "explainable", "differs", "not-comparable", "not-reproduced")
 
 
@@ -109,6 +137,120 @@ def term_shares(records: pd.DataFrame, points: set[str]) -> dict[str, float]:
     return {term: float((wide[term] / wide["step_ms"]).mean()) for term in STEP_TERMS}
 
 
+def scale_term(records: pd.DataFrame, points: set[str], term: str, factor: float) -> pd.DataFrame:
+    """``records`` with the step term ``term`` (a STEP_TERMS metric) of ``points`` scaled by
+    ``factor``, to first order (module docstring): its parts scale with it, the sums that hold it
+    (step, MoE layer, exposed communication) move by the same milliseconds, the MoE layer's forward and
+    backward spans by their all-to-all part's change (a2a) or in proportion to the layer (gate,
+    experts), the shares are recomputed and the per-step rates (RATES) scale inversely with the
+    step. Rows of other points, and other metrics, are unchanged."""
+    mine = records["point"].isin(points)
+    wide = records[mine].pivot_table(index="point", columns="metric", values="value", aggfunc="first")
+    if term not in wide:
+        return records
+    new = wide.copy()
+    delta = (factor - 1) * wide[term]
+    for metric in (term, *TERM_PARTS.get(term, ())):
+        if metric in new:
+            new[metric] = wide[metric] * factor
+    for total, parts in TERM_SUMS.items():
+        if term in parts and total in new:
+            new[total] = wide[total] + delta
+    for span, a2a_part in MOE_SPANS.items():
+        if span not in new:
+            continue
+        if term == "a2a_ms" and a2a_part in new:
+            new[span] = wide[span] + (factor - 1) * wide[a2a_part]
+        elif term in TERM_SUMS["moe_layer_ms"] and "moe_layer_ms" in new:
+            new[span] = wide[span] * new["moe_layer_ms"] / wide["moe_layer_ms"]
+    for share, (numerator, denominator) in SHARES.items():
+        if {share, numerator, denominator} <= set(new):
+            new[share] = new[numerator] / new[denominator]
+    for rate in RATES:
+        if {rate, "step_ms"} <= set(new):
+            new[rate] = wide[rate] * wide["step_ms"] / new["step_ms"]
+    scaled = new.stack().rename("scaled").reset_index()
+    rows = records[mine].reset_index().merge(scaled, on=["point", "metric"], how="left").set_index("index")
+    out = records.copy()
+    out.loc[rows.index, "value"] = rows["scaled"].fillna(rows["value"])
+    return out
+
+
+def implied_factor(quantity, published: float, value: float) -> float | None:
+    """The factor f at which ``quantity(f)`` (the reproduced number with one term scaled by f;
+    ``quantity(1) = value``) equals ``published``; None when the term does not move the number or no f
+    in FACTOR_LIMITS gives it.
+
+    A share or a speedup is a ratio of sums of terms, so along one term it is a Moebius function
+    (a + b f) / (1 + d f): three evaluations fix it and give f in closed form; a mean over points is
+    close to one, so the candidate is checked and refined by secant steps."""
+    xs, ys = [0.5, 1.0, 2.0], [quantity(0.5), value, quantity(2.0)]
+    if not np.isfinite(ys).all() or max(abs(y - value) for y in ys) <= 1e-9 * max(abs(value), 1e-12):
+        return None
+    system = np.array([[1.0, x, -x * y] for x, y in zip(xs, ys)])
+    try:
+        a, b, d = np.linalg.solve(system, np.array(ys))
+        f = (published - a) / (b - d * published)
+    except (np.linalg.LinAlgError, ZeroDivisionError, FloatingPointError):
+        f = float("nan")
+    for _ in range(6):
+        if not np.isfinite(f) or not FACTOR_LIMITS[0] / 10 <= f <= FACTOR_LIMITS[1] * 10:
+            f = _secant_start(xs, ys, published)
+            if f is None:
+                return None
+        y = quantity(f)
+        if not np.isfinite(y):
+            return None
+        if abs(y - published) <= 1e-3 * abs(published):
+            return f if FACTOR_LIMITS[0] <= f <= FACTOR_LIMITS[1] else None
+        xs, ys = [*xs, f], [*ys, y]
+        (x0, y0), (x1, y1) = sorted(zip(xs, ys), key=lambda p: abs(p[1] - published))[:2]
+        f = x1 + (published - y1) * (x1 - x0) / (y1 - y0) if y1 != y0 else float("nan")
+    return None
+
+
+def _secant_start(xs: list[float], ys: list[float], target: float) -> float | None:
+    """A positive factor from the two evaluations nearest ``target``, in log space; None if flat."""
+    (x0, y0), (x1, y1) = sorted(zip(xs, ys), key=lambda p: abs(p[1] - target))[:2]
+    if y1 == y0:
+        return None
+    log_f = np.log(x1) + (target - y1) * (np.log(x1) - np.log(x0)) / (y1 - y0)
+    return float(np.exp(log_f)) if np.isfinite(log_f) and abs(log_f) < 10 else None
+
+
+def term_factors(
+    requote: Callable[[pd.DataFrame], float], records: pd.DataFrame, points: set[str], published: float, value: float
+) -> dict[str, float | None]:
+    """Each step term's implied factor (implied_factor) for the number ``requote(records)`` gives from
+    the ``points`` of ``records``; terms the number does not read are left out."""
+    factors = {}
+    mine = records["point"].isin(points)
+    for term in STEP_TERMS:
+        if not (mine & records["metric"].eq(term)).any():
+            continue
+        cache: dict[float, float] = {}
+
+        def quantity(f: float, term: str = term, cache: dict[float, float] = cache) -> float:
+            if f not in cache:
+                cache[f] = requote(scale_term(records, points, term, f))
+            return cache[f]
+
+        if abs(quantity(2.0) - value) > 1e-9 * max(abs(value), 1e-12):
+            factors[term] = implied_factor(quantity, published, value)
+    return factors
+
+
+def factors_text(factors: dict[str, float | None]) -> str:
+    """The implied factors in words, the smallest departure first."""
+    reached = sorted(((t, f) for t, f in factors.items() if f is not None), key=lambda tf: abs(np.log(tf[1])))
+    parts = [f"{STEP_TERMS[t]} x{f:.2g}" for t, f in reached]
+    unreached = [STEP_TERMS[t] for t, f in factors.items() if f is None]
+    if unreached:
+        low, high = FACTOR_LIMITS
+        parts.append(f"{', '.join(unreached)}: no factor in {low:g}-{high:g}x")
+    return ", ".join(parts)
+
+
 def reason(
     value: float,
     published: float,
@@ -118,6 +260,7 @@ def reason(
     swept: list[str],
     needed: str | None,
     shares: dict[str, float],
+    factors: dict[str, float | None] | None = None,
 ) -> str:
     """The reason of a ``differs`` row, from its numbers (see the module docstring)."""
     parts = [f"ours {value:.3g} is {value / published:.2f}x the published {published:g}"]
@@ -131,6 +274,12 @@ def reason(
     if shares:
         terms = ", ".join(f"{STEP_TERMS[t]} {s:.0%}" for t, s in sorted(shares.items(), key=lambda kv: -kv[1]))
         parts.append(f"step at the chosen setting: {terms}")
+    if factors:
+        parts.append(f"the published number needs, one term alone: {factors_text(factors)}")
+    elif shares:
+        parts.append("the number does not move with the step terms")
+    else:
+        parts.append("the number is not built from a training step's terms")
     return "; ".join(parts)
 
 

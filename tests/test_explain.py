@@ -150,6 +150,86 @@ def test_reason_and_step_terms_come_from_the_points_records():
     assert "does not reach it" in text and "dense compute 40%, exposed all-to-all 25%" in text
 
 
+def _step_records(points: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """Long-format records of step points: the five terms, their sums and the all-to-all share."""
+    rows = []
+    for point, terms in points.items():
+        metrics = {
+            **terms,
+            "step_ms": sum(terms.values()),
+            "moe_layer_ms": terms["gate_ms"] + terms["expert_ms"] + terms["a2a_ms"],
+            "a2a_fwd_ms": terms["a2a_ms"] / 4,
+            "a2a_bwd_ms": 3 * terms["a2a_ms"] / 4,
+            "a2a_share": terms["a2a_ms"] / sum(terms.values()),
+            "steps_per_s": 1e3 / sum(terms.values()),
+            "unrelated_GBps": 7.0,
+        }
+        rows += [{"point": point, "metric": m, "value": v} for m, v in metrics.items()]
+    return pd.DataFrame(rows)
+
+
+TERMS = {"dense_ms": 40.0, "gate_ms": 10.0, "expert_ms": 20.0, "a2a_ms": 25.0, "allreduce_exposed_ms": 5.0}
+
+
+def _metric(records: pd.DataFrame, point: str, metric: str) -> float:
+    return float(records[(records["point"] == point) & (records["metric"] == metric)]["value"].iloc[0])
+
+
+def test_scaling_a_term_moves_its_parts_sums_and_shares_and_nothing_else():
+    records = _step_records({"a": TERMS, "b": TERMS})
+    scaled = explain.scale_term(records, {"a"}, "a2a_ms", 3.0)
+    assert _metric(scaled, "a", "a2a_ms") == 75.0
+    assert _metric(scaled, "a", "step_ms") == 150.0
+    assert _metric(scaled, "a", "moe_layer_ms") == 105.0
+    assert _metric(scaled, "a", "a2a_bwd_ms") == pytest.approx(56.25)
+    assert _metric(scaled, "a", "a2a_share") == pytest.approx(0.5)
+    assert _metric(scaled, "a", "steps_per_s") == pytest.approx(1e3 / 150)
+    assert _metric(scaled, "a", "dense_ms") == 40.0 and _metric(scaled, "a", "unrelated_GBps") == 7.0
+    assert scaled[scaled["point"] == "b"].equals(records[records["point"] == "b"])  # another point: untouched
+    assert list(scaled.columns) == list(records.columns) and len(scaled) == len(records)
+    # the sums stay sums of the terms after scaling another term
+    dense = explain.scale_term(records, {"a", "b"}, "dense_ms", 0.5)
+    assert _metric(dense, "b", "step_ms") == 80.0 and _metric(dense, "b", "moe_layer_ms") == 55.0
+
+
+def test_implied_factors_solve_a_share_and_a_speedup_exactly():
+    records = _step_records({"base": TERMS, "fast": {**TERMS, "a2a_ms": 5.0}})
+
+    def share(recs: pd.DataFrame) -> float:  # a reproducer of the all-to-all's share of the base step
+        return _metric(recs, "base", "a2a_share")
+
+    # 25 / (75 + 25 f) = 0.4 -> f = 2: the all-to-all alone would have to double
+    factors = explain.term_factors(share, records, {"base"}, 0.4, share(records))
+    assert factors["a2a_ms"] == pytest.approx(2.0, rel=1e-4)
+    # the dense compute: 25 / (60 + 40 f) = 0.4 -> f = 0.0625
+    assert factors["dense_ms"] == pytest.approx(0.0625, rel=1e-4)
+
+    def speedup(recs: pd.DataFrame) -> float:  # base step over fast step
+        return _metric(recs, "base", "step_ms") / _metric(recs, "fast", "step_ms")
+
+    value = speedup(records)  # 100 / 80 = 1.25
+    factors = explain.term_factors(speedup, records, {"base", "fast"}, 1.5, value)
+    # (75 + 25 f) / (75 + 5 f) = 1.5 -> f = 2.1428...
+    assert factors["a2a_ms"] == pytest.approx(37.5 / 17.5, rel=1e-4)
+    # a term both steps hold alike can only pull the speedup toward 1: no factor gives 1.5
+    assert factors["dense_ms"] is None
+    text = explain.factors_text(factors)
+    assert text.startswith("exposed all-to-all x2.1") and "dense compute" in text and "no factor in" in text
+
+
+def test_a_number_that_does_not_read_the_terms_gets_no_factor():
+    records = _step_records({"a": TERMS})
+
+    def bandwidth(recs: pd.DataFrame) -> float:
+        return _metric(recs, "a", "unrelated_GBps")
+
+    assert explain.term_factors(bandwidth, records, {"a"}, 9.0, 7.0) == {}
+    text = explain.reason(7.0, 9.0, 7.0, 7.0, False, [], None, explain.term_shares(records, {"a"}), {})
+    assert text.endswith("the number does not move with the step terms")
+    no_terms = explain.reason(7.0, 9.0, 7.0, 7.0, False, [], None, {}, {})
+    assert no_terms.endswith("not built from a training step's terms")
+
+
 def test_verdict_summary_counts_explainable_differs_apart():
     table = pd.DataFrame(
         {
