@@ -7,9 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-KiB = 2**10
-MiB = 2**20
-GiB = 2**30
+from moe_core.units import GiB, KiB, MiB
 
 
 def format_bytes(n_bytes: float) -> str:

@@ -31,14 +31,14 @@ recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forwar
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 
 from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import derive_config, load_config
+from moe_core.capacity import DTYPE_BYTES
+from moe_core.config import derive_config, hardware_profile
 from moe_core.grid import GRID_AXES, Grid
 from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import rank_grids
@@ -50,7 +50,6 @@ from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
-BF16_BYTES = 2
 # Caching a block's weights trades memory the ranking already spent on the grid; the measured
 # ablation covers it.
 SIMULATED_VARIANTS = tuple(v for v in OVERLAP_VARIANTS if v != "all+cache")
@@ -58,15 +57,9 @@ SIMULATED_VARIANTS = tuple(v for v in OVERLAP_VARIANTS if v != "all+cache")
 SENSITIVITY_MODELS, SENSITIVITY_VARIANTS = (WEAK_SCALING[-1],), ("none", "all")
 
 
-@functools.cache
-def profile(name: str) -> DictConfig:
-    """A hardware profile as it is (read once: every simulated point needs it)."""
-    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
-
-
 def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
     """The dense GPT ``model`` on ``gpus`` GPUs of ``axonn.hardware`` (``n_layers``: a pipeline stage's)."""
-    hw = profile(cfg.axonn.hardware)
+    hw = hardware_profile(cfg.axonn.hardware)
     return [
         f"hardware_profile={cfg.axonn.hardware}",
         f"hardware.nodes={max(1, math.ceil(gpus / hw.devices_per_node))}",
@@ -113,7 +106,7 @@ def ranking(cfg: DictConfig, model: GptModel):
         seq_len=model.seq_len,
         global_sequences=model.global_sequences,
         memory_GB=cfg.axonn.device_memory_GB,
-        element_bytes=BF16_BYTES,
+        element_bytes=DTYPE_BYTES["bfloat16"],
         bytes_per_param=cfg.axonn.bytes_per_param,
     )
 
@@ -154,7 +147,7 @@ def model_flops(model: GptModel) -> float:
 
 
 def throughput(cfg: DictConfig, model: GptModel, batch_s: float) -> dict[str, float]:
-    peak = profile(cfg.axonn.hardware).peak_tflops * 1e12
+    peak = hardware_profile(cfg.axonn.hardware).peak_tflops * 1e12
     achieved = model_flops(model) / batch_s
     return {"batch_s": batch_s, "pflops": achieved / 1e15, "peak_share": achieved / (peak * model.gpus)}
 
@@ -184,7 +177,7 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     stage_s, all_reduce_s = alone["step_ms"] / 1e3 - optimizer_s, (replicated["step_ms"] - alone["step_ms"]) / 1e3
     # the activations of a micro-batch between stages (and their gradients back), each tensor-parallel
     # rank sending its 1/tp over its own NIC (Megatron's scatter-gather)
-    boundary = layout["micro_batch_sequences"] * model.seq_len * model.d_model * BF16_BYTES / tp
+    boundary = layout["micro_batch_sequences"] * model.seq_len * model.d_model * DTYPE_BYTES["bfloat16"] / tp
     p2p_s = 2 * (boundary / (hw.nic_GBps * 1e9) + hw.inter_node_latency_us * 1e-6) if pp > 1 else 0.0
     batch_s = pipeline_time_s(stage_s, layout["microbatches"], pp, p2p_s) + all_reduce_s + optimizer_s
     metrics = {

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from experiments.dispatchers import PAPER, slug
 from experiments.simulate import sized_hardware
 from moe_core.benchmark import predicted_record, predictions_main
+from moe_core.capacity import DTYPE_BYTES
 from moe_core.config import load_config
 from moe_core.dispatch_study import (
     capacity_slots,
@@ -31,7 +32,6 @@ from moe_core.dispatch_study import (
 
 EXPERIMENT = "dispatchers_sim"
 PATHS = ("capacity", "hierarchical", "dropless", "allgather")
-BF16_BYTES = 2
 
 
 def sim_points(cfg: DictConfig) -> list[str]:
@@ -53,7 +53,7 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
             )
             capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
             for path in PATHS:
-                seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * BF16_BYTES, path)
+                seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * DTYPE_BYTES["bfloat16"], path)
                 params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
                 metrics = {"exchange_ms": seconds * 1e3, "imbalance": imbalance(counts)}

@@ -35,10 +35,10 @@ from moe_core.config import CONFIG_DIR, ConfigError, load_config
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.topology import Transfer, build_topology
+from moe_core.units import GB
 
 PAPER, EXPERIMENT = "common", "external_validation"
 HARDWARE_FILE = Path(__file__).resolve().parents[1] / "analysis" / "external_hardware.yaml"
-GB = 1e9
 
 # nccl-tests busbw / algbw for n ranks (doc/PERFORMANCE.md). experiments/collectives.py's bus_bandwidth_factor
 # covers only the collectives it measures (no all-gather, no reduce-scatter), so the factors are restated here.

@@ -24,13 +24,12 @@ config section's (moe_core/papers/gshard/config.py, with its reasoning). Records
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from omegaconf import DictConfig
 
 from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import derive_config, load_config
+from moe_core.config import derive_config, hardware_profile
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
@@ -60,14 +59,7 @@ from moe_core.sections import ConfigError
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
-
-GB = 1e9
-
-
-@functools.cache
-def profile(name: str) -> DictConfig:
-    """A hardware profile as it is (read once: every point needs one)."""
-    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
+from moe_core.units import GB
 
 
 def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:
@@ -75,7 +67,7 @@ def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:
     ConfigError for a profile that is not a torus of one device per chip."""
     by_cores = {}
     for i, name in enumerate(cfg.gshard.profiles):
-        hw = profile(name)
+        hw = hardware_profile(name)
         if hw.topology != "torus2d" or hw.devices_per_node != 1:
             raise ConfigError(
                 f"config key 'gshard.profiles[{i}]': '{name}' is not a TPU torus profile "
@@ -197,7 +189,7 @@ def collective_records(cfg: DictConfig) -> list[dict]:
     """Fig 9: each collective of each size per partition on each torus slice of the largest profile."""
     g = cfg.gshard
     by_cores = profiles_by_cores(cfg)
-    pod = profile(by_cores[max(by_cores)])
+    pod = hardware_profile(by_cores[max(by_cores)])
     return [
         collective_record(cfg, pod, partitions, kind, size)
         for partitions in g.collective_partitions

@@ -35,31 +35,28 @@ from moe_core.parallel import build_groups, parallelize_model
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan
 from moe_core.results import exit_if_unwritable, make_record, record_path, write_record
-from moe_core.timing import STEP_PHASES, PhaseTimer, gather_worst_rank
+from moe_core.step_metrics import STEP_PHASES, a2a_shares, step_terms
+from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 
 
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
     """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
     ms = {p: phases_ms.get(f"{p}.fwd", 0.0) + phases_ms.get(f"{p}.bwd", 0.0) for p in STEP_PHASES}
-    a2a = ms["dispatch_a2a"] + ms["combine_a2a"]
-    moe = ms["gate"] + a2a + ms["expert"]
-    step, exposed = phases_ms["step"], phases_ms["allreduce_exposed"]
     # a 3D grid's collectives (moe_core.grid_parallel regions grid_<kind>_<axis>.<pass>), by kind
     grid = {kind: 0.0 for kind in GRID_COLLECTIVES}
     for name, value in phases_ms.items():
         if name.startswith("grid_"):
             grid[next(k for k in GRID_COLLECTIVES if name.startswith(f"grid_{k}_"))] += value
     return {
-        "step_ms": step,
-        **{f"{p}_ms": v for p, v in ms.items()},
-        "a2a_ms": a2a,
-        "a2a_fwd_ms": phases_ms.get("dispatch_a2a.fwd", 0.0) + phases_ms.get("combine_a2a.fwd", 0.0),
-        "a2a_bwd_ms": phases_ms.get("dispatch_a2a.bwd", 0.0) + phases_ms.get("combine_a2a.bwd", 0.0),
-        "moe_layer_ms": moe,
-        "allreduce_exposed_ms": exposed,
-        # attention, embeddings, dense FFNs (with a grid's collectives), loss, optimizer
-        "dense_ms": step - moe - exposed,
+        **step_terms(
+            phases_ms["step"],
+            ms,
+            a2a_ms=ms["dispatch_a2a"] + ms["combine_a2a"],
+            a2a_fwd_ms=phases_ms.get("dispatch_a2a.fwd", 0.0) + phases_ms.get("combine_a2a.fwd", 0.0),
+            a2a_bwd_ms=phases_ms.get("dispatch_a2a.bwd", 0.0) + phases_ms.get("combine_a2a.bwd", 0.0),
+            allreduce_exposed_ms=phases_ms["allreduce_exposed"],
+        ),
         "grid_comm_ms": sum(grid.values()),
         **{f"grid_{kind}_ms": v for kind, v in grid.items()},
         "a2a_bytes": counters.get("dispatch_a2a.bytes", 0.0) + counters.get("combine_a2a.bytes", 0.0),
@@ -138,8 +135,9 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
             local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
     samples = gather_worst_rank(local)
     samples["loss"] = losses[cfg.train.warmup_iters :]
-    samples["a2a_share"] = [a / s for a, s in zip(samples["a2a_ms"], samples["step_ms"])]
-    samples["a2a_share_of_moe"] = [a / m if m else 0.0 for a, m in zip(samples["a2a_ms"], samples["moe_layer_ms"])]
+    # of the worst rank's times, iteration by iteration
+    shares = [a2a_shares(*t) for t in zip(samples["a2a_ms"], samples["moe_layer_ms"], samples["step_ms"])]
+    samples.update({name: [s[name] for s in shares] for name in ("a2a_share", "a2a_share_of_moe")})
     a2a_bytes = samples.pop("a2a_bytes")
     tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * layout.data_replicas
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]

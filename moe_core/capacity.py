@@ -17,15 +17,20 @@ def moe_blocks(n_layers: int, moe_every: int) -> list[int]:
     return [i for i in range(n_layers) if moe_every and i % moe_every == moe_every - 1]
 
 
-def capacity(tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int) -> int:
-    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)).
+def capacity(
+    tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int, multiple: int = 1
+) -> int:
+    """Expert capacity per group: C = max(min_capacity, ceil(capacity_factor * top_k * S / E)),
+    rounded up to a multiple of ``multiple`` (a tensor-parallel layout whose TP ranks keep C/tp
+    slots each, as DeepSpeed's drop_tokens asserts).
 
     GShard's paper sets C = 2N/(G E) = top_k * S / E (capacity_factor 1). lingvo's
     ``Top2GatingOnLogits`` uses int(S * cf / E) rounded up to a multiple of 4 (a TPU tiling
     choice); we round up to the next integer so that capacity_factor=1 never drops a token under
     perfectly balanced routing.
     """
-    return max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
+    slots = max(min_capacity, math.ceil(capacity_factor * top_k * tokens_per_group / num_experts))
+    return math.ceil(slots / multiple) * multiple
 
 
 def expert_tensor_parallel(cfg) -> int:

@@ -18,6 +18,7 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import math
 import re
@@ -485,6 +486,13 @@ def load_config(
     except ConfigError as err:
         raise _blame_set_key(err, user_layers) from None
     return cfg
+
+
+@functools.cache
+def hardware_profile(name: str) -> DictConfig:
+    """The hardware profile ``name`` (configs/hardware/<name>.yaml) as a checked, read-only section;
+    read once per process: simulated studies price hundreds of points on a few profiles."""
+    return load_config(overrides=[f"hardware_profile={name}"], whole_run=False).hardware
 
 
 def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:

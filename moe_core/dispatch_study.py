@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
+from .capacity import capacity
 from .sections import (
     SAFE_NAME,
     ConfigError,
@@ -119,10 +120,10 @@ def imbalance(counts: np.ndarray) -> float:
 
 
 def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: float, multiple: int = 1) -> int:
-    """Capacity per expert and rank, C = ceil(cf * tokens / E), rounded up to ``multiple`` (a
-    tensor-parallel rank keeps C/tp slots)."""
-    slots = math.ceil(capacity_factor * tokens_per_rank / num_experts)
-    return math.ceil(slots / multiple) * multiple
+    """Capacity per expert and rank, moe_core.capacity.capacity for the study's routing (each token
+    to one expert, token_counts; no minimum), rounded up to ``multiple`` (a tensor-parallel rank
+    keeps C/tp slots)."""
+    return capacity(tokens_per_rank, num_experts, 1, capacity_factor, min_capacity=0, multiple=multiple)
 
 
 def dropped_fraction(counts: np.ndarray, capacity: int) -> float:

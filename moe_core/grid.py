@@ -88,15 +88,6 @@ class Grid:
         return "x".join(f"{axis}{size}" for axis, size in zip(GRID_AXES, self.shape))
 
 
-def grid_of(world_size: int, depth: int, row: int, col: int) -> Grid:
-    """The grid with ``depth x row x col`` tensor ranks and the rest data parallel; ValueError if the
-    tensor ranks do not divide ``world_size``."""
-    tensor = depth * row * col
-    if min(depth, row, col) < 1 or world_size % tensor:
-        raise ValueError(f"depth x row x col = {depth} x {row} x {col} must divide world_size={world_size}")
-    return Grid(world_size // tensor, depth, row, col)
-
-
 @dataclass(frozen=True)
 class LinearSpec:
     """One linear layer of a block as the grid splits it."""

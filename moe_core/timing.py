@@ -26,10 +26,6 @@ import torch.distributed as dist
 
 from .noise import WINDOW
 
-# The timed phases of an MoE layer in a training step, each recorded as ``<phase>.fwd`` and
-# ``<phase>.bwd`` (measured) and as ops of these phases (simulated); both report ``<phase>_ms``.
-STEP_PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
-
 
 class PhaseTimer:
     """Accumulates time per named phase (``"expert.fwd"``, ``"dispatch_a2a.bwd"``...) for one step."""

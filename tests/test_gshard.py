@@ -14,9 +14,9 @@ from analysis.collect import collect
 from analysis.compare import CONSISTENT, compare
 from analysis.papers.gshard import scaling_exponent
 from analysis.published import load_registry
-from experiments.gshard import collective_records, profile, record_points, records, step_overrides
+from experiments.gshard import collective_records, record_points, records, step_overrides
 from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
-from moe_core.config import derive_config, load_config
+from moe_core.config import derive_config, hardware_profile, load_config
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import MODELS, core_years, parameter_counts, tokens_per_core, training_days
@@ -50,7 +50,7 @@ def _wide(written):
 
 @pytest.mark.parametrize("name,side", SLICES.items())
 def test_profiles_are_square_tori_of_the_pods_chips(name, side):
-    hw, pod = profile(name), profile("gshard-tpuv3-torus")
+    hw, pod = hardware_profile(name), hardware_profile("gshard-tpuv3-torus")
     assert hw.topology == "torus2d" and list(hw.torus_dims) == [side, side] and hw.nodes == side * side
     assert hw.devices_per_node == 1
     mine, pods = OmegaConf.to_container(hw), OmegaConf.to_container(pod)
@@ -63,12 +63,12 @@ def test_profiles_are_square_tori_of_the_pods_chips(name, side):
 
 
 def test_torus_slices_are_the_most_square_shapes():
-    pod = profile("gshard-tpuv3-torus")
+    pod = hardware_profile("gshard-tpuv3-torus")
     assert [list(torus_slice(pod, chips).torus_dims) for chips in (8, 32, 512)] == [[2, 4], [4, 8], [16, 32]]
     with pytest.raises(ValueError, match="does not fit"):
         torus_slice(pod, 2048)
     with pytest.raises(ValueError, match="not a torus2d"):
-        torus_slice(profile("lina-a100-4x4"), 8)
+        torus_slice(hardware_profile("lina-a100-4x4"), 8)
 
 
 def test_the_stand_in_has_table_1s_experts_and_the_paper_s_capacity():

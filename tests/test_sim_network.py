@@ -8,7 +8,8 @@ from scipy.optimize import linprog
 from moe_core.config import ConfigError, HardwareConfig, load_config
 from moe_core.sim.collectives import SizeCurve, collective_op, simulate_on
 from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
-from moe_core.sim.topology import GB, Cluster, Torus2D, Transfer, achieved_GBps
+from moe_core.sim.topology import Cluster, Torus2D, Transfer, achieved_GBps
+from moe_core.units import GB
 
 pytestmark = []
 

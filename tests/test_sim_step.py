@@ -18,8 +18,9 @@ from moe_core.plan import gradient_micro_ops
 from moe_core.points import parse_setting, sim_points
 from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
-from moe_core.sim.topology import GB, build_topology
+from moe_core.sim.topology import build_topology
 from moe_core.timing import PhaseTimer
+from moe_core.units import GB
 
 LINA = [
     "hardware_profile=lina-a100-4x4",

@@ -15,8 +15,9 @@ from analysis.collect import TESTBED_COLUMNS, select
 from analysis.compare import Reproducer, complete_points, describe_testbeds, reproducer
 from analysis.figures import FigureDataError, figure, one_testbed, train_step_rows
 from analysis.published import load_registry, published_value
-from analysis.units import MiB, format_bytes, span
+from analysis.units import format_bytes, span
 from moe_core.config import CommConfig
+from moe_core.units import MiB
 
 LINA_GPUS = 16  # Lina's testbed: 4 nodes x 4 A100
 LINA_TESTBED = "lina-a100-4x4"  # configs/hardware: Lina's 4 x 4 A100, 100 Gb/s IB per node

@@ -50,7 +50,7 @@ from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops
 from ..policies import build_plan
-from ..timing import STEP_PHASES
+from ..step_metrics import STEP_PHASES, a2a_shares, step_terms
 from .collectives import collective_op, simulate_on
 from .compute import ComputeModel
 from .engine import Op, Timeline, as_deps
@@ -118,7 +118,8 @@ class StepSimulation:
     allreduce_alone_s: float = 0.0  # the gradient sync's collectives each alone, one after another
 
     def metrics(self) -> dict[str, float]:
-        """The measured executor's metrics (experiments/train_step.py), from the timeline, in ms; and
+        """The measured executor's metrics (moe_core.step_metrics, as experiments/train_step.py
+        records them), from the timeline, in ms; and
         ``moe_layer_fwd_ms`` / ``moe_layer_bwd_ms`` (``moe_layer_spans_ms``) and ``moe_compute_share``
         (gate + expert time over that wall time), which the measured executor does not record yet.
 
@@ -137,7 +138,6 @@ class StepSimulation:
         a2a = self.waiting_ms(lambda op: op.phase.endswith("a2a"))
         own = {p: self.waiting_ms(lambda op, p=p: op.phase == p) for p in ("dispatch_a2a", "combine_a2a")}
         by_phase.update({p: a2a * w / sum(own.values()) if a2a else 0.0 for p, w in own.items()})
-        moe = by_phase["gate"] + a2a + by_phase["expert"]
         step = self.timeline.makespan_s * 1e3
         optimizer = next(i for i, op in enumerate(self.ops) if op.phase == "optimizer")
         # the gradient all-reduces' wait: from the end of the backward pass to the optimizer's start
@@ -155,8 +155,9 @@ class StepSimulation:
         # all-to-all time in flight, hidden behind compute or not: its pipelining efficiency is the share
         # of it compute overlaps (Lina's and MoNTA's measure of a pipelined exchange; 0 when blocking)
         a2a_in_flight = self.in_flight_ms(lambda op: op.phase.endswith("a2a"))
+        terms = step_terms(step, by_phase, a2a, a2a_dir[".fwd"], a2a_dir[".bwd"], exposed, gathers)
         return {
-            "step_ms": step,
+            **terms,
             "a2a_in_flight_ms": a2a_in_flight,
             "a2a_pipelining_efficiency": 1 - a2a / a2a_in_flight if a2a_in_flight else 0.0,
             # every collective (all-to-alls, gradient and tensor-parallel all-reduces, a grid's) that the
@@ -164,24 +165,16 @@ class StepSimulation:
             "exposed_comm_ms": self.waiting_ms(lambda op: op.transfer is not None),
             "exposed_comm_share": self.waiting_ms(lambda op: op.transfer is not None) / step if step else 0.0,
             **self.grid_metrics(),
-            **{f"{p}_ms": by_phase[p] for p in STEP_PHASES},
-            "a2a_ms": a2a,
-            "a2a_fwd_ms": a2a_dir[".fwd"],
-            "a2a_bwd_ms": a2a_dir[".bwd"],
-            "moe_layer_ms": moe,
             "moe_layer_fwd_ms": span["fwd"],
             "moe_layer_bwd_ms": span["bwd"],
             "moe_compute_share": compute_share,
-            "allreduce_exposed_ms": exposed,
             "param_gather_exposed_ms": gathers,
             "optimizer_ms": float(dur[optimizer]),  # one Adam step (in dense_ms)
             # cutting pipelined all-to-alls into micro-ops and joining them (in dense_ms)
             "partition_ms": float(sum(d for op, d in zip(self.ops, dur) if op.phase == "partition")),
             # what the gradient sync's units cost to transmit, without contention or overlap
             "allreduce_alone_ms": self.allreduce_alone_s * 1e3,
-            "dense_ms": step - moe - exposed - gathers,
-            "a2a_share": a2a / step,
-            "a2a_share_of_moe": a2a / moe if moe else 0.0,
+            **a2a_shares(a2a, terms["moe_layer_ms"], step),
         }
 
     def waiting_ms(self, selected: Callable[[Op], bool]) -> float:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-GB = 1e9
+from moe_core.units import GB
 
 
 @dataclass

@@ -38,8 +38,8 @@ import pandas as pd
 from moe_core.capacity import moe_blocks
 from moe_core.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
 from moe_core.sim.topology import achieved_GBps
+from moe_core.units import GB
 
-GB = 1e9
 AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.grid's rank order
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}  # ring steps per (p - 1)
 BREAKDOWN_KEYS = (

@@ -130,7 +130,7 @@ def measured_communication(cfg: DictConfig, hw: DictConfig, grid: Grid) -> dict[
 
 def model_profile(cfg: DictConfig) -> DictConfig:
     """The hardware AxoNN's model prices the measured grids on: ``axonn.model_profile``, or the run's."""
-    from moe_core.config import load_config
+    from moe_core.config import hardware_profile
 
     profile = cfg.axonn.model_profile
-    return load_config(overrides=[f"hardware_profile={profile}"], whole_run=False).hardware if profile else cfg.hardware
+    return hardware_profile(profile) if profile else cfg.hardware

@@ -21,11 +21,9 @@ from moe_core.sections import (
     require_positive,
     require_profile,
 )
+from moe_core.units import MiB
 
 from .models import MODELS, tokens_per_core, tokens_per_side
-
-MiB = 2**20
-
 
 # Unstated hardware parameters of the TPU v3 profiles (configs/hardware/gshard-tpuv3-*.yaml headers):
 # config key -> the other ends of the plausible range, each run as a sensitivity run of the scaling

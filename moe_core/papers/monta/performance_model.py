@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from moe_core.capacity import capacity as expert_capacity
 from moe_core.sim.topology import achieved_GBps
 
 PATHS = ("duplicate", "drop-gather", "monta")
@@ -227,7 +228,7 @@ def enumerate_strategies(
         raise ValueError(f"world_size={world_size} exceeds the profile's {hw.nodes * hw.devices_per_node} devices")
     strategies = []
     for tp in (t for t in range(1, devices_per_node + 1) if devices_per_node % t == 0 and world_size % t == 0):
-        capacity = math.ceil(math.ceil(capacity_factor * top_k * tokens_per_rank / num_experts) / tp) * tp
+        capacity = expert_capacity(tokens_per_rank, num_experts, top_k, capacity_factor, min_capacity=0, multiple=tp)
         volume_bytes = num_experts * capacity * d_model * element_bytes
         for ep in (e for e in range(1, num_experts + 1) if num_experts % e == 0 and world_size % (tp * e) == 0):
             links = exchange_links(hw, ep, tp, chunk_overhead_s)
