@@ -1,10 +1,10 @@
 """Our numbers next to the published ones: one row per registry entry and testbed, with a verdict.
 
 A reproducer is ``f(records, samples) -> (value, setting_description)``, or None when the tables lack
-the data it needs. Each paper's reproducers live in analysis/papers/<paper>.py and register here with
-@reproducer under the name a published.yaml entry gives. compare() calls a reproducer once per testbed
-(mode × backend × hardware), so measured and simulated numbers, or numbers from different machines, are
-never pooled into one value.
+the data it needs. Each paper's reproducers live in analysis/papers/<paper>.py and register with
+analysis.registry's @reproducer under the name a published.yaml entry gives. compare() calls a
+reproducer once per testbed (mode × backend × hardware), so measured and simulated numbers, or numbers
+from different machines, are never pooled into one value.
 
 Like for like: a number is judged only where the suite reproduced the paper's quantity in the paper's
 setting. A row on another testbed than the entry's ``testbed`` (the paper's hardware profiles), or of an
@@ -31,22 +31,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+import analysis.papers  # noqa: F401  (registers every paper's reproducers)
 from analysis import explain
 from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
 from analysis.files import read_tables, write_csv
 from analysis.published import REGISTRY_PATH, load_registry
+from analysis.registry import REPRODUCERS, MissingPointsError, Reproducer, noting_used_points
 
-Reproducer = Callable[[pd.DataFrame, pd.DataFrame], tuple[float, str] | None]
-REPRODUCERS: dict[str, Reproducer] = {}  # name -> reproducer; filled by @reproducer in analysis/papers/
 COMPARISON_COLUMNS = [
     "id",
     "paper",
@@ -71,66 +69,6 @@ COMPARISON_COLUMNS = [
     "reason",
 ]
 CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED = "consistent", "differs", "not-comparable", "not-reproduced"
-
-
-def reproducer(fn: Reproducer, name: str | None = None) -> Reproducer:
-    """Register ``fn`` under its name (or ``name``, for functions made in a loop), so published.yaml
-    entries can refer to it."""
-    if name is not None:
-        fn.__name__ = name
-    REPRODUCERS[fn.__name__] = fn
-    return fn
-
-
-POINT_COLUMNS = ("point", "baseline_point")  # the columns naming the points a reproducer's rows come from
-_USED_POINTS: ContextVar[set[str] | None] = ContextVar("used_points", default=None)
-
-
-class MissingPointsError(ValueError):
-    """A reproducer selected points that lack a metric it reads: it fails rather than average the rest."""
-
-
-def describe_testbeds(df: pd.DataFrame) -> str:
-    """The testbeds of ``df``'s rows in words (``"local-cpu gloo"``), for a reproduced setting.
-
-    Every reproducer describes the rows its number comes from with this, so it is also where the points
-    it used are noted: during compare() the rows' point names (POINT_COLUMNS) become the row's ``points``.
-    """
-    used = _USED_POINTS.get()
-    if used is not None:
-        used.update(name for column in POINT_COLUMNS if column in df for name in df[column].dropna())
-    return ", ".join(sorted(set(df["hardware"] + " " + df["backend"])))
-
-
-def complete_points(rows: pd.DataFrame, index: list[str], metrics: list[str], what: str) -> pd.DataFrame:
-    """One row per point of ``rows`` (records-table rows a reproducer selected by their parameters),
-    ``index`` and a column per metric of ``metrics``; empty when no point has them all (no such data).
-
-    A point selected but lacking one of them, while others have it, raises MissingPointsError naming
-    the points: a damaged or missing record stops the comparison instead of leaving the number to the
-    remaining points.
-    """
-    points = rows[index].drop_duplicates()
-    wide = rows[rows["metric"].isin(metrics)].pivot_table(index=index, columns="metric", values="value")
-    if not set(metrics) <= set(wide.columns):
-        return pd.DataFrame()
-    wide = points.merge(wide.reset_index(), on=index, how="left")
-    lacking = wide[wide[metrics].isna().any(axis=1)]
-    if not lacking.empty:
-        names = sorted(lacking["point"]) if "point" in lacking else lacking[index].to_dict("records")
-        raise MissingPointsError(f"{what}: points {names} lack one of {metrics}; rerun them or collect their records")
-    return wide
-
-
-@contextmanager
-def _noting_used_points() -> Iterator[set[str]]:
-    """Collect the point names describe_testbeds sees while the block runs."""
-    used: set[str] = set()
-    token = _USED_POINTS.set(used)
-    try:
-        yield used
-    finally:
-        _USED_POINTS.reset(token)
 
 
 def points_text(names: set[str]) -> str:
@@ -278,7 +216,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
     chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that
     reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples):
-        with _noting_used_points() as used:
+        with noting_used_points() as used:
             result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
 
         def requote(changed: pd.DataFrame, testbed=testbed, samps=samps) -> float:
@@ -328,12 +266,5 @@ def main(argv: list[str] | None = None) -> None:
     print(summary.to_string(index=False))
 
 
-# Last, because the paper modules import this one: importing them registers every paper's reproducers.
-import analysis.papers  # noqa: E402, F401
-
 if __name__ == "__main__":
-    # `python -m` runs this file as a second module, __main__; the papers registered their reproducers
-    # with analysis.compare, so its main is the one that sees them.
-    from analysis.compare import main as main_with_papers
-
-    main_with_papers()
+    main()

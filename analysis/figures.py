@@ -3,7 +3,7 @@
 Every figure is a function ``f(records, samples, fig)`` (or ``f(validation, fig)`` for one drawn from
 the simulator's validation table) that draws into an empty matplotlib Figure and raises FigureDataError,
 before anything is written, when the tables lack its data. Each paper's figures live in
-analysis/papers/<paper>.py and register here with ``@figure(paper=...)``; the workflow
+analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
 (experiments/rules/analysis.smk) makes one rule per registered figure, writing
 results/figures/<paper>/<name>.png.
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -25,80 +23,15 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from analysis.collect import TESTBED_COLUMNS, at_setting, param_columns, select
+import analysis.papers  # noqa: F401  (registers every paper's figures)
+from analysis.collect import at_setting
 from analysis.files import read_tables
+from analysis.registry import FIGURE_REGISTRY
 from moe_core.results import atomic_outputs
 
 matplotlib.use("Agg")  # files only, no display
 
 DPI = 150
-
-
-@dataclass(frozen=True)
-class RegisteredFigure:
-    """A figure function and where the workflow puts its output."""
-
-    name: str  # the function's name: the figure's file stem and rule name (figure_<name>)
-    paper: str  # the paper whose figure it mirrors, its folder results/figures/<paper>/; "common" if none
-    draw: Callable[..., None]  # draw(records, samples, fig), or draw(validation, fig)
-    reads_validation: bool  # drawn from sim_validation.csv (experiments/validate.py), not the tables
-
-
-FIGURE_REGISTRY: dict[str, RegisteredFigure] = {}  # name -> figure; filled by @figure in analysis/papers/
-
-
-def figure(*, paper: str, reads_validation: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register the decorated function as the figure of its name, in ``paper``'s folder; with
-    ``reads_validation`` it is called as ``draw(validation, fig)`` on the simulator's validation table."""
-
-    def register(draw: Callable[..., None]) -> Callable[..., None]:
-        if draw.__name__ in FIGURE_REGISTRY:
-            raise ValueError(f"two figures are named {draw.__name__!r}; figure names must be unique")
-        FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads_validation)
-        return draw
-
-    return register
-
-
-class FigureDataError(ValueError):
-    """The tables lack the data a figure needs."""
-
-
-# ---- selecting data, for every paper's figures -------------------------------------------------
-
-
-def one_testbed(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` itself, if it holds one testbed's rows: measured and simulated numbers, or two machines'
-    numbers, must not be pooled in one figure."""
-    testbeds = df[TESTBED_COLUMNS].drop_duplicates()
-    if len(testbeds) > 1:
-        found = "; ".join(" ".join(map(str, testbed)) for testbed in testbeds.itertuples(index=False))
-        raise FigureDataError(
-            f"the data come from several testbeds ({found}); collect one testbed's "
-            "records (one mode, backend and hardware) into the tables for this figure"
-        )
-    return df
-
-
-def train_step_rows(records: pd.DataFrame, metrics: list[str], shown: list[str]) -> pd.DataFrame:
-    """gshard/train_step rows of ``metrics``; every swept parameter not ``shown`` (but seed) must be fixed."""
-    df = select(records, paper="gshard", experiment="train_step")
-    missing = sorted(set(metrics) - set(df["metric"]))
-    if missing:
-        raise FigureDataError(
-            f"the records table has no gshard/train_step rows of {missing}; collect "
-            "results/raw/gshard/train_step/*.json into it first"
-        )
-    df = one_testbed(df[df["metric"].isin(metrics)]).astype({"num_experts": int, "world_size": int})
-    hidden = [c for c in param_columns(df) if c not in shown and c != "seed"]
-    counts = df.groupby([*shown, "metric"])[hidden].nunique(dropna=False)
-    varying = [c for c in hidden if (counts[c] > 1).any()]
-    if varying:
-        raise FigureDataError(
-            f"parameters {varying} vary within one bar or line of this figure; "
-            "collect only records that share one value of each"
-        )
-    return df
 
 
 # ---- drawing and writing ----------------------------------------------------------------------
@@ -150,12 +83,5 @@ def main(argv: list[str] | None = None) -> None:
     print(" ".join(map(str, outputs)))
 
 
-# Last, because the paper modules import this one: importing them registers every paper's figures.
-import analysis.papers  # noqa: E402, F401
-
 if __name__ == "__main__":
-    # `python -m` runs this file as a second module, __main__; the papers registered their figures with
-    # analysis.figures, so its main is the one that sees them.
-    from analysis.figures import main as main_with_papers
-
-    main_with_papers()
+    main()

@@ -1,6 +1,6 @@
 """Tables a paper derives from the records table (beside the comparison), each written as CSV.
 
-A table is a function ``f(records) -> DataFrame`` registered with ``@table`` in
+A table is a function ``f(records) -> DataFrame`` registered with analysis.registry's ``@table`` in
 analysis/papers/<paper>.py; an empty frame means the records lack its data (an error, nothing
 written). The paper's rules file names the table's output.
 
@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
+import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import at_setting
 from analysis.files import write_csv
-
-TABLE_REGISTRY: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {}  # filled by @table in analysis/papers/
-
-
-def table(fn: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    """Register ``fn`` as the table of its name."""
-    if fn.__name__ in TABLE_REGISTRY:
-        raise ValueError(f"two tables are named {fn.__name__!r}; table names must be unique")
-    TABLE_REGISTRY[fn.__name__] = fn
-    return fn
+from analysis.registry import TABLE_REGISTRY
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,12 +37,5 @@ def main(argv: list[str] | None = None) -> None:
     print(df.to_string(index=False))
 
 
-# Last, because the paper modules import this one: importing them registers every paper's tables.
-import analysis.papers  # noqa: E402, F401
-
 if __name__ == "__main__":
-    # `python -m` runs this file as a second module, __main__; the papers registered their tables with
-    # analysis.tables, so its main is the one that sees them.
-    from analysis.tables import main as main_with_papers
-
-    main_with_papers()
+    main()

@@ -19,10 +19,10 @@ from analysis import collect as collect_mod
 from analysis import compare as compare_mod
 from analysis import figures as figures_mod
 from analysis.collect import RecordError, collect
-from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCERS, compare, reproducer
-from analysis.figures import FIGURE_REGISTRY, FigureDataError, render
+from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
+from analysis.figures import render
 from analysis.published import RegistryError, load_registry
-from analysis.tables import TABLE_REGISTRY
+from analysis.registry import FIGURE_REGISTRY, REPRODUCERS, TABLE_REGISTRY, FigureDataError, reproducer
 from experiments.gshard import records as gshard_records
 from moe_core.config import load_config
 from moe_core.results import make_record, record_path, write_record

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
+
+import analysis
 import moe_core
 
 CORE = Path(moe_core.__file__).parent
@@ -30,8 +33,9 @@ def test_every_module_imports_alone_in_sorted_order():
     assert len(MODULES) > 30 and "moe_core.papers.lina.policy" in MODULES
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Absolute names of the moe_core modules ``path`` (module ``module``) imports."""
+def _imports(path: Path, module: str, top: str = "moe_core") -> set[str]:
+    """Absolute names of the ``top`` package's modules ``path`` (module ``module``) imports, at any
+    depth of the file (a function's imports too)."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -43,7 +47,7 @@ def _imports(path: Path, module: str) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base]) if base else ".".join(parts)
             names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
-    return {n for n in names if n.startswith("moe_core")}
+    return {n for n in names if n.split(".")[0] == top}
 
 
 def test_the_core_never_imports_a_paper_except_through_the_registry():
@@ -52,6 +56,35 @@ def test_the_core_never_imports_a_paper_except_through_the_registry():
         if module.startswith("moe_core.papers") or module in REGISTRIES:
             continue
         assert not any(name.startswith("moe_core.papers") for name in _imports(path, module)), module
+
+
+def _import_graph(package: Path) -> nx.DiGraph:
+    """module -> module it imports, within ``package``; importing a module runs its packages'
+    __init__ first, so an import also reaches each package above the imported module."""
+    top = package.name
+    files = {
+        ".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
+    graph = nx.DiGraph()
+    graph.add_nodes_from(files)
+    for module, path in files.items():
+        for name in _imports(path, module, top):
+            parts = name.split(".")
+            for depth in range(2, len(parts) + 1):
+                target = ".".join(parts[:depth])
+                if target in files and target != module and not module.startswith(target + "."):
+                    graph.add_edge(module, target)
+    return graph
+
+
+def test_the_analysis_has_no_import_cycle():
+    """Registration is explicit (analysis.registry, filled when a command imports analysis.papers):
+    no module of analysis/ imports one that imports it back."""
+    graph = _import_graph(Path(analysis.__file__).parent)
+    assert {"analysis.registry", "analysis.compare", "analysis.papers.lina"} <= set(graph)
+    assert graph.has_edge("analysis.compare", "analysis.papers")
+    assert list(nx.simple_cycles(graph)) == []
 
 
 def test_papers_import_no_other_paper():

@@ -8,8 +8,9 @@ import math
 import pytest
 import yaml
 
+import analysis.papers  # noqa: F401  (registers the tables)
 from analysis.collect import collect
-from analysis.tables import TABLE_REGISTRY
+from analysis.registry import TABLE_REGISTRY
 from experiments import external_validation as ev
 from moe_core.config import CONFIG_DIR, load_config
 from moe_core.results import record_path

@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from analysis.compare import REPRODUCERS
+import analysis.papers  # noqa: F401  (registers the reproducers)
+from analysis.registry import REPRODUCERS
 from moe_core.config import derive_config, load_config
 from moe_core.layout import layout_of
 from moe_core.model import gradient_tensors

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
+import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import collect
-from analysis.compare import REPRODUCERS
+from analysis.registry import REPRODUCERS
 from experiments import lina_inference_sim as sim
 from moe_core.config import load_config, to_container
 from moe_core.papers.lina.inference import Scheduler

@@ -7,9 +7,10 @@ import sys
 import pandas as pd
 import pytest
 
+import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import at_setting, collect, read_valid_record
-from analysis.compare import REPRODUCERS
 from analysis.papers.monta import strategy_ranking
+from analysis.registry import REPRODUCERS
 from experiments import monta
 from experiments.monta_a2a import measured_points as a2a_points
 from moe_core.config import ConfigError, load_config

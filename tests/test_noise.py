@@ -15,7 +15,8 @@ import pytest
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from analysis.figures import FIGURE_REGISTRY
+import analysis.papers  # noqa: F401  (registers the figures)
+from analysis.registry import FIGURE_REGISTRY
 from experiments import calibrate, validate
 from moe_core.noise import (
     MIN_WINDOW_S,

@@ -1,5 +1,5 @@
-"""One module per paper: its reproducers (registered with analysis.compare by @reproducer) and its
-figures (registered with analysis.figures by @figure, with the folder results/figures/<paper>/).
+"""One module per paper: its reproducers, figures (in the folder results/figures/<paper>/) and tables,
+each registered with analysis.registry by @reproducer, @figure or @table.
 
 Importing this package registers them all; this is the registries' one list of paper modules. A new
 paper is one more module here and one more line below.

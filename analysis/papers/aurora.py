@@ -11,9 +11,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis.collect import select
-from analysis.compare import describe_testbeds, reproducer
-from analysis.figures import FigureDataError, figure, one_testbed
 from analysis.published import load_registry, published_value
+from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer
 from analysis.units import span
 from moe_core.papers.aurora import deployment
 

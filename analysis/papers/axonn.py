@@ -19,10 +19,8 @@ from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from analysis.collect import TESTBED_COLUMNS, wide_points
-from analysis.compare import describe_testbeds, reproducer
-from analysis.figures import FigureDataError, figure, one_testbed
 from analysis.published import load_registry, published_value
-from analysis.tables import table
+from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
 from moe_core.grid import GRID_AXES
 from moe_core.papers.axonn.config import OVERLAP_VARIANTS
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER

@@ -12,8 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
-from analysis.figures import FigureDataError, figure, one_testbed
-from analysis.tables import table
+from analysis.registry import FigureDataError, figure, one_testbed, table
 from analysis.units import format_bytes
 
 

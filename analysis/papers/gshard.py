@@ -19,10 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis.collect import select, wide_points
-from analysis.compare import describe_testbeds, reproducer
-from analysis.figures import FigureDataError, figure, train_step_rows
 from analysis.published import load_registry, published_value
-from analysis.tables import table
+from analysis.registry import FigureDataError, describe_testbeds, figure, reproducer, table, train_step_rows
 from analysis.units import format_bytes
 from moe_core.papers.gshard.models import MODELS, core_years, training_days
 from moe_core.papers.gshard.study import COLLECTIVES, MEMORY, PAPER, SCALING

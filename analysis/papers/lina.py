@@ -12,9 +12,17 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import TESTBED_COLUMNS, select
-from analysis.compare import Reproducer, complete_points, describe_testbeds, reproducer
-from analysis.figures import FigureDataError, figure, one_testbed, train_step_rows
 from analysis.published import load_registry, published_value
+from analysis.registry import (
+    FigureDataError,
+    Reproducer,
+    complete_points,
+    describe_testbeds,
+    figure,
+    one_testbed,
+    reproducer,
+    train_step_rows,
+)
 from analysis.units import format_bytes, span
 from moe_core.config import CommConfig
 from moe_core.units import MiB

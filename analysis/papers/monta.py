@@ -16,9 +16,7 @@ from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from analysis.collect import select
-from analysis.compare import describe_testbeds, reproducer
-from analysis.figures import FigureDataError, figure, one_testbed
-from analysis.tables import table
+from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
 
 PATHS = ["duplicate", "drop-gather", "monta"]
 EXCHANGES_PER_LAYER = 4  # dispatch and combine, forward and backward
