@@ -19,7 +19,8 @@ The paper-neutral core, one job per module:
   follow), ``policies`` (the policy and tensor-parallel dispatch registries and the baselines'
   decisions; no torch), ``executor`` (the measured executor of a plan);
 * running and recording: ``distributed`` (process-group start-up, failing ranks), ``processes``
-  (exit codes and /proc facts the launcher shares with the ranks), ``timing``,
+  (exit codes and /proc facts the launcher shares with the ranks), ``timing`` (phase timers),
+  ``step_metrics`` (the step's terms, one definition for both executors), ``units`` (byte units),
   ``results`` (records), ``benchmark`` (the measured microbenchmarks' skeleton), ``tracking``
   (W&B), ``testbed`` (an emulated multi-node cluster), ``workloads`` (traffic matrices),
   ``dispatch_study`` (which dispatcher when: skewed routing and its section);
