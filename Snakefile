@@ -2,7 +2,7 @@
 
     snakemake --cores 2                                  # embedded default (configs/default.yaml)
     snakemake --cores 2 --configfile configs/ci.yaml     # smallest smoke run
-    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/config.py (YAML)
+    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/schema.py (YAML)
 """
 
 from pathlib import Path

@@ -23,7 +23,7 @@ batch, and every policy
    accuracy and re-plan rate (overall and per layer) and the scheduler's host time per decision and
    per phase-2 check (§5.2).
 
-Its settings are the config's ``inference`` keys (moe_core/config.py, InferenceConfig).
+Its settings are the config's ``inference`` keys (moe_core/papers/lina/config.py, InferenceConfig).
 ``inference.a2a_policy=aurora`` (or ``aurora-sjf``, ``aurora-rcs``) runs every token all-to-all as
 Aurora's ordered point-to-point rounds instead of ``all_to_all_single``; the records then carry the
 policy in their params and a ``_a2a-<policy>`` suffix in their point names.

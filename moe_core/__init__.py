@@ -2,9 +2,10 @@
 
 The paper-neutral core, one job per module:
 
-* configuration: ``config`` (schema root, load, validate, save), ``sections`` (the error type, the
-  check helpers and the registry papers add their config sections to), ``points`` (sweep points
-  and their names);
+* configuration: ``config`` (the loader: imports the papers' registry, assembles the schema's root,
+  loads and saves), ``schema`` (the core's sections, validation, derived configs; imports no paper),
+  ``sections`` (the error type, the check helpers and the registries papers add their config
+  sections and names to), ``points`` (sweep points and their names);
 * the MoE model: ``gating`` (GShard routing by sorting), ``capacity`` (buffer sizes, no torch),
   ``experts``, ``layer`` (the MoE layer),
   ``model`` (a small decoder transformer), ``data`` (synthetic learnable tokens);

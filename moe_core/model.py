@@ -14,13 +14,13 @@ from torch.overrides import TorchFunctionMode
 
 from .activation import in_width
 from .capacity import expert_tensor_parallel, moe_blocks
-from .config import head_dim, kv_heads
 from .experts import ffn_activation
 from .grid_parallel import GridGroups, grid_linears, shard_grid
 from .layer import MoELayer
 from .layout import Layout
 from .parallel import is_expert_param
 from .plan import GradientTensor
+from .schema import head_dim, kv_heads
 from .tensor_parallel import shard_tensor_parallel
 
 

@@ -93,6 +93,12 @@ class Section:
 
 
 SECTIONS: dict[str, Section] = {}
+PAPER_NAMES: list[str] = []  # the values of the config key ``paper``, registered by moe_core.papers
+
+
+def register_papers(names: tuple[str, ...]) -> None:
+    """Make ``names`` the papers a config may name (``paper``, ``sim_sweep.paper``)."""
+    PAPER_NAMES[:] = names
 
 
 def register_section(name: str, schema: type, validate: Callable[[DictConfig], None]) -> None:

@@ -78,6 +78,15 @@ def _import_graph(package: Path) -> nx.DiGraph:
     return graph
 
 
+def test_the_core_has_no_import_cycle():
+    """Papers, run checks and the simulator derive configs with moe_core.schema, which imports no
+    paper; only moe_core.config, the loader, imports the papers' registry."""
+    graph = _import_graph(CORE)
+    assert graph.has_edge("moe_core.config", "moe_core.papers")
+    assert graph.has_edge("moe_core.papers.axonn.sweeps", "moe_core.schema")
+    assert list(nx.simple_cycles(graph)) == []
+
+
 def test_the_analysis_has_no_import_cycle():
     """Registration is explicit (analysis.registry, filled when a command imports analysis.papers):
     no module of analysis/ imports one that imports it back."""

@@ -6,9 +6,12 @@ one line below, one rules file (experiments/rules/<paper>.smk) and one analysis 
 (analysis/papers/<paper>.py).
 """
 
+from moe_core.sections import register_papers
+
 from . import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
 
 PAPERS = ("gshard", "lina", "aurora", "monta", "axonn")
+register_papers(PAPERS)
 # The folders of results/raw/: one per paper, and "common" for the paper-neutral experiments
 # (collectives, dispatchers, external validation).
 RECORD_FOLDERS = (*PAPERS, "common")

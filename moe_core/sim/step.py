@@ -28,7 +28,7 @@ a sharded optimizer (ZeRO-1) the same units are reduce-scattered, each rank's op
 communicator; fully sharded (ZeRO-3 / FSDP2), the plan's units give way to per-block all-gathers
 and reduce-scatters during the passes (moe_core.sim.sharding), and the optimizer updates the shard.
 Gradient accumulation (``train.micro_batches``): the forward and backward passes once per
-micro-batch, each pass priced on its own shapes (moe_core.config.micro_batch_config); the plan's
+micro-batch, each pass priced on its own shapes (moe_core.schema.micro_batch_config); the plan's
 gradient sync follows the last pass only (DDP's ``no_sync`` before it), launched by its rule on the
 last pass's gradients, while full sharding reduces every pass's.
 """
@@ -44,12 +44,12 @@ from omegaconf import DictConfig
 
 from ..activation import in_width
 from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_blocks, moe_tokens
-from ..config import head_dim, kv_heads, micro_batch_config
 from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
 from ..plan import a2a_micro_ops
 from ..policies import build_plan
+from ..schema import head_dim, kv_heads, micro_batch_config
 from ..step_metrics import STEP_PHASES, a2a_shares, step_terms
 from .collectives import collective_op, simulate_on
 from .compute import ComputeModel
@@ -100,7 +100,7 @@ def gate_routing(top_k: int, pass_: str) -> tuple[int, float, float]:
     return kernels, per_token_expert, per_token + per_choice * top_k
 
 
-# Which calibrated op class (moe_core.config.COMPUTE_PHASES) prices an op phase: the measured
+# Which calibrated op class (moe_core.schema.COMPUTE_PHASES) prices an op phase: the measured
 # ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
 PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
 

@@ -7,6 +7,8 @@ from omegaconf import DictConfig
 
 from moe_core.grid import Grid, grid_split_error
 from moe_core.points import register_override_list, register_run_check
+from moe_core.run_checks import derived
+from moe_core.schema import derive_config, hardware_profile
 from moe_core.sections import ConfigError
 
 from .comm_model import AXONN_ORDER, enumerate_grids, predicted_communication
@@ -18,7 +20,6 @@ MEASURED = "axonn_grids"
 
 def measured_model(cfg: DictConfig) -> DictConfig:
     """The run's config with the measured grid sweep's model (``axonn.measured_overrides``)."""
-    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
     return derive_config(cfg, measured_settings(cfg))
 
@@ -56,7 +57,6 @@ def point_name(world_size: int, grid: Grid, variant: str) -> str:
 
 def point_config(cfg: DictConfig, grid: Grid, variant: str) -> DictConfig:
     """One measured point's config (point_settings)."""
-    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
     return derive_config(cfg, point_settings(cfg, grid, variant))
 
@@ -89,8 +89,6 @@ def check_measured(cfg: DictConfig) -> None:
     """At load, what the measured job would find only after its ranks started: the ablation's point
     with the cache is a valid config, and a set ``axonn.model_profile`` states the links its model
     prices (experiments/axonn_grids.py; empty, the workflow passes the calibrated profile to the job)."""
-    from moe_core.run_checks import derived
-
     grid = ablation_grid(cfg.axonn)
     blame = {
         "comm.grid_overlap.cached_layers": "axonn.cached_layers",
@@ -130,7 +128,5 @@ def measured_communication(cfg: DictConfig, hw: DictConfig, grid: Grid) -> dict[
 
 def model_profile(cfg: DictConfig) -> DictConfig:
     """The hardware AxoNN's model prices the measured grids on: ``axonn.model_profile``, or the run's."""
-    from moe_core.config import hardware_profile
-
     profile = cfg.axonn.model_profile
     return hardware_profile(profile) if profile else cfg.hardware

@@ -34,6 +34,7 @@ from moe_core.points import (
     register_sim_points,
     unstated_variants,
 )
+from moe_core.schema import derive_config
 
 from .config import EXPERTS, MONTA_UNSTATED
 from .performance_model import admissible_chunk_counts
@@ -67,7 +68,6 @@ def paper_config(cfg: DictConfig, setting: list[str] = ()) -> DictConfig:
     """The run's config with the paper's model on its testbed (and ``setting``'s overrides after it, e.g.
     a sensitivity run's): what the simulated points' sizes, and the performance model's inputs, are
     read from."""
-    from moe_core.config import derive_config  # the config module imports this one (the registry)
 
     return derive_config(cfg, [*paper_model(cfg), *setting])
 
