@@ -44,7 +44,7 @@ the host and the software, so it is kept as measured. What that adds: +-10% on l
 generation's measured fraction of peak carried to another; the H200's own FFN already differed by
 7% from its square GEMM's curve), +-10% on memory-bound ops (streaming efficiency), a factor of 2
 either way on launch-bound ops (host CPU, driver, Python); an op sweep on the target device removes
-all three. README.md (simulator section) gives the numbers behind the shipped profiles.
+all three. moe_core/sim/README.md gives the numbers behind the shipped profiles.
 """
 
 from __future__ import annotations
