@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from moe_core.points import UNSTATED_PARAMS, parse_setting
+from moe_core.step_metrics import MOE_TERMS, a2a_shares
 
 # The additive terms of a simulated or measured training step (moe_core.sim.step metrics; their sum is
 # step_ms), in words.
@@ -47,18 +48,15 @@ STEP_TERMS = {
     "allreduce_exposed_ms": "exposed gradient all-reduce",
 }
 # What moves with a step term when its time is scaled (scale_term): metrics that are parts of it scale
-# with it, and the sums that hold it move by the same milliseconds; then the shares are recomputed.
+# with it, and the sums that hold it move by the same milliseconds; then the shares are recomputed
+# (the all-to-all's as moe_core.step_metrics defines them, the simulator's exposed-communication one).
 TERM_PARTS = {"a2a_ms": ("dispatch_a2a_ms", "combine_a2a_ms", "a2a_fwd_ms", "a2a_bwd_ms")}
 TERM_SUMS = {
     "step_ms": tuple(STEP_TERMS),
-    "moe_layer_ms": ("gate_ms", "expert_ms", "a2a_ms"),
+    "moe_layer_ms": MOE_TERMS,
     "exposed_comm_ms": ("a2a_ms", "allreduce_exposed_ms"),
 }
-SHARES = {  # share metric -> (numerator, denominator)
-    "a2a_share": ("a2a_ms", "step_ms"),
-    "a2a_share_of_moe": ("a2a_ms", "moe_layer_ms"),
-    "exposed_comm_share": ("exposed_comm_ms", "step_ms"),
-}
+A2A_SHARE_INPUTS = ("a2a_ms", "moe_layer_ms", "step_ms")  # moe_core.step_metrics.a2a_shares' arguments
 MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}  # span -> its all-to-all part
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
@@ -144,10 +142,20 @@ def scale_term(records: pd.DataFrame, points: set[str], term: str, factor: float
     backward spans by their all-to-all part's change (a2a) or in proportion to the layer (gate,
     experts), the shares are recomputed and the per-step rates (RATES) scale inversely with the
     step. Rows of other points, and other metrics, are unchanged."""
-    mine = records["point"].isin(points)
-    wide = records[mine].pivot_table(index="point", columns="metric", values="value", aggfunc="first")
+    return _with_values(records, points, _scaled(_point_metrics(records, points), term, factor))
+
+
+def _point_metrics(records: pd.DataFrame, points: set[str]) -> pd.DataFrame:
+    """One row per point of ``points``, a column per metric its records hold."""
+    mine = records[records["point"].isin(points)]
+    return mine.pivot_table(index="point", columns="metric", values="value", aggfunc="first")
+
+
+def _scaled(wide: pd.DataFrame, term: str, factor: float) -> pd.DataFrame:
+    """``wide`` (_point_metrics) with ``term`` scaled by ``factor`` as scale_term says; ``wide``
+    itself when its points do not record the term."""
     if term not in wide:
-        return records
+        return wide
     new = wide.copy()
     delta = (factor - 1) * wide[term]
     for metric in (term, *TERM_PARTS.get(term, ())):
@@ -161,15 +169,24 @@ def scale_term(records: pd.DataFrame, points: set[str], term: str, factor: float
             continue
         if term == "a2a_ms" and a2a_part in new:
             new[span] = wide[span] + (factor - 1) * wide[a2a_part]
-        elif term in TERM_SUMS["moe_layer_ms"] and "moe_layer_ms" in new:
+        elif term in MOE_TERMS and "moe_layer_ms" in new:
             new[span] = wide[span] * new["moe_layer_ms"] / wide["moe_layer_ms"]
-    for share, (numerator, denominator) in SHARES.items():
-        if {share, numerator, denominator} <= set(new):
-            new[share] = new[numerator] / new[denominator]
+    if set(A2A_SHARE_INPUTS) <= set(new):
+        shares = new.apply(lambda row: pd.Series(a2a_shares(*row[list(A2A_SHARE_INPUTS)])), axis=1)
+        for share in set(shares.columns) & set(new):
+            new[share] = shares[share]
+    if {"exposed_comm_share", "exposed_comm_ms", "step_ms"} <= set(new):
+        new["exposed_comm_share"] = new["exposed_comm_ms"] / new["step_ms"]
     for rate in RATES:
         if {rate, "step_ms"} <= set(new):
             new[rate] = wide[rate] * wide["step_ms"] / new["step_ms"]
-    scaled = new.stack().rename("scaled").reset_index()
+    return new
+
+
+def _with_values(records: pd.DataFrame, points: set[str], wide: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with each row of ``points`` taking its metric's value from ``wide``."""
+    mine = records["point"].isin(points)
+    scaled = wide.stack().rename("scaled").reset_index()
     rows = records[mine].reset_index().merge(scaled, on=["point", "metric"], how="left").set_index("index")
     out = records.copy()
     out.loc[rows.index, "value"] = rows["scaled"].fillna(rows["value"])
@@ -224,15 +241,13 @@ def term_factors(
     """Each step term's implied factor (implied_factor) for the number ``requote(records)`` gives from
     the ``points`` of ``records``; terms the number does not read are left out."""
     factors = {}
-    mine = records["point"].isin(points)
-    for term in STEP_TERMS:
-        if not (mine & records["metric"].eq(term)).any():
-            continue
+    wide = _point_metrics(records, points)  # once: every term and factor scales the same points
+    for term in (t for t in STEP_TERMS if t in wide):
         cache: dict[float, float] = {}
 
         def quantity(f: float, term: str = term, cache: dict[float, float] = cache) -> float:
             if f not in cache:
-                cache[f] = requote(scale_term(records, points, term, f))
+                cache[f] = requote(_with_values(records, points, _scaled(wide, term, f)))
             return cache[f]
 
         if abs(quantity(2.0) - value) > 1e-9 * max(abs(value), 1e-12):

@@ -12,6 +12,7 @@ from __future__ import annotations
 # The timed phases of an MoE layer in a training step, each recorded as ``<phase>.fwd`` and
 # ``<phase>.bwd`` (measured) and as ops of these phases (simulated); both report ``<phase>_ms``.
 STEP_PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
+MOE_TERMS = ("gate_ms", "a2a_ms", "expert_ms")  # the MoE layers' terms: moe_layer_ms is their sum
 
 
 def step_terms(
@@ -26,7 +27,7 @@ def step_terms(
     """The step's terms in ms from its measured or simulated times: ``phases_ms`` per STEP_PHASES
     (forward + backward), the all-to-all wait ``a2a_ms`` (dispatch + combine) and by direction, the
     gradient sync's exposed wait and a sharded run's exposed parameter gathers."""
-    moe = phases_ms["gate"] + a2a_ms + phases_ms["expert"]
+    moe = phases_ms["gate"] + a2a_ms + phases_ms["expert"]  # MOE_TERMS
     return {
         "step_ms": step_ms,
         **{f"{p}_ms": phases_ms[p] for p in STEP_PHASES},
