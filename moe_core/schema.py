@@ -134,6 +134,9 @@ class HardwareConfig:
     all_to_all_curve: str = ""
     # -- compute model (moe_core.sim.compute; experiments/op_sweep.py measures and fits it) --
     peak_tflops: float = 0.0  # per device, in the dtype the model computes in
+    # Dense FP8 tensor-core peak per device (spec sheet), for steps that run their linear layers in
+    # FP8 (train.fp8); 0 = the device has no FP8 GEMMs. Device classes keep this ratio to peak_tflops.
+    fp8_peak_tflops: float = 0.0
     compute_efficiency: float = 0.5  # fraction of peak large, compute-bound GEMMs reach (the curve's maximum)
     # Share (0..1) of a GEMM's operand-traffic time (bytes / memory bandwidth) its math does not hide:
     # the GEMM efficiency curve's knee, efficiency(I) = compute_efficiency * I / (I + this * ridge point).
@@ -294,6 +297,15 @@ class TrainConfig:
     # backward (Megatron --recompute-granularity full, llm-foundry activation_checkpointing);
     # "selective" only its attention core (Megatron --recompute-granularity selective).
     recompute: Literal["none", "selective", "full"] = "none"
+    # With recompute=full: how many blocks of each pipeline stage recompute, the first ones
+    # (Megatron --recompute-method block --recompute-num-layers N); 0 = every block.
+    recompute_layers: int = 0
+    # FP8 linear layers (simulated only; Transformer Engine): every linear layer's and expert's three
+    # GEMMs at the device's FP8 peak (hardware.fp8_peak_tflops), with TE's casts of their operands to
+    # FP8. "delayed": scales from the amax history, the amax fused into the cast (NeMo's recipes);
+    # "current": per-tensor scales from the tensor itself, one more pass over each operand (Megatron's
+    # FP8-CS). The attention core, the gate, the LM head and every other op stay in train.dtype.
+    fp8: Literal["none", "delayed", "current"] = "none"
     lr: float = 3e-3
     warmup_iters: int = 3
     iters: int = 10  # timed iterations (each a full training step)
@@ -611,7 +623,7 @@ def _validate_pcie_tree(hw: DictConfig) -> None:
 def _validate_rates(hw: DictConfig) -> None:
     """The compute model's parameters (moe_core.sim.compute) and the links' shares: rates and costs >= 0,
     fractions in range, a known all-to-all curve."""
-    for key in ("peak_tflops", "memory_GBps", "kernel_launch_us"):
+    for key in ("peak_tflops", "fp8_peak_tflops", "memory_GBps", "kernel_launch_us"):
         require(
             math.isfinite(hw[key]) and hw[key] >= 0, f"hardware.{key}", f"must be a finite number >= 0, got {hw[key]}"
         )
@@ -759,6 +771,36 @@ def _validate_pipeline(cfg: DictConfig) -> None:
         )
 
 
+def _validate_precision(cfg: DictConfig) -> None:
+    """Partial recomputation counts blocks of full recomputation; FP8 GEMMs need a device that has
+    them and a 2-byte train.dtype for everything around them."""
+    tr = cfg.train
+    require(
+        tr.recompute_layers == 0 or (tr.recompute == "full" and 0 < tr.recompute_layers <= cfg.model.n_layers),
+        "train.recompute_layers",
+        f"counts the blocks of full recomputation, 1 to model.n_layers={cfg.model.n_layers} with "
+        f"train.recompute=full, or 0 for every block; got {tr.recompute_layers} with train.recompute={tr.recompute}",
+    )
+    if tr.fp8 == "none":
+        return
+    require(
+        cfg.hardware.fp8_peak_tflops > 0,
+        "train.fp8",
+        f"needs a device with FP8 GEMMs; hardware '{cfg.hardware.name}' sets no hardware.fp8_peak_tflops "
+        "(set it from the spec sheet, or use train.fp8=none)",
+    )
+    require(
+        tr.dtype == "bfloat16",
+        "train.fp8",
+        f"FP8 linear layers run inside a bfloat16 step; use train.dtype=bfloat16, got {tr.dtype}",
+    )
+    require(
+        grid_config(cfg).is_trivial,
+        "train.fp8",
+        "the 3D grid prices its linear layers itself and has no FP8 GEMMs yet; use train.fp8=none with parallel.grid",
+    )
+
+
 def _validate_grid(cfg: DictConfig) -> None:
     """The grid splits heads, features and weight blocks; its overlaps are counts and switches."""
     grid, m = grid_config(cfg), cfg.model
@@ -879,6 +921,7 @@ def _validate_training(cfg: DictConfig) -> None:
         f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
     )
     _validate_micro_batches(cfg)
+    _validate_precision(cfg)
     require(
         math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
         "parallel.timeout_s",
@@ -1021,6 +1064,12 @@ def validate_measured(cfg: DictConfig) -> None:
         "train.recompute",
         f"{cfg.train.recompute!r} is simulated only: the measured executor has no activation recomputation yet; "
         "use train.recompute=none for measured runs",
+    )
+    require(
+        cfg.train.fp8 == "none",
+        "train.fp8",
+        f"{cfg.train.fp8!r} is simulated only: the measured executor has no FP8 GEMMs; use train.fp8=none for "
+        "measured runs",
     )
 
 

@@ -72,3 +72,26 @@ def test_recompute_is_refused_where_it_is_not_modelled():
             overrides=[*BASE, "train.recompute=full", "parallel.grid.depth=2", "comm.policy=sequential"],
             whole_run=False,
         )
+
+
+def test_partial_recompute_repeats_the_first_blocks_only():
+    _, plain = _step("none")
+    _, first_two = _step("full", "train.recompute_layers=2")
+    block_forward = _compute_s(plain, lambda name: name.split(".")[0] in ("L0", "L1") and name.endswith(".fwd"))
+    added = _compute_s(first_two, lambda name: True) - _compute_s(plain, lambda name: True)
+    assert added == pytest.approx(block_forward, rel=1e-9)
+    assert {op.name.split(".")[0] for op in first_two.ops if op.name.startswith("recompute/")} == {
+        "recompute/L0",
+        "recompute/L1",
+    }
+    _, every = _step("full", "train.recompute_layers=4")
+    assert every.metrics()["step_ms"] == pytest.approx(_step("full")[1].metrics()["step_ms"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "extra", [("train.recompute=selective", "train.recompute_layers=2"), ("train.recompute_layers=5",)]
+)
+def test_partial_recompute_counts_blocks_of_full_recompute(extra):
+    overrides = [*BASE, "train.recompute=full", *extra]
+    with pytest.raises(ConfigError, match="train.recompute_layers"):
+        load_config(["configs/default.yaml"], overrides=overrides, whole_run=False)

@@ -208,6 +208,8 @@ class ForwardModel(StepModel):
         if peak not in self._pricers:
             pricer = copy.copy(self)
             pricer.compute = replace(self.compute, peak_flops=self.compute.peak_flops * peak / self._base_tflops)
+            if self.fp8 is not None:
+                pricer.fp8 = replace(self.fp8, peak_flops=self.fp8.peak_flops * peak / self._base_tflops)
             self._pricers[peak] = pricer
         return self._pricers[peak]
 

@@ -95,6 +95,7 @@ def stage_config(cfg: DictConfig, stage: Stage) -> DictConfig:
             "parallel.virtual_pipeline=1",
             "parallel.pipeline_split=blocks",
             f"model.n_layers={stage.blocks}",
+            f"train.recompute_layers={min(tr.recompute_layers, stage.blocks)}",  # the first blocks of each stage
             f"train.batch_size={tr.batch_size // tr.micro_batches}",
             "train.micro_batches=1",
         ],
@@ -152,7 +153,8 @@ class PipelineModel:
         for stage in self.stages:
             parts = (stage.blocks, stage.embedding, stage.head)
             if parts not in simulated:
-                simulated[parts] = StepModel(stage_config(self.cfg, stage), self.topo, *parts[1:]).run()
+                stage_cfg, passes = stage_config(self.cfg, stage), self.cfg.train.micro_batches
+                simulated[parts] = StepModel(stage_cfg, self.topo, *parts[1:], step_passes=passes).run()
         return [simulated[stage.blocks, stage.embedding, stage.head] for stage in self.stages]
 
     def p2p_seconds(self) -> float:

@@ -13,8 +13,11 @@ the model's real shapes: every linear layer a GEMM (backward: its dX and dW GEMM
 core two batched GEMMs per pass, layer norms, residual adds and activations memory-bound, the
 gate its GEMM plus the routing's kernels and bytes (counted on the real code, ``GATE_ROUTING``),
 the experts one batched GEMM pair over the local experts, the contiguous copies on each side of an
-all-to-all, and the optimizer step once the gradients are reduced. A calibrated profile's
-``phase_efficiency`` multiplies the speed of each op class (dense, gate, expert), :meth:`StepModel._priced`.
+all-to-all, and the optimizer step once the gradients are reduced. Under ``train.fp8`` the linear
+layers' and experts' GEMMs run at the device's FP8 peak with Transformer Engine's casts of their
+operands (``FP8_CAST_BYTES``); the attention core, the gate and the LM head stay in ``train.dtype``.
+A calibrated profile's ``phase_efficiency`` multiplies the speed of each op class (dense, gate,
+expert), :meth:`StepModel._priced`.
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order, then gradient all-reduces per plan unit:
@@ -98,6 +101,14 @@ def gate_routing(top_k: int, pass_: str) -> tuple[int, float, float]:
         return GATE_ROUTING[top_k][pass_]
     kernels, per_token_expert, per_token, per_choice = GATE_ROUTING_TOP_K[pass_]
     return kernels, per_token_expert, per_token + per_choice * top_k
+
+
+# Transformer Engine's casts around an FP8 linear layer (train.fp8), in bytes moved per element of the
+# operand cast: read in bfloat16, written in FP8 and as an FP8 transpose in one fused kernel (Hopper's
+# FP8 GEMMs take only the "TN" layout, so the backward GEMMs read transposed copies).
+FP8_CAST_BYTES = 2 + 1 + 1
+FP8_AMAX_BYTES = 2  # current scaling: one more kernel reads the operand for its amax before the cast
+FP8_OPERAND_BYTES = 1
 
 
 # Which calibrated op class (moe_core.schema.COMPUTE_PHASES) prices an op phase: the measured
@@ -248,15 +259,22 @@ class StepModel:
 
     ``embedding`` / ``head``: whether the ranks hold the embedding and the final norm, LM head and
     loss; a pipeline stage (moe_core.sim.pipeline) holds only its share, the whole model both.
+    ``step_passes``: the micro-batches of the whole step, when ``cfg`` prices one of them (a pipeline
+    stage's); what happens once a step (the FP8 cast of the weights) is spread over them.
     """
 
-    def __init__(self, cfg: DictConfig, topo, embedding: bool = True, head: bool = True):
+    def __init__(
+        self, cfg: DictConfig, topo, embedding: bool = True, head: bool = True, step_passes: int | None = None
+    ):
         if cfg.parallel.pipeline_parallel > 1:
             raise ValueError("a pipelined config is a composition of stages: use moe_core.sim.pipeline.simulate_step")
         # ``self.cfg`` is one pass's: the ops are priced on a micro-batch's shapes
         self.cfg, self.topo = micro_batch_config(cfg), topo
         self.embedding, self.head = embedding, head
         self.passes, self.sharding = cfg.train.micro_batches, cfg.parallel.data_sharding
+        # the step's passes over the weights, which share one FP8 cast of them: a pipeline stage is
+        # priced on one micro-batch of a step of ``step_passes``
+        self.step_passes = step_passes or self.passes
         self.elem = DTYPE_BYTES[cfg.train.dtype]
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
@@ -268,6 +286,13 @@ class StepModel:
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.compute = ComputeModel.from_profile(cfg.hardware, tflops, self.elem, share)
+        # FP8 linear layers: the same GEMM curve at the device's FP8 peak, on 1-byte operands
+        fp8_tflops = tflops * cfg.hardware.fp8_peak_tflops / cfg.hardware.peak_tflops if cfg.hardware.peak_tflops else 0
+        self.fp8 = (
+            ComputeModel.from_profile(cfg.hardware, fp8_tflops, FP8_OPERAND_BYTES, share)
+            if cfg.train.fp8 != "none"
+            else None
+        )
         self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)
         if self.plan.choose_packing is not None:
             self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
@@ -333,11 +358,34 @@ class StepModel:
         """An op's compute-model time under the profile's calibrated multiplier for its class."""
         return seconds / self.cfg.hardware.phase_efficiency.get(calibration_class(phase), 1.0)
 
-    def _gemm(self, pass_: str, m: float, n: float, k: float, count: float = 1) -> float:
-        """A GEMM in ``pass_``: forward, or its backward dX and dW GEMMs."""
+    def _gemm(
+        self, pass_: str, m: float, n: float, k: float, count: float = 1, model: ComputeModel | None = None
+    ) -> float:
+        """A GEMM in ``pass_``: forward, or its backward dX and dW GEMMs (on ``model``, default the step's)."""
+        model = model or self.compute
         if pass_ == "fwd":
-            return self.compute.gemm(m, n, k, count)
-        return self.compute.gemm_backward(m, n, k, count)
+            return model.gemm(m, n, k, count)
+        return model.gemm_backward(m, n, k, count)
+
+    def _weight_gemm(self, pass_: str, m: float, n: float, k: float, count: float = 1) -> float:
+        """The GEMMs of a linear layer or an expert, X (m x k) times its weight (k x n), in ``pass_``:
+        in train.dtype, or under train.fp8 at the FP8 peak with Transformer Engine's casts."""
+        if self.fp8 is None:
+            return self._gemm(pass_, m, n, k, count)
+        return self._gemm(pass_, m, n, k, count, model=self.fp8) + self._fp8_casts(pass_, m, n, k, count)
+
+    def _fp8_casts(self, pass_: str, m: float, n: float, k: float, count: float) -> float:
+        """Transformer Engine's casts around ``count`` FP8 GEMMs (m x k) @ (k x n) in ``pass_``: forward
+        the input and the weight, backward the output's gradient. The weight is cast once a step
+        (Megatron passes ``is_first_microbatch`` and TE keeps the FP8 weight), so a pass pays
+        1 / (the step's micro-batches) of it."""
+        per_element, kernels = FP8_CAST_BYTES, 1
+        if self.cfg.train.fp8 == "current":
+            per_element, kernels = per_element + FP8_AMAX_BYTES, 2
+        if pass_ != "fwd":
+            return self.compute.memory_bound(per_element * count * m * n, kernels)
+        inputs = self.compute.memory_bound(per_element * count * m * k, kernels)
+        return inputs + self.compute.memory_bound(per_element * count * k * n, kernels) / self.step_passes
 
     def _elementwise(self, op: str, pass_: str, elements: float, element_bytes: int | None = None) -> float:
         """A memory-bound op of ``ELEMENTWISE`` over ``elements`` activation elements."""
@@ -346,7 +394,7 @@ class StepModel:
 
     def _linear(self, pass_: str, tokens: float, out_features: float, in_features: float) -> float:
         """An ``nn.Linear`` with bias: Y = X W^T + b, its GEMM and, backward, its bias gradient."""
-        return self._gemm(pass_, tokens, out_features, in_features) + self._elementwise(
+        return self._weight_gemm(pass_, tokens, out_features, in_features) + self._elementwise(
             "bias", pass_, tokens * out_features
         )
 
@@ -402,9 +450,9 @@ class StepModel:
         pair with the activation between: W_in (SwiGLU: gate and up), activation, W_out."""
         M, activation = self.cfg.model.d_model, self.cfg.model.ffn_activation
         seconds = (
-            self._gemm(pass_, rows_each, in_width(activation) * hidden, M, count)
+            self._weight_gemm(pass_, rows_each, in_width(activation) * hidden, M, count)
             + self._elementwise(activation, pass_, count * rows_each * hidden)
-            + self._gemm(pass_, rows_each, M, hidden, count)
+            + self._weight_gemm(pass_, rows_each, M, hidden, count)
         )
         return self._priced(seconds, "expert")
 
@@ -608,7 +656,7 @@ class StepModel:
             return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", compute("ffn", pass_, last, i), activation_bytes)
 
         shards = FullShardOps(self, add) if self.sharding == "full" else None
-        recompute = self.cfg.train.recompute
+        recompute, recompute_layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
 
         def block_forward(i: int, last) -> int:
             """Block ``i``'s forward ops; full recomputation repeats them, exchanges included, before
@@ -643,7 +691,7 @@ class StepModel:
             grads_ready = {"head": last}
             for i in reversed(range(m.n_layers)):
                 last = gathered(i, "bwd", last)
-                if recompute != "none":  # ops named "recompute/...", the pass's prefix kept
+                if recompute != "none" and (i < recompute_layers or not recompute_layers):  # named "recompute/..."
                     pass_prefix, prefix = prefix, prefix + "recompute/"
                     last = block_forward(i, last) if recompute == "full" else attention_core_forward(i, last)
                     prefix = pass_prefix
