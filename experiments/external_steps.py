@@ -4,11 +4,13 @@
 
 analysis/external_steps.yaml lists published end-to-end training throughputs on real GPU clusters with their
 settings. Each entry is either priced or carries ``excluded: "<why>"`` (a mechanism the simulator lacks). A
-priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads and key/value heads, d_ff
-and FFN activation, vocab, sequence;
-bfloat16; tensor, pipeline (1F1B, interleaved when the source says so) and data parallelism as the source
-states them; the per-rank batch global_batch / dp in micro-batches of the source's size; the source's
-activation recomputation; FSDP as full data sharding, Megatron's distributed optimizer as optimizer sharding)
+priced entry is mapped to the suite's own config (a dense GPT: d_model, layers, heads and key/value heads,
+d_ff and FFN activation, vocab, sequence; bfloat16; tensor, pipeline (1F1B, interleaved when the source says
+so) and data parallelism as the source states them; the per-rank batch global_batch / dp in micro-batches of
+the source's size; the source's activation recomputation (every block, or the first ``recompute_layers`` of
+each stage); the linear layers in FP8 where the source trains in FP8 (``precision`` fp8-delayed or
+fp8-current: Transformer Engine's scaling recipes); FSDP as full data sharding, Megatron's distributed
+optimizer as optimizer sharding)
 and, for an MoE entry, Megatron's MoE: every layer's FFN top-k experts over ``ep`` ranks, whole (etp 1) or split
 as the dense blocks, dropless (routing priced as balanced) or at the stated capacity) and simulated by
 ``moe_core.sim.pipeline.simulate_step`` on the entry's hardware profile as it is (spec-sheet
@@ -47,7 +49,14 @@ PRICED_KEYS = ("profile", "published")
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
 METRICS = ("step_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")  # the metrics a priced entry may carry
 FLOPS_FORMULAS = ("megatron-lm",)  # how a source counts the model FLOPs of model_tflops_per_gpu
-DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16"}  # 2-byte formats; the compute model's peak is the bf16 one
+# A source's precision as the suite's (train.dtype, train.fp8): 2-byte formats on the bf16 peak; FP8 the
+# linear layers on the FP8 peak with Transformer Engine's delayed (NeMo) or current (Megatron FP8-CS) scaling
+PRECISION = {
+    "bf16": ("bfloat16", "none"),
+    "fp16": ("bfloat16", "none"),
+    "fp8-delayed": ("bfloat16", "delayed"),
+    "fp8-current": ("bfloat16", "current"),
+}
 RECOMPUTE = ("none", "selective", "full")  # a priced entry states its activation recomputation
 FSDP = (True, "FULL_SHARD", "FSDP2")  # how sources say their parameters are fully sharded (FSDP, ZeRO-3)
 # The suite's FFN for a source's: SwiGLU as it is; GELU as ReLU, the same two GEMMs and one elementwise
@@ -90,8 +99,8 @@ def _check_priced(entry: dict, where: str) -> None:
         raise ValueError(f"{where}: model_tflops_per_gpu needs flops_formula, one of {list(FLOPS_FORMULAS)}")
     if entry["kind"] == "moe":
         _check_moe(entry, where)
-    if entry["precision"] not in DTYPE:
-        raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(DTYPE)}")
+    if entry["precision"] not in PRECISION:
+        raise ValueError(f"{where}: precision {entry['precision']!r} is not priced; use one of {list(PRECISION)}")
     if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
         raise ValueError(f"{where}: unknown profile {entry['profile']!r}; add configs/hardware/<profile>.yaml")
     if entry["model"].get("ffn_type") not in FFN_ACTIVATION:
@@ -100,6 +109,9 @@ def _check_priced(entry: dict, where: str) -> None:
         )
     if entry.get("recompute") not in RECOMPUTE:
         raise ValueError(f"{where}: recompute must be one of {list(RECOMPUTE)}, got {entry.get('recompute')!r}")
+    layers = entry.get("recompute_layers", 0)
+    if layers and (entry["recompute"] != "full" or not 0 < layers <= entry["model"]["n_layers"]):
+        raise ValueError(f"{where}: recompute_layers counts blocks of full recompute, 1 to n_layers; got {layers}")
     gpus, tp, pp = entry_gpus(entry), _axis(entry, "tp"), _axis(entry, "pp")
     if gpus % (tp * pp) or entry["batch"]["global_batch"] % (gpus // (tp * pp)):
         raise ValueError(f"{where}: need GPUs divisible by tp x pp and global_batch divisible by dp = GPUs / (tp x pp)")
@@ -193,7 +205,9 @@ def entry_overrides(entry: dict) -> list[str]:
         f"train.batch_size={per_rank}",
         f"train.micro_batches={per_rank // micro}",
         f"train.recompute={entry['recompute']}",
-        f"train.dtype={DTYPE[entry['precision']]}",
+        f"train.recompute_layers={entry.get('recompute_layers', 0)}",  # Megatron --recompute-num-layers
+        f"train.dtype={PRECISION[entry['precision']][0]}",
+        f"train.fp8={PRECISION[entry['precision']][1]}",
         "comm.bucket_mb=25",  # PyTorch DDP's default bucket
     ]
 
@@ -290,6 +304,8 @@ def entry_params(entry: dict) -> dict[str, Any]:
         "dp": entry_dp(entry),
         "micro_batch": _micro_batch(entry),
         "recompute": entry["recompute"],
+        "recompute_layers": entry.get("recompute_layers", 0),
+        "precision": entry["precision"],
         "data_sharding": data_sharding(entry),
     }
 

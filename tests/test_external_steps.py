@@ -132,6 +132,8 @@ def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
         ({"excluded": ""}, "excluded must say why"),
         ({"kind": "sparse"}, "kind must be dense or moe"),
         ({"model.ffn_type": "geglu"}, "model.ffn_type must be one of"),
+        ({"recompute_layers": 1}, "recompute_layers counts blocks of full recompute"),
+        ({"recompute": "full", "recompute_layers": 3}, "recompute_layers counts blocks of full recompute"),
     ],
 )
 def test_bad_entries_are_refused(tmp_path, changes, message):
@@ -146,3 +148,12 @@ def test_duplicate_ids_are_refused(tmp_path):
     path.write_text(yaml.safe_dump({"entries": [SMALL, SMALL]}))
     with pytest.raises(ValueError, match="duplicate ids"):
         es.load_entries(path)
+
+
+@pytest.mark.parametrize(("precision", "scaling"), [("fp8-delayed", "delayed"), ("fp8-current", "current")])
+def test_an_fp8_entry_runs_its_linear_layers_in_fp8(precision, scaling):
+    cfg = es.entry_config(entry(precision=precision, recompute="full", recompute_layers=1))
+    assert (cfg.train.dtype, cfg.train.fp8) == ("bfloat16", scaling)
+    assert (cfg.train.recompute, cfg.train.recompute_layers) == ("full", 1)
+    bf16 = es.simulate_entry(entry())
+    assert es.simulate_entry(entry(precision=precision))["predicted_step_s"] != bf16["predicted_step_s"]
