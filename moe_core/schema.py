@@ -145,7 +145,9 @@ class HardwareConfig:
     # traffic not modelled: every GEMM at compute_efficiency, memory-bound ops cost their launches only.
     memory_GBps: float = 0.0
     memory_efficiency: float = 1.0  # fraction of memory_GBps streaming kernels reach
-    kernel_launch_us: float = 0.0  # cost of one kernel as eager PyTorch issues it; 0 = not modelled
+    # Host cost of one kernel as eager PyTorch issues it; 0 = not modelled. On a cuda device the host
+    # issues ahead of the GPU and launches cost what it falls behind (moe_core.sim.engine.issued_by_host).
+    kernel_launch_us: float = 0.0
     # Per op class ("dense", "gate", "expert"): calibrated multipliers on the compute model's speed
     # (an op takes model time / this); 1 when absent. Calibration fits them from measured phase times.
     phase_efficiency: dict[str, float] = field(default_factory=dict)

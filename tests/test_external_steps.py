@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from experiments import external_steps as es
+from moe_core.config import load_config
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -63,13 +64,20 @@ def test_published_step_follows_the_metric_definition():
 
 
 def test_one_gpu_step_is_the_compute_models_sum():
-    """One GPU: no communication, so the step is the sum of its compute ops' durations."""
+    """One GPU: no communication, so the step is its compute ops' time: their sum with launches in
+    series, and with the host issuing ahead no less than either the device's work or the host's launches."""
     cfg = es.entry_config(SMALL)
-    ops, _ = StepModel(cfg, build_topology(cfg.hardware)).build()
+    model = StepModel(cfg, build_topology(cfg.hardware))
+    ops, _ = model.build()
     assert all(op.transfer is None for op in ops)
+    serial = sum(op.duration_s for op in ops)
+    work = sum(op.duration_s for op in model._without_launches())
     result = es.simulate_entry(SMALL)
-    assert result["predicted_step_s"] == pytest.approx(sum(op.duration_s for op in ops))
+    assert max(work, serial - work) <= result["predicted_step_s"] * (1 + 1e-9) and result["predicted_step_s"] < serial
     assert result["step_error"] == pytest.approx(result["predicted_step_s"] / es.published_step_s(SMALL) - 1)
+    free = load_config(overrides=[*es.entry_overrides(SMALL), "hardware.kernel_launch_us=0"], whole_run=False)
+    launch_free = StepModel(free, build_topology(free.hardware))  # nothing to issue: the ops one after another
+    assert launch_free.run().timeline.makespan_s == pytest.approx(sum(op.duration_s for op in launch_free.build()[0]))
 
 
 def test_llama_blocks_map_to_grouped_query_attention_and_swiglu():

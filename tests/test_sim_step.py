@@ -232,7 +232,7 @@ def test_moe_layer_wall_time_per_pass_counts_pipelined_experts_once():
     cuts = sum(piped.durations_ms("partition.fwd", "partition")) + sum(piped.durations_ms("concat.bwd", "partition"))
     inside = copies_inside(piped) + cuts
     assert cuts > 0 and wall == pytest.approx(p["moe_layer_ms"] + inside)
-    assert wall < 0.9 * (p["gate_ms"] + p["expert_ms"] + p["a2a_in_flight_ms"] + inside)
+    assert wall < p["gate_ms"] + p["expert_ms"] + p["a2a_in_flight_ms"] + inside - p["expert_ms"] / 2
     assert 0 < m["moe_compute_share"] < p["moe_compute_share"] <= 1
 
 

@@ -29,8 +29,11 @@ parameters fitted to measured op sweeps (experiments/op_sweep.py):
   bf16 autocast), in ``ADAM_OPS`` elementwise ops per tensor, or per step where torch runs the
   multi-tensor (foreach) implementation (its default on CUDA).
 
-``launch`` (``kernel_launch_us``) is the cost of one kernel as the step's eager PyTorch issues it
-(dispatcher, launch, host gaps), added to every op: on a CPU the same core dispatches and computes.
+``launch`` (``kernel_launch_us``) is the host's cost of one kernel as the step's eager PyTorch
+issues it (dispatcher, launch, host gaps), part of every op's price. On a CPU the same core
+dispatches and computes, so it adds to the op's time; a GPU runs kernels as the host issues them,
+and the step simulation takes the launches out of the ops onto a host thread that can run ahead
+(moe_core.sim.engine.issued_by_host), so they cost time only where the host falls behind.
 
 Fallbacks keep a profile without these fields valid and its times unchanged: ``memory_GBps`` 0
 means memory traffic is not modelled (every GEMM at ``compute_efficiency``, the former constant

@@ -43,6 +43,17 @@ class Op:
     transfer: Transfer | None = None
     latency_s: float = 0.0
     priority: int = 0  # strict priority class of the transfer, 0 highest
+    # Asynchronous devices (:func:`issued_by_host`): an op of the host's issue stream, not the device's;
+    # the host op that issues this compute op (its span then runs to that op's end at least); and
+    # whether the host must wait for this op's inputs before issuing it (it reads them: split sizes).
+    on_host: bool = False
+    issued_by: int | None = None
+    host_sync: bool = False
+
+    @property
+    def is_compute(self) -> bool:
+        """A device's compute op (not a transfer, not the host issuing kernels)."""
+        return self.transfer is None and not self.on_host
 
 
 def as_deps(after) -> list[int]:
@@ -62,6 +73,45 @@ class Timeline:
     @property
     def makespan_s(self) -> float:
         return float(self.end_s.max()) if len(self.end_s) else 0.0
+
+
+def issued_by_host(ops: list[Op], issue_s: list[float]) -> tuple[list[Op], list[int]]:
+    """``ops`` (in program order) as an asynchronous device (a GPU) runs them under one host thread.
+
+    The host issues the ops one after another: compute op i takes ``issue_s[i]`` of host time (its
+    kernels' launches, which its ``duration_s`` no longer holds), a collective none. The device
+    starts a compute op once its inputs are ready and the host has begun issuing it, and ends it no
+    earlier than the host's last launch for it (``issued_by``: the CUDA events around it span the
+    gap); a collective starts once its inputs are ready and the host has issued the ops it waits on
+    (as a hook or a prefetch issues it, not after everything listed before it). So launches cost the
+    step nothing while the host runs ahead and all of their time where it falls behind (small
+    kernels, a host-bound model). The host waits for the device only before an op marked
+    ``host_sync`` (it reads what that op's inputs computed, such as the split sizes of a dropless
+    all-to-all) and at the start. Returns the new ops and where each of ``ops`` went.
+    """
+    new: list[Op] = []
+    where: list[int] = []
+    issued_at: list[int | None] = []  # per op of ``ops``: the host op after which it is issued
+    host: int | None = None  # the host's last op
+    for op, issue in zip(ops, issue_s):
+        deps = [where[d] for d in op.deps]
+        if op.host_sync:  # the host reads the inputs: it waits for the device to compute them
+            new.append(Op(f"sync/{op.name}", "host", as_deps([host, *deps]), on_host=True))
+            host = len(new) - 1
+        if op.transfer is None:
+            begun = host
+            new.append(Op(f"issue/{op.name}", "host", as_deps(host), duration_s=issue, on_host=True))
+            host = len(new) - 1
+            new.append(replace(op, deps=as_deps([*deps, begun]), issued_by=host))
+            issued_at.append(host)
+        else:
+            after = (
+                host if op.host_sync else max((issued_at[d] for d in op.deps if issued_at[d] is not None), default=None)
+            )
+            new.append(replace(op, deps=as_deps([*deps, after])))
+            issued_at.append(after)
+        where.append(len(new) - 1)
+    return new, where
 
 
 def add_micro_ops(
@@ -224,6 +274,9 @@ def simulate(
                     begin(c)
         if changed or set(active) != set(rates):
             rates = current_rates()
+    for i, op in enumerate(ops):  # an issued op lasts until its last kernel is launched (issued_by_host)
+        if op.issued_by is not None:
+            end[i] = max(end[i], end[op.issued_by])
     return Timeline(start, end)
 
 

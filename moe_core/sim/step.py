@@ -17,7 +17,11 @@ all-to-all, and the optimizer step once the gradients are reduced. Under ``train
 layers' and experts' GEMMs run at the device's FP8 peak with Transformer Engine's casts of their
 operands (``FP8_CAST_BYTES``); the attention core, the gate and the LM head stay in ``train.dtype``.
 A calibrated profile's ``phase_efficiency`` multiplies the speed of each op class (dense, gate,
-expert), :meth:`StepModel._priced`.
+expert), :meth:`StepModel._priced`. On a GPU (``hardware.device`` cuda) the kernels' launches leave
+the ops for a host thread that issues them in program order and may run ahead of the device
+(moe_core.sim.engine.issued_by_host, priced as each op's time less its launch-free time); the host
+waits for the device only where it reads device data: a dropless exchange's split sizes. On a CPU
+the launches stay in the ops, one after another.
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
 forward ops in order, then backward ops in reverse order, then gradient all-reduces per plan unit:
@@ -56,7 +60,7 @@ from ..schema import head_dim, kv_heads, micro_batch_config
 from ..step_metrics import STEP_PHASES, a2a_shares, step_terms
 from .collectives import collective_op, simulate_on
 from .compute import ComputeModel
-from .engine import Op, Timeline, as_deps
+from .engine import Op, Timeline, as_deps, issued_by_host
 from .grid_ops import GridOps
 from .sharding import ROOT, FullShardOps
 from .topology import Transfer
@@ -190,7 +194,7 @@ class StepSimulation:
 
     def waiting_ms(self, selected: Callable[[Op], bool]) -> float:
         """Wall time (ms) in which a ``selected`` op is in flight and no compute op runs."""
-        waiting, busy = self._spans(selected), self._spans(lambda op: op.transfer is None)  # compute: no transfer
+        waiting, busy = self._spans(selected), self._spans(lambda op: op.is_compute)
         overlap = sum(max(0.0, min(b, d) - max(a, c)) for a, b in waiting for c, d in busy)
         return 1e3 * (sum(b - a for a, b in waiting) - overlap)
 
@@ -286,6 +290,9 @@ class StepModel:
         busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
         share = min(1.0, cfg.hardware.host_cores / busiest_node) if cfg.hardware.host_cores else 1.0
         self.compute = ComputeModel.from_profile(cfg.hardware, tflops, self.elem, share)
+        # a GPU runs kernels as its host issues them, which can run ahead (engine.issued_by_host); on a
+        # CPU the same cores issue and compute, so a kernel's launch is part of its time
+        self.asynchronous = cfg.hardware.device == "cuda" and cfg.hardware.kernel_launch_us > 0
         # FP8 linear layers: the same GEMM curve at the device's FP8 peak, on 1-byte operands
         fp8_tflops = tflops * cfg.hardware.fp8_peak_tflops / cfg.hardware.peak_tflops if cfg.hardware.peak_tflops else 0
         self.fp8 = (
@@ -580,8 +587,11 @@ class StepModel:
         def all_to_all(name: str, phase: str, after) -> int:
             if a2a is None:  # expert parallel size 1: the exchange is a local copy
                 return add(name, phase, after, duration_s=0.0)
-            for cost in a2a:  # one op, or the hierarchical exchange's two phases
-                after = add(name, phase, after, **cost)
+            # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the
+            # host sync of moe_core.layer, and of Megatron's dropless dispatcher)
+            sync = self.cfg.moe.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
+            for k, cost in enumerate(a2a):  # one op, or the hierarchical exchange's two phases
+                after = add(name, phase, after, host_sync=sync and k == 0, **cost)
             return after
 
         def moe_comm(name: str, phase: str, after) -> int:
@@ -765,8 +775,25 @@ class StepModel:
 
     def run(self) -> StepSimulation:
         ops, backward_end = self.build()
+        alone_s = self._alone_seconds(ops, self._gradient_sync[1])
+        if self.asynchronous:
+            work = self._without_launches()
+            ops, where = issued_by_host(work, [op.duration_s - w.duration_s for op, w in zip(ops, work)])
+            backward_end = where[backward_end]
         timeline = simulate_on(self.cfg.hardware, self.topo, ops)
-        return StepSimulation(ops, timeline, backward_end, self._alone_seconds(ops, self._gradient_sync[1]))
+        return StepSimulation(ops, timeline, backward_end, alone_s)
+
+    def _without_launches(self) -> list[Op]:
+        """The step's ops priced without kernel launches: the device's share of each op's time (every
+        op's price is its kernels' launches plus this, moe_core.sim.compute)."""
+        priced = self.compute, self.fp8
+        self.compute = replace(self.compute, launch_s=0.0)
+        self.fp8 = self.fp8 and replace(self.fp8, launch_s=0.0)
+        try:
+            ops, _ = self.build()
+        finally:
+            self.compute, self.fp8 = priced
+        return ops
 
     def _alone_seconds(self, ops: list[Op], phase: str) -> float:
         """The ``phase`` ops' time each alone on the network, one after another: what their units
