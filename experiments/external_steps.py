@@ -201,6 +201,7 @@ def entry_overrides(entry: dict) -> list[str]:
         f"parallel.data_sharding={data_sharding(entry)}",
         *(f"model.{key}={m[key]}" for key in MODEL_KEYS),
         f"model.n_kv_heads={m.get('n_kv_heads') or 0}",  # grouped-query attention where the source has it
+        f"model.head_dim={m.get('head_dim') or 0}",  # Qwen3's 128-wide heads on a narrower d_model
         f"model.ffn_activation={FFN_ACTIVATION[m['ffn_type']]}",
         f"train.batch_size={per_rank}",
         f"train.micro_batches={per_rank // micro}",
