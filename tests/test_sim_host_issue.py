@@ -5,7 +5,7 @@ CPU steps keep every launch in series."""
 import numpy as np
 import pytest
 
-from moe_core.config import load_config
+from moe_core.config import ConfigError, load_config, validate_measured
 from moe_core.sim.engine import Op, issued_by_host, simulate
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import Transfer, build_topology
@@ -99,3 +99,17 @@ def test_a_cpu_step_keeps_its_launches_in_series():
     sim = model.run()
     assert not model.asynchronous and not any(op.on_host for op in sim.ops)
     assert sim.timeline.makespan_s == simulate(serial_ops, model.topo.capacity).makespan_s
+
+
+def test_a_gate_that_reads_its_counts_syncs_the_host_and_never_speeds_the_step():
+    """DeepSpeed-MoE's gate copied its expert counts to the CPU (moe.gate_host_sync): the host waits
+    before every MoE layer's gate forward, so the gate's launches are no longer hidden."""
+    base = [*GPU, "model.n_layers=4", "model.moe_every=2"]
+    synced = _model(*base, "moe.gate_host_sync=true").run()
+    assert [op.name for op in synced.ops if op.name.startswith("sync/")] == ["sync/L1.gate.fwd", "sync/L3.gate.fwd"]
+    free = _model(*base).run()
+    assert synced.timeline.makespan_s >= free.timeline.makespan_s
+    assert synced.metrics()["gate_ms"] > free.metrics()["gate_ms"]
+    cfg = load_config(overrides=[*base, "moe.gate_host_sync=true"], whole_run=False)
+    with pytest.raises(ConfigError, match="moe.gate_host_sync"):
+        validate_measured(cfg)

@@ -20,7 +20,8 @@ A calibrated profile's ``phase_efficiency`` multiplies the speed of each op clas
 expert), :meth:`StepModel._priced`. On a GPU (``hardware.device`` cuda) the kernels' launches leave
 the ops for a host thread that issues them in program order and may run ahead of the device
 (moe_core.sim.engine.issued_by_host, priced as each op's time less its launch-free time); the host
-waits for the device only where it reads device data: a dropless exchange's split sizes. On a CPU
+waits for the device only where it reads device data: a dropless exchange's split sizes, and a
+gate that reads its expert counts (``moe.gate_host_sync``, DeepSpeed-MoE's before 2024-08). On a CPU
 the launches stay in the ops, one after another.
 
 Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
@@ -674,7 +675,8 @@ class StepModel:
             last = attention(i, "fwd", compute("norms", "fwd", last, i))
             if i not in moe_layers:
                 return dense_ffn(i, "fwd", last)
-            last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"])
+            sync = self.cfg.moe.gate_host_sync  # the host reads the gate's counts (DeepSpeed-MoE's gate)
+            last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"], host_sync=sync)
             return exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
 
         def attention_core_forward(i: int, last) -> int:
