@@ -38,6 +38,7 @@ class MoELayer(nn.Module):
         dropless: bool,
         aux_loss_scale: str,
         activation: str = "relu",
+        gate_host_sync: bool = False,
         layer_id: int,
         seed: int,
     ):
@@ -53,6 +54,10 @@ class MoELayer(nn.Module):
         self.rank = 0  # global rank: numbers this rank's groups for random routing
         self.step = 0  # forward count in training mode: draws fresh routing noise every step
         self.last_gating: GatingResult | None = None
+        # DeepSpeed-MoE's gate copied its expert counts to the host every forward (until 2024-08);
+        # moe.gate_host_sync runs the same read here, so measured and simulated steps share the sync
+        self.gate_host_sync = gate_host_sync
+        self.host_expert_counts: list[int] | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, M) -> ((B, T, M), aux_loss). Tokens dropped by capacity come back as zeros."""
@@ -72,6 +77,8 @@ class MoELayer(nn.Module):
                 else capacity(S, self.num_experts, self.top_k, self.capacity_factor, self.min_capacity)
             )
             plan = gshard_gating(logits, self.top_k, C, noise, self.aux_loss_scale)
+            if self.gate_host_sync:  # NOTE: host sync, on purpose (moe.gate_host_sync)
+                self.host_expert_counts = plan.tokens_per_expert.tolist()
         combine_weight = timer.mark_backward(plan.combine_weight, "gate", "out")
         self.last_gating = plan
         if self.training:

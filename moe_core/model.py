@@ -102,6 +102,7 @@ class MoETransformer(nn.Module):
                     group_size=moe.group_size,
                     second_expert_policy=moe.second_expert_policy,
                     dropless=moe.dropless,
+                    gate_host_sync=moe.gate_host_sync,
                     activation=m.ffn_activation,
                     aux_loss_scale=moe.aux_loss_scale,
                     layer_id=i,

@@ -208,10 +208,10 @@ class MoEConfig:
     # GShard's rule is for top_k 2 only: top_k 1 and >= 3 keep every choice whichever is set.
     second_expert_policy: Literal["random", "always"] = "random"
     dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
-    # Simulated only: the gate's forward reads device data on the host, so on a GPU the host stops
-    # issuing ahead there (moe_core.sim.engine.issued_by_host). DeepSpeed-MoE's top-k gating did, copying
-    # its expert counts to the CPU (deepspeed/moe/sharded_moe.py, from 2021 until PR #5578, 2024-08-22:
-    # "will cause device to host synchronization which damage performance"); this suite's gate does not.
+    # The gate's forward copies its expert counts to the host, a host-device sync: on a GPU the host
+    # stops issuing ahead there (measured: moe_core.layer; simulated: moe_core.sim.engine.issued_by_host).
+    # DeepSpeed-MoE's top-k gating did (deepspeed/moe/sharded_moe.py, from 2021 until PR #5578,
+    # 2024-08-22: "will cause device to host synchronization which damage performance"); off by default.
     gate_host_sync: bool = False
     # Ranks each expert's hidden units are split over (simulated only): 0 = parallel.tensor_parallel
     # (DeepSpeed's layout: the "tp" ranks route their shared tokens once); 1 = whole experts, each
@@ -1071,12 +1071,6 @@ def validate_measured(cfg: DictConfig) -> None:
         "train.recompute",
         f"{cfg.train.recompute!r} is simulated only: the measured executor has no activation recomputation yet; "
         "use train.recompute=none for measured runs",
-    )
-    require(
-        not cfg.moe.gate_host_sync,
-        "moe.gate_host_sync",
-        "is simulated only (a stack's gate that reads device data on the host); the measured gate reads none: "
-        "use moe.gate_host_sync=false for measured runs",
     )
     require(
         cfg.train.fp8 == "none",

@@ -38,7 +38,7 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _layer(dropless: bool, second_expert_policy: str) -> MoELayer:
+def _layer(dropless: bool, second_expert_policy: str, gate_host_sync: bool = False) -> MoELayer:
     torch.manual_seed(0)
     return MoELayer(
         d_model=16,
@@ -53,6 +53,7 @@ def _layer(dropless: bool, second_expert_policy: str) -> MoELayer:
         aux_loss_scale="e2",
         layer_id=0,
         seed=0,
+        gate_host_sync=gate_host_sync,
     )
 
 
@@ -74,3 +75,14 @@ def test_capacity_forward_and_backward_never_sync(second_expert_policy):
 
 def test_the_detector_sees_the_dropless_split_sizes():
     assert _syncs_of_a_step(_layer(dropless=True, second_expert_policy="always"))  # .tolist() of the counts
+
+
+def test_a_gate_that_reads_its_counts_on_the_host_computes_the_same():
+    """moe.gate_host_sync: DeepSpeed-MoE's gate copied its expert counts to the host every forward
+    (``.tolist()``, a sync on a GPU that this CPU detector cannot see); the math is unchanged."""
+    plain, synced = _layer(False, "always"), _layer(False, "always", gate_host_sync=True)
+    x = torch.randn(2, 16, 16)
+    assert torch.equal(plain(x)[0], synced(x)[0])
+    assert plain.host_expert_counts is None
+    assert synced.host_expert_counts == synced.last_gating.tokens_per_expert.tolist()
+    assert all(isinstance(c, int) for c in synced.host_expert_counts)
