@@ -778,7 +778,7 @@ def _validate_pipeline(cfg: DictConfig) -> None:
         )
 
 
-def _validate_precision(cfg: DictConfig) -> None:
+def _validate_recompute_and_precision(cfg: DictConfig) -> None:
     """Partial recomputation counts blocks of full recomputation; FP8 GEMMs need a device that has
     them and a 2-byte train.dtype for everything around them."""
     tr = cfg.train
@@ -928,7 +928,7 @@ def _validate_training(cfg: DictConfig) -> None:
         f"successors per token must be <= model.vocab_size={cfg.model.vocab_size}, got {tr.data_branching}",
     )
     _validate_micro_batches(cfg)
-    _validate_precision(cfg)
+    _validate_recompute_and_precision(cfg)
     require(
         math.isfinite(par.timeout_s) and 1 <= par.timeout_s <= MAX_TIMEOUT_S,
         "parallel.timeout_s",
