@@ -1,13 +1,15 @@
-"""Which dispatcher when, simulated: the non-tensor-parallel dispatch paths' round trip under routing
-skew on the ``dispatch_study.hardware`` clusters (moe_core.dispatch_study; no processes, no torch).
+"""Which dispatcher when, simulated: the round trip of every registered dispatcher that is not
+tensor-parallel (moe_core.dispatch_study.simulated_paths) under routing skew on the
+``dispatch_study.hardware`` clusters (no processes, no torch).
 
     python -m experiments.dispatchers_sim --config configs/default.yaml
 
 Per cluster (grown to ``dispatch_study.sim_world_size`` GPUs with more nodes of its kind), skew and
 path: ``sim_world_size`` GPUs with one expert each route ``sim_tokens_per_rank`` bf16 tokens of
 ``sim_d_model`` by the same seeded counts as the measured run draws, and the topology times the
-dispatch and the combine (moe_core.sim). ``drop-gather`` and ``monta`` are measured only here; at
-scale they are MoNTA's figures. Records: ``results/raw/common/dispatchers_sim/<point>.json``.
+dispatch and the combine (moe_core.sim). The tensor-parallel dispatchers are not simulated here: the
+measured study times them, and at scale they are simulated inside training steps (MoNTA's figures).
+Records: ``results/raw/common/dispatchers_sim/<point>.json``.
 """
 
 from __future__ import annotations
@@ -21,23 +23,29 @@ from experiments.simulate import sized_hardware
 from moe_core.benchmark import predicted_record, predictions_main
 from moe_core.capacity import DTYPE_BYTES
 from moe_core.config import load_config
+from moe_core.dispatch import dispatcher
 from moe_core.dispatch_study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
     popularity,
+    simulated_paths,
     simulated_round_trip_s,
     token_counts,
 )
 
 EXPERIMENT = "dispatchers_sim"
-PATHS = ("capacity", "hierarchical", "dropless", "allgather")
 
 
 def sim_points(cfg: DictConfig) -> list[str]:
     """Every point name one run writes (pure; the workflow declares them)."""
     d = cfg.dispatch_study
-    return [f"{hw}_ws{d.sim_world_size}_{slug(skew)}_{path}" for hw in d.hardware for skew in d.skews for path in PATHS]
+    return [
+        f"{hw}_ws{d.sim_world_size}_{slug(skew)}_{path}"
+        for hw in d.hardware
+        for skew in d.skews
+        for path in simulated_paths()
+    ]
 
 
 def simulated_records(cfg: DictConfig) -> list[dict]:
@@ -52,14 +60,12 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
                 d.sim_world_size, d.sim_tokens_per_rank, popularity(d.sim_world_size, skew, d.seed), d.seed
             )
             capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
-            for path in PATHS:
+            for path in simulated_paths():
                 seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * DTYPE_BYTES["bfloat16"], path)
                 params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
                 metrics = {"exchange_ms": seconds * 1e3, "imbalance": imbalance(counts)}
-                metrics["dropped_fraction"] = (
-                    0.0 if path in ("dropless", "allgather") else dropped_fraction(counts, capacity)
-                )
+                metrics["dropped_fraction"] = dropped_fraction(counts, capacity) if dispatcher(path).drops else 0.0
                 records.append(
                     predicted_record(
                         cfg,

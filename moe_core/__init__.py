@@ -17,8 +17,9 @@ The paper-neutral core, one job per module:
   drop/all-gather all-to-alls), ``hierarchical_a2a`` (the two-phase all-to-all),
   ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
   (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
-  follow), ``policies`` (the policy and tensor-parallel dispatch registries and the baselines'
-  decisions; no torch), ``executor`` (the measured executor of a plan);
+  follow), ``policies`` (the policy registry and the baselines' decisions; no torch), ``dispatch/``
+  (the token dispatchers, one class per exchange, and their registry), ``executor`` (the measured
+  executor of a plan);
 * running and recording: ``distributed`` (process-group start-up, failing ranks), ``processes``
   (exit codes and /proc facts the launcher shares with the ranks), ``timing`` (phase timers),
   ``step_metrics`` (the step's terms, one definition for both executors), ``units`` (byte units),

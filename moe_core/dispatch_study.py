@@ -1,19 +1,9 @@
 """Which dispatcher when: one MoE layer's token exchange under routing skew, per dispatch path.
 
 Users of MoE frameworks choose between dispatchers whose costs react to skewed routing in opposite
-ways. Per path, the round trip of one layer (dispatch, then combine) with top-1 routing:
-
-* ``capacity``: equal-split all-to-all of (E, C, M) buffers (GShard, DeepSpeed, Tutel): fixed bytes
-  whatever the skew; tokens beyond an expert's capacity C are dropped;
-* ``hierarchical``: the same buffers through the two-phase all-to-all (moe_core.hierarchical_a2a);
-* ``dropless``: all-to-all(v) of exactly the routed tokens, after an all-to-all of the per-expert
-  counts (MegaBlocks, Megatron's alltoall dispatcher): nothing dropped, but a hot expert's rank
-  receives more than its share;
-* ``allgather``: every rank all-gathers the group's tokens and keeps those routed to its experts;
-  the combine is a reduce-scatter (Megatron's allgather dispatcher): every token reaches every rank,
-  skew or not;
-* ``drop-gather`` and ``monta``: the capacity buffers of a tensor-parallel layout (ranks of a "tp"
-  group share their tokens; moe_core.comm.tp_exchange, one chunk or ``chunks`` pipelined ones).
+ways. The study times every registered token dispatcher (moe_core.dispatch: capacity, hierarchical,
+dropless, allgather, the tensor-parallel duplicate and drop-gather, and the papers' own): the round
+trip of one layer (dispatch, then combine) with top-1 routing.
 
 Skew: one expert popularity shared by every rank (``uniform``, ``zipf:<s>`` with weight 1/k^s for
 the k-th most popular expert of a seeded ranking, ``lognormal:<sigma>`` with weights exp(sigma*N(0,1))),
@@ -21,6 +11,7 @@ each rank's tokens drawn from it. The imbalance factor of a skew is max tokens p
 
 experiments/dispatchers.py measures every path on gloo/NCCL ranks; :func:`simulated_round_trip_s`
 times the non-tensor-parallel paths on a modelled cluster (moe_core.sim) from the same token counts.
+:func:`measured_paths` and :func:`simulated_paths` enumerate the registry for both.
 """
 
 from __future__ import annotations
@@ -32,6 +23,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from .capacity import capacity
+from .dispatch import DISPATCHERS, dispatcher
 from .sections import (
     SAFE_NAME,
     ConfigError,
@@ -43,7 +35,6 @@ from .sections import (
     require_seed,
 )
 
-PATHS = ("capacity", "hierarchical", "dropless", "allgather", "drop-gather", "monta")
 SKEW_KINDS = ("uniform", "zipf", "lognormal")
 
 
@@ -59,8 +50,8 @@ class DispatchStudyConfig:
     tokens_per_rank: int = 2048
     d_model: int = 256
     capacity_factor: float = 1.25
-    tensor_parallel: int = 2  # of the drop-gather and monta paths
-    chunks: int = 4  # monta's pipelined chunks
+    tensor_parallel: int = 2  # of the tensor-parallel dispatchers (moe_core.dispatch)
+    chunks: int = 4  # pipelined chunks of a dispatcher that chunks its exchange (MoNTA's)
     warmup_iters: int = 2
     iters: int = 10
     seed: int = 0
@@ -133,40 +124,34 @@ def dropped_fraction(counts: np.ndarray, capacity: int) -> float:
 
 def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, row_bytes: int, path: str) -> float:
     """Simulated dispatch + combine of one layer on ``hw`` (ranks 0..world-1, expert e on rank e):
-    the topology's footprint of each exchange (moe_core.sim.topology), one after the other."""
+    the dispatcher's collectives (moe_core.dispatch: ``study_transfers``) on the topology, one after
+    the other."""
     from .sim.collectives import collective_op, simulate_on
     from .sim.engine import Op
     from .sim.topology import build_topology
 
     topo = build_topology(hw)
-    world = counts.shape[0]
-    group = np.arange(world)
-    if path == "capacity":
-        transfers = [topo.uniform_all_to_all(group, world * capacity * row_bytes)] * 2
-        kinds = ["all_to_all"] * 2
-    elif path == "hierarchical":
-        uniform = np.full((world, world), capacity * row_bytes, dtype=float)
-        transfers = [*topo.hierarchical_all_to_all(group, uniform)] * 2
-        kinds = ["all_to_all"] * 4
-    elif path == "dropless":
-        traffic = counts * float(row_bytes)  # (src, dst): tokens rank src routes to expert (rank) dst
-        transfers = [topo.all_to_all(group, traffic), topo.all_to_all(group, traffic.T)]
-        kinds = ["all_to_all"] * 2
-    elif path == "allgather":
-        gathered = world * counts.sum(axis=1).max() * row_bytes
-        transfers = [topo.ring(group, gathered, "all_gather"), topo.ring(group, gathered, "reduce_scatter")]
-        kinds = ["all_gather", "reduce_scatter"]
-    else:
-        raise ValueError(
-            f"the simulated study has no path {path!r}; it simulates capacity, hierarchical, dropless, allgather"
-        )
+    steps = dispatcher(path).study_transfers(topo, counts, capacity, row_bytes)
     ops, previous = [], None
-    for k, (kind, transfer) in enumerate(zip(kinds, transfers)):
+    for k, (kind, transfer) in enumerate(steps):
         ops.append(
             Op(f"{path}{k}", path, [] if previous is None else [previous], **collective_op(hw, topo, kind, transfer))
         )
         previous = k
     return simulate_on(hw, topo, ops).makespan_s
+
+
+def measured_paths(cfg: DictConfig) -> list[str]:
+    """The dispatchers the measured study runs on ``dispatch_study.world_size`` ranks: every registered
+    one that applies there (the hierarchical exchange only where the ranks span nodes)."""
+    world, per_node = cfg.dispatch_study.world_size, cfg.hardware.devices_per_node
+    return [name for name, d in DISPATCHERS.items() if d.runs_on(world, per_node)]
+
+
+def simulated_paths() -> list[str]:
+    """The dispatchers the simulated study times: those of ranks holding their own tokens (the
+    tensor-parallel ones are simulated inside training steps, moe_core.sim.step)."""
+    return [name for name, d in DISPATCHERS.items() if not d.tensor_parallel]
 
 
 def validate_dispatch_study(cfg: DictConfig) -> None:

@@ -18,10 +18,8 @@ Baselines:
 moe_core.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
 these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
 
-Tensor-parallel dispatches (``comm.tp_dispatch``) are registered the same way, in ``TP_DISPATCHES``:
-a decision from the run's config to the plan's ``tp_exchange_chunks``. The baselines are
-DeepSpeed's two: ``duplicate`` (every tensor-parallel rank sends its copy of the tokens) and
-``drop-gather`` (each sends 1/tp of them, an all-gather over "tp" restores the rest).
+Tensor-parallel dispatches (``comm.tp_dispatch``) are token dispatchers (moe_core.dispatch): the
+plan's ``tp_exchange_chunks`` is the named dispatcher's decision.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .capacity import expert_tensor_parallel
+from .dispatch import tensor_parallel_dispatchers
 from .grid import GridOverlaps
 from .layout import grid_config
 from .plan import CommPlan, GradientTensor, bucket_units
@@ -80,21 +79,13 @@ def policy_spec(name: str) -> PolicySpec:
     return POLICIES[name]
 
 
-# run config -> the plan's tp_exchange_chunks (None: send duplicates; n: drop, then n pipelined chunks)
-TP_DISPATCHES: dict[str, Callable[[object], int | None]] = {}
-
-
-def register_tp_dispatch(name: str, decide: Callable[[object], int | None]) -> None:
-    if name in TP_DISPATCHES:
-        raise ValueError(f"tensor-parallel dispatch '{name}' is registered twice")
-    TP_DISPATCHES[name] = decide
-
-
 def tp_exchange_chunks(cfg) -> int | None:
     """What the MoE all-to-all does with the tokens the "tp" ranks share: ``comm.tp_dispatch``'s
     decision (None: send the duplicates; n: drop them, then all-gather in n chunks) where experts are
     split over "tp"; None, nothing shared, for whole experts or without tensor parallelism."""
-    return TP_DISPATCHES[cfg.comm.tp_dispatch](cfg) if expert_tensor_parallel(cfg) > 1 else None
+    if expert_tensor_parallel(cfg) == 1:
+        return None
+    return tensor_parallel_dispatchers()[cfg.comm.tp_dispatch].exchange_chunks(cfg)
 
 
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
@@ -145,5 +136,3 @@ def overlap_plan(inputs: PlanInputs) -> CommPlan:
 
 register_policy(PolicySpec("sequential", sequential_plan))
 register_policy(PolicySpec("overlap", overlap_plan))
-register_tp_dispatch("duplicate", lambda cfg: None)
-register_tp_dispatch("drop-gather", lambda cfg: 1)

@@ -23,10 +23,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from .activation import FFN_ACTIVATIONS
 from .capacity import dispatch_rows_per_expert, expert_tensor_parallel
+from .dispatch import tensor_parallel_dispatchers
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
 from .points import sweep_points
-from .policies import POLICIES, TP_DISPATCHES, gradient_features, plan_features
+from .policies import POLICIES, gradient_features, plan_features
 from .sections import (
     COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
@@ -285,7 +286,7 @@ class CommConfig:
     # expert layout; the first follows the train.warmup_iters warm-up steps (Lina: every 4 steps).
     packing_interval_iters: int = 4
     # Under tensor parallelism, how the MoE all-to-all treats the tokens the "tp" ranks hold in
-    # duplicate (a registered dispatch, moe_core.policies.TP_DISPATCHES): "duplicate" sends every
+    # duplicate (a registered tensor-parallel dispatcher, moe_core.dispatch): "duplicate" sends every
     # copy, "drop-gather" (DeepSpeed) sends 1/tp and all-gathers over "tp", papers add theirs.
     tp_dispatch: str = "drop-gather"
     tp_chunks: int = 0  # pipelined dispatches: chunk count; 0 = the dispatch's own decision
@@ -866,10 +867,11 @@ def _validate_hierarchical_a2a(cfg: DictConfig) -> None:
 def _validate_tensor_parallel(cfg: DictConfig) -> None:
     """Tensor parallelism splits heads and FFN hidden units, and its dispatches split capacity slots."""
     tp, m, comm = cfg.parallel.tensor_parallel, cfg.model, cfg.comm
+    allowed = tensor_parallel_dispatchers()
     require(
-        comm.tp_dispatch in TP_DISPATCHES,
+        comm.tp_dispatch in allowed,
         "comm.tp_dispatch",
-        f"invalid value '{comm.tp_dispatch}', expected one of {sorted(TP_DISPATCHES)}",
+        f"invalid value '{comm.tp_dispatch}', expected one of {sorted(allowed)}",
     )
     require(comm.tp_chunks >= 0, "comm.tp_chunks", f"must be >= 0 (0 = the dispatch decides), got {comm.tp_chunks}")
     if tp == 1:

@@ -11,14 +11,20 @@ from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from experiments import dispatchers, dispatchers_sim
 from moe_core.config import ConfigError, load_config
+from moe_core.dispatch import DISPATCHERS, register_dispatcher
+from moe_core.dispatch.exchanges import Capacity
+from moe_core.dispatch.tensor_parallel import DropGather
 from moe_core.dispatch_study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
+    measured_paths,
     popularity,
+    simulated_paths,
     simulated_round_trip_s,
     token_counts,
 )
+from moe_core.policies import tp_exchange_chunks
 
 
 def test_popularity_is_a_distribution_whose_skew_grows_with_its_parameter():
@@ -97,6 +103,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         "capacity",
         "dropless",
         "allgather",
+        "duplicate",
         "drop-gather",
         "monta",
     }
@@ -105,3 +112,34 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert (record["metrics"]["dropped_fraction"]["value"] == 0) or not lossless
     skewed = [r for r in found.values() if r["params"]["skew"] == "zipf:2.0" and r["params"]["path"] == "capacity"]
     assert skewed[0]["metrics"]["dropped_fraction"]["value"] > 0
+
+
+def test_a_registered_dispatcher_joins_both_studies_and_the_config():
+    """The studies and comm.tp_dispatch enumerate the registry: one register_dispatcher line adds a
+    dispatcher to the measured and simulated paths (or, tensor-parallel, to the config's values)."""
+
+    class Echo(Capacity):
+        name = "echo"
+
+    class Halves(DropGather):
+        name = "halves"
+
+        def exchange_chunks(self, cfg):
+            return 2
+
+    registered = dict(DISPATCHERS)
+    try:
+        register_dispatcher(Echo())
+        register_dispatcher(Halves())
+        cfg = load_config()
+        assert "echo" in measured_paths(cfg) and "echo" in simulated_paths()
+        assert "halves" in measured_paths(cfg) and "halves" not in simulated_paths()
+        tp = ["parallel.world_size=4", "parallel.tensor_parallel=2", "moe.num_experts=2"]
+        assert tp_exchange_chunks(load_config(overrides=[*tp, "comm.tp_dispatch=halves"])) == 2
+        with pytest.raises(ConfigError, match="comm.tp_dispatch.*halves"):
+            load_config(overrides=[*tp, "comm.tp_dispatch=echo"])
+        with pytest.raises(ValueError, match="registered twice"):
+            register_dispatcher(Echo())
+    finally:
+        DISPATCHERS.clear()
+        DISPATCHERS.update(registered)

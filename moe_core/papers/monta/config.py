@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from moe_core.dispatch import tensor_parallel_dispatchers
 from moe_core.points import Unstated, register_unstated
-from moe_core.policies import TP_DISPATCHES
 from moe_core.sections import register_section, require, require_at_least, require_positive, require_profile
 from moe_core.workloads import ELEMENT_BYTES
 
@@ -79,8 +79,9 @@ def validate_monta(cfg: DictConfig) -> None:
         require(len(m[key]) > 0 and min(m[key]) >= 1, f"monta.{key}", f"must list values >= 1, got {list(m[key])}")
     for key in ("sim_tensor_parallel", "sim_chunks", "hierarchical_nodes"):  # empty: not simulated
         require(min(m[key], default=1) >= 1, f"monta.{key}", f"values must be >= 1, got {list(m[key])}")
-    unknown = [d for d in m.measured_dispatch if d not in TP_DISPATCHES]
-    require(not unknown, "monta.measured_dispatch", f"unknown dispatches {unknown}; expected {sorted(TP_DISPATCHES)}")
+    allowed = tensor_parallel_dispatchers()
+    unknown = [d for d in m.measured_dispatch if d not in allowed]
+    require(not unknown, "monta.measured_dispatch", f"unknown dispatches {unknown}; expected {sorted(allowed)}")
     require_positive(m, "monta", ("device_memory_GB",))
     require(m.bytes_per_param >= 1, "monta.bytes_per_param", f"must be >= 1, got {m.bytes_per_param}")
     bad = [t for t in m.tensor_parallel if m.world_size % t]

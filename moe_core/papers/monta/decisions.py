@@ -1,15 +1,16 @@
 """MoNTA's dispatch decision: how many pipelined chunks the all-to-all + all-gather runs in.
 
-Registered as the ``monta`` tensor-parallel dispatch (moe_core.policies.TP_DISPATCHES), so the
-measured executor (moe_core.comm.tp_exchange) and the step simulator both take the chunk count
-from :func:`monta_chunks`.
+Registered as the ``monta`` token dispatcher (moe_core.dispatch): DeepSpeed's drop-gather in
+pipelined chunks, so the measured executor (moe_core.comm.tp_exchange) and the step simulator both
+take the chunk count from :func:`monta_chunks`, and the dispatcher study runs it at its own.
 """
 
 from __future__ import annotations
 
 from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert
+from moe_core.dispatch import register_dispatcher
+from moe_core.dispatch.tensor_parallel import DropGather
 from moe_core.layout import layout_of
-from moe_core.policies import register_tp_dispatch
 
 from .performance_model import admissible_chunk_counts, choose_chunk_count, exchange_links
 
@@ -46,4 +47,17 @@ def monta_chunks(cfg) -> int:
     return choose_chunk_count(dispatch_volume_bytes(cfg), rows, ep, tp, links)
 
 
-register_tp_dispatch("monta", monta_chunks)
+class MontaDispatch(DropGather):
+    """Drop-gather in the pipelined chunks MoNTA's performance model picks (``dispatch_study.chunks``
+    in the dispatcher study)."""
+
+    name = "monta"
+
+    def exchange_chunks(self, cfg) -> int:
+        return monta_chunks(cfg)
+
+    def study_chunks(self, study) -> int:
+        return study.chunks
+
+
+register_dispatcher(MontaDispatch())

@@ -1,0 +1,40 @@
+"""The token dispatchers: every way an MoE layer's tokens reach their experts' ranks, by name.
+
+One class per exchange (moe_core.dispatch.base.Dispatcher), registered here or from a paper's
+folder (MoNTA's pipelined drop-gather). The registry is what the rest enumerates: the dispatcher
+study's measured and simulated paths (moe_core.dispatch_study), the allowed values of
+``comm.tp_dispatch`` and the plan's chunk decision (moe_core.policies.tp_exchange_chunks). A new
+exchange is a class and one :func:`register_dispatcher` line.
+"""
+
+from __future__ import annotations
+
+from .base import Dispatcher, StudyGroups
+from .exchanges import AllGather, Capacity, Dropless, Hierarchical
+from .tensor_parallel import DropGather, Duplicate, TensorParallelDispatcher
+
+DISPATCHERS: dict[str, Dispatcher] = {}
+
+
+def register_dispatcher(dispatcher: Dispatcher) -> Dispatcher:
+    if not dispatcher.name or dispatcher.name in DISPATCHERS:
+        raise ValueError(f"token dispatcher '{dispatcher.name}' has no name or is registered twice")
+    DISPATCHERS[dispatcher.name] = dispatcher
+    return dispatcher
+
+
+def dispatcher(name: str) -> Dispatcher:
+    if name not in DISPATCHERS:
+        raise ValueError(f"unknown token dispatcher '{name}'; registered: {sorted(DISPATCHERS)}")
+    return DISPATCHERS[name]
+
+
+def tensor_parallel_dispatchers() -> dict[str, TensorParallelDispatcher]:
+    """The dispatchers of tokens shared by "tp" ranks: the values ``comm.tp_dispatch`` allows."""
+    return {name: d for name, d in DISPATCHERS.items() if d.tensor_parallel}
+
+
+for _dispatcher in (Capacity(), Hierarchical(), Dropless(), AllGather(), Duplicate(), DropGather()):
+    register_dispatcher(_dispatcher)
+
+__all__ = ["DISPATCHERS", "Dispatcher", "StudyGroups", "TensorParallelDispatcher", "dispatcher", "register_dispatcher"]

@@ -1,0 +1,71 @@
+"""What every token dispatcher is: one exchange of an MoE layer's tokens with their experts' ranks.
+
+A dispatcher is one class (as Megatron-Core's ``MoETokenDispatcher`` family and torchtitan's token
+dispatchers are): it says which ranks it needs, moves the tokens on torch.distributed (measured),
+states the transfers the network model prices (simulated), and, for the tensor-parallel ones, how
+many pipelined chunks a training step's plan runs it in. Both executors and the dispatcher study
+(moe_core.dispatch_study) read the same class, so a new exchange is one class and one registry line
+(moe_core.dispatch).
+
+The measured methods import torch inside: the registry is read when a config is validated, which
+must not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class StudyGroups:
+    """One rank's process groups for the dispatcher study (experiments/dispatchers.py): ``flat``, one
+    expert per rank over all ranks; ``hierarchical``, its two-phase groups (None within one node);
+    ``ep`` and ``tp``, the tensor-parallel layout's groups (``tp`` ranks share their tokens)."""
+
+    rank: int
+    world: int
+    tp: int
+    flat: Any
+    hierarchical: Any
+    ep: Any
+    tp_group: Any
+    timer: Any
+
+
+class Dispatcher:
+    """A token exchange: dispatch to the experts' ranks, then combine back.
+
+    * ``name``: its registry key (a config value, a point name, a figure's legend);
+    * ``tensor_parallel``: the exchange of a tensor-parallel layout, whose "tp" ranks hold the same
+      tokens (it needs the "tp" group, and only exists where experts are split over "tp");
+    * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped;
+    * ``runs_on``: whether it applies to a group of ``world`` ranks, ``devices_per_node`` a node.
+    """
+
+    name: str = ""
+    tensor_parallel: bool = False
+    drops: bool = True
+
+    def runs_on(self, world: int, devices_per_node: int) -> bool:
+        return True
+
+    # -- measured (torch.distributed) -----------------------------------------------------------
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        """Dispatch then combine the study's ``workload`` (experiments.dispatchers.Paths.workload);
+        returns what this rank's experts received."""
+        raise NotImplementedError
+
+    def delivered(self, received, groups: StudyGroups, workload: dict, flat_received) -> bool:
+        """Whether ``received`` is what this rank's experts must get; ``flat_received`` is the plain
+        capacity all-to-all of the same workload."""
+        raise NotImplementedError
+
+    # -- simulated (moe_core.sim) ----------------------------------------------------------------
+    def study_transfers(self, topo, counts: np.ndarray, capacity: int, row_bytes: int) -> list[tuple[str, Any]]:
+        """The round trip's collectives on ``topo`` in order, as (kind, moe_core.sim.topology.Transfer):
+        ranks 0..world-1, expert e on rank e, ``counts`` (world, E) tokens each rank routes to each
+        expert, ``capacity`` slots per expert and rank, rows of ``row_bytes``."""
+        raise NotImplementedError(f"dispatcher '{self.name}' is not simulated on its own")

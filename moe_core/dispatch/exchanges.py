@@ -1,0 +1,136 @@
+"""The dispatchers of an expert-parallel group whose ranks each hold their own tokens.
+
+* :class:`Capacity`: equal-split all-to-all of (E, C, M) buffers (GShard, DeepSpeed, Tutel): fixed
+  bytes whatever the skew; tokens beyond an expert's capacity C are dropped;
+* :class:`Hierarchical`: the same buffers through the two-phase all-to-all
+  (moe_core.hierarchical_a2a), inside the nodes and then between same-local-rank peers;
+* :class:`Dropless`: all-to-all(v) of exactly the routed tokens, after an all-to-all of the
+  per-expert counts (MegaBlocks, Megatron's alltoall dispatcher): nothing dropped, but a hot
+  expert's rank receives more than its share;
+* :class:`AllGather`: every rank all-gathers the group's tokens and keeps those routed to its
+  experts; the combine is a reduce-scatter (Megatron's allgather dispatcher).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Dispatcher, StudyGroups
+
+
+class Capacity(Dispatcher):
+    name = "capacity"
+
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        return _there_and_back(workload["buffer"], groups.flat)
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        return True  # the reference the others are checked against
+
+    def study_transfers(self, topo, counts, capacity, row_bytes):
+        world = counts.shape[0]
+        transfer = topo.uniform_all_to_all(np.arange(world), world * capacity * row_bytes)
+        return [("all_to_all", transfer)] * 2
+
+
+class Hierarchical(Dispatcher):
+    name = "hierarchical"
+
+    def runs_on(self, world: int, devices_per_node: int) -> bool:
+        return world > devices_per_node  # within one node it is the flat all-to-all
+
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        return _there_and_back(workload["buffer"], groups.hierarchical)
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        import torch
+
+        return torch.equal(received, flat_received)
+
+    def study_transfers(self, topo, counts, capacity, row_bytes):
+        world = counts.shape[0]
+        uniform = np.full((world, world), capacity * row_bytes, dtype=float)
+        return [("all_to_all", t) for t in topo.hierarchical_all_to_all(np.arange(world), uniform)] * 2
+
+
+class Dropless(Dispatcher):
+    name = "dropless"
+    drops = False
+
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        """All-to-all of the per-expert counts, then all-to-all(v) of the tokens and back."""
+        import torch
+        import torch.distributed as dist
+
+        from ..comm import exchange
+
+        tokens, counts = workload["tokens"], workload["counts"]
+        send_counts = torch.tensor(counts[groups.rank], dtype=torch.int64, device=tokens.device)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=groups.flat)
+        # NOTE: host sync, as every dropless dispatch has
+        send_splits, recv_splits = counts[groups.rank].tolist(), recv_counts.tolist()
+        received = exchange(tokens, recv_splits, send_splits, groups.flat, None)
+        exchange(received, send_splits, recv_splits, groups.flat, None)
+        return received
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
+
+    def study_transfers(self, topo, counts, capacity, row_bytes):
+        group, traffic = np.arange(counts.shape[0]), counts * float(row_bytes)  # (src, dst) bytes
+        return [("all_to_all", topo.all_to_all(group, traffic)), ("all_to_all", topo.all_to_all(group, traffic.T))]
+
+
+class AllGather(Dispatcher):
+    name = "allgather"
+    drops = False
+
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
+        expert's, reduce-scatter the outputs back."""
+        import torch
+        import torch.distributed as dist
+
+        tokens, counts = workload["tokens"], workload["counts"]
+        rows = int(counts.sum(axis=1).max())
+        padded = tokens.new_zeros(rows, tokens.shape[1])
+        padded[: tokens.shape[0]] = tokens
+        gathered = tokens.new_empty(groups.world * rows, tokens.shape[1])
+        dist.all_gather_single(gathered, padded, group=groups.flat)
+        mine = _rows_for_expert(counts, groups.rank, rows, tokens.device)
+        received = gathered[mine]  # the tokens routed to this rank's expert
+        outputs = torch.zeros_like(gathered).index_copy_(0, mine, received)
+        back = tokens.new_empty(rows, tokens.shape[1])
+        dist.reduce_scatter_single(back, outputs, group=groups.flat)
+        return received
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
+
+    def study_transfers(self, topo, counts, capacity, row_bytes):
+        group = np.arange(counts.shape[0])
+        gathered = counts.shape[0] * counts.sum(axis=1).max() * row_bytes
+        return [
+            ("all_gather", topo.ring(group, gathered, "all_gather")),
+            ("reduce_scatter", topo.ring(group, gathered, "reduce_scatter")),
+        ]
+
+
+def _there_and_back(buffer, group):
+    """An equal-split all-to-all of ``buffer`` over ``group`` and the same of what arrived; what arrived."""
+    from ..comm import exchange
+
+    received = exchange(buffer, None, None, group, None)
+    exchange(received, None, None, group, None)
+    return received
+
+
+def _rows_for_expert(counts: np.ndarray, expert: int, rows: int, device):
+    """Rows of the gathered (world * rows) buffer routed to ``expert``: each rank's tokens are sorted
+    by expert, so rank r's block for e starts at r * rows + counts[r, :e].sum()."""
+    import torch
+
+    starts = np.arange(counts.shape[0]) * rows + counts[:, :expert].sum(axis=1)
+    index = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts[:, expert])])
+    return torch.from_numpy(index).to(device)

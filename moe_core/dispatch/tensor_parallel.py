@@ -1,0 +1,78 @@
+"""The dispatchers of a tensor-parallel layout, whose "tp" ranks hold the same tokens (DeepSpeed's two).
+
+* :class:`Duplicate`: every "tp" rank sends its copy of the tokens: the all-to-all carries tp times
+  the bytes;
+* :class:`DropGather`: each "tp" rank sends 1/tp of them and an all-gather over "tp" restores the
+  rest (moe_core.comm.tp_exchange), here in one chunk; a paper's pipelined variant subclasses it
+  with its own chunk count (MoNTA's, moe_core/papers/monta).
+
+A training step's plan takes the chunk count from :meth:`TensorParallelDispatcher.exchange_chunks`
+(moe_core.policies.tp_exchange_chunks), the measured and the simulated step alike.
+"""
+
+from __future__ import annotations
+
+from .base import Dispatcher, StudyGroups
+
+
+class TensorParallelDispatcher(Dispatcher):
+    """An exchange of tokens the "tp" ranks share, in the chunks :meth:`exchange_chunks` decides."""
+
+    tensor_parallel = True
+
+    def exchange_chunks(self, cfg) -> int | None:
+        """What a training step of ``cfg`` does with the duplicates: None sends them all; n drops
+        them and all-gathers over "tp" in n pipelined chunks."""
+        raise NotImplementedError
+
+    def study_chunks(self, study) -> int | None:
+        """The same decision in the dispatcher study (``study`` is the dispatch_study section)."""
+        raise NotImplementedError
+
+    def study_transfers(self, topo, counts, capacity, row_bytes):
+        raise ValueError(
+            f"dispatcher '{self.name}' exchanges tokens its \"tp\" ranks share: it is simulated inside "
+            "training steps (moe_core.sim.step), not on its own"
+        )
+
+    def round_trip(self, groups: StudyGroups, workload: dict):
+        from ..comm import exchange, tp_exchange
+        from ..plan import even_ranges
+
+        buffer, rows = workload["buffer_tp"], workload["capacity_tp"]
+        chunks = self.study_chunks(workload["study"])
+        if chunks is None:
+            received = exchange(buffer, None, None, groups.ep, None)
+            exchange(received, None, None, groups.ep, None)
+            return received
+        ranges = even_ranges(rows // groups.tp, chunks)
+        received = tp_exchange(buffer, rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
+        tp_exchange(received, rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
+        return received
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        import torch
+
+        from ..comm import exchange
+
+        return torch.equal(received, exchange(workload["buffer_tp"], None, None, groups.ep, None))
+
+
+class Duplicate(TensorParallelDispatcher):
+    name = "duplicate"
+
+    def exchange_chunks(self, cfg) -> None:
+        return None
+
+    def study_chunks(self, study) -> None:
+        return None
+
+
+class DropGather(TensorParallelDispatcher):
+    name = "drop-gather"
+
+    def exchange_chunks(self, cfg) -> int:
+        return 1
+
+    def study_chunks(self, study) -> int:
+        return 1
