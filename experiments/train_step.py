@@ -4,8 +4,8 @@
         --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
 
 Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
-step; a plan that packs experts (Lina's ``lina``, ``lina-pack``) re-decides the expert layout
-between steps (moe_core.papers.lina.packing.ExpertPacking) and moves the experts when it changes.
+step; a plan with a re-layout hook (moe_core.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
+experts) re-decides the expert layout between steps and moves the experts when it changes.
 Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds
 median and p95 over the
 timed iterations. Rank 0 writes the record atomically once every rank has finished, then mirrors it
@@ -26,11 +26,10 @@ from tqdm import tqdm
 from moe_core.config import ConfigError, config_arg_parser, load_config, to_container, validate_measured
 from moe_core.data import MarkovTokens
 from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.executor import make_policy
+from moe_core.executor import make_policy, make_relayout
 from moe_core.grid import GRID_COLLECTIVES
 from moe_core.layout import layout_of
 from moe_core.model import MoETransformer, gradient_tensors
-from moe_core.papers.lina.packing import ExpertPacking
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan
@@ -66,11 +65,12 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
 def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
 
-    A plan that packs experts starts on the configured layout and re-decides it during the run
-    (ExpertPacking). Decisions and exchanges run between two steps, before the barrier
-    that opens the next step's timed window, so no timed sample contains them (every iteration
-    keeps its sample); the exchanges' time is recorded as ``exchange_ms``. Packing moves experts,
-    never the math: the losses are the unpacked layout's (up to float reordering).
+    A plan with a re-layout hook starts on the configured layout and re-decides it during the run
+    (its driver, moe_core.executor.make_relayout). Decisions and exchanges run between two steps,
+    before the barrier that opens the next step's timed window, so no timed sample contains them
+    (every iteration keeps its sample); the exchanges' time is recorded as ``exchange_ms``. A
+    re-layout moves experts, never the math: the losses are the configured layout's (up to float
+    reordering).
     """
     layout = layout_of(cfg)
     element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
@@ -90,11 +90,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     policy = make_policy(cfg, groups, timer, element_bytes)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    packing = (
-        ExpertPacking(cfg, env, groups, len(model.moe_layers()), element_bytes)
-        if plan.choose_packing is not None
-        else None
-    )
+    relayout = make_relayout(plan, cfg, env, groups, len(model.moe_layers()), element_bytes)
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16" else nullcontext()
 
@@ -104,8 +100,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     for it in tqdm(
         range(total), desc=f"train_step {cfg.comm.policy}", disable=env.rank != 0, file=sys.stderr, mininterval=1.0
     ):
-        if packing:
-            policy = packing.before_step(it, model, optimizer, policy)
+        policy = relayout.before_step(it, model, optimizer, policy)
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
         dist.barrier()
         timer.reset()
@@ -126,8 +121,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
         dist.all_reduce(nll)  # the "tp" ranks of a replica hold the same loss
         losses.append(nll.item() / env.world_size)
         metrics = step_metrics(timer.elapsed_ms(), timer.counters)
-        if packing:
-            packing.expert_ms.append(metrics["expert_ms"])
+        relayout.after_step(metrics)
         if it >= cfg.train.warmup_iters:
             for name, value in metrics.items():
                 local[name].append(value)
@@ -146,7 +140,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
         "loss_last": losses[-1],
         "a2a_bytes": max(a2a_bytes),
         "tokens_per_s": tokens_per_step / (step_median / 1e3),
-        **(packing.metrics() if packing else {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0}),
+        **relayout.metrics(),
     }
     return samples, single_metrics
 

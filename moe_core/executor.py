@@ -251,10 +251,39 @@ def _tensor_parallel_experts(compute, tp_group):
     return sharded
 
 
+def _named_class(path: str) -> type:
+    """The class ``module:Class`` names (imported on first use: only the measured run needs it)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def executor_class(spec: PolicySpec) -> type[CommPolicy]:
     """The measured executor a registered policy names (``module:Class``)."""
-    module, name = spec.executor.split(":")
-    return getattr(importlib.import_module(module), name)
+    return _named_class(spec.executor)
+
+
+class FixedLayout:
+    """The measured driver of a plan without a re-layout hook: the configured layout, every step."""
+
+    def before_step(self, iteration: int, model, optimizer, policy: CommPolicy) -> CommPolicy:
+        return policy
+
+    def after_step(self, metrics: dict[str, float]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        """The record's re-layout metrics (collective in a real driver): experts per rank relative to
+        the configured layout, layout changes, and the time the moves took."""
+        return {"packing_factor": 1, "repacks": 0, "exchange_ms": 0.0}
+
+
+def make_relayout(plan: CommPlan, cfg, env, groups: ParallelGroups, moe_layers: int, element_bytes: int):
+    """The measured driver of ``plan``'s re-layout hook (moe_core.plan.Relayout.runner), which the
+    training loop calls between steps (``before_step``, ``after_step``) and asks for its record
+    metrics; :class:`FixedLayout` when the plan has none."""
+    if plan.relayout is None:
+        return FixedLayout()
+    return _named_class(plan.relayout.runner)(cfg, env, groups, moe_layers, element_bytes)
 
 
 def make_policy(cfg, groups: ParallelGroups, timer: PhaseTimer, element_bytes: int) -> CommPolicy:

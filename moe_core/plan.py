@@ -4,7 +4,7 @@ A policy's decision functions (moe_core.policies for the baselines, moe_core/pap
 the papers' policies) turn the step's shapes into a :class:`CommPlan`: the gradient all-reduce
 units and their launch rule, their priority against the token all-to-alls, how each all-to-all is
 cut into micro-ops and whether the experts are pipelined behind them, the all-to-all's transmission
-order, and whether the expert layout is packed. The measured policy executes the plan on
+order, and what re-lays out the experts between steps. The measured policy executes the plan on
 torch.distributed; the step simulator (moe_core.sim.step) reads the same plan and only models how
 time passes. A new mechanism adds a plan builder (and, where it needs one, a measured executor),
 not flags in either executor.
@@ -24,6 +24,22 @@ from .layout import Layout
 
 # (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
 MicroOpCosts = Callable[[Layout], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """A plan's re-layout hook: what runs between steps and may move experts to another layout.
+
+    ``decide`` is the decision both executors take: given the configured layout and the executor's
+    costs of one all-to-all micro-op on a candidate layout, the layout to train on (the measured run
+    calls it with measured times, between steps; the simulator with simulated ones, once).
+    ``runner`` names the measured driver (``module:Class``, imported by the measured run only, as a
+    policy's executor is): it decides when, measures the costs and moves the experts (for Lina's
+    packing, moe_core/papers/lina/packing.py); moe_core.executor.make_relayout builds it.
+    """
+
+    decide: Callable[[Layout, MicroOpCosts], Layout]
+    runner: str
 
 
 # The groups a gradient is summed over (moe_core.layout.Layout.gradient_groups):
@@ -90,10 +106,8 @@ class CommPlan:
       the nodes and then between same-local-rank peers (moe_core.hierarchical_a2a).
     * ``grid_overlaps``: under a 3D tensor-parallel grid, which of its collectives overlap compute
       (moe_core.grid: its layers' collectives, and what each overlap hides); None without a grid.
-    * ``choose_packing``: the expert-packing decision, or None for a fixed layout: given the
-      configured layout and the executor's costs of one all-to-all micro-op on a candidate layout,
-      the layout to train on. The measured run calls it with measured times, the simulator with
-      simulated ones.
+    * ``relayout``: the re-layout hook (:class:`Relayout`: e.g. Lina's expert packing), or None
+      for a fixed layout.
     """
 
     gradient_units: tuple[GradientUnit, ...]
@@ -105,7 +119,7 @@ class CommPlan:
     tp_exchange_chunks: int | None = None
     hierarchical_a2a: bool = False
     grid_overlaps: GridOverlaps | None = None
-    choose_packing: Callable[[Layout, MicroOpCosts], Layout] | None = None
+    relayout: Relayout | None = None
     tensors: tuple[GradientTensor, ...] = ()
 
 

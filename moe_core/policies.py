@@ -109,7 +109,7 @@ def plan_features(cfg) -> list[str]:
     features = {
         "pipelines the experts": plan.pipeline_experts,
         "orders the all-to-all": plan.a2a_order is not None,
-        "packs experts": plan.choose_packing is not None,
+        "moves experts between steps": plan.relayout is not None,
     }
     return [name for name, on in features.items() if on]
 

@@ -302,8 +302,8 @@ class StepModel:
             else None
         )
         self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)
-        if self.plan.choose_packing is not None:
-            self._use_layout(self.plan.choose_packing(self.layout, self._micro_op_costs()))
+        if self.plan.relayout is not None:  # the layout the plan's re-layout decides on simulated costs
+            self._use_layout(self.plan.relayout.decide(self.layout, self._micro_op_costs()))
             self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)  # gradient units of the packed layout
 
     def _gradient_tensors(self) -> list:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from moe_core.layout import Layout
-from moe_core.plan import CommPlan, MicroOpCosts, bucket_units, micro_op_units
+from moe_core.plan import CommPlan, MicroOpCosts, Relayout, bucket_units, micro_op_units
 from moe_core.policies import PlanInputs, PolicySpec, register_policy
 
 
@@ -94,6 +94,10 @@ def choose_packed_layout(base: Layout, micro_op_costs: MicroOpCosts) -> Layout:
     return packed_layout(base, factor)
 
 
+# The re-layout hook of the policies that pack experts: its decision (above), and its measured driver
+PACKING = Relayout(choose_packed_layout, "moe_core.papers.lina.packing:ExpertPacking")
+
+
 def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
     """Lina's communication plan for one step: its features applied to the step's gradient tensors.
 
@@ -112,7 +116,7 @@ def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
         gradients_yield_to_a2a=features.priority,
         a2a_micro_op_bytes=inputs.micro_op_bytes if features.pipeline else None,
         pipeline_experts=features.pipeline,
-        choose_packing=choose_packed_layout if features.pack else None,
+        relayout=PACKING if features.pack else None,
     )
 
 

@@ -1,7 +1,8 @@
 """Lina's expert packing inside a training run: when to decide, and the move to a new expert layout.
 
-:class:`ExpertPacking` re-decides the packing factor between steps from the run's own times (the
-decision is the plan's ``choose_packing``, ``decisions.choose_packed_layout``); when the layout
+:class:`ExpertPacking` is the measured driver of the plan's re-layout hook (moe_core.plan.Relayout):
+it re-decides the packing factor between steps from the run's own times (the decision is the
+hook's ``decide``, ``decisions.choose_packed_layout``); when the layout
 changes, :func:`repack` gives every rank the experts of its place in the new layout, with their
 optimizer state, and the policy of the new layout's process groups. Lina does this with new
 process groups plus one synchronous exchange of the expert parameters; so do we.
@@ -100,7 +101,7 @@ def repack(
 
 
 class ExpertPacking:
-    """Lina's expert packing inside a training run (Li et al. §4; decision: the plan's ``choose_packing``).
+    """Lina's expert packing inside a training run (Li et al. §4; decision: the plan's ``relayout``).
 
     The run starts on the configured layout. After the warm-up steps, then every
     ``comm.packing_interval_iters`` steps (``packing_due``), the layout is re-decided from this
@@ -149,7 +150,7 @@ class ExpertPacking:
             return policy
         ffn_ms = self._worst_rank(statistics.median(self.expert_ms)) / self.micro_ops
         self.expert_ms = []
-        layout = policy.plan.choose_packing(self.base, lambda candidate: (ffn_ms, self._a2a_ms(candidate)))
+        layout = policy.plan.relayout.decide(self.base, lambda candidate: (ffn_ms, self._a2a_ms(candidate)))
         if layout == self.layout:
             return policy
         groups = self.groups_on(layout)
@@ -159,6 +160,10 @@ class ExpertPacking:
         self.exchange_ms += clock.elapsed_ms()["exchange"]
         self.layout, self.repacks = layout, self.repacks + 1
         return policy
+
+    def after_step(self, metrics: dict[str, float]) -> None:
+        """Keep this step's expert phase: the FFN time of the next decision."""
+        self.expert_ms.append(metrics["expert_ms"])
 
     def _a2a_ms(self, layout: Layout) -> float:
         """The worst rank's time of one micro-op's all-to-all on ``layout``."""
