@@ -32,6 +32,7 @@ from .dispatch import tensor_parallel_dispatchers
 from .grid import GridOverlaps
 from .layout import grid_config
 from .plan import CommPlan, GradientTensor, bucket_units
+from .registry import Registry
 
 DEFAULT_EXECUTOR = "moe_core.executor:CommPolicy"
 
@@ -63,20 +64,15 @@ class PolicySpec:
     micro_op_size_in_name: bool = False
 
 
-POLICIES: dict[str, PolicySpec] = {}
+POLICIES: Registry[PolicySpec] = Registry("communication policy")
 
 
 def register_policy(spec: PolicySpec) -> PolicySpec:
-    if spec.name in POLICIES:
-        raise ValueError(f"communication policy '{spec.name}' is registered twice")
-    POLICIES[spec.name] = spec
-    return spec
+    return POLICIES.register(spec.name, spec)
 
 
 def policy_spec(name: str) -> PolicySpec:
-    if name not in POLICIES:
-        raise ValueError(f"unknown communication policy '{name}'; allowed: {sorted(POLICIES)}")
-    return POLICIES[name]
+    return POLICIES.lookup(name)
 
 
 def tp_exchange_chunks(cfg) -> int | None:

@@ -4,7 +4,8 @@ registry through which papers add their sections to the schema (moe_core.config 
 A section is a dataclass of typed defaults (OmegaConf checks keys and types against it) plus a
 ``validate(cfg)`` function for what a type cannot express (ranges, names that must exist). Papers
 register theirs from moe_core/papers/<paper>/config.py with :func:`register_section`; this module
-imports nothing of the suite, so a paper's section can be imported anywhere without a cycle.
+imports nothing of the suite but moe_core.registry, so a paper's section can be imported anywhere
+without a cycle.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from .registry import Registry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -92,7 +95,7 @@ class Section:
     validate: Callable[[DictConfig], None]
 
 
-SECTIONS: dict[str, Section] = {}
+SECTIONS: Registry[Section] = Registry("config section")
 PAPER_NAMES: list[str] = []  # the values of the config key ``paper``, registered by moe_core.papers
 
 
@@ -103,6 +106,4 @@ def register_papers(names: tuple[str, ...]) -> None:
 
 def register_section(name: str, schema: type, validate: Callable[[DictConfig], None]) -> None:
     """Add section ``name`` (a key of the config's root) to the schema."""
-    if name in SECTIONS:
-        raise ValueError(f"config section '{name}' is registered twice")
-    SECTIONS[name] = Section(name, schema, validate)
+    SECTIONS.register(name, Section(name, schema, validate))

@@ -34,6 +34,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from .registry import Registry
+
 Transfer = tuple[int, int, float]  # (src, dst, bytes)
 Schedule = list[list[Transfer]]
 
@@ -159,26 +161,17 @@ def order_schedule(traffic_matrix, orders: list[list[int]]) -> Schedule:
 
 # An order: (traffic_matrix, bandwidth, seed) -> Schedule. Papers register theirs (register_order).
 OrderFn = Callable[..., "Schedule"]
-ORDERS: dict[str, OrderFn] = {}
+ORDERS: Registry[OrderFn] = Registry("transmission order")
 
 
 def register_order(name: str) -> Callable[[OrderFn], OrderFn]:
     """Register a transmission order under ``name`` (the name configs and records use)."""
-
-    def register(fn: OrderFn) -> OrderFn:
-        if name in ORDERS:
-            raise ValueError(f"transmission order '{name}' is registered twice")
-        ORDERS[name] = fn
-        return fn
-
-    return register
+    return lambda fn: ORDERS.register(name, fn)
 
 
 def make_schedule(kind: str, traffic_matrix, bandwidth=1.0, seed: int = 0) -> Schedule:
     """The schedule of the registered order ``kind`` (``seed`` feeds the random ones)."""
-    if kind not in ORDERS:
-        raise ValueError(f"unknown transmission order '{kind}'; allowed: {sorted(ORDERS)}")
-    return ORDERS[kind](traffic_matrix, bandwidth, seed)
+    return ORDERS.lookup(kind)(traffic_matrix, bandwidth, seed)
 
 
 register_order("exact")(lambda traffic_matrix, bandwidth, seed: exact_schedule(traffic_matrix, bandwidth))

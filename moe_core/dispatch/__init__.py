@@ -9,24 +9,20 @@ exchange is a class and one :func:`register_dispatcher` line.
 
 from __future__ import annotations
 
+from ..registry import Registry
 from .base import Dispatcher, StudyGroups
 from .exchanges import AllGather, Capacity, Dropless, Hierarchical
 from .tensor_parallel import DropGather, Duplicate, TensorParallelDispatcher
 
-DISPATCHERS: dict[str, Dispatcher] = {}
+DISPATCHERS: Registry[Dispatcher] = Registry("token dispatcher")
 
 
 def register_dispatcher(dispatcher: Dispatcher) -> Dispatcher:
-    if not dispatcher.name or dispatcher.name in DISPATCHERS:
-        raise ValueError(f"token dispatcher '{dispatcher.name}' has no name or is registered twice")
-    DISPATCHERS[dispatcher.name] = dispatcher
-    return dispatcher
+    return DISPATCHERS.register(dispatcher.name, dispatcher)
 
 
 def dispatcher(name: str) -> Dispatcher:
-    if name not in DISPATCHERS:
-        raise ValueError(f"unknown token dispatcher '{name}'; registered: {sorted(DISPATCHERS)}")
-    return DISPATCHERS[name]
+    return DISPATCHERS.lookup(name)
 
 
 def tensor_parallel_dispatchers() -> dict[str, TensorParallelDispatcher]:
