@@ -236,9 +236,10 @@ def snakemake(results: Path, *extra: str) -> list[str]:
         *SWEEP,
         "--set-resources",
         *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
-        # No slurmdbd: no account to guess; poll soon, the jobs take seconds.
+        # No slurmdbd: no account to guess; poll soon and often, the jobs take seconds.
         "--slurm-no-account",
         "--slurm-init-seconds-before-status-checks=2",
+        "--seconds-between-status-checks=2",
         "--latency-wait=5",
         *extra,
         *measured_targets(results),
