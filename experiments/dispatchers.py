@@ -14,8 +14,9 @@ experts and back: float32 rows of ``d_model``, capacity C = ceil(capacity_factor
 rounded to a multiple of tp * chunks. ``hierarchical`` runs only when the group spans nodes of
 ``hardware.devices_per_node`` ranks. Before timing, every dispatcher's delivery is checked (its
 ``delivered``: the hierarchical and the tensor-parallel exchanges against the flat all-to-all;
-dropless and allgather by the rows each expert receives). Methodology as experiments/collectives.py: warm-up, timed
-iterations with a barrier before each, the worst rank per iteration (moe_core.benchmark). Records:
+dropless and allgather by the rows each expert receives). Methodology as
+experiments/collectives.py: warm-up, timed iterations with a barrier before each, the worst rank per
+iteration (moe_core.benchmark). Records:
 ``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
@@ -62,16 +63,16 @@ class Paths:
 
     def __init__(self, cfg: DictConfig, env: Env):
         d, timeout = cfg.dispatch_study, timedelta(seconds=env.timeout_s)
-        self.cfg, self.env, self.world, self.tp = cfg, env, d.world_size, d.tensor_parallel
-        flat = expert_layout(self.world, self.world, 1)
+        self.cfg, self.env, world, tp = cfg, env, d.world_size, d.tensor_parallel
+        flat = expert_layout(world, world, 1)
         hierarchical = None
         if "hierarchical" in measured_paths(cfg):
             hierarchical = hierarchical_groups(flat.groups("ep").tolist(), cfg.hardware.devices_per_node, timeout)
-        sharded = expert_layout(self.world, self.world // self.tp, 1, self.tp)
+        sharded = expert_layout(world, world // tp, 1, tp)
         self.groups = StudyGroups(
             rank=env.rank,
-            world=self.world,
-            tp=self.tp,
+            world=world,
+            tp=tp,
             flat=own_group(flat.groups("ep"), env.rank, timeout),
             hierarchical=hierarchical,
             ep=own_group(sharded.groups("ep"), env.rank, timeout),
@@ -83,21 +84,22 @@ class Paths:
         """Token counts and buffers of ``skew``: (world, E) counts of the flat layout and (replicas,
         E/tp) of the tensor-parallel one, with their capacities."""
         d, rank, device = self.cfg.dispatch_study, self.env.rank, self.env.device
-        multiple = self.tp * d.chunks
-        counts = token_counts(self.world, d.tokens_per_rank, popularity(self.world, skew, d.seed), d.seed)
-        experts_tp = self.world // self.tp
+        world, tp = self.groups.world, self.groups.tp
+        multiple = tp * d.chunks
+        counts = token_counts(world, d.tokens_per_rank, popularity(world, skew, d.seed), d.seed)
+        experts_tp = world // tp
         counts_tp = token_counts(experts_tp, d.tokens_per_rank, popularity(experts_tp, skew, d.seed), d.seed)
-        capacity = capacity_slots(d.tokens_per_rank, self.world, d.capacity_factor, multiple)
+        capacity = capacity_slots(d.tokens_per_rank, world, d.capacity_factor, multiple)
         capacity_tp = capacity_slots(d.tokens_per_rank, experts_tp, d.capacity_factor, multiple)
         generator = torch.Generator().manual_seed(d.seed + rank)
-        replica = torch.Generator().manual_seed(d.seed + rank // self.tp)  # a "tp" group shares its tokens
+        replica = torch.Generator().manual_seed(d.seed + rank // tp)  # a "tp" group shares its tokens
         return {
             "study": d,
             "counts": counts,
             "counts_tp": counts_tp,
             "capacity": capacity,
             "capacity_tp": capacity_tp,
-            "buffer": torch.randn(self.world * capacity, d.d_model, generator=generator).to(device),
+            "buffer": torch.randn(world * capacity, d.d_model, generator=generator).to(device),
             "buffer_tp": torch.randn(experts_tp * capacity_tp, d.d_model, generator=replica).to(device),
             "tokens": torch.randn(int(counts[rank].sum()), d.d_model, generator=generator).to(device),
         }

@@ -49,7 +49,7 @@ def sim_points(cfg: DictConfig) -> list[str]:
 
 
 def simulated_records(cfg: DictConfig) -> list[dict]:
-    d, records = cfg.dispatch_study, []
+    d, records, paths = cfg.dispatch_study, [], simulated_paths()
     for profile in d.hardware:
         sized = load_config(
             overrides=[f"hardware_profile={profile}", f"parallel.world_size={d.sim_world_size}"], whole_run=False
@@ -60,7 +60,7 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
                 d.sim_world_size, d.sim_tokens_per_rank, popularity(d.sim_world_size, skew, d.seed), d.seed
             )
             capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
-            for path in simulated_paths():
+            for path in paths:
                 seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * DTYPE_BYTES["bfloat16"], path)
                 params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)

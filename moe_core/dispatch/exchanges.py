@@ -53,9 +53,18 @@ class Hierarchical(Dispatcher):
         return [("all_to_all", t) for t in topo.hierarchical_all_to_all(np.arange(world), uniform)] * 2
 
 
-class Dropless(Dispatcher):
-    name = "dropless"
+class _RoutedRows(Dispatcher):
+    """A dispatcher that moves exactly the routed tokens: nothing dropped, and a rank's experts get
+    every row routed to them."""
+
     drops = False
+
+    def delivered(self, received, groups, workload, flat_received) -> bool:
+        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
+
+
+class Dropless(_RoutedRows):
+    name = "dropless"
 
     def round_trip(self, groups: StudyGroups, workload: dict):
         """All-to-all of the per-expert counts, then all-to-all(v) of the tokens and back."""
@@ -74,17 +83,13 @@ class Dropless(Dispatcher):
         exchange(received, send_splits, recv_splits, groups.flat, None)
         return received
 
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
-
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group, traffic = np.arange(counts.shape[0]), counts * float(row_bytes)  # (src, dst) bytes
         return [("all_to_all", topo.all_to_all(group, traffic)), ("all_to_all", topo.all_to_all(group, traffic.T))]
 
 
-class AllGather(Dispatcher):
+class AllGather(_RoutedRows):
     name = "allgather"
-    drops = False
 
     def round_trip(self, groups: StudyGroups, workload: dict):
         """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
@@ -104,9 +109,6 @@ class AllGather(Dispatcher):
         back = tokens.new_empty(rows, tokens.shape[1])
         dist.reduce_scatter_single(back, outputs, group=groups.flat)
         return received
-
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group = np.arange(counts.shape[0])
