@@ -8,7 +8,7 @@
 from pathlib import Path
 
 from moe_core.config import ConfigError, load_config, refuse_templates, save_config
-from moe_core.papers import RECORD_FOLDERS
+from moe_core.papers import PAPERS, RECORD_FOLDERS
 from moe_core.points import POINT_NAME_PATTERN
 from moe_core.results import ResultsDirError, check_results_dir
 
@@ -66,27 +66,41 @@ rule resolved_config:
         Path(log[0]).write_text(f"{output[0]}: the resolved config of this run\n")
 
 
-include: "experiments/rules/gshard.smk"
+# The paper-neutral experiments first (their record lists and rules are what papers' rules build on:
+# the measured training-step sweep, the collectives, the simulator and its calibration, the
+# dispatchers), then one rules file per registered paper (moe_core.papers), then the analysis, whose
+# table and figure rules come from the analysis registries.
+include: "experiments/rules/train_step.smk"
 include: "experiments/rules/collectives.smk"
 include: "experiments/rules/simulator.smk"
-include: "experiments/rules/lina.smk"
-include: "experiments/rules/aurora.smk"
-include: "experiments/rules/monta.smk"
-include: "experiments/rules/axonn.smk"
 include: "experiments/rules/dispatchers.smk"
+
+
+for _paper in PAPERS:
+
+    include: f"experiments/rules/{_paper}.smk"
+
+
 include: "experiments/rules/analysis.smk"
 
 
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/tables/comparison.csv",
-        f"{RESULTS}/tables/sim_validation.csv",
-        f"{RESULTS}/tables/external_validation.csv",
-        f"{RESULTS}/tables/external_steps.csv",
-        f"{RESULTS}/tables/monta_strategies.csv",
-        f"{RESULTS}/tables/dispatchers.csv",
-        f"{RESULTS}/tables/axonn_grid_validation.csv",
-        f"{RESULTS}/tables/axonn_scaling.csv",
-        f"{RESULTS}/tables/gshard_scaling.csv",
+        rules.compare.output,
+        rules.validate.output,
+        TABLES.values(),
         FIGURES,
+
+
+# `snakemake <paper>`: one paper's experiments alone, every raw record of results/raw/<paper>/
+# (measured and simulated, and the calibration its simulated points read). Its tables and figures
+# come with the whole run: they are drawn from the tables of every record (rule collect).
+for _paper in PAPERS:
+
+    rule:
+        name:
+            _paper
+        input:
+            [path for path in RAW_RECORDS if path.startswith(f"{RESULTS}/raw/{_paper}/")],
+        localrule: True

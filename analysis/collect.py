@@ -62,8 +62,9 @@ def _column_clash(record: dict[str, Any]) -> str | None:
 
 
 def collect(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read record files into the (records, samples) tables; any invalid file raises RecordError."""
-    paths = list(paths)
+    """Read record files into the (records, samples) tables; any invalid file raises RecordError.
+    The files are read in path order, so the tables do not depend on the order they are given in."""
+    paths = sorted(paths, key=str)
     if not paths:
         raise ValueError("no record files given; pass one or more results/raw/<paper>/<experiment>/*.json")
     records, named, swept, types = [], {}, {}, {}

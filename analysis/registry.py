@@ -159,12 +159,31 @@ def train_step_rows(records: pd.DataFrame, metrics: list[str], shown: list[str])
 # ---- tables (analysis.tables) ----------------------------------------------------------------
 
 
-TABLE_REGISTRY: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {}  # filled by @table in analysis/papers/
+@dataclass(frozen=True)
+class RegisteredTable:
+    """A table as registered: the workflow makes one rule per table (rule ``table_<file>``), which
+    writes results/tables/<file>.csv with the report caption analysis/captions/<file>_table.rst."""
+
+    name: str
+    paper: str  # the paper it belongs to; "common" if none
+    file: str  # results/tables/<file>.csv
+    category: str  # the report's section
+    build: Callable[[pd.DataFrame], pd.DataFrame]  # records table -> the table (empty: no data)
 
 
-def table(fn: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    """Register ``fn`` as the table of its name."""
-    if fn.__name__ in TABLE_REGISTRY:
-        raise ValueError(f"two tables are named {fn.__name__!r}; table names must be unique")
-    TABLE_REGISTRY[fn.__name__] = fn
-    return fn
+TABLE_REGISTRY: dict[str, RegisteredTable] = {}  # name -> table; filled by @table in analysis/papers/
+
+
+def table(
+    *, paper: str, file: str | None = None, category: str = "Published vs reproduced"
+) -> Callable[[Callable[[pd.DataFrame], pd.DataFrame]], Callable[[pd.DataFrame], pd.DataFrame]]:
+    """Register the decorated function as the table of its name, written to results/tables/<file>.csv
+    (``file`` defaults to the name) in the report's ``category``."""
+
+    def register(build: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[pd.DataFrame], pd.DataFrame]:
+        if build.__name__ in TABLE_REGISTRY:
+            raise ValueError(f"two tables are named {build.__name__!r}; table names must be unique")
+        TABLE_REGISTRY[build.__name__] = RegisteredTable(build.__name__, paper, file or build.__name__, category, build)
+        return build
+
+    return register

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.table not in TABLE_REGISTRY:
         sys.exit(f"analysis.tables: error: unknown table {args.table!r}; choose one of {sorted(TABLE_REGISTRY)}")
-    df = TABLE_REGISTRY[args.table](at_setting(pd.read_csv(args.records)))  # the chosen values' runs
+    df = TABLE_REGISTRY[args.table].build(at_setting(pd.read_csv(args.records)))  # the chosen values' runs
     if df.empty:
         sys.exit(f"analysis.tables: error: the records table has no data for {args.table}; run its experiments first")
     write_csv(df, args.out)

@@ -621,6 +621,15 @@ def test_collect_is_tidy(tables):
     assert (slow["concurrent"] == "all_reduce").all() and (slow["size_bytes"] == MiB).all()
 
 
+def test_collect_does_not_depend_on_the_order_of_its_files(tmp_path):
+    """The workflow hands collect the records in the order its rules files declare them; the tables
+    (and so every verdict) must not change when rules files are added or reordered."""
+    paths = write_train_step(tmp_path) + write_collectives(tmp_path)
+    forward, backward = collect(paths), collect(paths[::-1])
+    for ours, theirs in zip(forward, backward):
+        pd.testing.assert_frame_equal(ours, theirs, check_exact=True)
+
+
 def test_collect_rejects_bad_json(tmp_path):
     good = write_train_step(tmp_path)[0]
     bad = tmp_path / "broken.json"
@@ -1251,7 +1260,7 @@ def test_axonn_grid_validation_ranks_grids_per_testbed(tmp_path, predicted, rho,
     measured = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
     ours = collect(write_axonn_grids(tmp_path / "a", measured, predicted))[0]
     other = collect(write_axonn_grids(tmp_path / "b", measured, measured, hardware="emulated-2x4"))[0]
-    table = TABLE_REGISTRY["axonn_grid_validation"](pd.concat([ours, other]))
+    table = TABLE_REGISTRY["axonn_grid_validation"].build(pd.concat([ours, other]))
     assert len(table) == 2 * len(AXONN_GRIDS)  # the ablation's overlapped points are left out
     ours = table[table["hardware"] == "local-cpu"]
     assert list(ours["comm_ms"]) == measured and list(ours["measured_rank"]) == [1, 2, 3, 4, 5, 6]
@@ -1260,11 +1269,11 @@ def test_axonn_grid_validation_ranks_grids_per_testbed(tmp_path, predicted, rho,
     assert (ours["measured_best_in_model_top3"] == best_in_top3).all()
     other = table[table["hardware"] == "emulated-2x4"]  # its own ranks, not pooled with local-cpu's
     assert other["spearman"].tolist() == pytest.approx([1.0] * 6) and other["measured_best_in_model_top3"].all()
-    assert TABLE_REGISTRY["axonn_grid_validation"](collect(write_train_step(tmp_path / "c"))[0]).empty
+    assert TABLE_REGISTRY["axonn_grid_validation"].build(collect(write_train_step(tmp_path / "c"))[0]).empty
 
 
 def test_axonn_scaling_table_says_what_the_overlaps_hide(figure_tables):
-    table = TABLE_REGISTRY["axonn_scaling"](figure_tables[0])
+    table = TABLE_REGISTRY["axonn_scaling"].build(figure_tables[0])
     assert len(table) == 2 * len(AXONN_MODELS) and list(table["gpus"]) == sorted(table["gpus"])
     axonn, megatron = table[table["system"] == "axonn"], table[table["system"] == "megatron"]
     assert (axonn["layout"] == "grid 4x32x8x1").all() and (megatron["layout"] == "tp 4 x pp 16 x dp 16").all()
@@ -1287,7 +1296,7 @@ def test_axonn_reproducers_give_the_published_numbers(figure_tables):
 
 
 def test_external_steps_table_summarises_each_kind(figure_tables):
-    table = TABLE_REGISTRY["external_steps"](figure_tables[0]).set_index("id")
+    table = TABLE_REGISTRY["external_steps"].build(figure_tables[0]).set_index("id")
     assert table.loc["dense median", "step_error"] == pytest.approx((0.1 + 0.25) / 2)
     assert table.loc["moe p90", "step_error"] == pytest.approx(0.1)
     assert table.loc["dense p90", "step_error"] == pytest.approx(0.1 + 0.9 * 0.15)

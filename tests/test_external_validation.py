@@ -134,7 +134,7 @@ def test_table_summarises_the_median_error(tmp_path, cfg):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
         paths.append(path)
-    table = TABLE_REGISTRY["external_validation"](collect(paths)[0])
+    table = TABLE_REGISTRY["external_validation"].build(collect(paths)[0])
     rows, summary = table.iloc[:-1], table.iloc[-1]
     assert len(rows) == len(paths) and summary["id"] == "median"
     assert summary["abs_rel_error"] == pytest.approx(rows["rel_error"].abs().median())

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import analysis.papers  # noqa: F401  (registers every paper's tables and figures)
+from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
 from experiments.dispatchers_sim import sim_points as dispatcher_sim_points
 from moe_core.config import load_config
+from moe_core.papers import PAPERS
 from moe_core.papers.lina.sweeps import lina_measured_points
 from moe_core.papers.monta.sweeps import monta_measured_points
 from moe_core.points import point_name, sim_points, sweep_points
@@ -62,36 +65,24 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     # design (4 one at a time, 6 corners); MoNTA's 29 and its 3 tp-8 dispatches again at the other
     # end of its unstated NIC count
     assert counts["sim_train_step"] == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 240
-    assert counts["lina_inference"] == 1
-    assert counts["monta_a2a"] == counts["monta_model"] == counts["monta_strategy_table"] == 1
-    assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["dispatcher_table"] == 1
-    assert counts["figure_dispatchers_under_skew"] == 1
-    assert counts["collectives"] == 1
-    assert counts["external_steps"] == counts["external_steps_table"] == 1
-    assert counts["figure_external_steps_errors"] == 1
-    assert all(
-        counts[f"figure_{name}"] == 1
-        for name in (
-            "step_breakdown",
-            "a2a_share_vs_experts",
-            "a2a_slowdown_cdf",
-            "busbw_vs_size",
-            "lina_step_speedup",
-            "lina_moe_speedup",
-            "lina_partition_sweep",
-            "lina_inference",
-        )
-    )
+    assert counts["lina_inference"] == counts["lina_inference_simulated"] == 1
+    assert counts["monta_a2a"] == counts["monta_model"] == counts["collectives"] == 1
+    assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["external_steps"] == 1
     assert counts["aurora_simulated"] == counts["aurora_a2a"] == 1
-    assert all(
-        counts[f"figure_aurora_{name}"] == 1
-        for name in ("order_speedup", "gpu_utilisation", "gap_to_optimum", "imprecision", "ordered_vs_library")
-    )
-    assert all(
-        counts[f"figure_monta_{name}"] == 1
-        for name in ("a2a_vs_tp", "chunks", "iteration_breakdown", "strategy_ranking", "hierarchical")
-    )
+    # one rule per registered table and figure, generated from the analysis registries
+    tables = {f"table_{table.file}" for table in TABLE_REGISTRY.values()}
+    assert {name for name in counts if name.startswith("table_")} == tables
+    assert {name for name in counts if name.startswith("figure_")} == {f"figure_{name}" for name in FIGURE_REGISTRY}
+    assert all(counts[name] == 1 for name in counts if name.startswith(("table_", "figure_")))
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
+
+
+def test_a_paper_target_plans_that_papers_experiments_alone(tmp_path):
+    """`snakemake aurora` plans Aurora's record-making jobs and nothing of another paper."""
+    proc = snakemake("aurora", "-n", "--cores", "2", "--config", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    jobs = set(job_counts(proc.stdout + proc.stderr)) - {"total"}
+    assert jobs == {"resolved_config", "aurora_simulated", "aurora_a2a", "aurora"}
 
 
 @pytest.mark.parametrize(
@@ -187,7 +178,7 @@ def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path, default_dry_run)
     results = default_dry_run.results
     commands = commands_of_every_rule(default_dry_run.output)
     rules = {line.split()[0] for line in snakemake("--list-rules").stdout.splitlines() if line[:1].isalpha()}
-    assert rules - set(commands) == {"all", "resolved_config"}  # the rules without a shell command
+    assert rules - set(commands) == {"all", "resolved_config", *PAPERS}  # the rules without a shell command
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(FAKE_PYTHON.format(python=sys.executable))

@@ -154,7 +154,7 @@ def _megatron_labels(df: pd.DataFrame) -> pd.Series:
     return "tp " + sizes["tp"] + " x pp " + sizes["pp"] + " x dp " + sizes["dp"]
 
 
-@table
+@table(paper="axonn")
 def axonn_scaling(records: pd.DataFrame) -> pd.DataFrame:
     """The simulated weak-scaling runs, AxoNN beside the Megatron-style baseline per model: layout, time
     per batch, model PFLOP/s and share of peak; for AxoNN every grid collective's time in flight, the
@@ -179,7 +179,7 @@ def axonn_scaling(records: pd.DataFrame) -> pd.DataFrame:
 # ---- the model's validation on measured grids ---------------------------------------------------
 
 
-@table
+@table(paper="axonn")
 def axonn_grid_validation(records: pd.DataFrame) -> pd.DataFrame:
     """Every measured grid without overlap, per testbed: measured and predicted communication per step,
     their ranks, and per testbed how well the model ranks the grids (Spearman's rho; whether the

@@ -110,7 +110,7 @@ def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:
     return wide.dropna(subset=["exchange_ms"])
 
 
-@table
+@table(paper="common", file="dispatchers", category="Dispatchers")
 def dispatcher_choice(records: pd.DataFrame) -> pd.DataFrame:
     """Per testbed and skew: every path's round trip and drops, the fastest path, and the fastest that
     drops no token."""
@@ -164,7 +164,7 @@ def _external(records: pd.DataFrame) -> pd.DataFrame:
     return wide.rename(columns={"point": "id", "hardware": "profile"})
 
 
-@table
+@table(paper="common", category="Simulator")
 def external_validation(records: pd.DataFrame) -> pd.DataFrame:
     """Each published hardware measurement next to the simulator's prediction, then a summary row: the median
     |relative error| against the issue's 15% target."""
@@ -236,7 +236,7 @@ def _external_steps(records: pd.DataFrame) -> pd.DataFrame:
     return wide.reset_index().rename(columns={"point": "id", "hardware": "profile"})
 
 
-@table
+@table(paper="common", category="Simulator")
 def external_steps(records: pd.DataFrame) -> pd.DataFrame:
     """Each published training step next to the simulated one, then per kind (dense, MoE) the median and 90th
     percentile |step error| against the issue's targets."""

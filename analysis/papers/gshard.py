@@ -107,7 +107,7 @@ def _scaling(records: pd.DataFrame) -> pd.DataFrame:
     return _with_training_cost(df.astype({c: int for c in counts})).sort_values("gshard_model")
 
 
-@table
+@table(paper="gshard")
 def gshard_scaling(records: pd.DataFrame) -> pd.DataFrame:
     """Per Table 1 model simulated on its torus: step time and steps/s beside Table 3's, the days and
     core-years of 1T tokens at that rate, all-to-all time and share of the step, the step's other

@@ -223,7 +223,7 @@ def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig:
     fig.suptitle("MoNTA (c): iteration latency, drop-gather vs pipelined (monta)")
 
 
-@table
+@table(paper="monta", file="monta_strategies")
 def strategy_ranking(records: pd.DataFrame) -> pd.DataFrame:
     """Every (tp, ep, dp) layout per testbed: the model's predicted exchange, inter-node bytes, memory
     and rank next to the simulated step's exchange and the rank it implies."""

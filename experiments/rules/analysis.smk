@@ -1,30 +1,19 @@
-# Raw records -> tidy tables -> published-vs-reproduced comparison -> figures (with report captions).
+# Raw records -> tidy tables -> published-vs-reproduced comparison -> tables and figures (with report
+# captions). The table and figure rules come from what analysis/papers/<paper>.py registers.
 
 from analysis.figures import FIGURE_REGISTRY
+from analysis.tables import TABLE_REGISTRY
 
-# Every figure that analysis/papers/<paper>.py registers with @figure(paper=...), in its paper's folder.
+# Every figure registered with @figure(paper=...), in its paper's folder.
 FIGURES = [f"{RESULTS}/figures/{fig.paper}/{name}.png" for name, fig in FIGURE_REGISTRY.items()]
+# Every table registered with @table(paper=..., file=...): name -> results/tables/<file>.csv.
+TABLES = {name: f"{RESULTS}/tables/{table.file}.csv" for name, table in TABLE_REGISTRY.items()}
 
 
 rule collect:
     """Every raw record of this run into tidy CSV tables (one row per point x metric, and samples)."""
     input:
-        TRAIN_RECORDS,
-        COLLECTIVE_RECORDS,
-        SIM_RECORDS,
-        AURORA_SIM_RECORDS,
-        AURORA_A2A_RECORDS,
-        INFERENCE_RECORDS,
-        LINA_SIM_INFERENCE_RECORDS,
-        MONTA_A2A_RECORDS,
-        MONTA_MODEL_RECORDS,
-        DISPATCHER_RECORDS,
-        DISPATCHER_SIM_RECORDS,
-        AXONN_GRID_RECORDS,
-        AXONN_SIM_RECORDS,
-        GSHARD_SIM_RECORDS,
-        EXTERNAL_RECORDS,
-        EXTERNAL_STEP_RECORDS,
+        RAW_RECORDS,
     output:
         records=f"{RESULTS}/tables/records.csv",
         samples=f"{RESULTS}/tables/samples.csv",
@@ -64,7 +53,32 @@ rule compare:
         "--out {output.comparison:q} --summary {output.summary:q}"
 
 
-# One rule per figure (a loop, not copies): report captions cannot take wildcards.
+# One rule per table and one per figure (loops, not copies): report captions cannot take wildcards.
+for _name, _table in TABLE_REGISTRY.items():
+
+    rule:
+        name:
+            f"table_{_table.file}"
+        input:
+            records=rules.collect.output.records,
+        output:
+            report(
+                TABLES[_name],
+                caption=f"../../analysis/captions/{_table.file}_table.rst",
+                category=_table.category,
+            ),
+        params:
+            name=_name,
+        conda:
+            "../../environment.yml"
+        log:
+            f"{RESULTS}/logs/table_{_table.file}.log",
+        localrule: True
+        shell:
+            "logged {log:q} python -m analysis.tables --records {input.records:q} --table {params.name:q} --out {output:q}"
+
+
+
 for _name, _figure in FIGURE_REGISTRY.items():
 
     rule:

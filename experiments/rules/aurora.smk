@@ -11,9 +11,11 @@ AURORA_SIM_RECORDS = [
     for experiment, points in aurora_points(CFG).items()
     for point in points
 ]
+RAW_RECORDS += AURORA_SIM_RECORDS
 AURORA_A2A_RECORDS = expand(
     f"{RESULTS}/raw/{AURORA_PAPER}/{AURORA_A2A}/{{point}}.json", point=aurora_measured_points(CFG)
 )
+RAW_RECORDS += AURORA_A2A_RECORDS
 
 
 rule aurora_simulated:

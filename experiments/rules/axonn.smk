@@ -7,11 +7,13 @@ from experiments.axonn import record_points as axonn_record_points
 from moe_core.papers.axonn.sweeps import MEASURED as AXONN_MEASURED, PAPER as AXONN_PAPER, grid_points
 
 AXONN_GRID_RECORDS = expand(f"{RESULTS}/raw/{AXONN_PAPER}/{AXONN_MEASURED}/{{point}}.json", point=grid_points(CFG))
+RAW_RECORDS += AXONN_GRID_RECORDS
 AXONN_SIM_RECORDS = [
     f"{RESULTS}/raw/{AXONN_PAPER}/{experiment}/{point}.json"
     for experiment, points in axonn_record_points(CFG).items()
     for point in points
 ]
+RAW_RECORDS += AXONN_SIM_RECORDS
 
 
 rule axonn_grids:
@@ -52,41 +54,3 @@ rule axonn_simulated:
     localrule: True
     shell:
         "logged {log:q} python -m experiments.axonn --config {input.config:q}"
-
-
-rule axonn_validation_table:
-    """Predicted vs measured communication time of every grid, rank correlation and top-3 per testbed."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/axonn_grid_validation.csv",
-            caption="../../analysis/captions/axonn_grid_validation_table.rst",
-            category="Published vs reproduced",
-        ),
-    log:
-        f"{RESULTS}/logs/axonn_validation_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table axonn_grid_validation --out {output:q}"
-
-
-rule axonn_scaling_table:
-    """Weak scaling, AxoNN beside the Megatron-style baseline: time, FLOP/s, peak share, what overlaps hide."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/axonn_scaling.csv",
-            caption="../../analysis/captions/axonn_scaling_table.rst",
-            category="Published vs reproduced",
-        ),
-    log:
-        f"{RESULTS}/logs/axonn_scaling_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table axonn_scaling --out {output:q}"

@@ -8,6 +8,7 @@ COLLECTIVE_RECORDS = expand(
     f"{RESULTS}/raw/{COLLECTIVES_PAPER}/{COLLECTIVES}/{{point}}.json",
     point=collective_points(CFG),
 )
+RAW_RECORDS += COLLECTIVE_RECORDS
 
 
 rule collectives:

@@ -14,6 +14,11 @@ from moe_core.config import config_digest
 # (a copied or cleaned results directory). The Snakefile's rule resolved_config writes it.
 RESOLVED_CONFIG = f"{RESULTS}/config/resolved-{config_digest(CFG)}.yaml"
 
+# Every raw record file of the run: each rules file adds the records its rules write
+# (``RAW_RECORDS += ...``), results/raw/<paper or "common">/<experiment>/<point>.json. The analysis
+# collects them all; a paper's target (the Snakefile) makes its folder's.
+RAW_RECORDS = []
+
 
 def quoted(words):
     """One shell-safe string of ``words`` (config overrides, names, paths)."""

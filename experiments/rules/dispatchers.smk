@@ -12,9 +12,11 @@ from experiments.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_point
 DISPATCHER_RECORDS = expand(
     f"{RESULTS}/raw/{DISPATCHERS_PAPER}/{DISPATCHERS}/{{point}}.json", point=dispatcher_measured_points(CFG)
 )
+RAW_RECORDS += DISPATCHER_RECORDS
 DISPATCHER_SIM_RECORDS = expand(
     f"{RESULTS}/raw/{DISPATCHERS_PAPER}/{DISPATCHERS_SIM}/{{point}}.json", point=dispatcher_sim_points(CFG)
 )
+RAW_RECORDS += DISPATCHER_SIM_RECORDS
 
 
 rule dispatchers:
@@ -53,22 +55,3 @@ rule dispatchers_simulated:
     localrule: True
     shell:
         "logged {log:q} python -m experiments.dispatchers_sim --config {input.config:q}"
-
-
-rule dispatcher_table:
-    """Per testbed and skew, the fastest dispatch path and the fastest that drops no token."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/dispatchers.csv",
-            caption="../../analysis/captions/dispatchers_table.rst",
-            category="Dispatchers",
-        ),
-    log:
-        f"{RESULTS}/logs/dispatcher_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table dispatcher_choice --out {output:q}"

@@ -1,6 +1,6 @@
 # Lina's measured inference (experiments/inference.py): one torchrun job per expert count and path
 # length, each writing one record per placement policy (ideal always runs, as the normalisation).
-# Lina's training points are part of the measured sweep (gshard.smk) and the simulator's
+# Lina's training points are part of the measured sweep (train_step.smk) and the simulator's
 # (simulator.smk), through moe_core.papers.lina.sweeps.
 
 import os
@@ -15,6 +15,7 @@ INFERENCE_RECORDS = [
     for point in INFERENCE_POINTS
     for policy in INFERENCE_POLICIES
 ]
+RAW_RECORDS += INFERENCE_RECORDS
 
 
 rule lina_inference:
@@ -44,6 +45,7 @@ from experiments.lina_inference_sim import record_points as lina_sim_inference_p
 LINA_SIM_INFERENCE_RECORDS = expand(
     f"{RESULTS}/raw/lina/inference/{{point}}.json", point=lina_sim_inference_points(CFG)
 )
+RAW_RECORDS += LINA_SIM_INFERENCE_RECORDS
 
 
 rule lina_inference_simulated:

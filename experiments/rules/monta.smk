@@ -10,6 +10,7 @@ from moe_core.papers.monta.sweeps import PAPER as MONTA_PAPER
 MONTA_A2A_RECORDS = expand(
     f"{RESULTS}/raw/{MONTA_PAPER}/{MONTA_A2A}/{{point}}.json", point=monta_measured_points(CFG)
 )
+RAW_RECORDS += MONTA_A2A_RECORDS
 
 
 rule monta_a2a:
@@ -38,6 +39,7 @@ MONTA_MODEL_RECORDS = [
     for experiment, points in monta_model_points(CFG).items()
     for point in points
 ]
+RAW_RECORDS += MONTA_MODEL_RECORDS
 
 
 rule monta_model:
@@ -57,22 +59,3 @@ rule monta_model:
     localrule: True
     shell:
         "logged {log:q} python -m experiments.monta --config {input.config:q}"
-
-
-rule monta_strategy_table:
-    """The strategy ranking: the model's prediction and rank next to the simulated step's."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/monta_strategies.csv",
-            caption="../../analysis/captions/monta_strategies_table.rst",
-            category="Published vs reproduced",
-        ),
-    log:
-        f"{RESULTS}/logs/monta_strategy_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table strategy_ranking --out {output:q}"

@@ -7,6 +7,7 @@ from moe_core.points import sim_points
 
 SIM_POINTS = sim_points(CFG)  # name -> (paper, complete overrides)
 SIM_RECORDS = [f"{RESULTS}/raw/{paper}/sim_train_step/{name}.json" for name, (paper, _) in SIM_POINTS.items()]
+RAW_RECORDS += SIM_RECORDS
 
 
 rule sim_train_step:
@@ -67,6 +68,7 @@ rule validate:
 from experiments.external_validation import record_points as external_points
 
 EXTERNAL_RECORDS = expand(f"{RESULTS}/raw/common/external_validation/{{point}}.json", point=external_points(CFG))
+RAW_RECORDS += EXTERNAL_RECORDS
 
 
 rule external_validation:
@@ -85,30 +87,12 @@ rule external_validation:
         "logged {log:q} python -m experiments.external_validation --config {input.config:q}"
 
 
-rule external_validation_table:
-    """Published vs predicted per entry, relative errors and their median."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/external_validation.csv",
-            caption="../../analysis/captions/external_validation_table.rst",
-            category="Simulator",
-        ),
-    log:
-        f"{RESULTS}/logs/external_validation_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table external_validation --out {output:q}"
-
-
 from experiments.external_steps import record_points as external_step_points
 
 EXTERNAL_STEP_RECORDS = expand(
     f"{RESULTS}/raw/common/external_steps/{{point}}.json", point=external_step_points(CFG)
 )
+RAW_RECORDS += EXTERNAL_STEP_RECORDS
 
 
 rule external_steps:
@@ -125,22 +109,3 @@ rule external_steps:
     localrule: True
     shell:
         "logged {log:q} python -m experiments.external_steps --config {input.config:q}"
-
-
-rule external_steps_table:
-    """Published vs simulated step per entry, step errors and their median and p90, dense and MoE apart."""
-    input:
-        records=f"{RESULTS}/tables/records.csv",
-    output:
-        report(
-            f"{RESULTS}/tables/external_steps.csv",
-            caption="../../analysis/captions/external_steps_table.rst",
-            category="Simulator",
-        ),
-    log:
-        f"{RESULTS}/logs/external_steps_table.log",
-    conda:
-        "../../environment.yml"
-    localrule: True
-    shell:
-        "logged {log:q} python -m analysis.tables --records {input.records:q} --table external_steps --out {output:q}"

@@ -2,7 +2,8 @@
 paper's config sections, policies and transmission orders with the paper-neutral core).
 
 A new paper is a folder here with its config section, decisions, measured policy and system model,
-one line below, one rules file (experiments/rules/<paper>.smk) and one analysis module
+one line below, one rules file (experiments/rules/<paper>.smk, which the Snakefile includes for
+every name in ``PAPERS``, with a target ``snakemake <paper>``) and one analysis module
 (analysis/papers/<paper>.py).
 """
 

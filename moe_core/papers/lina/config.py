@@ -59,7 +59,7 @@ INFERENCE_UNSTATED = register_unstated(
 
 @dataclass
 class LinaConfig:
-    """Lina's training experiments (points: ``sweeps.py``; run by experiments/rules/gshard.smk and
+    """Lina's training experiments (points: ``sweeps.py``; run by experiments/rules/train_step.smk and
     simulator.smk).
 
     Simulated on the paper's testbed (4 nodes x 4 A100, 100 Gb/s IB), experts = GPUs: every policy
