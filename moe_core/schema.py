@@ -663,7 +663,20 @@ def _validate_rates(hw: DictConfig) -> None:
 
 
 def _validate_model(cfg: DictConfig) -> None:
-    m, moe = cfg.model, cfg.moe
+    """The model and its MoE layers, then how they lay out over the ranks (in that order: the first
+    failing check names its key)."""
+    _validate_model_shape(cfg.model)
+    _validate_moe(cfg.moe)
+    _validate_pipeline(cfg)
+    _validate_expert_layout(cfg)
+    _validate_tensor_parallel(cfg)
+    _validate_grid(cfg)
+    _validate_hierarchical_a2a(cfg)
+
+
+def _validate_model_shape(m: DictConfig) -> None:
+    """The transformer's sizes: positive dimensions, heads that divide the width, key/value heads that
+    divide the heads, a known activation, MoE layers within the model, an embedding that fits."""
     require_at_least(m, "model", 1, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"))
     require(
         m.head_dim >= 0, "model.head_dim", f"features per head, must be >= 0 (0: d_model / n_heads), got {m.head_dim}"
@@ -697,6 +710,10 @@ def _validate_model(cfg: DictConfig) -> None:
         f"embedding and head of {m.vocab_size} x {m.d_model} take {embedding_bytes / 2**30:.0f} GiB "
         f"(limit {MAX_EMBEDDING_BYTES / 2**30:.0f} GiB); use a smaller vocabulary",
     )
+
+
+def _validate_moe(moe: DictConfig) -> None:
+    """The MoE layers' routing: top_k experts of num_experts, capacity, aux loss and groups in range."""
     require(moe.top_k >= 1, "moe.top_k", f"experts per token, must be >= 1, got {moe.top_k}")
     require(moe.num_experts >= moe.top_k, "moe.num_experts", f"must be >= moe.top_k={moe.top_k}, got {moe.num_experts}")
     require(
@@ -711,7 +728,12 @@ def _validate_model(cfg: DictConfig) -> None:
         f"must be >= 0, got {moe.aux_loss_weight}",
     )
     require(moe.group_size >= 0, "moe.group_size", f"must be >= 0 (0 = one group per rank), got {moe.group_size}")
-    _validate_pipeline(cfg)
+
+
+def _validate_expert_layout(cfg: DictConfig) -> None:
+    """The experts' layout over a pipeline stage's ranks (moe_core.layout's rules), and how the experts
+    split under tensor parallelism."""
+    moe = cfg.moe
     stage_ranks = cfg.parallel.world_size // cfg.parallel.pipeline_parallel  # a stage's layout (all of it at pp 1)
     etp = moe.expert_tensor_parallel
     require(
@@ -730,9 +752,6 @@ def _validate_model(cfg: DictConfig) -> None:
         )
     if error:
         raise ConfigError(error)
-    _validate_tensor_parallel(cfg)
-    _validate_grid(cfg)
-    _validate_hierarchical_a2a(cfg)
 
 
 def _validate_pipeline(cfg: DictConfig) -> None:

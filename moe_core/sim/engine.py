@@ -165,6 +165,11 @@ def simulate(
     so it is not the unit in which a transfer's bytes per second are counted (else a collective
     with more intra-node bytes would get less of a NIC it shares).
     """
+    return _EventLoop(ops, capacity, shared_latency, burst_bytes, host_link).run()
+
+
+def _dependents(ops: list[Op]) -> tuple[list[list[int]], np.ndarray]:
+    """Each op's children and its number of deps; ValueError unless every dep is an earlier op."""
     n = len(ops)
     children: list[list[int]] = [[] for _ in range(n)]
     waiting = np.zeros(n, dtype=int)
@@ -174,110 +179,166 @@ def simulate(
                 raise ValueError(f"op {i} ({op.name}) depends on {d}: deps must be earlier ops")
             children[d].append(i)
         waiting[i] = len(op.deps)
-    start, end = np.full(n, np.nan), np.full(n, np.nan)
-    footprints = {
-        i: _footprint(op.transfer, capacity, host_link) for i, op in enumerate(ops) if op.transfer is not None
-    }
-    num_links = len(capacity) + shared_latency  # the host processor is one more link, of capacity 1
-    latency_stage = {}  # op -> its latency phase's stage key (-1 - op) when latency is shared
-    if shared_latency:
-        host = np.array([len(capacity)])
-        for i, op in enumerate(ops):
+    return children, waiting
+
+
+class _EventLoop:
+    """One run of :func:`simulate`: the DAG's progress, the pending timers and the stages in flight.
+
+    A stage is a transfer op ``i`` moving its bytes or, with shared latency, its latency phase, keyed
+    ``-1 - i``; ``active`` holds each running stage's remaining fraction and ``rates`` its progress
+    rate (fraction per second). Timers are ``(time, kind, op)``: kind 0 = op ends, 1 = latency over.
+    """
+
+    def __init__(
+        self,
+        ops: list[Op],
+        capacity: np.ndarray,
+        shared_latency: bool,
+        burst_bytes: np.ndarray | None,
+        host_link: int | None,
+    ):
+        self.ops, self.host_link = ops, host_link
+        self.children, self.waiting = _dependents(ops)
+        self.start, self.end = np.full(len(ops), np.nan), np.full(len(ops), np.nan)
+        self.footprints = {
+            i: _footprint(op.transfer, capacity, host_link) for i, op in enumerate(ops) if op.transfer is not None
+        }
+        self.num_links = len(capacity) + shared_latency  # the host processor is one more link, of capacity 1
+        self.latency_stage: dict[int, int] = {}  # op -> its latency phase's stage key when latency is shared
+        if shared_latency:
+            self._share_latency(host_processor=len(capacity))
+        self.buckets = _Buckets(capacity, burst_bytes, ops)
+        self.timers: list[tuple[float, int, int]] = []
+        self.active: dict[int, float] = {}
+        self.rates: dict[int, float] = {}
+        self.now = 0.0
+        self.done = 0  # ops ended
+
+    def _share_latency(self, host_processor: int) -> None:
+        """Make every transfer's latency phase a stage of its own on the host processor's link."""
+        host = np.array([host_processor])
+        for i, op in enumerate(self.ops):
             if op.transfer is not None and op.latency_s > 0:
-                latency_stage[i] = -1 - i
+                self.latency_stage[i] = -1 - i
                 # its size is its seconds of latency, at most one second of them per second
-                footprints[-1 - i] = (host, np.ones(1), op.latency_s, 1.0)
+                self.footprints[-1 - i] = (host, np.ones(1), op.latency_s, 1.0)
 
-    buckets = _Buckets(capacity, burst_bytes, ops)
-    timers: list[tuple[float, int, int]] = []  # (time, kind, op): kind 0 = op ends, 1 = latency over
-    active: dict[int, float] = {}  # stage (transfer op, or its shared latency phase) -> remaining fraction
-    now = 0.0
+    def run(self) -> Timeline:
+        """Begin the ops without deps, then handle events until every op has ended."""
+        for i in range(len(self.ops)):
+            if self.waiting[i] == 0:
+                self.begin(i)
+        self.rates = self.current_rates()
+        while self.done < len(self.ops):
+            self.step()
+        for i, op in enumerate(self.ops):  # an issued op lasts until its last kernel is launched (issued_by_host)
+            if op.issued_by is not None:
+                self.end[i] = max(self.end[i], self.end[op.issued_by])
+        return Timeline(self.start, self.end)
 
-    def begin(i: int) -> None:
-        start[i] = now
-        op = ops[i]
+    def begin(self, i: int) -> None:
+        """Op ``i``'s deps have ended: it starts its compute, its shared latency phase or its latency timer."""
+        self.start[i] = self.now
+        op = self.ops[i]
         if op.transfer is None:
-            heapq.heappush(timers, (now + op.duration_s, 0, i))
-        elif i in latency_stage:
-            active[latency_stage[i]] = 1.0
+            heapq.heappush(self.timers, (self.now + op.duration_s, 0, i))
+        elif i in self.latency_stage:
+            self.active[self.latency_stage[i]] = 1.0
         else:
-            heapq.heappush(timers, (now + op.latency_s, 1, i))
+            heapq.heappush(self.timers, (self.now + op.latency_s, 1, i))
 
-    def start_transfer(i: int) -> bool:
+    def start_transfer(self, i: int) -> bool:
         """Latency over: the transfer stage starts; False when no link it crosses limits it (none
         finite, or only links holding tokens): then it passes at once, taking its bytes from the
         buckets."""
-        if i in buckets.ops:
-            footprints[i] = _footprint(ops[i].transfer, buckets.capacity(), host_link)
-        if footprints[i][0].size == 0:
-            buckets.take(i)
+        if i in self.buckets.ops:
+            self.footprints[i] = _footprint(self.ops[i].transfer, self.buckets.capacity(), self.host_link)
+        if self.footprints[i][0].size == 0:
+            self.buckets.take(i)
             return False
-        active[i] = 1.0
+        self.active[i] = 1.0
         return True
 
-    def current_rates() -> dict[int, float]:
-        if buckets.ops:  # footprints follow the buckets: a link with tokens limits nothing
-            caps = buckets.capacity()
-            footprints.update({i: _footprint(ops[i].transfer, caps, host_link) for i in active if i in buckets.ops})
+    def current_rates(self) -> dict[int, float]:
+        """The active stages' rates by max-min fair sharing (:func:`fair_rates`)."""
+        active, footprints = self.active, self.footprints
+        if self.buckets.ops:  # footprints follow the buckets: a link with tokens limits nothing
+            caps = self.buckets.capacity()
+            footprints.update(
+                {i: _footprint(self.ops[i].transfer, caps, self.host_link) for i in active if i in self.buckets.ops}
+            )
         return fair_rates(
-            {i: footprints[i] for i in active}, {i: ops[i if i >= 0 else -1 - i].priority for i in active}, num_links
+            {i: footprints[i] for i in active},
+            {i: self.ops[i if i >= 0 else -1 - i].priority for i in active},
+            self.num_links,
         )
 
-    for i in range(n):
-        if waiting[i] == 0:
-            begin(i)
-    rates = current_rates()
-    done = 0
-    while done < n:
-        if not timers and not active:
-            raise RuntimeError("simulation stalled: a dependency cycle or an unreachable op")
-        next_timer = timers[0][0] if timers else np.inf
+    def next_finish(self) -> tuple[float, int | None]:
+        """When the first active stage finishes at the current rates, and which (inf, None: none will)."""
         next_finish, finisher = np.inf, None
-        for i, left in active.items():
-            t = now + left / rates[i] if rates[i] > 0 else np.inf
+        for i, left in self.active.items():
+            t = self.now + left / self.rates[i] if self.rates[i] > 0 else np.inf
             if t < next_finish:
                 next_finish, finisher = t, i
-        next_empty = now + buckets.time_to_empty(active, rates)
+        return next_finish, finisher
+
+    def step(self) -> None:
+        """Advance to the next event (a timer, a stage finishing, a bucket running dry) and handle it."""
+        if not self.timers and not self.active:
+            raise RuntimeError("simulation stalled: a dependency cycle or an unreachable op")
+        next_timer = self.timers[0][0] if self.timers else np.inf
+        next_finish, finisher = self.next_finish()
+        next_empty = self.now + self.buckets.time_to_empty(self.active, self.rates)
         t_next = min(next_timer, next_finish, next_empty)
-        dt = t_next - now
-        for i in active:
-            active[i] -= rates[i] * dt
-        buckets.advance(dt)
-        now = t_next
-        finished: list[int] = []
-        while timers and timers[0][0] <= now + EPS:
-            _, kind, i = heapq.heappop(timers)
-            if kind == 0 or not start_transfer(i):
-                finished.append(i)
+        self.advance(t_next)
+        finished = self.due_timers()
         # The transfer that set this event is done, whatever rounding left of it (at large ``now``,
         # ``now + left / rate`` can round back to ``now``); others finishing together go too.
         finished += [
             i
-            for i, left in active.items()
+            for i, left in self.active.items()
             if left <= 1e-9 or (i == finisher and next_finish <= min(next_timer, next_empty))
         ]
-        changed = t_next == next_empty  # a bucket ran dry: its link limits again
+        self.finish(finished)
+        # Rates change when a stage ended or started, or a bucket ran dry (its link limits again).
+        if finished or t_next == next_empty or set(self.active) != set(self.rates):
+            self.rates = self.current_rates()
+
+    def advance(self, t_next: float) -> None:
+        """Move the active stages and the buckets on to ``t_next`` at the current rates."""
+        dt = t_next - self.now
+        for i in self.active:
+            self.active[i] -= self.rates[i] * dt
+        self.buckets.advance(dt)
+        self.now = t_next
+
+    def due_timers(self) -> list[int]:
+        """Pop the timers due now: compute ops that end, and latency phases over whose transfer
+        starts (those whose transfer passes at once end too). Returns the ops that end."""
+        ended: list[int] = []
+        while self.timers and self.timers[0][0] <= self.now + EPS:
+            _, kind, i = heapq.heappop(self.timers)
+            if kind == 0 or not self.start_transfer(i):
+                ended.append(i)
+        return ended
+
+    def finish(self, finished: list[int]) -> None:
+        """End the stages in ``finished``: a shared latency phase starts its transfer (the op ends
+        only when that passes at once); an op ends and begins the children waiting only on it."""
         for i in finished:
-            if i in active:
-                del active[i]
+            if i in self.active:
+                del self.active[i]
             if i < 0:  # a shared latency phase ended: its transfer starts
-                changed = True
-                if start_transfer(-1 - i):
+                if self.start_transfer(-1 - i):
                     continue
                 i = -1 - i
-            end[i] = now
-            done += 1
-            changed = True
-            for c in children[i]:
-                waiting[c] -= 1
-                if waiting[c] == 0:
-                    begin(c)
-        if changed or set(active) != set(rates):
-            rates = current_rates()
-    for i, op in enumerate(ops):  # an issued op lasts until its last kernel is launched (issued_by_host)
-        if op.issued_by is not None:
-            end[i] = max(end[i], end[op.issued_by])
-    return Timeline(start, end)
+            self.end[i] = self.now
+            self.done += 1
+            for c in self.children[i]:
+                self.waiting[c] -= 1
+                if self.waiting[c] == 0:
+                    self.begin(c)
 
 
 class _Buckets:

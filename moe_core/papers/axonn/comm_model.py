@@ -171,6 +171,29 @@ def predicted_communication(
     ``all_reduce_data_s`` holds the data-parallel gradient all-reduces (depth shards over data, layer
     norms over data x depth; one in all when depth is 1). ValueError if the model cannot be split on ``grid``.
     """
+    _check_model(grid, d_model, d_ff, n_heads, n_layers, tokens_per_rank, cached_layers, moe_every)
+    strides = axis_strides(grid, order)
+    seconds, shard_elements = _block_seconds(
+        hw, grid, strides, d_model, d_ff, n_layers, tokens_per_rank, element_bytes, cached_layers, moe_every
+    )
+    shard_bytes = shard_elements * element_bytes
+    norm_bytes = n_layers * LAYER_NORM_PARAMS * d_model * element_bytes
+    for size, stride, nbytes in _gradient_all_reduces(grid, strides, shard_bytes, norm_bytes):
+        seconds["all_reduce_data_s"] += collective_seconds(hw, "all_reduce", size, stride, nbytes)
+    return {"total_s": sum(seconds.values()), **seconds}
+
+
+def _check_model(
+    grid: Grid,
+    d_model: int,
+    d_ff: int,
+    n_heads: int | None,
+    n_layers: int,
+    tokens_per_rank: int,
+    cached_layers: int,
+    moe_every: int,
+) -> None:
+    """ValueError unless the model splits on ``grid`` and its counts are in range (:func:`predicted_communication`)."""
     # Without n_heads, row heads (always divisible) leave only the width and depth checks.
     error = grid_split_error(grid, d_model, d_ff, grid.row if n_heads is None else n_heads)
     if error:
@@ -181,29 +204,48 @@ def predicted_communication(
             f"n_layers={n_layers}, tokens_per_rank={tokens_per_rank}, moe_every={moe_every}, "
             f"cached_layers={cached_layers}"
         )
-    strides = axis_strides(grid, order)
+
+
+def _block_seconds(
+    hw,
+    grid: Grid,
+    strides: dict[str, int],
+    d_model: int,
+    d_ff: int,
+    n_layers: int,
+    tokens_per_rank: int,
+    element_bytes: int,
+    cached_layers: int,
+    moe_every: int,
+) -> tuple[dict[str, float], int]:
+    """The blocks' grid collectives: seconds per :data:`BREAKDOWN_KEYS` (``all_reduce_data_s`` left at
+    0), and the elements of the rank's depth shards of their grid-split linears (whose gradients the
+    data-parallel all-reduce carries). Blocks alike (dense or MoE FFN, weights cached or not) are
+    priced once and counted."""
     seconds = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    shard_bytes = 0
+    shard_elements = 0
     moe, overlaps = set(moe_blocks(n_layers, moe_every)), GridOverlaps(cached_layers=cached_layers)
     kinds = Counter((i not in moe, overlaps.caches(i)) for i in range(n_layers))
     for (dense_ffn, cached), blocks in kinds.items():
         for c in block_collectives(grid, d_model, d_ff, dense_ffn, tokens_per_rank, cached):
             t = collective_seconds(hw, c.kind, grid.size(c.axis), strides[c.axis], c.elements * element_bytes)
             seconds[f"{c.kind}_{c.axis}_s"] += blocks * t
-        shard_bytes += blocks * sum(
+        shard_elements += blocks * sum(
             s.block_elements(grid) // grid.depth for s in block_linears(d_model, d_ff, dense_ffn)
         )
-    shard_bytes *= element_bytes
-    norm_bytes = n_layers * LAYER_NORM_PARAMS * d_model * element_bytes
+    return seconds, shard_elements
+
+
+def _gradient_all_reduces(
+    grid: Grid, strides: dict[str, int], shard_bytes: int, norm_bytes: int
+) -> list[tuple[int, int, int]]:
+    """The data-parallel gradient all-reduces, ``(group size, stride, bytes)``: the depth shards over
+    ``data`` and the layer norms over ``data x depth`` (one all-reduce in all when depth is 1)."""
     # One all-reduce per group per iteration, as Megatron's contiguous gradient buffer. The layer norms'
     # group (data x depth) is one strided group in AxoNN's order; in another it is read by depth's stride.
     if grid.depth == 1:
-        buckets = [(grid.data, strides["data"], shard_bytes + norm_bytes)]
-    else:
-        buckets = [(grid.data, strides["data"], shard_bytes), (grid.data * grid.depth, strides["depth"], norm_bytes)]
-    for size, stride, nbytes in buckets:
-        seconds["all_reduce_data_s"] += collective_seconds(hw, "all_reduce", size, stride, nbytes)
-    return {"total_s": sum(seconds.values()), **seconds}
+        return [(grid.data, strides["data"], shard_bytes + norm_bytes)]
+    return [(grid.data, strides["data"], shard_bytes), (grid.data * grid.depth, strides["depth"], norm_bytes)]
 
 
 def block_activation_bytes(tokens: int, d_model: int, d_ff: int, split: int, activation_bytes: int = 2) -> float:
@@ -356,24 +398,34 @@ def rank_grids(
         memory = memory_bytes(
             grid, d_model, d_ff, n_layers, vocab_size, seq_len, sequences, bytes_per_param, element_bytes, recompute
         )
-        rows.append(
-            {
-                "data": grid.data,
-                "depth": grid.depth,
-                "row": grid.row,
-                "col": grid.col,
-                "order": order_label(order),
-                "predicted_comm_s": comm["total_s"],
-                **{key: comm[key] for key in BREAKDOWN_KEYS},
-                "memory_GB": memory / GB,
-                "fits": memory / GB <= memory_GB,
-            }
-        )
+        rows.append(_grid_row(grid, order, comm, memory, memory_GB))
     if not rows:
         raise ValueError(
             f"no grid of world_size={world_size} splits the model (d_model={d_model}, d_ff={d_ff}, n_heads={n_heads}) "
             f"with a whole number of the global_sequences={global_sequences} per data x depth rank"
         )
+    return _ranked(rows)
+
+
+def _grid_row(grid: Grid, order: tuple[str, str, str], comm: dict[str, float], memory: float, memory_GB: float) -> dict:
+    """One row of :func:`rank_grids`' table (before ``rank``): the grid, its placement, its
+    communication and its memory against the budget."""
+    return {
+        "data": grid.data,
+        "depth": grid.depth,
+        "row": grid.row,
+        "col": grid.col,
+        "order": order_label(order),
+        "predicted_comm_s": comm["total_s"],
+        **{key: comm[key] for key in BREAKDOWN_KEYS},
+        "memory_GB": memory / GB,
+        "fits": memory / GB <= memory_GB,
+    }
+
+
+def _ranked(rows: list[dict]) -> pd.DataFrame:
+    """:func:`rank_grids`' rows as a table: those that fit first, each part by predicted
+    communication (stable), ranked 1, 2, ... where they fit and <NA> where they do not."""
     frame = pd.DataFrame(rows).sort_values(["fits", "predicted_comm_s"], ascending=[False, True], kind="stable")
     frame = frame.reset_index(drop=True)
     fitting = int(frame["fits"].sum())

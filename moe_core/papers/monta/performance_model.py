@@ -232,31 +232,41 @@ def enumerate_strategies(
         volume_bytes = num_experts * capacity * d_model * element_bytes
         for ep in (e for e in range(1, num_experts + 1) if num_experts % e == 0 and world_size % (tp * e) == 0):
             links = exchange_links(hw, ep, tp, chunk_overhead_s)
-            # MoNTA pipelines only when there is an all-to-all and an all-gather to overlap (tp > 1 and
-            # ep > 1, the fork's condition); other layouts take DeepSpeed's drop-gather.
-            layout_path = "drop-gather" if path == "monta" and (tp == 1 or ep == 1) else path
-            chunks = choose_chunk_count(volume_bytes, capacity, ep, tp, links) if layout_path == "monta" else 1
-            exchange_s = dispatch_seconds(layout_path, volume_bytes, ep, tp, links, chunks)
-            a2a_bytes = volume_bytes if path == "duplicate" else volume_bytes / tp
-            gathers = 0 if path == "duplicate" else chunks
-            # TP groups stay inside a node, so only the all-to-all crosses nodes.
-            off_node_fraction = (ep - min(ep_members_per_node(devices_per_node, ep, tp))) / ep
             memory_bytes = moe_layers * num_experts / ep * 2 * d_model * d_ff / tp * bytes_per_param
             strategies.append(
                 Strategy(
                     tp=tp,
                     ep=ep,
                     dp=world_size // (tp * ep),
-                    chunks=chunks,
-                    a2a_s=chunks * a2a_seconds(a2a_bytes / chunks, ep, links),
-                    allgather_s=gathers * allgather_seconds(a2a_bytes / chunks, tp, links),
-                    exchange_s=exchange_s,
-                    inter_node_bytes=a2a_bytes * off_node_fraction,
+                    **_dispatch_costs(path, volume_bytes, capacity, ep, tp, links, devices_per_node),
                     memory_bytes=memory_bytes,
                     fits=memory_bytes <= memory_bytes_per_device,
                 )
             )
     return strategies
+
+
+def _dispatch_costs(
+    path: str, volume_bytes: float, capacity: int, ep: int, tp: int, links: ExchangeLinks, devices_per_node: int
+) -> dict[str, float]:
+    """The :class:`Strategy` fields of one dispatch of ``volume_bytes`` along ``path`` on the (ep, tp)
+    layout: chunks, a2a_s, allgather_s, exchange_s and inter_node_bytes."""
+    # MoNTA pipelines only when there is an all-to-all and an all-gather to overlap (tp > 1 and
+    # ep > 1, the fork's condition); other layouts take DeepSpeed's drop-gather.
+    layout_path = "drop-gather" if path == "monta" and (tp == 1 or ep == 1) else path
+    chunks = choose_chunk_count(volume_bytes, capacity, ep, tp, links) if layout_path == "monta" else 1
+    exchange_s = dispatch_seconds(layout_path, volume_bytes, ep, tp, links, chunks)
+    a2a_bytes = volume_bytes if path == "duplicate" else volume_bytes / tp
+    gathers = 0 if path == "duplicate" else chunks
+    # TP groups stay inside a node, so only the all-to-all crosses nodes.
+    off_node_fraction = (ep - min(ep_members_per_node(devices_per_node, ep, tp))) / ep
+    return {
+        "chunks": chunks,
+        "a2a_s": chunks * a2a_seconds(a2a_bytes / chunks, ep, links),
+        "allgather_s": gathers * allgather_seconds(a2a_bytes / chunks, tp, links),
+        "exchange_s": exchange_s,
+        "inter_node_bytes": a2a_bytes * off_node_fraction,
+    }
 
 
 def rank_strategies(strategies: Iterable[Strategy]) -> list[Strategy]:
