@@ -80,7 +80,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
         env.device.type,
         env.timeout_s,
         high_priority_ep=plan.gradients_yield_to_a2a,
-        hierarchical_devices_per_node=cfg.hardware.devices_per_node if plan.hierarchical_a2a else None,
+        hierarchical_devices_per_node=cfg.hardware.devices_per_node if plan.exchange.hierarchical else None,
     )
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
@@ -102,19 +102,7 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
     ):
         policy = relayout.before_step(it, model, optimizer, policy)
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
-        dist.barrier()
-        timer.reset()
-        start = timer.stamp()
-        with autocast:
-            loss, nll = model(x, y)
-        loss.backward()
-        backward_end = timer.stamp()
-        policy.finish_gradient_sync()
-        sync_end = timer.stamp()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        timer.add("step", start, timer.stamp())
-        timer.add("allreduce_exposed", backward_end, sync_end)
+        nll = timed_step(model, x, y, policy, optimizer, timer, autocast)
 
         # Outside the timed window: global mean loss and routing statistics.
         nll = nll.detach().clone()
@@ -127,20 +115,47 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
                 local[name].append(value)
             gating = [layer.last_gating for layer in model.moe_layers()]
             local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
+    return summarise(cfg, layout.data_replicas, local, losses, relayout.metrics())
+
+
+def timed_step(model, x, y, policy, optimizer, timer: PhaseTimer, autocast):
+    """One timed training step (barrier, forward, backward, the policy's gradient sync, optimizer),
+    its phases in ``timer`` (``step``, ``allreduce_exposed``); returns the step's loss term."""
+    dist.barrier()
+    timer.reset()
+    start = timer.stamp()
+    with autocast:
+        loss, nll = model(x, y)
+    loss.backward()
+    backward_end = timer.stamp()
+    policy.finish_gradient_sync()
+    sync_end = timer.stamp()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    timer.add("step", start, timer.stamp())
+    timer.add("allreduce_exposed", backward_end, sync_end)
+    return nll
+
+
+def summarise(
+    cfg, data_replicas: int, local: dict[str, list[float]], losses: list[float], relayout_metrics: dict[str, float]
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """The record's samples (worst rank per timed iteration, all ranks take part) and single-value
+    metrics from this rank's per-iteration ``local`` metrics and the global ``losses``."""
     samples = gather_worst_rank(local)
     samples["loss"] = losses[cfg.train.warmup_iters :]
     # of the worst rank's times, iteration by iteration
     shares = [a2a_shares(*t) for t in zip(samples["a2a_ms"], samples["moe_layer_ms"], samples["step_ms"])]
     samples.update({name: [s[name] for s in shares] for name in ("a2a_share", "a2a_share_of_moe")})
     a2a_bytes = samples.pop("a2a_bytes")
-    tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * layout.data_replicas
+    tokens_per_step = cfg.train.batch_size * cfg.model.seq_len * data_replicas
     step_median = sorted(samples["step_ms"])[len(samples["step_ms"]) // 2]
     single_metrics = {
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "a2a_bytes": max(a2a_bytes),
         "tokens_per_s": tokens_per_step / (step_median / 1e3),
-        **relayout.metrics(),
+        **relayout_metrics,
     }
     return samples, single_metrics
 

@@ -1,14 +1,20 @@
-"""Differentiable all-to-all over a process group, timed per direction.
+"""The token exchanges on torch.distributed, as differentiable functions timed per direction.
 
-The backward of an all-to-all is the all-to-all with the split sizes swapped, so both MoE
-all-to-alls (dispatch and combine) appear twice per step: once in the forward pass and once in
-the backward pass, as Lina's problem model says. With a ``schedule`` (Aurora's transmission order,
-moe_core.transmission) the exchange runs as ordered point-to-point rounds (moe_core.ordered_a2a)
-and the backward runs the transposed schedule.
+The training step's exchange objects (moe_core.dispatch.step, the plan's ``exchange``) and the
+dispatcher study (moe_core.dispatch) run these; they hold no decision of their own.
 
-Under tensor parallelism the ranks of a "tp" group hold the same tokens. :func:`tp_exchange` sends
-each rank's 1/tp of them through the all-to-all and all-gathers the rest over "tp" (DeepSpeed's
-drop-gather), optionally in pipelined chunks so that the all-gathers overlap the all-to-alls.
+* :func:`all_to_all`: the backward of an all-to-all is the all-to-all with the split sizes swapped,
+  so both MoE all-to-alls (dispatch and combine) appear twice per step: once in the forward pass
+  and once in the backward pass, as Lina's problem model says. With a ``schedule`` (Aurora's
+  transmission order, moe_core.transmission) the exchange runs as ordered point-to-point rounds
+  (moe_core.ordered_a2a) and the backward runs the transposed schedule; over a group's
+  HierarchicalGroups it runs in two phases (moe_core.hierarchical_a2a).
+* :func:`pipelined_exchange`: dispatch -> experts -> combine over token micro-ops, the experts
+  working on one while the next arrives (Lina).
+* :func:`tp_exchange`: under tensor parallelism the ranks of a "tp" group hold the same tokens; it
+  sends each rank's 1/tp of them through the all-to-all and all-gathers the rest over "tp"
+  (DeepSpeed's drop-gather), optionally in pipelined chunks so that the all-gathers overlap the
+  all-to-alls (MoNTA).
 """
 
 from __future__ import annotations

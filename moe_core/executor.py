@@ -1,34 +1,35 @@
 """The measured executor of a communication plan (moe_core.plan) on one rank, on torch.distributed.
 
 :class:`CommPolicy` executes every plan feature that needs no scheduling of its own: gradient
-buckets or in-place micro-ops, launched after the backward pass or as soon as ready; all-to-alls
-whole, pipelined with the experts (moe_core.comm.pipelined_exchange) or in a transmission order
-(moe_core.ordered_a2a). A policy whose decisions need their own scheduling subclasses it (Lina's
-priority rule, moe_core/papers/lina/policy.py) and names the subclass in its registry entry
-(moe_core.policies). Every policy reduces the same gradients over the same groups; buckets and
-micro-ops sum in different groupings, so losses agree to float rounding (tests use 1e-6), and the
-baselines agree bitwise.
+buckets or in-place micro-ops, launched after the backward pass or as soon as ready; the MoE
+layers' token exchanges, which it hands to the plan's exchange object (moe_core.plan.StepExchange,
+moe_core.dispatch.step: whole, two-phase or ordered all-to-alls, Lina's pipelined micro-ops, the
+tensor-parallel drop-and-all-gather) without asking which mechanism it is. Every span in which an
+exchange's all-to-alls are in flight runs through :meth:`CommPolicy.blocking`, the hook a policy
+that schedules around them overrides. A policy whose decisions need their own scheduling
+subclasses it (Lina's priority rule, moe_core/papers/lina/policy.py) and names the subclass in its
+registry entry (moe_core.policies). Every policy reduces the same gradients over the same groups;
+buckets and micro-ops sum in different groupings, so losses agree to float rounding (tests use
+1e-6), and the baselines agree bitwise.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from . import comm
 from .grid import GridOverlaps
 from .grid_parallel import GridLinear, attach_grid_plan, finish_reduce_scatters
 from .model import backward_ordered_params, gradient_tensors
-from .ordered_a2a import gather_traffic_matrix
 from .parallel import ParallelGroups, is_expert_param
-from .plan import CommPlan, GradientUnit, a2a_micro_ops, even_ranges
+from .plan import CommPlan, GradientUnit
 from .policies import PolicySpec, build_plan, policy_spec
 from .tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from .timing import PhaseTimer
-from .transmission import make_schedule
 
 
 # -- measured gradient units ---------------------------------------------------------------------
@@ -113,7 +114,7 @@ class CommPolicy:
         self.gradient_units: list[GradientBucket | GradientMicroOp] = []
         self.grid_layers: list[GridLinear] = []  # the model's 3D tensor-parallel layers
         self.hooks: list[RemovableHandle] = []  # what attach registered on the model
-        self.exchanges = 0  # seeds a random transmission order; equal on all ranks (lockstep calls)
+        self.exchanges = 0  # ordered all-to-alls so far: seeds a random order, equal on all ranks (lockstep calls)
 
     def attach(self, model: torch.nn.Module) -> None:
         for layer in model.moe_layers():
@@ -175,48 +176,26 @@ class CommPolicy:
         self.hooks, self.gradient_units, self.grid_layers = [], [], []
 
     def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
-        """One MoE all-to-all on the expert-parallel group: the library's, two-phase when the plan
-        says so and the group spans nodes, or in the plan's order (planned from the traffic matrix,
-        all-gathered first and timed as part of ``<name>.fwd``)."""
-        group = self.groups.ep_group
-        if self.plan.hierarchical_a2a and self.groups.ep_hierarchical is not None:
-            group = self.groups.ep_hierarchical
-        if self.plan.a2a_order is None:
-            return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name)
-        with self.timer.region(f"{name}.fwd"):
-            matrix = gather_traffic_matrix(x, input_splits, group)  # (ep, ep) rows
-            schedule = make_schedule(self.plan.a2a_order, matrix, seed=self.exchanges)
-        self.exchanges += 1
-        return comm.all_to_all(x, output_splits, input_splits, group, self.timer, name, schedule=schedule)
+        """One MoE all-to-all of ``x``'s rows on the expert-parallel group, as the plan's exchange runs
+        it (a dropless layer's exchanges, whose splits vary; None splits: equal), one blocking span."""
+        return self.blocking(lambda t: self.plan.exchange.all_to_all(self, t, output_splits, input_splits, name), x)
 
     def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
-        """An MoE layer's equal-split exchange: dispatch all-to-all, ``compute(received, rows)`` with the
-        expert weights ``params``, combine all-to-all; pipelined over micro-ops if the plan says so.
+        """An MoE layer's equal-split exchange, as the plan's exchange runs it: dispatch all-to-all,
+        ``compute(received, rows)`` with the expert weights ``params``, combine all-to-all.
 
         Under tensor parallelism the experts hold a share of their hidden units, so their input is
-        Megatron's f and their output its g (moe_core.tensor_parallel), and the exchanges follow the
-        plan's ``tp_exchange_chunks``: send the "tp" ranks' duplicates, or drop and all-gather them.
+        Megatron's f and their output its g (moe_core.tensor_parallel), whatever the exchange.
         """
-        tp_group = self.groups.tp_group
-        if tp_group is not None:
-            compute = _tensor_parallel_experts(compute, tp_group)
-            if self.plan.tp_exchange_chunks is not None:
-                received = self._tp_exchange(buf, rows_per_expert, "dispatch_a2a")
-                return self._tp_exchange(compute(received, rows_per_expert), rows_per_expert, "combine_a2a")
-        if not self.plan.pipeline_experts:
-            received = self.all_to_all(buf, None, None, "dispatch_a2a")
-            return self.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
-        experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
-        chunks = a2a_micro_ops(rows_per_expert, experts * row_bytes, self.plan.a2a_micro_op_bytes)
-        return comm.pipelined_exchange(buf, rows_per_expert, chunks, compute, params, self.groups.ep_group, self.timer)
+        if self.groups.tp_group is not None:
+            compute = _tensor_parallel_experts(compute, self.groups.tp_group)
+        return self.plan.exchange.exchange_compute_exchange(self, buf, rows_per_expert, compute, params)
 
-    def _tp_exchange(self, buf: torch.Tensor, rows_per_expert: int, name: str) -> torch.Tensor:
-        """Drop the "tp" duplicates, all-to-all, all-gather, in the plan's number of pipelined chunks."""
-        kept = rows_per_expert // self.groups.layout.tensor_parallel
-        chunks = even_ranges(kept, self.plan.tp_exchange_chunks)
-        return comm.tp_exchange(
-            buf, rows_per_expert, chunks, self.groups.ep_group, self.groups.tp_group, self.timer, name
-        )
+    def blocking(self, exchange: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``exchange(x)``: a span in which MoE all-to-alls are in flight (one all-to-all, a pipelined
+        exchange with its experts, one drop-and-all-gather). Every exchange runs its spans through
+        here, so a policy that schedules around them overrides this alone (Lina's priority rule)."""
+        return exchange(x)
 
     def finish_gradient_sync(self) -> None:
         """Complete the step's gradient sync: launch every unit not launched yet (all of them when

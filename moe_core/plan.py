@@ -2,12 +2,17 @@
 
 A policy's decision functions (moe_core.policies for the baselines, moe_core/papers/<paper> for
 the papers' policies) turn the step's shapes into a :class:`CommPlan`: the gradient all-reduce
-units and their launch rule, their priority against the token all-to-alls, how each all-to-all is
-cut into micro-ops and whether the experts are pipelined behind them, the all-to-all's transmission
-order, and what re-lays out the experts between steps. The measured policy executes the plan on
-torch.distributed; the step simulator (moe_core.sim.step) reads the same plan and only models how
-time passes. A new mechanism adds a plan builder (and, where it needs one, a measured executor),
-not flags in either executor.
+units and their launch rule, their priority against the token all-to-alls, the MoE layers' token
+exchange (one :class:`StepExchange` object), the 3D grid's overlaps, and what re-lays out the
+experts between steps. The measured policy executes the plan on torch.distributed; the step
+simulator (moe_core.sim.step) reads the same plan and only models how time passes. A new mechanism
+adds a plan builder (and, where it needs one, a measured executor or a step exchange), not flags in
+either executor.
+
+:class:`StepExchange` is the interface of the token exchange, as Megatron-Core's
+``MoETokenDispatcher`` and torchtitan's token dispatchers are: each mechanism is one class
+(moe_core.dispatch.step) that runs its exchange on torch.distributed and emits its simulated ops,
+so neither executor branches on which mechanism a plan holds.
 
 The cutting functions here are the shared vocabulary of plans: gradient buckets (DDP's fusion of
 whole tensors) and micro-ops (equal slices of one tensor, or row ranges of one all-to-all).
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .grid import GridOverlaps
 from .layout import Layout
@@ -82,6 +87,50 @@ class GradientUnit:
         return self.pieces[-1][0]
 
 
+class StepExchange:
+    """How a training step's MoE layers exchange their tokens with the experts' ranks: dispatch
+    all-to-all, the experts, combine all-to-all. One frozen dataclass per mechanism, with its own
+    parameters (moe_core.dispatch.step); both executors call these methods and never ask which
+    mechanism it is.
+
+    * ``hierarchical``: its all-to-alls run in two phases over the nodes (the measured run then
+      creates the "ep" groups' node subgroups, moe_core.parallel.build_groups);
+    * ``features``: what it does to the all-to-alls beyond running them whole, as config validation
+      names them (moe_core.policies.plan_features).
+    """
+
+    hierarchical = False
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return ()
+
+    def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
+        """The (start, stop) row ranges of every expert's ``rows_per_expert`` rows that travel as one
+        all-to-all each (``row_bytes``: one row for every expert); the whole exchange by default."""
+        return [(0, rows_per_expert)]
+
+    # -- measured (torch.distributed; ``policy`` is the moe_core.executor.CommPolicy running it) --
+    def all_to_all(self, policy, x, output_splits, input_splits, name: str):
+        """One all-to-all of ``x``'s rows over the policy's "ep" group (None splits: equal), its time in
+        ``<name>.fwd`` / ``<name>.bwd``: the dropless layer's exchanges, whose splits vary."""
+        raise NotImplementedError
+
+    def exchange_compute_exchange(self, policy, buf, rows_per_expert: int, compute, params):
+        """One MoE layer's equal-split exchange of ``buf`` (E*R, M), R = ``rows_per_expert`` rows per
+        expert in expert order: dispatch, ``compute(received, rows)`` on the expert weights ``params``,
+        combine; returns the experts' outputs in ``buf``'s layout. Every span in which its all-to-alls
+        are in flight runs through ``policy.blocking`` (Lina's priority rule schedules around it)."""
+        raise NotImplementedError
+
+    # -- simulated (``dag``: the step's DAG under construction, moe_core.sim.step.StepDag) --------
+    def simulate(self, dag, layer: int, first: str, second: str, after, pass_: str) -> int:
+        """Append MoE layer ``layer``'s exchange in ``pass_`` to ``dag`` after op(s) ``after``: the
+        ``first`` exchange ("dispatch" forward, "combine" backward), the experts (``dag.experts``),
+        the ``second``; returns the op the layer's next op waits for."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class CommPlan:
     """A training step's communication as decided by its policy.
@@ -89,35 +138,24 @@ class CommPlan:
     * ``gradient_units``: the gradient all-reduces, in launch order.
     * ``launch_when_ready``: a unit starts as soon as its gradients are ready (else after the whole
       backward pass); units start one after another in order either way.
+    * ``exchange``: how every MoE layer exchanges its tokens (:class:`StepExchange`): the library's
+      all-to-all (two-phase, or in a transmission order), cut into micro-ops with the experts
+      pipelined behind them (Lina), or under tensor parallelism dropping the "tp" ranks' duplicates
+      and all-gathering them in chunks (DeepSpeed, MoNTA).
     * ``gradients_yield_to_a2a``: gradient all-reduces give way to the token all-to-alls (at most
       one in flight, none while an all-to-all runs or is imminent; NCCL high-priority streams for
       the all-to-alls; a lower strict-priority class in the simulator).
-    * ``a2a_micro_op_bytes``: every MoE all-to-all is cut along its token rows into micro-ops of at
-      most this many bytes (``a2a_micro_ops``); None keeps it whole.
-    * ``pipeline_experts``: the experts compute each micro-op as it arrives, and send it back at once.
-    * ``a2a_order``: the transmission order of every all-to-all (a moe_core.transmission.ORDERS
-      name, run as ordered point-to-point rounds), or None for the library's all_to_all_single.
-    * ``tp_exchange_chunks``: under tensor parallelism, what the MoE all-to-all does with the tokens
-      the "tp" ranks of a group hold in duplicate. None sends every copy (TP times the bytes);
-      n >= 1 keeps 1/tp of the capacity slots per rank, all-to-alls them, and all-gathers them over
-      "tp" afterwards, in n pipelined chunks (chunk i's all-gather overlaps chunk i+1's all-to-all;
-      n = 1 is DeepSpeed's drop-gather).
-    * ``hierarchical_a2a``: every MoE all-to-all whose group spans nodes runs in two phases, inside
-      the nodes and then between same-local-rank peers (moe_core.hierarchical_a2a).
     * ``grid_overlaps``: under a 3D tensor-parallel grid, which of its collectives overlap compute
       (moe_core.grid: its layers' collectives, and what each overlap hides); None without a grid.
     * ``relayout``: the re-layout hook (:class:`Relayout`: e.g. Lina's expert packing), or None
       for a fixed layout.
+    * ``tensors``: the gradient tensors the units cover, in the order backward produces them.
     """
 
     gradient_units: tuple[GradientUnit, ...]
     launch_when_ready: bool
+    exchange: StepExchange = field(kw_only=True)
     gradients_yield_to_a2a: bool = False
-    a2a_micro_op_bytes: float | None = None
-    pipeline_experts: bool = False
-    a2a_order: str | None = None
-    tp_exchange_chunks: int | None = None
-    hierarchical_a2a: bool = False
     grid_overlaps: GridOverlaps | None = None
     relayout: Relayout | None = None
     tensors: tuple[GradientTensor, ...] = ()

@@ -18,8 +18,10 @@ Baselines:
 moe_core.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
 these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
 
-Tensor-parallel dispatches (``comm.tp_dispatch``) are token dispatchers (moe_core.dispatch): the
-plan's ``tp_exchange_chunks`` is the named dispatcher's decision.
+A policy decides its plan's token exchange (moe_core.plan.StepExchange; the baselines: the
+library's all-to-all); the config chooses it where it names the mechanism (:func:`step_exchange`):
+the tensor-parallel dispatcher (``comm.tp_dispatch``, a token dispatcher of moe_core.dispatch,
+whose chunk decision builds the drop-and-all-gather exchange) and ``comm.a2a_algorithm``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from dataclasses import dataclass, replace
 
 from .capacity import expert_tensor_parallel
 from .dispatch import tensor_parallel_dispatchers
+from .dispatch.step import AllToAll, DropAllGather
 from .grid import GridOverlaps
 from .layout import grid_config
-from .plan import CommPlan, GradientTensor, bucket_units
+from .plan import CommPlan, GradientTensor, StepExchange, bucket_units
 from .registry import Registry
 
 DEFAULT_EXECUTOR = "moe_core.executor:CommPolicy"
@@ -84,16 +87,30 @@ def tp_exchange_chunks(cfg) -> int | None:
     return tensor_parallel_dispatchers()[cfg.comm.tp_dispatch].exchange_chunks(cfg)
 
 
+def step_exchange(cfg, decided: StepExchange) -> StepExchange:
+    """The token exchange a step of ``cfg`` runs: the policy's (``decided``), unless the config names
+    the mechanism. Where experts are split over "tp", ``comm.tp_dispatch`` decides
+    (:func:`tp_exchange_chunks`): n chunks is :class:`DropAllGather`, None sends the duplicates
+    through the policy's all-to-all; ``comm.a2a_algorithm=hierarchical`` runs it in two phases. Config
+    validation refuses either with a policy whose exchange is more than the plain all-to-all."""
+    chunks = tp_exchange_chunks(cfg)
+    hierarchical = cfg.comm.a2a_algorithm == "hierarchical"
+    if chunks is None and not hierarchical:
+        return decided
+    assert decided == AllToAll(), f"policy '{cfg.comm.policy}' runs its own exchange {decided}"
+    return DropAllGather(chunks) if chunks is not None else AllToAll(hierarchical=True)
+
+
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
     """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
     (moe_core.model.gradient_tensors): the one decision both executors follow (``element_bytes``: a
     gradient element's size as that executor reduces it)."""
     inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
+    plan = policy_spec(cfg.comm.policy).decide(inputs)
     return replace(
-        policy_spec(cfg.comm.policy).decide(inputs),
+        plan,
         tensors=tuple(tensors),
-        tp_exchange_chunks=tp_exchange_chunks(cfg),
-        hierarchical_a2a=cfg.comm.a2a_algorithm == "hierarchical",
+        exchange=step_exchange(cfg, plan.exchange),
         grid_overlaps=None if grid_config(cfg).is_trivial else GridOverlaps(**cfg.comm.grid_overlap),
     )
 
@@ -102,12 +119,7 @@ def plan_features(cfg) -> list[str]:
     """What ``cfg.comm.policy``'s plan does to the all-to-alls beyond running them whole (decided on
     no gradients, so torch-free and instant): config validation refuses these under tensor parallelism."""
     plan = policy_spec(cfg.comm.policy).decide(PlanInputs([], 4, 1, 1.0))
-    features = {
-        "pipelines the experts": plan.pipeline_experts,
-        "orders the all-to-all": plan.a2a_order is not None,
-        "moves experts between steps": plan.relayout is not None,
-    }
-    return [name for name, on in features.items() if on]
+    return [*plan.exchange.features, *(["moves experts between steps"] if plan.relayout is not None else [])]
 
 
 def gradient_features(cfg) -> list[str]:
@@ -123,11 +135,13 @@ def gradient_features(cfg) -> list[str]:
 
 
 def sequential_plan(inputs: PlanInputs) -> CommPlan:
-    return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=False)
+    units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
+    return CommPlan(units, launch_when_ready=False, exchange=AllToAll())
 
 
 def overlap_plan(inputs: PlanInputs) -> CommPlan:
-    return CommPlan(bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes), launch_when_ready=True)
+    units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
+    return CommPlan(units, launch_when_ready=True, exchange=AllToAll())
 
 
 register_policy(PolicySpec("sequential", sequential_plan))

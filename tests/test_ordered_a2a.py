@@ -18,8 +18,7 @@ from test_expert_parallel import SMALL, run_parallel
 from moe_core import comm
 from moe_core.executor import executor_class
 from moe_core.ordered_a2a import gather_traffic_matrix, ordered_all_to_all_single
-from moe_core.plan import CommPlan
-from moe_core.policies import POLICIES
+from moe_core.policies import POLICIES, PlanInputs
 from moe_core.timing import PhaseTimer
 from moe_core.transmission import ORDERS, make_schedule
 
@@ -59,7 +58,7 @@ def _check_exchange(counts: np.ndarray, group, tag: int) -> None:
         (out * weight).sum().backward()
         assert torch.equal(x.grad, x_ref.grad), kind
     for policy in ("aurora", "aurora-sjf", "aurora-rcs"):  # the policies plan from the gathered matrix
-        plan = CommPlan((), launch_when_ready=False, a2a_order=POLICIES[policy].a2a_order)
+        plan = POLICIES[policy].decide(PlanInputs([], 4, 1, 1.0))  # its exchange: the all-to-all in its order
         aurora = executor_class(POLICIES[policy])(plan, SimpleNamespace(ep_group=group), timer)
         assert torch.equal(aurora.all_to_all(x_ref.detach(), out_splits, in_splits, "a2a"), ref), policy
 

@@ -7,7 +7,8 @@
   with its own chunk count (MoNTA's, moe_core/papers/monta).
 
 A training step's plan takes the chunk count from :meth:`TensorParallelDispatcher.exchange_chunks`
-(moe_core.policies.tp_exchange_chunks), the measured and the simulated step alike.
+(moe_core.policies.tp_exchange_chunks): None keeps the plain all-to-all, n makes the plan's exchange
+moe_core.dispatch.step.DropAllGather in n chunks, which the measured and the simulated step run.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 Built from the same config as a measured run and through the same decisions: the layout
 (``layout.layout_of``), the expert capacity (``capacity.capacity``) and the policy's communication
 plan (``policies.build_plan`` of ``model.gradient_tensors``: gradient units over the model's real
-parameters, instantiated on the meta device, their launch rule and priority, all-to-all micro-ops
-and pipelining, expert packing). The plan's transmission order (``a2a_order``) does not change a
-uniform all-to-all's time in this flow model, so it is not modelled here. Every collective is an
-SPMD operation whose footprint sums all its groups (moe_core.sim.topology).
+parameters, instantiated on the meta device, their launch rule and priority, the MoE layers' token
+exchange, expert packing). Every collective is an SPMD operation whose footprint sums all its
+groups (moe_core.sim.topology).
 
 Compute is priced by the compute model (moe_core.sim.compute) on the slowest device, op by op with
 the model's real shapes: every linear layer a GEMM (backward: its dX and dW GEMMs), the attention
@@ -24,11 +23,15 @@ waits for the device only where it reads device data: a dropless exchange's spli
 gate that reads its expert counts (``moe.gate_host_sync``, DeepSpeed-MoE's before 2024-08). On a CPU
 the launches stay in the ops, one after another.
 
-Per layer (MoE layers as in GShard: gate -> dispatch all-to-all -> experts -> combine all-to-all):
-forward ops in order, then backward ops in reverse order, then gradient all-reduces per plan unit:
-after the whole backward or as soon as a unit's last gradient is ready, one unit after another on
-one communicator, then the optimizer. Under a 3D tensor-parallel grid the attention and dense FFN
-are its linear layers with their collectives and overlaps (moe_core.sim.grid_ops).
+:class:`StepDag` builds the DAG in one pass over the blocks. Per layer (MoE layers as in GShard:
+gate -> dispatch all-to-all -> experts -> combine all-to-all): forward ops in order, then backward
+ops in reverse order, then gradient all-reduces per plan unit: after the whole backward or as soon
+as a unit's last gradient is ready, one unit after another on one communicator, then the
+optimizer. An MoE layer's exchange between its two copies is the plan's exchange object's own ops
+(moe_core.plan.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
+experts behind them, the tensor-parallel drop-and-all-gather chunks), so the builder never asks
+which mechanism it is. Under a 3D tensor-parallel grid the attention and dense FFN are its linear
+layers with their collectives and overlaps (moe_core.sim.grid_ops).
 
 Data parallelism (``parallel.data_sharding``): replicated, the plan's units are all-reduced; with
 a sharded optimizer (ZeRO-1) the same units are reduce-scattered, each rank's optimizer updates its
@@ -55,7 +58,6 @@ from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_para
 from ..grid import GRID_COLLECTIVES
 from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
-from ..plan import a2a_micro_ops
 from ..policies import build_plan
 from ..schema import head_dim, kv_heads, micro_batch_config
 from ..step_metrics import STEP_PHASES, a2a_shares, step_terms
@@ -336,8 +338,12 @@ class StepModel:
         def per_micro_op(layout: Layout) -> tuple[float, float]:
             self._use_layout(layout)
             rows, a2a_bytes = self._moe_sizes()
-            count = len(self._a2a_chunks())
-            a2a = self._all_to_all(a2a_bytes)[0] if self.moe_layout.expert_parallel > 1 else None
+            count = self._micro_op_count()
+            a2a = (
+                self._all_to_all(a2a_bytes, self.plan.exchange.hierarchical)[0]
+                if self.moe_layout.expert_parallel > 1
+                else None
+            )
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return self._expert_seconds(rows / count, "fwd"), a2a_s / count
 
@@ -354,12 +360,13 @@ class StepModel:
         rows = self.moe_layout.experts_per_rank * self.moe_layout.expert_parallel * per_expert
         return rows, moe.num_experts * per_expert * m.d_model * self.elem
 
-    def _a2a_chunks(self) -> list[tuple[int, int]]:
-        """The all-to-all's micro-ops along the token dimension (one unless the plan cuts it)."""
-        if self.plan.a2a_micro_op_bytes is None or self.cfg.moe.dropless:
-            return [(0, 1)]
+    def _micro_op_count(self) -> int:
+        """The all-to-all micro-ops along the token dimension the plan's exchange cuts a capacity
+        buffer into (one, whole, unless it cuts; dropless exchanges are never cut)."""
+        if self.cfg.moe.dropless:
+            return 1
         row_bytes = self.cfg.moe.num_experts * self.cfg.model.d_model * self.elem  # a row for every expert
-        return a2a_micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes, self.plan.a2a_micro_op_bytes)
+        return len(self.plan.exchange.micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes))
 
     # -- compute -------------------------------------------------------------------------------
     def _priced(self, seconds: float, phase: str) -> float:
@@ -518,11 +525,11 @@ class StepModel:
             nodes=max(t.nodes for t in transfers),
         )
 
-    def _all_to_all(self, bytes_per_rank: float) -> list[dict]:
+    def _all_to_all(self, bytes_per_rank: float, hierarchical: bool = False) -> list[dict]:
         """The op costs of one MoE all-to-all over every "ep" group: one op, or the hierarchical
-        exchange's two phases (intra-node, then inter-node) when the plan asks for it and the
-        groups span nodes, as the measured run does (moe_core.hierarchical_a2a)."""
-        if self.plan.hierarchical_a2a and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
+        exchange's two phases (intra-node, then inter-node) when ``hierarchical`` and the groups span
+        nodes, as the measured run does (moe_core.hierarchical_a2a)."""
+        if hierarchical and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
             p = self.moe_layout.expert_parallel
             traffic = np.full((p, p), bytes_per_rank / p)
             phases = zip(*[self.topo.hierarchical_all_to_all(g, traffic) for g in self.ep_groups])
@@ -549,188 +556,8 @@ class StepModel:
 
     # -- the DAG ---------------------------------------------------------------------------------
     def build(self) -> tuple[list[Op], int]:
-        m = self.cfg.model
-        T, M = self._tokens(), m.d_model
-        tp = self.layout.tensor_parallel
-        rows, a2a_bytes = self._moe_sizes()
-        chunks = len(self._a2a_chunks())
-        passes = ("fwd", "bwd")
-        op_seconds = {  # per pass
-            name: {p: seconds(p) for p in passes}
-            for name, seconds in (
-                ("norms", self._norms_seconds),
-                ("attn", self._attention_seconds),
-                ("ffn", self._ffn_seconds),
-                ("gate", self._gate_seconds),
-                ("expert", lambda p: self._expert_seconds(rows, p)),
-                ("expert_micro_op", lambda p: self._expert_seconds(rows / chunks, p)),
-                ("embed", self._embedding_seconds),
-            )
-        }
-        copy_s = self._copy_seconds(a2a_bytes)
-        # a pipelined exchange in micro-ops copies each one's rows out of the buffer and the results
-        # back into one (moe_core.comm.pipelined_exchange): the partition and the concatenation
-        partition_s = self._priced(self.compute.copy(a2a_bytes), "partition")
-        # Under "tp", the plan drops the duplicates and all-gathers them in this many chunks (or sends them)
-        tp_chunks = self.plan.tp_exchange_chunks
-        a2a_share = chunks if tp_chunks is None else tp * tp_chunks  # of a2a_bytes one all-to-all op moves
-        # every micro-op carries its share of the bytes and pays the latency
-        a2a = self._all_to_all(a2a_bytes / a2a_share) if self.moe_layout.expert_parallel > 1 else None
-        gather = self._ring("all_gather", self.tp_groups, a2a_bytes / tp_chunks) if tp_chunks else None
-        pipelined = self.plan.pipeline_experts
-        ops: list[Op] = []
-        prefix = ""  # of a micro-batch's op names, "mb<j>/", when there are several
-
-        def add(name: str, phase: str, after: int | list[int] | None, **kw) -> int:
-            ops.append(Op(prefix + name, phase, as_deps(after), **kw))
-            return len(ops) - 1
-
-        def all_to_all(name: str, phase: str, after) -> int:
-            if a2a is None:  # expert parallel size 1: the exchange is a local copy
-                return add(name, phase, after, duration_s=0.0)
-            # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the
-            # host sync of moe_core.layer, and of Megatron's dropless dispatcher)
-            sync = self.cfg.moe.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
-            for k, cost in enumerate(a2a):  # one op, or the hierarchical exchange's two phases
-                after = add(name, phase, after, host_sync=sync and k == 0, **cost)
-            return after
-
-        def moe_comm(name: str, phase: str, after) -> int:
-            """One MoE all-to-all; under "tp" with dropped duplicates, its chunks' all-to-alls one
-            after another on the "ep" communicator, each chunk all-gathered over "tp" once it has
-            arrived (moe_core.comm.tp_exchange)."""
-            if gather is None:
-                return all_to_all(name, phase, after)
-            stem, pass_ = name.rsplit(".", 1)
-            sent = gathered = None
-            for j in range(tp_chunks):
-                sent = all_to_all(f"{stem}c{j}.{pass_}", phase, after if sent is None else sent)
-                gathered = add(f"{stem}ag{j}.{pass_}", phase, [sent, gathered], **gather)
-            return gathered
-
-        def tp_all_reduce(name: str, after: int, nbytes: float) -> int:
-            """Megatron's f (backward) or g (forward) all-reduce of activations over "tp"."""
-            if tp == 1:
-                return after
-            return add(name, "tp_allreduce", after, **self._ring("all_reduce", self.tp_groups, nbytes))
-
-        def exchange_compute_exchange(i: int, first: str, second: str, last: int, pass_: str) -> int:
-            """copy -> first all-to-all -> experts -> second all-to-all -> copy, the exchanges in
-            ``chunks`` micro-ops. Pipelined, the experts work on micro-op k while k+1 arrives and k-1
-            leaves; else one after another."""
-            last = add(f"L{i}.copy_before.{pass_}", "copy", last, duration_s=copy_s)
-            if not pipelined:
-                for k in range(chunks):
-                    last = moe_comm(f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", last)
-                last = add(f"L{i}.expert.{pass_}", "expert", last, duration_s=op_seconds["expert"][pass_])
-                if self.expert_tp > 1:  # the experts' partial sums over their split hidden units
-                    last = tp_all_reduce(f"L{i}.expert_allreduce.{pass_}", last, rows * M * self.elem)
-                for k in range(chunks):
-                    last = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", last)
-            else:
-                if chunks > 1:
-                    last = add(f"L{i}.partition.{pass_}", "partition", last, duration_s=partition_s)
-                arrived = computed = left = None
-                for k in range(chunks):
-                    arrived = moe_comm(
-                        f"L{i}.{first}{k}.{pass_}", f"{first}_a2a", [last if arrived is None else arrived]
-                    )
-                    computed = add(
-                        f"L{i}.expert{k}.{pass_}",
-                        "expert",
-                        [arrived, computed],
-                        duration_s=op_seconds["expert_micro_op"][pass_],
-                    )
-                    left = moe_comm(f"L{i}.{second}{k}.{pass_}", f"{second}_a2a", [computed, left])
-                last = left
-                if chunks > 1:
-                    last = add(f"L{i}.concat.{pass_}", "partition", last, duration_s=partition_s)
-            return add(f"L{i}.copy_after.{pass_}", "copy", last, duration_s=copy_s)
-
-        activation_bytes = T * M * self.elem
-        grid = None if self.layout.grid.is_trivial else GridOps(self, add)
-
-        def compute(kind: str, pass_: str, last, layer: int | None = None) -> int:
-            """An op of ``op_seconds``' dense ``kind``, of block ``layer`` or of the whole model."""
-            name = kind if layer is None else f"L{layer}.{kind}"
-            return add(f"{name}.{pass_}", "dense", last, duration_s=op_seconds[kind][pass_])
-
-        def attention(i: int, pass_: str, last):
-            """The attention's ops: whole or Megatron-split (with its all-reduce), or on the grid."""
-            if grid is not None:
-                return grid.attention(i, pass_, last)
-            return tp_all_reduce(f"L{i}.attn_allreduce.{pass_}", compute("attn", pass_, last, i), activation_bytes)
-
-        def dense_ffn(i: int, pass_: str, last):
-            if grid is not None:
-                return grid.ffn(i, pass_, last)
-            return tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", compute("ffn", pass_, last, i), activation_bytes)
-
-        shards = FullShardOps(self, add) if self.sharding == "full" else None
-        recompute, recompute_layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
-
-        def block_forward(i: int, last) -> int:
-            """Block ``i``'s forward ops; full recomputation repeats them, exchanges included, before
-            the block's backward (as Megatron's and DeepSpeed's full recompute re-run the whole block)."""
-            last = attention(i, "fwd", compute("norms", "fwd", last, i))
-            if i not in moe_layers:
-                return dense_ffn(i, "fwd", last)
-            sync = self.cfg.moe.gate_host_sync  # the host reads the gate's counts (DeepSpeed-MoE's gate)
-            last = add(f"L{i}.gate.fwd", "gate", last, duration_s=op_seconds["gate"]["fwd"], host_sync=sync)
-            return exchange_compute_exchange(i, "dispatch", "combine", last, "fwd")
-
-        def attention_core_forward(i: int, last) -> int:
-            """Selective recomputation (Korthikanti et al. 2022): only the attention core's forward
-            (Q K^T, softmax, P V) again before the block's backward, its heads split over "tp"."""
-            return add(f"L{i}.attn_core.fwd", "dense", last, duration_s=self.attention_core_seconds("fwd", tp))
-
-        def gathered(unit: int | str, pass_: str, last):
-            """``last`` and, fully sharded, the all-gathers of ``unit``'s parameters it computes on."""
-            return last if shards is None else shards.before(unit, pass_, last)
-
-        moe_layers = set(moe_blocks(m.n_layers, m.moe_every))
-        last = None
-        for j in range(self.passes):  # gradient accumulation: one forward and backward per micro-batch
-            prefix = f"mb{j}/" if self.passes > 1 else ""
-            if grid is not None:
-                grid.start_pass()
-            if self.embedding:
-                last = compute("embed", "fwd", gathered(ROOT, "fwd", last))
-            for i in range(m.n_layers):
-                last = block_forward(i, gathered(i, "fwd", last))
-            if self.head:
-                last = add("head.fwd_bwd", "dense", gathered(ROOT, "bwd", last), duration_s=self._head_seconds())
-            grads_ready = {"head": last}
-            for i in reversed(range(m.n_layers)):
-                last = gathered(i, "bwd", last)
-                if recompute != "none" and (i < recompute_layers or not recompute_layers):  # named "recompute/..."
-                    pass_prefix, prefix = prefix, prefix + "recompute/"
-                    last = block_forward(i, last) if recompute == "full" else attention_core_forward(i, last)
-                    prefix = pass_prefix
-                if i in moe_layers:
-                    last = exchange_compute_exchange(i, "combine", "dispatch", last, "bwd")
-                    last = add(f"L{i}.gate.bwd", "gate", last, duration_s=op_seconds["gate"]["bwd"])
-                else:
-                    last = dense_ffn(i, "bwd", last)
-                last = grads_ready[i] = compute("norms", "bwd", attention(i, "bwd", last), i)
-                if shards is not None:
-                    shards.reduce(i, last)
-            # the embeddings' gradients are the last: their op ends the backward pass
-            last = backward_end = grads_ready["embed"] = compute("embed", "bwd", last) if self.embedding else last
-            if shards is not None:
-                shards.reduce(ROOT, backward_end)
-        prefix = ""
-        deferred = grid.deferred if grid is not None else []
-        if shards is not None:  # the passes reduced every block's gradients
-            reduced = shards.last_reduced()
-        else:  # the plan's units, on the last pass's gradients
-            reduced = self._add_gradient_sync(ops, grads_ready, [backward_end, *deferred])
-        optimizer = add(
-            "optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=self._optimizer_seconds()
-        )
-        if self.sharding == "optimizer":
-            self._add_parameter_gathers(ops, optimizer)
-        return ops, backward_end
+        """The step's ops in order and the index of the last backward compute op (:class:`StepDag`)."""
+        return StepDag(self).build()
 
     def _add_gradient_sync(self, ops: list[Op], grads_ready: dict, after_backward: list[int]) -> list[int]:
         """The plan's gradient all-reduces (reduce-scatters under a sharded optimizer), launched by
@@ -809,3 +636,190 @@ def _block_of(param_name: str):
     if param_name.startswith("blocks."):
         return int(param_name.split(".")[1])
     return "head" if param_name.startswith(("head", "ln_f")) else "embed"
+
+
+class StepDag:
+    """One build of a step's DAG (:meth:`StepModel.build`): the ops in order, and the methods that
+    append a block's parts to them, named ``[mb<j>/][recompute/]L<i>.<part>.<pass>``.
+
+    The plan's exchange (moe_core.plan.StepExchange.simulate) appends each MoE layer's exchange
+    through ``add``, ``all_to_all``, ``tp_all_gather`` and ``experts``, sized by ``a2a_bytes`` (what a
+    rank sends per whole all-to-all), ``micro_ops`` (the micro-ops it cuts a capacity buffer into),
+    ``partition_s`` (cutting the buffer into them, or joining them) and ``tp``.
+    """
+
+    def __init__(self, step: StepModel):
+        self.step, self.cfg = step, step.cfg
+        self.ops: list[Op] = []
+        self.prefix = ""  # of a micro-batch's op names, "mb<j>/", when there are several
+        self.tp = step.layout.tensor_parallel
+        self.rows, self.a2a_bytes = step._moe_sizes()
+        self.micro_ops = step._micro_op_count()
+        self.op_seconds = {  # per pass
+            name: {p: seconds(p) for p in ("fwd", "bwd")}
+            for name, seconds in (
+                ("norms", step._norms_seconds),
+                ("attn", step._attention_seconds),
+                ("ffn", step._ffn_seconds),
+                ("gate", step._gate_seconds),
+                ("expert", lambda p: step._expert_seconds(self.rows, p)),
+                ("expert_micro_op", lambda p: step._expert_seconds(self.rows / self.micro_ops, p)),
+                ("embed", step._embedding_seconds),
+            )
+        }
+        self.copy_s = step._copy_seconds(self.a2a_bytes)
+        # a pipelined exchange in micro-ops copies each one's rows out of the buffer and the results
+        # back into one (moe_core.comm.pipelined_exchange): the partition and the concatenation
+        self.partition_s = step._priced(step.compute.copy(self.a2a_bytes), "partition")
+        self.activation_bytes = step._tokens() * self.cfg.model.d_model * step.elem
+        self.a2a_costs: dict[tuple[float, bool], list[dict]] = {}  # one all-to-all's op costs by size
+        self.grid = None if step.layout.grid.is_trivial else GridOps(step, self.add)
+        self.shards = FullShardOps(step, self.add) if step.sharding == "full" else None
+        self.moe_layers = set(moe_blocks(self.cfg.model.n_layers, self.cfg.model.moe_every))
+
+    def add(self, name: str, phase: str, after: int | list[int] | None, **kw) -> int:
+        """Append an op after op(s) ``after``; its index."""
+        self.ops.append(Op(self.prefix + name, phase, as_deps(after), **kw))
+        return len(self.ops) - 1
+
+    # -- the MoE layers' exchanges -----------------------------------------------------------------
+    def all_to_all(self, name: str, phase: str, after, share: float, hierarchical: bool = False) -> int:
+        """One all-to-all of 1/``share`` of ``a2a_bytes`` over every "ep" group (every micro-op pays
+        the latency): one op, or the hierarchical exchange's two phases; a local copy of no time
+        without expert parallelism."""
+        if self.step.moe_layout.expert_parallel == 1:
+            return self.add(name, phase, after, duration_s=0.0)
+        nbytes = self.a2a_bytes / share
+        if (nbytes, hierarchical) not in self.a2a_costs:
+            self.a2a_costs[nbytes, hierarchical] = self.step._all_to_all(nbytes, hierarchical)
+        # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the host
+        # sync of moe_core.layer, and of Megatron's dropless dispatcher)
+        sync = self.cfg.moe.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
+        for k, cost in enumerate(self.a2a_costs[nbytes, hierarchical]):
+            after = self.add(name, phase, after, host_sync=sync and k == 0, **cost)
+        return after
+
+    def tp_all_gather(self, name: str, phase: str, after, share: float) -> int:
+        """An all-gather over every "tp" group of 1/``share`` of ``a2a_bytes`` per rank."""
+        return self.add(
+            name, phase, after, **self.step._ring("all_gather", self.step.tp_groups, self.a2a_bytes / share)
+        )
+
+    def experts(self, layer: int, pass_: str, after, micro_op: int | None = None) -> int:
+        """The local experts on the layer's rows (or on micro-op ``micro_op`` of them) and, with their
+        hidden units split, the all-reduce of their partial sums over "tp"."""
+        key, suffix = ("expert", "") if micro_op is None else ("expert_micro_op", str(micro_op))
+        last = self.add(f"L{layer}.expert{suffix}.{pass_}", "expert", after, duration_s=self.op_seconds[key][pass_])
+        if self.step.expert_tp == 1:
+            return last
+        nbytes = self.rows * self.cfg.model.d_model * self.step.elem
+        return self.tp_all_reduce(f"L{layer}.expert_allreduce{suffix}.{pass_}", last, nbytes)
+
+    def moe_exchange(self, layer: int, first: str, second: str, last: int, pass_: str) -> int:
+        """copy -> the plan's exchange (``first`` all-to-all, experts, ``second``) -> copy."""
+        last = self.add(f"L{layer}.copy_before.{pass_}", "copy", last, duration_s=self.copy_s)
+        last = self.step.plan.exchange.simulate(self, layer, first, second, last, pass_)
+        return self.add(f"L{layer}.copy_after.{pass_}", "copy", last, duration_s=self.copy_s)
+
+    # -- the dense parts ---------------------------------------------------------------------------
+    def compute(self, kind: str, pass_: str, last, layer: int | None = None) -> int:
+        """An op of ``op_seconds``' dense ``kind``, of block ``layer`` or of the whole model."""
+        name = kind if layer is None else f"L{layer}.{kind}"
+        return self.add(f"{name}.{pass_}", "dense", last, duration_s=self.op_seconds[kind][pass_])
+
+    def tp_all_reduce(self, name: str, after: int, nbytes: float) -> int:
+        """Megatron's f (backward) or g (forward) all-reduce of activations over "tp"."""
+        if self.tp == 1:
+            return after
+        return self.add(name, "tp_allreduce", after, **self.step._ring("all_reduce", self.step.tp_groups, nbytes))
+
+    def attention(self, i: int, pass_: str, last):
+        """The attention's ops: whole or Megatron-split (with its all-reduce), or on the grid."""
+        if self.grid is not None:
+            return self.grid.attention(i, pass_, last)
+        attn = self.compute("attn", pass_, last, i)
+        return self.tp_all_reduce(f"L{i}.attn_allreduce.{pass_}", attn, self.activation_bytes)
+
+    def dense_ffn(self, i: int, pass_: str, last):
+        if self.grid is not None:
+            return self.grid.ffn(i, pass_, last)
+        ffn = self.compute("ffn", pass_, last, i)
+        return self.tp_all_reduce(f"L{i}.ffn_allreduce.{pass_}", ffn, self.activation_bytes)
+
+    # -- blocks and passes -------------------------------------------------------------------------
+    def block_forward(self, i: int, last) -> int:
+        """Block ``i``'s forward ops; full recomputation repeats them, exchanges included, before
+        the block's backward (as Megatron's and DeepSpeed's full recompute re-run the whole block)."""
+        last = self.attention(i, "fwd", self.compute("norms", "fwd", last, i))
+        if i not in self.moe_layers:
+            return self.dense_ffn(i, "fwd", last)
+        sync = self.cfg.moe.gate_host_sync  # the host reads the gate's counts (DeepSpeed-MoE's gate)
+        last = self.add(f"L{i}.gate.fwd", "gate", last, duration_s=self.op_seconds["gate"]["fwd"], host_sync=sync)
+        return self.moe_exchange(i, "dispatch", "combine", last, "fwd")
+
+    def attention_core_forward(self, i: int, last) -> int:
+        """Selective recomputation (Korthikanti et al. 2022): only the attention core's forward
+        (Q K^T, softmax, P V) again before the block's backward, its heads split over "tp"."""
+        seconds = self.step.attention_core_seconds("fwd", self.tp)
+        return self.add(f"L{i}.attn_core.fwd", "dense", last, duration_s=seconds)
+
+    def block_backward(self, i: int, last) -> int:
+        """Block ``i``'s backward ops, after its recomputation (named "recompute/...") if any."""
+        recompute, layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
+        if recompute != "none" and (i < layers or not layers):
+            pass_prefix, self.prefix = self.prefix, self.prefix + "recompute/"
+            last = self.block_forward(i, last) if recompute == "full" else self.attention_core_forward(i, last)
+            self.prefix = pass_prefix
+        if i in self.moe_layers:
+            last = self.moe_exchange(i, "combine", "dispatch", last, "bwd")
+            last = self.add(f"L{i}.gate.bwd", "gate", last, duration_s=self.op_seconds["gate"]["bwd"])
+        else:
+            last = self.dense_ffn(i, "bwd", last)
+        return self.compute("norms", "bwd", self.attention(i, "bwd", last), i)
+
+    def gathered(self, unit: int | str, pass_: str, last):
+        """``last`` and, fully sharded, the all-gathers of ``unit``'s parameters it computes on."""
+        return last if self.shards is None else self.shards.before(unit, pass_, last)
+
+    def forward_backward(self, last) -> tuple[int, dict]:
+        """One micro-batch's forward and backward passes after op(s) ``last``: the last backward op
+        and the op that makes each block's (and the head's, the embeddings') gradients final."""
+        step = self.step
+        if self.grid is not None:
+            self.grid.start_pass()
+        if step.embedding:
+            last = self.compute("embed", "fwd", self.gathered(ROOT, "fwd", last))
+        for i in range(self.cfg.model.n_layers):
+            last = self.block_forward(i, self.gathered(i, "fwd", last))
+        if step.head:
+            last = self.add("head.fwd_bwd", "dense", self.gathered(ROOT, "bwd", last), duration_s=step._head_seconds())
+        grads_ready = {"head": last}
+        for i in reversed(range(self.cfg.model.n_layers)):
+            last = grads_ready[i] = self.block_backward(i, self.gathered(i, "bwd", last))
+            if self.shards is not None:
+                self.shards.reduce(i, last)
+        # the embeddings' gradients are the last: their op ends the backward pass
+        last = grads_ready["embed"] = self.compute("embed", "bwd", last) if step.embedding else last
+        if self.shards is not None:
+            self.shards.reduce(ROOT, last)
+        return last, grads_ready
+
+    def build(self) -> tuple[list[Op], int]:
+        """The passes (one per micro-batch), the gradient sync, the optimizer (and a sharded
+        optimizer's parameter all-gathers); the ops and the index of the backward pass's end."""
+        step, last = self.step, None
+        for j in range(step.passes):  # gradient accumulation: one forward and backward per micro-batch
+            self.prefix = f"mb{j}/" if step.passes > 1 else ""
+            last, grads_ready = self.forward_backward(last)
+        self.prefix, backward_end = "", last
+        deferred = self.grid.deferred if self.grid is not None else []
+        if self.shards is not None:  # the passes reduced every block's gradients
+            reduced = self.shards.last_reduced()
+        else:  # the plan's units, on the last pass's gradients
+            reduced = step._add_gradient_sync(self.ops, grads_ready, [backward_end, *deferred])
+        optimizer = self.add(
+            "optimizer", "optimizer", [backward_end, *deferred, *reduced], duration_s=step._optimizer_seconds()
+        )
+        if step.sharding == "optimizer":
+            step._add_parameter_gathers(self.ops, optimizer)
+        return self.ops, backward_end

@@ -5,15 +5,17 @@ transmission order planned from the exchange's real traffic matrix (Li et al., a
 * ``aurora-sjf``: shortest flow first per sender; ``aurora-rcs``: random order per sender (the
   paper's baselines).
 
-The orders are registered by ``transmission_order.py``; the shared executor
-(moe_core.executor.CommPolicy) all-gathers the traffic matrix before each forward exchange (timed
-as part of the all-to-all) and runs the order as point-to-point rounds (moe_core.ordered_a2a).
+The orders are registered by ``transmission_order.py``; the plan's exchange is the all-to-all in
+that order (moe_core.dispatch.step.AllToAll), which all-gathers the traffic matrix before each
+forward exchange (timed as part of the all-to-all) and runs the order as point-to-point rounds
+(moe_core.ordered_a2a), on the shared executor (moe_core.executor.CommPolicy).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from moe_core.dispatch.step import AllToAll
 from moe_core.plan import CommPlan
 from moe_core.policies import PlanInputs, PolicySpec, register_policy, sequential_plan
 
@@ -24,7 +26,7 @@ POLICY_ORDERS = {"aurora": "aurora", "aurora-sjf": "sjf", "aurora-rcs": "rcs"}
 
 def ordered_plan(order: str, inputs: PlanInputs) -> CommPlan:
     """The sequential baseline's gradient sync, with every all-to-all in ``order``."""
-    return replace(sequential_plan(inputs), a2a_order=order)
+    return replace(sequential_plan(inputs), exchange=AllToAll(order=order))
 
 
 for _name, _order in POLICY_ORDERS.items():

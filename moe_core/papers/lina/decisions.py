@@ -12,7 +12,8 @@ and the step simulator (moe_core.sim.step). What each executor adds is only how 
   most one is in flight (NCCL ops cannot be preempted, so an all-to-all waits for at most one), and
   none is launched between the start of an MoE layer's backward pass and its all-to-all. On NCCL
   the all-to-alls also get high-priority CUDA streams (moe_core.parallel.build_groups).
-* Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives.
+* Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives (the plan's exchange
+  is moe_core.dispatch.step.PipelinedAllToAll).
 * Expert packing: experts per device double (powers of two) until the FFN time of a micro-op
   exceeds the all-to-all time of a micro-op; the expert-parallel group shrinks accordingly. A
   training run starts unpacked and decides after its warm-up steps, then again every few steps
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from moe_core.dispatch.step import AllToAll, PipelinedAllToAll
 from moe_core.layout import Layout
 from moe_core.plan import CommPlan, MicroOpCosts, Relayout, bucket_units, micro_op_units
 from moe_core.policies import PlanInputs, PolicySpec, register_policy
@@ -113,9 +115,8 @@ def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
     return CommPlan(
         units,
         launch_when_ready=True,
+        exchange=PipelinedAllToAll(inputs.micro_op_bytes) if features.pipeline else AllToAll(),
         gradients_yield_to_a2a=features.priority,
-        a2a_micro_op_bytes=inputs.micro_op_bytes if features.pipeline else None,
-        pipeline_experts=features.pipeline,
         relayout=PACKING if features.pack else None,
     )
 

@@ -1,8 +1,9 @@
 """Lina's training scheduler on one rank: the measured executor of its priority rule (Li et al.,
 ATC'23 §4; the decisions and the registration of Lina's policies are in ``decisions.py``).
 
-Everything else Lina plans (micro-ops, pipelining, packing) runs on the shared executor,
-moe_core.executor.CommPolicy, and the training loop's packing (``packing.py``).
+Everything else Lina plans runs on the shared executor, moe_core.executor.CommPolicy: the
+pipelined micro-ops are the plan's exchange (moe_core.dispatch.step.PipelinedAllToAll), the packing
+the training loop's re-layout driver (``packing.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class LinaPriority(CommPolicy):
     the same order. One launches only while no all-to-all is running or imminent (an MoE layer's
     backward start, its combine computation, blocks launching until the layer's next all-to-all is
     over) and only once the previous one has completed, so an all-to-all waits behind at most one.
-    The queue is served on every gradient hook and at the end of every backward all-to-all;
+    The queue is served on every gradient hook and at the end of every backward exchange span (each
+    all-to-all, or a pipelined exchange as a whole: moe_core.executor.CommPolicy.blocking);
     ``finish_gradient_sync`` launches the rest. The same sums as without priority.
     """
 
@@ -49,17 +51,11 @@ class LinaPriority(CommPolicy):
         if outputs[0].requires_grad:
             outputs[0].register_hook(lambda _grad: setattr(self, "a2a_busy", True))
 
-    def all_to_all(self, x: torch.Tensor, output_splits, input_splits, name: str) -> torch.Tensor:
+    def blocking(self, exchange, x: torch.Tensor) -> torch.Tensor:
+        """Signal around every span of the exchange: once its backward is over, and that one is next."""
         x = _BackwardSignal.apply(x, self._a2a_over)  # its gradient exists once the backward exchange is over
-        y = super().all_to_all(x, output_splits, input_splits, name)
+        y = super().blocking(exchange, x)
         return _BackwardSignal.apply(y, lambda: setattr(self, "a2a_busy", True))  # the exchange is next
-
-    def exchange_compute_exchange(self, buf: torch.Tensor, rows_per_expert: int, compute, params) -> torch.Tensor:
-        if not self.plan.pipeline_experts:  # two all_to_all calls, each signalling
-            return super().exchange_compute_exchange(buf, rows_per_expert, compute, params)
-        buf = _BackwardSignal.apply(buf, self._a2a_over)
-        out = super().exchange_compute_exchange(buf, rows_per_expert, compute, params)
-        return _BackwardSignal.apply(out, lambda: setattr(self, "a2a_busy", True))
 
     def _a2a_over(self) -> None:
         self.a2a_busy = False
