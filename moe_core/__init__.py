@@ -18,7 +18,8 @@ The paper-neutral core, one job per module:
   ``transmission`` (all-to-all transmission schedules and their time models), ``ordered_a2a``
   (a schedule run as point-to-point rounds), ``plan`` (the communication plan both executors
   follow), ``policies`` (the policy registry and the baselines' decisions; no torch), ``dispatch/``
-  (the token dispatchers, one class per exchange, and their registry), ``executor`` (the measured
+  (the token dispatchers, one class per exchange, and their registry; ``dispatch/step``: a training
+  step's exchange, the plan's ``exchange``, run measured and simulated by the same object), ``executor`` (the measured
   executor of a plan);
 * running and recording: ``distributed`` (process-group start-up, failing ranks), ``processes``
   (exit codes and /proc facts the launcher shares with the ranks), ``timing`` (phase timers),
