@@ -97,7 +97,11 @@ def step_exchange(cfg, decided: StepExchange) -> StepExchange:
     hierarchical = cfg.comm.a2a_algorithm == "hierarchical"
     if chunks is None and not hierarchical:
         return decided
-    assert decided == AllToAll(), f"policy '{cfg.comm.policy}' runs its own exchange {decided}"
+    if decided != AllToAll():  # the config's validation refuses this first (moe_core.schema)
+        raise ValueError(
+            f"policy '{cfg.comm.policy}' runs its own exchange {decided}, which comm.tp_dispatch or "
+            "comm.a2a_algorithm=hierarchical would replace; use the flat all-to-all or another policy"
+        )
     return DropAllGather(chunks) if chunks is not None else AllToAll(hierarchical=True)
 
 
