@@ -35,6 +35,9 @@ from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.transmission import lower_bound, make_schedule
 from moe_core.workloads import ELEMENT_BYTES
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "aurora.world_size"
+
 EXPERIMENT = "aurora_a2a"
 MEASURED_ORDERS = ("library", "aurora", "sjf", "rcs", "exact")
 
@@ -159,7 +162,7 @@ def check_traces(cfg: DictConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark_main(argv, __doc__, "aurora.world_size", run_benchmark, check=check_traces)
+    benchmark_main(argv, __doc__, WORLD_SIZE_KEY, run_benchmark, check=check_traces)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ from moe_core.papers.axonn.sweeps import (
 )
 from moe_core.points import point_params
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "axonn.world_size"
+
 
 def prediction(cfg: DictConfig, grid: Grid) -> dict[str, float]:
     """AxoNN's model of one step's communication on ``grid`` (ms, and its breakdown) for ``cfg``'s
@@ -85,7 +88,7 @@ def check(cfg: DictConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark_main(argv, __doc__, "axonn.world_size", run, check)
+    benchmark_main(argv, __doc__, WORLD_SIZE_KEY, run, check)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "collectives.world_size"
+
 PAPER, EXPERIMENT = "common", "collectives"
 # (collective, concurrent): each collective alone, then each all-to-all next to an all-reduce.
 CASES = [
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    env = init_distributed(cfg, world_size_key="collectives.world_size")
+    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
     try:
         with naming_failed_ranks(env):
             records = run_benchmark(cfg, env, args.check)

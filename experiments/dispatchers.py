@@ -45,6 +45,9 @@ from moe_core.layout import expert_layout
 from moe_core.parallel import own_group
 from moe_core.timing import PhaseTimer
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "dispatch_study.world_size"
+
 PAPER, EXPERIMENT = "common", "dispatchers"
 
 
@@ -153,7 +156,7 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark_main(argv, __doc__, "dispatch_study.world_size", run_measured)
+    benchmark_main(argv, __doc__, WORLD_SIZE_KEY, run_measured)
 
 
 if __name__ == "__main__":

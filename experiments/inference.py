@@ -54,6 +54,9 @@ from moe_core.results import atomic_output, exit_if_unwritable, make_record, rec
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "parallel.world_size"
+
 PAPER, EXPERIMENT = "lina", "inference"
 
 
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    env = init_distributed(cfg)
+    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
     try:
         with naming_failed_ranks(env):
             model, info = trained_model(cfg, args, env)

@@ -48,8 +48,8 @@ again, and refuses a multi-node job there (a nested srun would wait for resource
 
 Exit code: the job's (the first failing node's when emulated); 128 + the signal when interrupted;
 2 for bad input before any launch: a bad config, a ``--nproc`` that differs from the world size the
-entry point runs with (``parallel.world_size`` for experiments.train_step, see
-ENTRY_WORLD_SIZE_KEYS), a ``results_dir`` that cannot be written.
+entry point runs with (the config key its module names in ``WORLD_SIZE_KEY``:
+``parallel.world_size`` for experiments.train_step), a ``results_dir`` that cannot be written.
 
 Failures. Every node's stderr passes through the launcher, and when the job fails its last line
 names the rank that failed first and how (:func:`failure_summary`, from torchrun's failure
@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import importlib
 import os
 import re
 import signal
@@ -115,15 +116,6 @@ TORCHRUN_SHUTDOWN_S = 3
 RENDEZVOUS_PORT = 29500
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# The config key each measured entry point takes its world size from (the world_size_key it passes
-# to moe_core.distributed.init_distributed), so that --nproc is checked before anything starts.
-ENTRY_WORLD_SIZE_KEYS = {
-    "experiments.train_step": "parallel.world_size",
-    "experiments.inference": "parallel.world_size",
-    "experiments.collectives": "collectives.world_size",
-    "experiments.aurora_a2a": "aurora.world_size",
-    "experiments.axonn_grids": "axonn.world_size",
-}
 # SLURM c10d rendezvous port: derived from the job id, so two jobs sharing a first node do not
 # collide; below Linux's ephemeral range (32768-) so outgoing connections do not take it first.
 SLURM_RENDEZVOUS_PORT_BASE, SLURM_RENDEZVOUS_PORTS = 20000, 10000
@@ -357,9 +349,17 @@ def torchrun_env(environ) -> dict[str, str]:
     return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TORCHRUN_SHUTDOWN_S), **environ}
 
 
+def entry_world_size_key(entry: list[str]) -> str | None:
+    """The config key a ``-m`` entry point takes its world size from: its module's ``WORLD_SIZE_KEY``
+    (the key it passes to moe_core.distributed.init_distributed); None for a script or a module
+    without one."""
+    return getattr(importlib.import_module(entry[1]), "WORLD_SIZE_KEY", None) if entry[0] == "-m" else None
+
+
 def check_world_size(nproc: int, entry: list[str], cfg) -> None:
-    """Raise ConfigError when ``--nproc`` differs from the world size the entry point runs with."""
-    key = ENTRY_WORLD_SIZE_KEYS.get(entry[1]) if entry[0] == "-m" else None
+    """Raise ConfigError when ``--nproc`` differs from the world size the entry point runs with
+    (checked before anything starts)."""
+    key = entry_world_size_key(entry)
     expected = OmegaConf.select(cfg, key) if key else nproc
     if expected != nproc:
         raise ConfigError(

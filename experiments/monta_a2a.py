@@ -51,6 +51,9 @@ from moe_core.parallel import own_group
 from moe_core.plan import even_ranges
 from moe_core.timing import PhaseTimer
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "monta.world_size"
+
 EXPERIMENT = "monta_a2a"
 
 
@@ -171,7 +174,7 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark_main(argv, __doc__, "monta.world_size", run_benchmark)
+    benchmark_main(argv, __doc__, WORLD_SIZE_KEY, run_benchmark)
 
 
 if __name__ == "__main__":

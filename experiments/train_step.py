@@ -38,6 +38,9 @@ from moe_core.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.timing import PhaseTimer, gather_worst_rank
 from moe_core.tracking import log_point
 
+# The config key of this entry point's world size: experiments.launch checks --nproc against it.
+WORLD_SIZE_KEY = "parallel.world_size"
+
 
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
     """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    env = init_distributed(cfg)
+    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
     try:
         with naming_failed_ranks(env):
             samples, single_metrics = train(cfg, env)

@@ -334,11 +334,17 @@ def launched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(
-    "entry, key",
-    [("experiments.train_step", "parallel.world_size"), ("experiments.collectives", "collectives.world_size")],
-)
-def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, capsys, entry, key):
+def launched_entry_points() -> list[str]:
+    """Every module the workflow's rules start through experiments.launch (``-- -m <module>``)."""
+    rules = "\n".join(path.read_text() for path in sorted(Path("experiments/rules").glob("*.smk")))
+    return sorted(set(re.findall(r"-- -m (experiments\.\w+)", rules)))
+
+
+@pytest.mark.parametrize("entry", launched_entry_points())
+def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, capsys, entry):
+    """Every launched entry point names its world size's key, and the launcher checks --nproc against it."""
+    key = launch.entry_world_size_key(["-m", entry])
+    assert key is not None, f"{entry} names no WORLD_SIZE_KEY"
     rc = launch.main(["--config", "configs/ci.yaml", f"{key}=4", "--nproc", "2", "--", "-m", entry])
     assert rc == 2 and not launched
     assert f"error: --nproc 2 differs from {key}=4" in capsys.readouterr().err
