@@ -93,8 +93,8 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
     overrides = [f"results_dir={tmp_path}", "dispatch_study.world_size=2", "dispatch_study.tokens_per_rank=256"]
     overrides += ["dispatch_study.d_model=32", "dispatch_study.iters=2", "dispatch_study.warmup_iters=0"]
     overrides += ["dispatch_study.skews=[uniform,zipf:2.0]"]
-    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.dispatchers", *overrides], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
+    result = subprocess.run([*cmd, "--", "-m", "experiments.dispatchers"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
     found = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "common" / "dispatchers").glob("*.json")}

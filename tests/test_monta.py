@@ -137,8 +137,8 @@ def test_measured_exchange_on_two_ranks_writes_every_declared_point(tmp_path):
     """experiments/monta_a2a.py under the launcher: every path checked against the whole all-to-all."""
     overrides = [f"results_dir={tmp_path}", "monta.world_size=2", "monta.tensor_parallel=[1,2]", "monta.iters=2"]
     overrides += ["monta.bytes_per_rank=262144", "monta.chunks=[2,4]", "monta.warmup_iters=0"]
-    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.monta_a2a", *overrides], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
+    result = subprocess.run([*cmd, "--", "-m", "experiments.monta_a2a"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
     found = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "monta" / "monta_a2a").glob("*.json")}
