@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .grid import GridOverlaps
-from .layout import Layout
+from .layout import Layout, grid_config
 
 # (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
 MicroOpCosts = Callable[[Layout], tuple[float, float]]
@@ -45,6 +45,23 @@ class Relayout:
 
     decide: Callable[[Layout, MicroOpCosts], Layout]
     runner: str
+
+    def refusal(self, cfg, exchange: StepExchange) -> str | None:
+        """Why this re-layout cannot run beside ``exchange`` on ``cfg``'s layout (None where it can):
+        it moves whole experts between the ranks of a flat, one-dimensional expert-parallel layout."""
+        if exchange.hierarchical:
+            return "moving experts between steps keeps no node groups; use comm.a2a_algorithm=flat"
+        return one_dimensional_refusal(cfg, "moving experts between steps")
+
+
+def one_dimensional_refusal(cfg, mechanism: str) -> str | None:
+    """Why ``mechanism``, built for whole experts on a one-dimensional expert-parallel layout, cannot
+    run on ``cfg``'s (tensor parallelism or a 3D grid); None where it can."""
+    if cfg.parallel.tensor_parallel > 1:
+        return f"{mechanism} is not supported with tensor parallelism; use parallel.tensor_parallel=1"
+    if not grid_config(cfg).is_trivial:
+        return f"{mechanism} is not supported on the 3D grid yet; use parallel.grid's default 1 x 1 x 1"
+    return None
 
 
 # The groups a gradient is summed over (moe_core.layout.Layout.gradient_groups):
@@ -95,15 +112,15 @@ class StepExchange:
 
     * ``hierarchical``: its all-to-alls run in two phases over the nodes (the measured run then
       creates the "ep" groups' node subgroups, moe_core.parallel.build_groups);
-    * ``features``: what it does to the all-to-alls beyond running them whole, as config validation
-      names them (moe_core.policies.plan_features).
+    * ``refusal``: what it needs of the config's layout, its own compatibility check (config
+      validation raises it, moe_core.policies.step_refusal).
     """
 
     hierarchical = False
 
-    @property
-    def features(self) -> tuple[str, ...]:
-        return ()
+    def refusal(self, cfg) -> str | None:
+        """Why this exchange cannot run a step of ``cfg`` (None where it can)."""
+        return None
 
     def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
         """The (start, stop) row ranges of every expert's ``rows_per_expert`` rows that travel as one

@@ -91,16 +91,19 @@ def step_exchange(cfg, decided: StepExchange) -> StepExchange:
     """The token exchange a step of ``cfg`` runs: the policy's (``decided``), unless the config names
     the mechanism. Where experts are split over "tp", ``comm.tp_dispatch`` decides
     (:func:`tp_exchange_chunks`): n chunks is :class:`DropAllGather`, None sends the duplicates
-    through the policy's all-to-all; ``comm.a2a_algorithm=hierarchical`` runs it in two phases. Config
-    validation refuses either with a policy whose exchange is more than the plain all-to-all."""
+    through the policy's all-to-all; ``comm.a2a_algorithm=hierarchical`` runs it in two phases.
+    ValueError where two of them name it (config validation refuses that first, :func:`step_refusal`)."""
     chunks = tp_exchange_chunks(cfg)
     hierarchical = cfg.comm.a2a_algorithm == "hierarchical"
     if chunks is None and not hierarchical:
         return decided
-    if decided != AllToAll():  # the config's validation refuses this first (moe_core.schema)
+    owners = [f"policy '{cfg.comm.policy}' runs {decided}"] if decided != AllToAll() else []
+    owners += [f"comm.tp_dispatch={cfg.comm.tp_dispatch} drops and all-gathers"] if chunks is not None else []
+    owners += ["comm.a2a_algorithm=hierarchical runs two phases"] if hierarchical else []
+    if len(owners) > 1:
         raise ValueError(
-            f"policy '{cfg.comm.policy}' runs its own exchange {decided}, which comm.tp_dispatch or "
-            "comm.a2a_algorithm=hierarchical would replace; use the flat all-to-all or another policy"
+            f"{' and '.join(owners)}, but a step runs one exchange; keep one (comm.a2a_algorithm=flat, "
+            "comm.tp_dispatch=duplicate, or a policy that runs the plain all-to-all)"
         )
     return DropAllGather(chunks) if chunks is not None else AllToAll(hierarchical=True)
 
@@ -119,11 +122,24 @@ def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPl
     )
 
 
-def plan_features(cfg) -> list[str]:
-    """What ``cfg.comm.policy``'s plan does to the all-to-alls beyond running them whole (decided on
-    no gradients, so torch-free and instant): config validation refuses these under tensor parallelism."""
+def step_refusal(cfg) -> tuple[str, str] | None:
+    """(config key, why) where ``cfg``'s step cannot run its exchange or re-layout, None where it can.
+    Each part states its own needs (``refusal``); the key is the one that chose the part: the policy
+    (decided on no gradients, so torch-free and instant), or comm.a2a_algorithm / comm.tp_dispatch."""
     plan = policy_spec(cfg.comm.policy).decide(PlanInputs([], 4, 1, 1.0))
-    return [*plan.exchange.features, *(["moves experts between steps"] if plan.relayout is not None else [])]
+    policy = f"policy '{cfg.comm.policy}': "
+    if reason := plan.exchange.refusal(cfg):
+        return "comm.policy", policy + reason
+    named = "comm.a2a_algorithm" if cfg.comm.a2a_algorithm == "hierarchical" else "comm.tp_dispatch"
+    try:
+        exchange = step_exchange(cfg, plan.exchange)
+    except ValueError as err:
+        return named, str(err)
+    if exchange is not plan.exchange and (reason := exchange.refusal(cfg)):
+        return named, reason
+    if plan.relayout is not None and (reason := plan.relayout.refusal(cfg, exchange)):
+        return "comm.policy", policy + reason
+    return None
 
 
 def gradient_features(cfg) -> list[str]:

@@ -27,7 +27,7 @@ from .dispatch import tensor_parallel_dispatchers
 from .grid import grid_split_error
 from .layout import grid_config, layout_error
 from .points import sweep_points
-from .policies import POLICIES, gradient_features, plan_features
+from .policies import POLICIES, gradient_features, step_refusal
 from .sections import (
     COLLECTIVE_CURVES_DIR,
     CONFIG_DIR,
@@ -671,7 +671,6 @@ def _validate_model(cfg: DictConfig) -> None:
     _validate_expert_layout(cfg)
     _validate_tensor_parallel(cfg)
     _validate_grid(cfg)
-    _validate_hierarchical_a2a(cfg)
 
 
 def _validate_model_shape(m: DictConfig) -> None:
@@ -854,33 +853,13 @@ def _validate_grid(cfg: DictConfig) -> None:
         f"the 3D grid does not recompute activations yet; use train.recompute=none with parallel.grid, got "
         f"{cfg.train.recompute!r}",
     )
-    features = plan_features(cfg)
-    require(
-        not features and cfg.comm.a2a_algorithm == "flat",
-        "comm.policy",
-        f"policy '{cfg.comm.policy}' {' and '.join(features) or 'runs a hierarchical all-to-all'}, which the 3D "
-        "grid does not support yet; use sequential or overlap with comm.a2a_algorithm=flat",
-    )
 
 
-def _validate_hierarchical_a2a(cfg: DictConfig) -> None:
-    """The two-phase all-to-all replaces whole equal-split all-to-alls, nothing else."""
-    if cfg.comm.a2a_algorithm != "hierarchical":
-        return
-    key = "comm.a2a_algorithm"
-    require(not cfg.moe.dropless, key, "the hierarchical all-to-all needs equal splits; set moe.dropless=false")
-    require(
-        cfg.parallel.tensor_parallel == 1 or cfg.comm.tp_dispatch == "duplicate",
-        key,
-        f"comm.tp_dispatch={cfg.comm.tp_dispatch} exchanges in asynchronous chunks, which the hierarchical "
-        "all-to-all does not run; use comm.tp_dispatch=duplicate or a2a_algorithm=flat",
-    )
-    features = plan_features(cfg)
-    require(
-        not features,
-        key,
-        f"policy '{cfg.comm.policy}' {' and '.join(features)}, which the hierarchical all-to-all does not support",
-    )
+def _validate_step_exchange(cfg: DictConfig) -> None:
+    """The step's token exchange and re-layout each state what they need of the layout."""
+    refused = step_refusal(cfg)
+    if refused is not None:
+        raise ConfigError(f"config key '{refused[0]}': {refused[1]}")
 
 
 def _validate_tensor_parallel(cfg: DictConfig) -> None:
@@ -897,12 +876,7 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
         return
     for key in ("n_heads", "n_kv_heads", "d_ff"):
         require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
-    if expert_tensor_parallel(cfg) == 1:  # whole experts: every rank routes tokens of its own, no duplicates
-        require(  # comm.tp_dispatch has nothing to drop: each rank's tokens are its own
-            not plan_features(cfg),
-            "moe.expert_tensor_parallel",
-            f"whole experts under tensor parallelism take a sequential or overlap policy, not '{comm.policy}'",
-        )
+    if expert_tensor_parallel(cfg) == 1:  # whole experts: each rank's tokens are its own, nothing to drop
         return
     require(
         not cfg.moe.dropless,
@@ -922,13 +896,6 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
         (rows // tp) % chunks == 0,
         "comm.tp_chunks",
         f"must divide the {rows // tp} capacity slots per expert a tensor-parallel rank sends, got {comm.tp_chunks}",
-    )
-    features = plan_features(cfg)
-    require(
-        not features,
-        "comm.policy",
-        f"policy '{comm.policy}' {' and '.join(features)}, which tensor parallelism does not support; "
-        "use sequential or overlap, or parallel.tensor_parallel=1",
     )
 
 
@@ -958,6 +925,7 @@ def _validate_training(cfg: DictConfig) -> None:
     require(
         comm.policy in POLICIES, "comm.policy", f"invalid value '{comm.policy}', expected one of {sorted(POLICIES)}"
     )
+    _validate_step_exchange(cfg)
     _validate_data_sharding(cfg)
     for key in ("bucket_mb", "partition_mb"):
         require(math.isfinite(comm[key]) and comm[key] > 0, f"comm.{key}", f"must be > 0, got {comm[key]}")

@@ -4,13 +4,15 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 
 import pytest
 
 from moe_core.config import ConfigError, load_config
+from moe_core.dispatch.step import AllToAll
 from moe_core.layout import layout_error
 from moe_core.points import point_name, sweep_points
-from moe_core.policies import POLICIES
+from moe_core.policies import POLICIES, PolicySpec, register_policy, sequential_plan
 
 
 def test_defaults_and_files_merge_with_overrides():
@@ -134,7 +136,6 @@ BAD_INPUTS = [
     (['dispatch_study.skews=["zipf: 1.0"]'], "dispatch_study.skews"),
     (['dispatch_study.skews=["zipf:1.0\n"]'], "dispatch_study.skews"),
     (["axonn.model_profile=/etc/passwd"], "axonn.model_profile"),
-    (["axonn.model_profile=local-cpu"], "axonn.model_profile"),  # states no link rates to price
     # values that overflow later
     (["dispatch_study.capacity_factor=inf"], "dispatch_study.capacity_factor"),
     (["dispatch_study.skews=[lognormal:1e308]"], "dispatch_study.skews"),
@@ -453,3 +454,25 @@ def test_a_passed_runs_checks_are_inherited_by_child_processes_on_the_same_host(
     monkeypatch.setenv(run_checks.PASSED_ENV, key.split("@")[0] + "@another-host")
     run_checks.check_run(cfg)
     assert calls == [cfg]
+
+
+@dataclass(frozen=True)
+class _TopOneExchange(AllToAll):
+    """A new exchange that states one need of its own."""
+
+    def refusal(self, cfg):
+        return "this exchange sends each token once; set moe.top_k=1" if cfg.moe.top_k != 1 else None
+
+
+def test_a_new_exchange_checks_the_config_itself_with_no_schema_change():
+    """Compatibility is each exchange's own check: a new policy's exchange refuses what it cannot run,
+    and the error names the policy's key; a config key that names another exchange cannot replace it."""
+    register_policy(PolicySpec("top-one", lambda inputs: replace(sequential_plan(inputs), exchange=_TopOneExchange())))
+    try:
+        assert load_config(overrides=["comm.policy=top-one", "moe.top_k=1"]).comm.policy == "top-one"
+        with pytest.raises(ConfigError, match="config key 'comm.policy': policy 'top-one': this exchange sends"):
+            load_config(overrides=["comm.policy=top-one", "moe.top_k=2"])
+        with pytest.raises(ConfigError, match="config key 'comm.a2a_algorithm': policy 'top-one' runs .* one exchange"):
+            load_config(overrides=["comm.policy=top-one", "moe.top_k=1", "comm.a2a_algorithm=hierarchical"])
+    finally:
+        del POLICIES["top-one"]

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import StepExchange, a2a_micro_ops, even_ranges
+from ..layout import grid_config
+from ..plan import StepExchange, a2a_micro_ops, even_ranges, one_dimensional_refusal
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,16 @@ class AllToAll(StepExchange):
         if self.hierarchical and self.order is not None:
             raise ValueError("the hierarchical all-to-all exchanges in the library's order only")
 
-    @property
-    def features(self) -> tuple[str, ...]:
-        return ("orders the all-to-all",) if self.order is not None else ()
+    def refusal(self, cfg) -> str | None:
+        """An order plans whole experts' point-to-point rounds; two phases need equal splits and
+        the flat layout's nodes."""
+        if self.order is not None:
+            return one_dimensional_refusal(cfg, "an ordered all-to-all")
+        if self.hierarchical and cfg.moe.dropless:
+            return "the hierarchical all-to-all needs equal splits; set moe.dropless=false"
+        if self.hierarchical and not grid_config(cfg).is_trivial:
+            return "the 3D grid runs the flat all-to-all only; use comm.a2a_algorithm=flat"
+        return None
 
     def all_to_all(self, policy, x, output_splits, input_splits, name: str):
         """Flat, or two-phase when the "ep" group spans nodes (``policy.groups.ep_hierarchical``), or in
@@ -84,9 +92,8 @@ class PipelinedAllToAll(StepExchange):
 
     micro_op_bytes: float
 
-    @property
-    def features(self) -> tuple[str, ...]:
-        return ("pipelines the experts",)
+    def refusal(self, cfg) -> str | None:
+        return one_dimensional_refusal(cfg, "pipelining the experts behind all-to-all micro-ops")
 
     def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
         return a2a_micro_ops(rows_per_expert, row_bytes, self.micro_op_bytes)
