@@ -110,9 +110,18 @@ def _force_uniform_gate(model):
         layer.gate.weight.data.zero_()
 
 
-def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
+def _worker(rank, world, init_file, runs, steps, uniform_gate, out_dir):
+    """Train each of ``runs`` (override lists) in turn on one process group, saving every run's result:
+    one start-up of the ranks for many runs (a 4-rank start costs seconds on 2 cores)."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    results = [_train(rank, overrides, steps, uniform_gate) for overrides in runs]
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _train(rank, overrides, steps, uniform_gate) -> dict:
+    """``steps`` SGD steps of the config ``overrides`` on this rank: losses, gradients, Lina's launches."""
     cfg = load_config(overrides=overrides)
     groups = build_groups(layout_of(cfg), "cpu", cfg.parallel.timeout_s)
     for group in (groups.ep_group, groups.expert_grad_group, groups.dense_grad_group):
@@ -127,18 +136,14 @@ def _worker(rank, world, init_file, overrides, steps, uniform_gate, out_dir):
     policy.attach(model)
     in_flight_at_exchange, launches = _watch_lina(policy)
     losses = sgd_steps(cfg, model, policy, rank, steps)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    torch.save(
-        {
-            "losses": losses,
-            "grads": grads,
-            "ep_rank": groups.ep_rank,
-            "launches": launches,
-            "in_flight_at_exchange": in_flight_at_exchange,
-        },
-        f"{out_dir}/rank{rank}.pt",
-    )
-    dist.destroy_process_group()
+    policy.detach(model)
+    return {
+        "losses": losses,
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "ep_rank": groups.ep_rank,
+        "launches": launches,
+        "in_flight_at_exchange": in_flight_at_exchange,
+    }
 
 
 def _watch_lina(policy):
@@ -174,7 +179,14 @@ def spawn(worker, tmp_path, world, *args):
 
 
 def run_parallel(tmp_path, world, overrides, steps=1, uniform_gate=False):
-    return spawn(_worker, tmp_path, world, overrides, steps, uniform_gate)
+    """One run of ``overrides`` on ``world`` ranks: each rank's result."""
+    return [runs[0] for runs in spawn(_worker, tmp_path, world, [overrides], steps, uniform_gate)]
+
+
+def run_parallel_each(tmp_path, world, runs: dict[str, list[str]], steps=1) -> dict[str, list[dict]]:
+    """Every run of ``runs`` (name -> overrides) on one start of ``world`` ranks: name -> each rank's result."""
+    ranks = spawn(_worker, tmp_path, world, list(runs.values()), steps, False)
+    return {name: [rank[i] for rank in ranks] for i, name in enumerate(runs)}
 
 
 def run_reference(cfg, world, steps=1, uniform_gate=False):
@@ -251,21 +263,19 @@ POLICY_RUN = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts
 
 
 @pytest.fixture(scope="module")
-def sequential_run(tmp_path_factory):
-    return run_parallel(tmp_path_factory.mktemp("sequential"), 4, [*POLICY_RUN, "comm.policy=sequential"], steps=3)
+def policy_runs(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every registered policy's 3 steps, on one start of 4 ranks."""
+    runs = {policy: [*POLICY_RUN, f"comm.policy={policy}"] for policy in sorted(POLICIES)}
+    return run_parallel_each(tmp_path_factory.mktemp("policies"), 4, runs, steps=3)
 
 
 @pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"sequential"}))
-def test_policies_give_identical_losses(tmp_path, sequential_run, policy):
+def test_policies_give_identical_losses(policy_runs, policy):
     """Scheduling never changes the math: every registered policy gives sequential's losses and
     gradients (Lina's micro-ops here are 1 KiB, so every tensor is cut into several)."""
     cfg = load_config(overrides=[*POLICY_RUN, f"comm.policy={policy}"])
     yields = build_plan(cfg, gradient_tensors(cfg, layout_of(cfg)), ELEMENT_BYTES).gradients_yield_to_a2a
-    runs = {
-        "sequential": sequential_run,
-        policy: run_parallel(tmp_path, 4, [*POLICY_RUN, f"comm.policy={policy}"], steps=3),
-    }
-    for seq, other in zip(runs["sequential"], runs[policy]):
+    for seq, other in zip(policy_runs["sequential"], policy_runs[policy]):
         assert seq["losses"] == pytest.approx(other["losses"], rel=1e-6)
         if yields:  # Lina's priority: every unit launched once per step; an all-to-all waits behind <= 1
             assert len(other["launches"]) == 3 * len(set(other["launches"])) > 3

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_expert_parallel import SMALL, run_parallel
+from test_expert_parallel import SMALL, run_parallel_each
 
 from moe_core import comm
 from moe_core.executor import executor_class
@@ -101,11 +101,9 @@ def test_aurora_policy_trains_like_sequential(tmp_path):
     """Dropless routing gives uneven traffic matrices; the order never changes the math (bitwise).
     (The other orders move the same rows, checked exchange by exchange above.)"""
     base = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "moe.dropless=true"]
-    runs = {}
-    for policy in ("sequential", "aurora"):
-        out = tmp_path / policy
-        out.mkdir()
-        runs[policy] = run_parallel(out, 4, [*base, f"comm.policy={policy}"])
+    runs = run_parallel_each(
+        tmp_path, 4, {policy: [*base, f"comm.policy={policy}"] for policy in ("sequential", "aurora")}
+    )
     for seq, aurora in zip(runs["sequential"], runs["aurora"]):
         assert aurora["losses"] == seq["losses"]
         for name in seq["grads"]:
