@@ -1,7 +1,11 @@
 """AxoNN at Perlmutter scale, simulated: weak scaling against a Megatron-LM-style baseline, the overlap
-ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes).
+ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes); with
+``--grid-predictions``, AxoNN's communication model's prediction for each point of the measured grid
+sweep instead.
 
     python -m experiments.axonn --config configs/default.yaml
+    python -m experiments.axonn --grid-predictions --config configs/default.yaml \\
+        axonn.model_profile=results/calibration/local-cpu-calibrated.yaml
 
 Every training step is the step simulator's (moe_core.sim.step) on ``axonn.hardware``, built from the
 same config and decisions as a measured run: the grid's collectives (moe_core.grid), the plan's
@@ -27,10 +31,19 @@ overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Record
 
 Neither system's simulated step recomputes activations (both train under the memory of full
 recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forward pass.
+
+``--grid-predictions`` writes ``axonn_grid_predictions/<point>``: for every point of
+experiments/axonn_grids.py (moe_core/papers/axonn/sweeps.py), on the run's testbed (its
+``hardware``), the model's communication per step, ``predicted_comm_ms`` and its breakdown
+``predicted_<kind>_<axis>_ms`` (no overlap; moe_core/papers/axonn/comm_model.py), priced on
+``axonn.model_profile``: the testbed's calibrated profile in the workflow (the rules pass it), the
+run's own profile when empty; exit 2 naming the key if that profile lacks a link rate it prices. Its
+params are the measured record's, so the analysis joins the two.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 
@@ -41,10 +54,11 @@ from moe_core.capacity import DTYPE_BYTES
 from moe_core.config import derive_config, hardware_profile
 from moe_core.grid import GRID_AXES, Grid
 from moe_core.papers.axonn.baseline import megatron_layout
-from moe_core.papers.axonn.comm_model import rank_grids
+from moe_core.papers.axonn.comm_model import grid_memory, rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
-from moe_core.papers.axonn.sweeps import PAPER
+from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
+from moe_core.papers.axonn.sweeps import point_config as grid_point_config
 from moe_core.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
@@ -91,24 +105,32 @@ def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:
     return StepModel(point, build_topology(point.hardware)).run().metrics()
 
 
+def grid_search(cfg: DictConfig, model: GptModel) -> dict:
+    """``model`` as AxoNN's grid search (moe_core/papers/axonn/comm_model.py) takes it: its shape and
+    batch on its GPUs, the run's device memory and optimizer bytes, bf16."""
+    return {
+        "d_model": model.d_model,
+        "d_ff": model.d_ff,
+        "n_layers": model.n_layers,
+        "n_heads": model.n_heads,
+        "vocab_size": model.vocab_size,
+        "seq_len": model.seq_len,
+        "global_sequences": model.global_sequences,
+        "memory_GB": cfg.axonn.device_memory_GB,
+        "element_bytes": DTYPE_BYTES["bfloat16"],
+        "bytes_per_param": cfg.axonn.bytes_per_param,
+    }
+
+
 def ranking(cfg: DictConfig, model: GptModel):
     """AxoNN's communication model's ranking of every grid of ``model`` (AxoNN's placement: the one
     the measured and simulated executors run)."""
     hw = point_config(cfg, model_overrides(cfg, model, model.gpus)).hardware
-    return rank_grids(
-        hw,
-        model.gpus,
-        d_model=model.d_model,
-        d_ff=model.d_ff,
-        n_layers=model.n_layers,
-        n_heads=model.n_heads,
-        vocab_size=model.vocab_size,
-        seq_len=model.seq_len,
-        global_sequences=model.global_sequences,
-        memory_GB=cfg.axonn.device_memory_GB,
-        element_bytes=DTYPE_BYTES["bfloat16"],
-        bytes_per_param=cfg.axonn.bytes_per_param,
-    )
+    return rank_grids(hw, model.gpus, **grid_search(cfg, model))
+
+
+def ranking_point(model: GptModel, grid: Grid) -> str:
+    return f"{model.name}_{grid}"
 
 
 def grid_overrides(model: GptModel, grid: Grid, variant: str) -> list[str]:
@@ -251,7 +273,7 @@ def ranking_records(cfg: DictConfig) -> list[dict]:
             metrics["sim_step_ms"] = step["step_ms"]
             metrics["sim_comm_ms"] = step["grid_comm_ms"] + step["allreduce_exposed_ms"]
         params = {"model": largest.name, "gpus": largest.gpus, **grid_params(grid)}
-        out.append(_record(cfg, "axonn_ranking", f"{largest.name}_{grid}", params, metrics))
+        out.append(_record(cfg, "axonn_ranking", ranking_point(largest, grid), params, metrics))
     return out
 
 
@@ -266,8 +288,9 @@ def records(cfg: DictConfig) -> list[dict]:
 
 
 def record_points(cfg: DictConfig) -> dict[str, list[str]]:
-    """Experiment -> the point names one run writes (pure and quick: the workflow declares them; the
-    ranking's grids are the model's, no simulation)."""
+    """Experiment -> the point names one run of the study writes (pure and quick: the workflow
+    declares them at every parse; the ranking's grids are those that fit in memory, grid_memory's
+    decision, found without pricing any)."""
     largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
     runs = study_runs()
     return {
@@ -276,8 +299,7 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
         ],
         "axonn_ablation": [ablation_point(TWO_B, v, suffix) for suffix, _, _, variants in runs for v in variants],
         "axonn_ranking": [
-            f"{largest.name}_{Grid(int(r.data), int(r.depth), int(r.row), int(r.col))}"
-            for r in ranking(cfg, largest).query("fits").itertuples()
+            ranking_point(largest, c.grid) for c in grid_memory(largest.gpus, **grid_search(cfg, largest)) if c.fits
         ],
     }
 
@@ -296,8 +318,34 @@ def _record(cfg: DictConfig, experiment: str, point: str, params: dict, metrics:
     )
 
 
+def grid_prediction_records(cfg: DictConfig) -> list[dict]:
+    """AxoNN's model's prediction for every point of the measured grid sweep, on the run's testbed:
+    each record named and parametrised as the measured point's (grid_points)."""
+    out = []
+    for name, (grid, variant) in grid_points(cfg).items():
+        point = grid_point_config(cfg, grid, variant)
+        out.append(
+            predicted_record(
+                point,
+                paper=PAPER,
+                experiment=PREDICTED,
+                point=name,
+                hardware=cfg.hardware.name,
+                params=grid_point_params(point, variant),
+                metrics=predicted_metrics(point, grid),
+                backend="model",
+            )
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    return predictions_main(argv, __doc__, records)
+    """The study's records, or with ``--grid-predictions`` the measured grid sweep's predictions
+    (the rest of the command line: ``--config`` and overrides, as every entry point's)."""
+    selector = argparse.ArgumentParser(add_help=False)
+    selector.add_argument("--grid-predictions", action="store_true")
+    args, rest = selector.parse_known_args(argv)
+    return predictions_main(rest, __doc__, grid_prediction_records if args.grid_predictions else records)
 
 
 if __name__ == "__main__":

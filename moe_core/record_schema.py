@@ -123,6 +123,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "axonn_scaling": ("batch_s", "pflops", "peak_share"),
     "axonn_ablation": ("step_ms", "grid_comm_ms"),
     "axonn_ranking": ("predicted_comm_s", "model_rank"),
+    "axonn_grid_predictions": ("predicted_comm_ms",),
     "dispatchers": ("exchange_ms", "dropped_fraction", "imbalance"),
     "dispatchers_sim": ("exchange_ms", "dropped_fraction", "imbalance"),
     "external_validation": ("published", "predicted", "rel_error"),

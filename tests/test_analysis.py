@@ -467,9 +467,11 @@ def _grid_name(grid):
 
 def write_axonn_grids(root, measured_ms, predicted_ms, hardware="local-cpu"):
     """AxoNN's measured sweep on 4 ranks: each of AXONN_GRIDS without overlap, communication
-    ``measured_ms[i]`` per step (the grid's and the DP all-reduce's halves) and the model's
-    ``predicted_ms[i]``; then every overlap variant on 1x2x2x1, each hiding a little more."""
+    ``measured_ms[i]`` per step (the grid's and the DP all-reduce's halves); then every overlap
+    variant on 1x2x2x1, each hiding a little more. Each point's prediction, the model's
+    ``predicted_ms[i]``, is a simulated record of its own with the same point name and params."""
     measured = {"paper": "axonn", "experiment": "axonn_grids", "mode": "measured", "backend": "gloo"}
+    predictions = {"paper": "axonn", "experiment": "axonn_grid_predictions", "mode": "simulated", "backend": "model"}
     points = [(grid, "none", comm, pred) for grid, comm, pred in zip(AXONN_GRIDS, measured_ms, predicted_ms)]
     variants = ("all_reduce", "reduce_scatter", "all_gather", "all", "all+cache")
     points += [((1, 2, 2, 1), v, measured_ms[3] * (1 - i / 10), predicted_ms[3]) for i, v in enumerate(variants, 1)]
@@ -479,14 +481,11 @@ def write_axonn_grids(root, measured_ms, predicted_ms, hardware="local-cpu"):
         samples = {f"grid_{kind}_ms": _spread(ms) for kind, ms in grid_ms.items()}
         samples |= {"grid_comm_ms": _spread(comm / 2), "allreduce_exposed_ms": _spread(comm / 2)}
         samples |= {"comm_ms": _spread(comm), "step_ms": _spread(100.0 + comm), "dense_ms": _spread(100.0)}
-        params = {"world_size": 4, **_grid_params(grid), "overlap_variant": variant}
-        extra = {"predicted_comm_ms": pred, "predicted_all_gather_depth_ms": pred / 2, "tokens_per_s": 1e3}
-        point = f"ws4_{_grid_name(grid)}_{variant}"
-        paths.append(
-            _write(
-                root, **measured, point=point, hardware=hardware, params=params, samples=samples, extra_metrics=extra
-            )
-        )
+        point = {"point": f"ws4_{_grid_name(grid)}_{variant}", "hardware": hardware}
+        point["params"] = {"world_size": 4, **_grid_params(grid), "overlap_variant": variant}
+        paths.append(_write(root, **measured, **point, samples=samples, extra_metrics={"tokens_per_s": 1e3}))
+        predicted = {"predicted_comm_ms": pred, "predicted_all_gather_depth_ms": pred / 2}
+        paths.append(_write(root, **predictions, **point, samples={}, extra_metrics=predicted))
     return paths
 
 
@@ -1270,6 +1269,22 @@ def test_axonn_grid_validation_ranks_grids_per_testbed(tmp_path, predicted, rho,
     other = table[table["hardware"] == "emulated-2x4"]  # its own ranks, not pooled with local-cpu's
     assert other["spearman"].tolist() == pytest.approx([1.0] * 6) and other["measured_best_in_model_top3"].all()
     assert TABLE_REGISTRY["axonn_grid_validation"].build(collect(write_train_step(tmp_path / "c"))[0]).empty
+
+
+def test_axonn_grid_validation_joins_each_measured_grid_to_its_own_testbeds_prediction(tmp_path):
+    """The model's numbers come from the prediction records alone, each joined to the measured point
+    of its testbed with the same grid params: none without the other, none of another testbed."""
+    measured = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    records = collect(write_axonn_grids(tmp_path / "a", measured, [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]))[0]
+    assert "predicted_comm_ms" not in set(records.loc[records["experiment"] == "axonn_grids", "metric"])
+    build = TABLE_REGISTRY["axonn_grid_validation"].build
+    table = build(records)
+    assert list(table["predicted_comm_ms"]) == [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]  # in the measured order
+    assert (table["mode"] == "measured").all() and (table["backend"] == "gloo").all()
+    for experiment in ("axonn_grids", "axonn_grid_predictions"):
+        assert build(records[records["experiment"] != experiment]).empty
+    elsewhere = records.assign(hardware=np.where(records["mode"] == "simulated", "emulated-2x4", "local-cpu"))
+    assert build(elsewhere).empty
 
 
 def test_axonn_scaling_table_says_what_the_overlaps_hide(figure_tables):

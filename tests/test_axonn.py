@@ -1,7 +1,8 @@
 """AxoNN's experiments and the simulated grid: the step simulator issues exactly the planned grid
 collectives, agrees with Megatron's tensor parallelism where the two are the same split, hides
-communication behind compute with the overlaps; the measured sweep writes every declared point
-with the model's prediction; the Perlmutter-scale study writes every declared record."""
+communication behind compute with the overlaps; the measured sweep writes every declared point,
+measurements only, and the model's predictions for them are records of their own that join them
+one to one; the Perlmutter-scale study writes every declared record."""
 
 import subprocess
 import sys
@@ -10,13 +11,16 @@ from collections import Counter
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.axonn import megatron_scaling, record_points, records
+import analysis.papers  # noqa: F401  (registers every paper's tables)
+from analysis.collect import collect
+from analysis.registry import TABLE_REGISTRY
+from experiments.axonn import grid_prediction_records, main, megatron_scaling, record_points, records
 from moe_core.capacity import moe_blocks
-from moe_core.config import load_config
+from moe_core.config import hardware_profile, load_config
 from moe_core.grid import block_collectives
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
-from moe_core.papers.axonn.sweeps import grid_points
+from moe_core.papers.axonn.sweeps import grid_points, measured_communication, point_config
 from moe_core.results import read_record
 from moe_core.sections import ConfigError
 from moe_core.sim.step import StepModel
@@ -134,7 +138,15 @@ def test_unstated_parameters_list_the_chosen_values_the_run_uses():
     assert all(UNSTATED[param.key] == param for param in AXONN_UNSTATED)
 
 
-def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point(tmp_path):
+# A profile that states the link rates AxoNN's model prices (a calibrated profile's stand-in)
+LINKED_PROFILE = "axonn.model_profile=dgx-a100-40gb-hdr"
+
+
+def _read_records(folder):
+    return {p.stem: read_record(p) for p in folder.glob("*.json")}
+
+
+def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point_and_its_prediction(tmp_path):
     overrides = [
         f"results_dir={tmp_path}",
         "axonn.world_size=2",
@@ -143,32 +155,52 @@ def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point(tmp_path):
         "axonn.cached_layers=1",
         "axonn.warmup_iters=0",
         "axonn.iters=2",
-        "hardware.intra_node_GBps=2.0",  # the model prices the run's own profile: state its link
         "axonn.measured_overrides=[model.moe_every=0,moe.num_experts=1,moe.top_k=1,model.n_layers=2,model.n_heads=2]",
     ]
     cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
     result = subprocess.run([*cmd, "--", "-m", "experiments.axonn_grids"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
-    found = {p.stem: read_record(p) for p in (tmp_path / "raw" / "axonn" / "axonn_grids").glob("*.json")}
+    measured = _read_records(tmp_path / "raw" / "axonn" / "axonn_grids")
     grids = {"data2xdepth1xrow1xcol1", "data1xdepth2xrow1xcol1", "data1xdepth1xrow2xcol1", "data1xdepth1xrow1xcol2"}
     variants = [f"ws2_data1xdepth2xrow1xcol1_{v}" for v in OVERLAP_VARIANTS]
-    assert set(found) == set(grid_points(cfg)) == {f"ws2_{g}_none" for g in grids} | set(variants)
-    for name, record in found.items():
+    assert set(measured) == set(grid_points(cfg)) == {f"ws2_{g}_none" for g in grids} | set(variants)
+    for name, record in measured.items():  # measurements only: no model's number in a measured record
         m = record["metrics"]
-        assert m["comm_ms"]["n"] == 2 and m["comm_ms"]["median"] > 0 and m["predicted_comm_ms"]["value"] > 0, name
+        assert m["comm_ms"]["n"] == 2 and m["comm_ms"]["median"] > 0, name
+        assert not [k for k in m if k.startswith("predicted_")], name
+
+    assert main(["--grid-predictions", "--config", "configs/default.yaml", *overrides, LINKED_PROFILE]) == 0
+    predicted = _read_records(tmp_path / "raw" / "axonn" / "axonn_grid_predictions")
+    assert set(predicted) == set(measured)  # one prediction per measured point, the same params
+    for name, record in predicted.items():
+        assert (record["mode"], record["hardware"]) == ("simulated", measured[name]["hardware"]), name
+        assert record["params"] == measured[name]["params"] and record["metrics"]["predicted_comm_ms"]["value"] > 0
+    # the analysis joins them one to one: each grid without overlap with its own point's prediction
+    table = TABLE_REGISTRY["axonn_grid_validation"].build(collect((tmp_path / "raw").glob("*/*/*.json"))[0])
+    assert len(table) == len(grids) and table["hardware"].eq(cfg.hardware.name).all()
+    for row in table.itertuples():
+        point = f"ws2_data{row.grid_data}xdepth{row.grid_depth}xrow{row.grid_row}xcol{row.grid_col}_none"
+        assert row.predicted_comm_ms == predicted[point]["metrics"]["predicted_comm_ms"]["value"]
+        assert row.comm_ms == measured[point]["metrics"]["comm_ms"]["median"]
 
 
-def test_the_measured_sweep_refuses_a_profile_without_link_rates(tmp_path):
-    overrides = [
-        f"results_dir={tmp_path}",
-        "axonn.world_size=2",
-        "axonn.global_sequences=2",
-        "axonn.ablation_grid=[2,1,1]",
-    ]
-    cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.axonn_grids"], capture_output=True, text=True)
-    assert result.returncode != 0 and "axonn.model_profile" in result.stderr
+def test_grid_predictions_are_the_models_on_the_given_profile():
+    cfg = load_config(["configs/default.yaml"], [LINKED_PROFILE])
+    written = {r["point"]: r for r in grid_prediction_records(cfg)}
+    assert list(written) == list(grid_points(cfg))
+    for name, (grid, variant) in grid_points(cfg).items():
+        seconds = measured_communication(point_config(cfg, grid, variant), hardware_profile("dgx-a100-40gb-hdr"), grid)
+        metrics = {k: v["value"] for k, v in written[name]["metrics"].items()}
+        assert metrics.pop("predicted_comm_ms") == pytest.approx(seconds.pop("total_s") * 1e3, rel=1e-12)
+        assert metrics == pytest.approx({f"predicted_{k.removesuffix('_s')}_ms": v * 1e3 for k, v in seconds.items()})
+        assert (written[name]["experiment"], written[name]["backend"]) == ("axonn_grid_predictions", "model")
+
+
+def test_grid_predictions_refuse_a_profile_without_link_rates(tmp_path, capsys):
+    # the run's own profile (axonn.model_profile empty), local-cpu, states no link rate
+    assert main(["--grid-predictions", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    assert "axonn.model_profile" in capsys.readouterr().err
     assert not (tmp_path / "raw").exists()
 
 

@@ -14,6 +14,7 @@ from moe_core.papers.axonn.comm_model import (
     axis_strides,
     collective_seconds,
     enumerate_grids,
+    grid_memory,
     group_bandwidth_GBps,
     memory_bytes,
     predicted_communication,
@@ -256,6 +257,18 @@ def test_rank_grids_of_80b_keeps_non_fitting_grids_unranked_at_the_end(perlmutte
     assert (m.n_heads % ranked["row"] == 0).all()
     assert not ((ranked["depth"] == 1) & (ranked["row"] == 1) & (ranked["col"] == 1) & ranked["fits"]).any()
     assert math.isclose(fits.iloc[0]["predicted_comm_s"], fits.iloc[0][list(BREAKDOWN_KEYS)].sum(), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("orders", [False, True])
+def test_rank_grids_ranks_the_grids_grid_memory_considers_with_its_fits(perlmutter, orders):
+    """One decision: the grids that fit are grid_memory's (which the workflow names the ranking's
+    records by, without pricing), and rank_grids ranks exactly its grids, with its memory."""
+    search = dict(TINY, global_sequences=8, memory_GB=7e-4, orders=orders)  # some grids fit, some do not
+    ranked = rank_grids(perlmutter, 8, **search)
+    ranked_rows = {(Grid(r.data, r.depth, r.row, r.col), r.order, r.memory_GB, r.fits) for r in ranked.itertuples()}
+    considered = grid_memory(8, **search)
+    assert ranked_rows == {(c.grid, "<".join(c.order), c.memory_GB, c.fits) for c in considered}
+    assert len(considered) == len(ranked) and 0 < sum(c.fits for c in considered) < len(considered)
 
 
 def test_bad_world_sizes_are_named(perlmutter):

@@ -69,6 +69,7 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     assert counts["monta_a2a"] == counts["monta_model"] == counts["collectives"] == 1
     assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["external_steps"] == 1
     assert counts["aurora_simulated"] == counts["aurora_a2a"] == 1
+    assert counts["axonn_grids"] == counts["axonn_grid_predictions"] == counts["axonn_simulated"] == 1
     # one rule per registered table and figure, generated from the analysis registries
     tables = {f"table_{table.file}" for table in TABLE_REGISTRY.values()}
     assert {name for name in counts if name.startswith("table_")} == tables
@@ -83,6 +84,15 @@ def test_a_paper_target_plans_that_papers_experiments_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr
     jobs = set(job_counts(proc.stdout + proc.stderr)) - {"total"}
     assert jobs == {"resolved_config", "aurora_simulated", "aurora_a2a", "aurora"}
+
+
+def test_axonn_measures_its_grids_without_the_calibration(tmp_path):
+    """A measured AxoNN grid record holds measurements only: it needs no calibration (its prediction,
+    axonn_grid_predictions, does), so a new calibration re-runs no measured job."""
+    record = tmp_path / "raw" / "axonn" / "axonn_grids" / "ws4_data1xdepth2xrow2xcol1_none.json"
+    proc = snakemake(str(record), "-n", "--cores", "2", "--config", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert set(job_counts(proc.stdout + proc.stderr)) - {"total"} == {"resolved_config", "axonn_grids"}
 
 
 @pytest.mark.parametrize(

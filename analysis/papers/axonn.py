@@ -1,8 +1,10 @@
 """AxoNN (arXiv 2305.13525): its reproducers, figures (results/figures/axonn/) and grid-validation table,
 from the measured grid sweep (experiments/axonn_grids.py: a small dense GPT on every 4D grid of the
-world size, and the overlap ablation on one grid) and the simulated Perlmutter runs
-(experiments/axonn.py: weak scaling against a Megatron-LM-style baseline, the 2B overlap ablation and
-the communication model's ranking of the 80B model's grids).
+world size, and the overlap ablation on one grid), the communication model's prediction for each of
+its points (experiments/axonn.py --grid-predictions, on the testbed's calibrated profile; records of
+their own, joined to the measured ones here) and the simulated Perlmutter runs (experiments/axonn.py:
+weak scaling against a Megatron-LM-style baseline, the 2B overlap ablation and the communication
+model's ranking of the 80B model's grids).
 
 A grid is data x depth x row x col ranks (moe_core.grid), written "1x2x2x1" in that order. A step's
 communication is the time the compute waits for the grid's collectives (``grid_comm_ms``) plus the
@@ -23,9 +25,12 @@ from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
 from moe_core.grid import GRID_AXES
 from moe_core.papers.axonn.config import OVERLAP_VARIANTS
-from moe_core.papers.axonn.sweeps import MEASURED, PAPER
+from moe_core.papers.axonn.sweeps import MEASURED, PAPER, PREDICTED
 
 GRID_COLUMNS = [f"grid_{axis}" for axis in GRID_AXES]
+# A measured grid point and its prediction: the testbed's name (the measurement's mode and backend are
+# not the model's) and the grid point's params, which the two records share.
+PREDICTION_KEYS = ["hardware", "world_size", *GRID_COLUMNS, "overlap_variant"]
 KINDS = ["all_gather", "all_reduce", "reduce_scatter"]  # the grid's collectives, as the step metrics name them
 SYSTEMS = {"axonn": "AxoNN (model's best grid)", "megatron": "Megatron-LM-style (tp x pp x dp)"}
 HEADLINE_MODEL, HEADLINE_GPUS = "80B", 1024  # the abstract's numbers: 80B GPT on 1024 GPUs of Perlmutter
@@ -179,15 +184,27 @@ def axonn_scaling(records: pd.DataFrame) -> pd.DataFrame:
 # ---- the model's validation on measured grids ---------------------------------------------------
 
 
+def _predicted_grids(records: pd.DataFrame) -> pd.DataFrame:
+    """Every measured grid without overlap beside the model's prediction for it on its testbed
+    (``predicted_comm_ms``, from its axonn_grid_predictions record, joined on PREDICTION_KEYS); no
+    rows without both."""
+    measured, predicted = _points(records, MEASURED), _points(records, PREDICTED)
+    if measured.empty or predicted.empty:
+        return measured.iloc[0:0]
+    measured = measured[measured["overlap_variant"] == "none"]
+    predicted = predicted[[*PREDICTION_KEYS, "predicted_comm_ms"]]
+    return measured.merge(predicted, on=PREDICTION_KEYS, validate="many_to_one")
+
+
 @table(paper="axonn")
 def axonn_grid_validation(records: pd.DataFrame) -> pd.DataFrame:
     """Every measured grid without overlap, per testbed: measured and predicted communication per step,
     their ranks, and per testbed how well the model ranks the grids (Spearman's rho; whether the
     measured best grid is among the model's top few, the ones AxoNN would benchmark)."""
-    df = _points(records, MEASURED)
+    df = _predicted_grids(records)
     if df.empty:
         return df
-    df = df[df["overlap_variant"] == "none"].astype({"world_size": int})
+    df = df.astype({"world_size": int})
     df["grid"] = _grid_labels(df)
     by_testbed = df.groupby(TESTBED_COLUMNS)
     df["measured_rank"] = by_testbed["comm_ms"].rank(method="min")
@@ -213,7 +230,11 @@ def _rank_agreement(df: pd.DataFrame) -> pd.DataFrame:
 @figure(paper=PAPER)
 def axonn_model_validation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
     """Predicted vs measured communication per step of every grid without overlap, one panel per testbed."""
-    table = _required(axonn_grid_validation(records), "measured axonn_grids points", "run experiments/axonn_grids.py")
+    table = _required(
+        axonn_grid_validation(records),
+        f"measured {MEASURED} points with their {PREDICTED} records",
+        "run experiments/axonn_grids.py and experiments/axonn.py --grid-predictions",
+    )
     panels = list(_testbeds(table))
     fig.set_size_inches(6 * len(panels), 5)
     for ax, (hardware, grids) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -351,6 +352,51 @@ def _check_world(hw, world_size: int) -> None:
         )
 
 
+class GridMemory(NamedTuple):
+    """A grid AxoNN's search considers (:func:`grid_memory`): its placement, the sequences of each
+    data x depth rank, its per-GPU memory and whether that fits the budget."""
+
+    grid: Grid
+    order: tuple[str, str, str]
+    sequences_per_rank: int
+    memory_GB: float
+    fits: bool
+
+
+def grid_memory(
+    world_size: int,
+    *,
+    d_model: int,
+    d_ff: int,
+    n_layers: int,
+    n_heads: int,
+    vocab_size: int,
+    seq_len: int,
+    global_sequences: int,
+    memory_GB: float,
+    element_bytes: int = 2,
+    bytes_per_param: int = 16,
+    recompute: bool = True,
+    orders: bool = False,
+) -> list[GridMemory]:
+    """The grids AxoNN's search considers: every grid of ``world_size`` (and placement, with
+    ``orders``) that splits the model and gives each data x depth rank a whole number (>= 1) of the
+    ``global_sequences``, with its :func:`memory_bytes` against ``memory_GB``. The one decision of
+    which grids fit: :func:`rank_grids` ranks them, and the workflow names the simulated ranking's
+    records from it alone (no grid priced, so quick)."""
+    out = []
+    for grid, order in enumerate_grids(world_size, orders):
+        replicas = grid.data * grid.depth
+        if grid_split_error(grid, d_model, d_ff, n_heads) or global_sequences % replicas or global_sequences < replicas:
+            continue
+        sequences = global_sequences // replicas
+        memory = memory_bytes(
+            grid, d_model, d_ff, n_layers, vocab_size, seq_len, sequences, bytes_per_param, element_bytes, recompute
+        )
+        out.append(GridMemory(grid, order, sequences, memory / GB, memory / GB <= memory_GB))
+    return out
+
+
 def rank_grids(
     hw,
     world_size: int,
@@ -368,9 +414,8 @@ def rank_grids(
     recompute: bool = True,
     orders: bool = False,
 ) -> pd.DataFrame:
-    """AxoNN's search (papers.md §3.2): every grid of ``world_size`` (and placement, with ``orders``)
-    that splits the model and gives each data x depth rank a whole number (>= 1) of the
-    ``global_sequences``, priced by :func:`predicted_communication` and :func:`memory_bytes`.
+    """AxoNN's search (papers.md §3.2): every grid :func:`grid_memory` considers, priced by
+    :func:`predicted_communication`.
 
     Columns: data, depth, row, col, order ("col<row<depth", innermost first), predicted_comm_s, the
     :data:`BREAKDOWN_KEYS`, memory_GB, fits (memory_GB within the budget), rank (1 = least
@@ -378,27 +423,16 @@ def rank_grids(
     same order, unranked (rank <NA>), so figures can show them. ValueError if no grid splits the model.
     """
     _check_world(hw, world_size)
+    model = dict(d_model=d_model, d_ff=d_ff, n_layers=n_layers, n_heads=n_heads)
+    sizes = dict(vocab_size=vocab_size, seq_len=seq_len, global_sequences=global_sequences, memory_GB=memory_GB)
+    options = dict(element_bytes=element_bytes, bytes_per_param=bytes_per_param, recompute=recompute, orders=orders)
     rows = []
-    for grid, order in enumerate_grids(world_size, orders):
-        replicas = grid.data * grid.depth
-        if grid_split_error(grid, d_model, d_ff, n_heads) or global_sequences % replicas or global_sequences < replicas:
-            continue
-        sequences = global_sequences // replicas
+    for c in grid_memory(world_size, **model, **sizes, **options):
+        tokens = c.sequences_per_rank * seq_len
         comm = predicted_communication(
-            hw,
-            grid,
-            order,
-            d_model=d_model,
-            d_ff=d_ff,
-            n_layers=n_layers,
-            tokens_per_rank=sequences * seq_len,
-            element_bytes=element_bytes,
-            n_heads=n_heads,
+            hw, c.grid, c.order, **model, tokens_per_rank=tokens, element_bytes=element_bytes
         )
-        memory = memory_bytes(
-            grid, d_model, d_ff, n_layers, vocab_size, seq_len, sequences, bytes_per_param, element_bytes, recompute
-        )
-        rows.append(_grid_row(grid, order, comm, memory, memory_GB))
+        rows.append(_grid_row(c, comm))
     if not rows:
         raise ValueError(
             f"no grid of world_size={world_size} splits the model (d_model={d_model}, d_ff={d_ff}, n_heads={n_heads}) "
@@ -407,19 +441,19 @@ def rank_grids(
     return _ranked(rows)
 
 
-def _grid_row(grid: Grid, order: tuple[str, str, str], comm: dict[str, float], memory: float, memory_GB: float) -> dict:
+def _grid_row(c: GridMemory, comm: dict[str, float]) -> dict:
     """One row of :func:`rank_grids`' table (before ``rank``): the grid, its placement, its
     communication and its memory against the budget."""
     return {
-        "data": grid.data,
-        "depth": grid.depth,
-        "row": grid.row,
-        "col": grid.col,
-        "order": order_label(order),
+        "data": c.grid.data,
+        "depth": c.grid.depth,
+        "row": c.grid.row,
+        "col": c.grid.col,
+        "order": order_label(c.order),
         "predicted_comm_s": comm["total_s"],
         **{key: comm[key] for key in BREAKDOWN_KEYS},
-        "memory_GB": memory / GB,
-        "fits": memory / GB <= memory_GB,
+        "memory_GB": c.memory_GB,
+        "fits": c.fits,
     }
 
 

@@ -1,12 +1,14 @@
 """AxoNN's measured grid sweep: which (grid, overlap variant) points experiments/axonn_grids.py runs,
-their names and their configs (pure, so the workflow declares them before any job)."""
+their names, configs and record params (pure, so the workflow declares them before any job), and
+AxoNN's communication model's prediction for each, which experiments/axonn.py --grid-predictions
+writes as records of their own (the measured records hold measurements only)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
 from moe_core.grid import Grid, grid_split_error
-from moe_core.points import register_override_list, register_run_check
+from moe_core.points import point_params, register_override_list, register_run_check
 from moe_core.run_checks import derived
 from moe_core.schema import derive_config, hardware_profile
 from moe_core.sections import ConfigError
@@ -16,6 +18,8 @@ from .config import OVERLAP_VARIANTS, ablation_grid, overlap_overrides
 
 PAPER = "axonn"
 MEASURED = "axonn_grids"
+# The model's prediction for each measured point: same point names and params, simulated records.
+PREDICTED = "axonn_grid_predictions"
 
 
 def measured_model(cfg: DictConfig) -> DictConfig:
@@ -81,31 +85,26 @@ def point_settings(cfg: DictConfig, grid: Grid, variant: str) -> list[str]:
     ]
 
 
+def grid_point_params(point: DictConfig, variant: str) -> dict:
+    """The params of a grid point's records (``point``: its config, point_config), its measurement's
+    and its prediction's alike: the analysis joins the two on them."""
+    return {**point_params(point), "overlap_variant": variant}
+
+
 register_override_list("axonn.measured_overrides", lambda cfg: [measured_settings(cfg)])
 
 
 @register_run_check
 def check_measured(cfg: DictConfig) -> None:
     """At load, what the measured job would find only after its ranks started: the ablation's point
-    with the cache is a valid config, and a set ``axonn.model_profile`` states the links its model
-    prices (experiments/axonn_grids.py; empty, the workflow passes the calibrated profile to the job)."""
+    with the cache is a valid config."""
     grid = ablation_grid(cfg.axonn)
     blame = {
         "comm.grid_overlap.cached_layers": "axonn.cached_layers",
         "parallel.grid": "axonn.ablation_grid",
         "train": "axonn.global_sequences",
     }
-    point = derived(cfg, point_settings(cfg, grid, "all+cache"), "axonn", blame, f"measured point {grid} all+cache")
-    if not cfg.axonn.model_profile:
-        return
-    try:
-        hw = model_profile(cfg)
-    except ConfigError as err:
-        raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
-    try:
-        measured_communication(point, hw, grid)
-    except ValueError as err:
-        raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
+    derived(cfg, point_settings(cfg, grid, "all+cache"), "axonn", blame, f"measured point {grid} all+cache")
 
 
 def measured_communication(cfg: DictConfig, hw: DictConfig, grid: Grid) -> dict[str, float]:
@@ -130,3 +129,19 @@ def model_profile(cfg: DictConfig) -> DictConfig:
     """The hardware AxoNN's model prices the measured grids on: ``axonn.model_profile``, or the run's."""
     profile = cfg.axonn.model_profile
     return hardware_profile(profile) if profile else cfg.hardware
+
+
+def predicted_metrics(point: DictConfig, grid: Grid) -> dict[str, float]:
+    """The metrics of a grid point's prediction record (``point``: its config, point_config): AxoNN's
+    model of its step's communication on model_profile, ``predicted_comm_ms`` and its breakdown
+    ``predicted_<kind>_<axis>_ms``. ConfigError naming ``axonn.model_profile`` when that profile
+    cannot be read or lacks a link rate the grid's collectives need."""
+    try:
+        seconds = measured_communication(point, model_profile(point), grid)
+    except ValueError as err:  # a ConfigError too: a profile that does not load
+        raise ConfigError(f"config key 'axonn.model_profile': {err}") from None
+    total = seconds.pop("total_s")
+    return {
+        "predicted_comm_ms": total * 1e3,
+        **{f"predicted_{k.removesuffix('_s')}_ms": v * 1e3 for k, v in seconds.items()},
+    }
