@@ -27,7 +27,8 @@ The paper-neutral core, one job per module:
   ``results`` (records), ``benchmark`` (the measured microbenchmarks' skeleton), ``tracking``
   (W&B), ``testbed`` (an emulated multi-node cluster), ``workloads`` (traffic matrices),
   ``dispatch_study`` (which dispatcher when: skewed routing and its section);
-* ``sim/``: the network and step simulator (topology, engine, collectives, compute, step, grid_ops,
+* ``sim/``: the network and step simulator (topology, engine, collectives, compute, kernels: a
+  step's compute ops priced, step, dag: a step's operations, timeline: its metrics, grid_ops,
   forward: an inference pass, calibrate); it reads plans, never paper names.
 
 ``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model

@@ -2,7 +2,7 @@
 
 Torch-free: the grid, how every linear layer is split on it, and the collectives a block runs, in
 order, with their groups and sizes. The measured layers (moe_core.grid_parallel) execute these
-collectives, the step simulator (moe_core.sim.step) turns them into operations, and cost models
+collectives, the step simulator (moe_core.sim.grid_ops) turns them into operations, and cost models
 (e.g. AxoNN's, moe_core/papers/axonn) price them; a test checks that the measured run issues exactly
 this list.
 

@@ -13,6 +13,7 @@ from moe_core.experts import Experts
 from moe_core.model import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
 from moe_core.sections import ConfigError
 from moe_core.sim.compute import ComputeModel
+from moe_core.sim.kernels import StepKernels
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 from moe_core.tensor_parallel import shard_tensor_parallel
@@ -130,7 +131,7 @@ def test_the_simulated_step_prices_the_gemms_of_llama_blocks(monkeypatch):
     monkeypatch.setattr(ComputeModel, "gemm", lambda self, m, n, k, count=1: 2 * m * n * k * count)
     for free in ("memory_bound", "copy", "optimizer"):
         monkeypatch.setattr(ComputeModel, free, lambda self, *args, **kwargs: 0.0)
-    monkeypatch.setattr(StepModel, "_priced", lambda self, seconds, phase: seconds)
+    monkeypatch.setattr(StepKernels, "priced", lambda self, seconds, phase: seconds)
     dims = ["model.d_model=512", "model.n_heads=8", "model.n_kv_heads=2", "model.d_ff=1024", "model.n_layers=2"]
     dims += ["model.ffn_activation=swiglu", "model.moe_every=0", "model.vocab_size=1000", "model.seq_len=128"]
     dims += ["model.head_dim=128"]  # Qwen3's heads: 8 x 128 = 1024 query features on d_model 512

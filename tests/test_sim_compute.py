@@ -14,7 +14,8 @@ from experiments.op_sweep import SWEEPS, fit, gemm_shapes, main, model_of, predi
 from moe_core.config import ConfigError, load_config
 from moe_core.gating import gshard_gating
 from moe_core.sim.compute import ComputeModel
-from moe_core.sim.step import StepModel, gate_routing
+from moe_core.sim.kernels import gate_routing
+from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
 H200_RECORD = Path(__file__).parents[1] / "results/reference/2026-11-30-h200/train_step_h200_sequential.json"

@@ -42,12 +42,12 @@ def test_whole_experts_route_each_ranks_share_over_ranks_of_their_own():
     assert whole.ep_groups.tolist() == [list(range(8)), list(range(8, 16))]
     assert split.ep_groups.tolist() == [list(range(0, 16, 2)), list(range(1, 16, 2))]
     # each "tp" rank routes its half of the group's 1024 tokens: half the rows, whole hidden units
-    (rows_whole, bytes_whole), (rows_split, bytes_split) = whole._moe_sizes(), split._moe_sizes()
+    (rows_whole, bytes_whole), (rows_split, bytes_split) = whole.moe_sizes(), split.moe_sizes()
     assert rows_whole * 2 == rows_split and bytes_whole * 2 == bytes_split
     assert rows_whole == 1.0 * 2 * 4 * 256 // 2  # capacity 1: top_k x tokens / 2 per rank, all experts
     for pass_ in ("fwd", "bwd"):  # the same expert FLOPs a rank: half the rows at twice the width
-        expected = split.expert_ffn_seconds(pass_, rows_split / 2, 1, 1024)
-        assert whole._expert_seconds(rows_whole, pass_) == pytest.approx(expected)
+        expected = split.kernels.expert_ffn_seconds(pass_, rows_split / 2, 1, 1024)
+        assert whole.expert_seconds(rows_whole, pass_) == pytest.approx(expected)
     ops = {op.name for op in whole.build()[0]}
     assert not any("expert_allreduce" in name or "ag0" in name for name in ops)  # nothing to sum or gather
 
@@ -57,12 +57,12 @@ def test_whole_experts_hold_whole_weights_and_reduce_them_over_their_replicas():
     expert = {t.name: t.numel for t in whole.plan.tensors if t.group == "expert"}
     assert expert and expert == {n: 2 * t for n, t in ((t.name, t.numel) for t in split.plan.tensors) if n in expert}
     # 16 ranks over 8 experts: each expert on 2 ranks (Megatron's expert data parallelism)
-    assert whole._gradient_groups("expert").shape == (8, 2)
-    np.testing.assert_array_equal(whole._gradient_groups("dense"), split._gradient_groups("dense"))
+    assert whole.gradient_groups("expert").shape == (8, 2)
+    np.testing.assert_array_equal(whole.gradient_groups("dense"), split.gradient_groups("dense"))
 
 
 def test_whole_experts_may_be_dropless_and_are_refused_for_measured_runs():
-    assert model("moe.expert_tensor_parallel=1", "moe.dropless=true")._moe_sizes()[0] == 2 * 4 * 256 // 2
+    assert model("moe.expert_tensor_parallel=1", "moe.dropless=true").moe_sizes()[0] == 2 * 4 * 256 // 2
     with pytest.raises(ConfigError, match="moe.dropless"):
         model("moe.dropless=true")  # split experts dispatch capacity buffers
     with pytest.raises(

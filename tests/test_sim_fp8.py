@@ -5,7 +5,8 @@ import pytest
 
 from moe_core.config import ConfigError, hardware_profile, load_config, validate_measured
 from moe_core.sim.compute import ComputeModel
-from moe_core.sim.step import FP8_AMAX_BYTES, FP8_CAST_BYTES, StepModel
+from moe_core.sim.kernels import FP8_AMAX_BYTES, FP8_CAST_BYTES
+from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
 BASE = [
@@ -67,23 +68,25 @@ def test_fp8_prices_the_linear_layers_and_leaves_every_other_op_alone():
 def test_an_fp8_gemm_costs_the_fp8_curve_plus_its_casts():
     delayed, current = _model("train.fp8=delayed"), _model("train.fp8=current")
     m, n, k = 4096.0, 3072.0, 1024.0
-    fp8_fwd = delayed.fp8.gemm(m, n, k)
-    casts_fwd = delayed.compute.memory_bound(FP8_CAST_BYTES * m * k) + delayed.compute.memory_bound(
+    fp8_fwd = delayed.kernels.fp8.gemm(m, n, k)
+    casts_fwd = delayed.kernels.compute.memory_bound(FP8_CAST_BYTES * m * k) + delayed.kernels.compute.memory_bound(
         FP8_CAST_BYTES * k * n
     )
-    assert delayed._weight_gemm("fwd", m, n, k) == pytest.approx(fp8_fwd + casts_fwd, rel=1e-12)
-    casts_bwd = delayed.compute.memory_bound(FP8_CAST_BYTES * m * n)
-    assert delayed._weight_gemm("bwd", m, n, k) == pytest.approx(delayed.fp8.gemm_backward(m, n, k) + casts_bwd)
+    assert delayed.kernels.weight_gemm("fwd", m, n, k) == pytest.approx(fp8_fwd + casts_fwd, rel=1e-12)
+    casts_bwd = delayed.kernels.compute.memory_bound(FP8_CAST_BYTES * m * n)
+    assert delayed.kernels.weight_gemm("bwd", m, n, k) == pytest.approx(
+        delayed.kernels.fp8.gemm_backward(m, n, k) + casts_bwd
+    )
     # current scaling: one more kernel and one more read of each operand
-    extra = current._weight_gemm("bwd", m, n, k) - delayed._weight_gemm("bwd", m, n, k)
-    assert extra == pytest.approx(current.compute.memory_bound(FP8_AMAX_BYTES * m * n, kernels=1), rel=1e-9)
+    extra = current.kernels.weight_gemm("bwd", m, n, k) - delayed.kernels.weight_gemm("bwd", m, n, k)
+    assert extra == pytest.approx(current.kernels.compute.memory_bound(FP8_AMAX_BYTES * m * n, kernels=1), rel=1e-9)
 
 
 def test_the_weights_are_cast_once_a_step():
     one, four = _model("train.fp8=delayed"), _model("train.fp8=delayed", "train.micro_batches=4")
     m, n, k = 1024.0, 3072.0, 1024.0
-    weight_cast = one.compute.memory_bound(FP8_CAST_BYTES * k * n)
-    assert one._fp8_casts("fwd", m, n, k, 1) - four._fp8_casts("fwd", m, n, k, 1) == pytest.approx(
+    weight_cast = one.kernels.compute.memory_bound(FP8_CAST_BYTES * k * n)
+    assert one.kernels.fp8_casts("fwd", m, n, k, 1) - four.kernels.fp8_casts("fwd", m, n, k, 1) == pytest.approx(
         weight_cast * 3 / 4, rel=1e-9
     )
 

@@ -48,7 +48,7 @@ def test_selective_recompute_adds_the_attention_cores_only():
     _, selective = _step("selective")
     n_layers = model.cfg.model.n_layers
     added = _compute_s(selective, lambda name: True) - _compute_s(plain, lambda name: True)
-    assert added == pytest.approx(n_layers * model.attention_core_seconds("fwd", 1), rel=1e-9)
+    assert added == pytest.approx(n_layers * model.kernels.attention_core_seconds("fwd", 1), rel=1e-9)
     assert [op.name for op in selective.ops if op.name.startswith("recompute/")] == [
         f"recompute/L{i}.attn_core.fwd" for i in reversed(range(n_layers))
     ]

@@ -32,7 +32,8 @@ from scipy.optimize import least_squares
 
 from ..config import COMPUTE_PHASES, load_config
 from .collectives import simulate_collective
-from .step import StepModel, calibration_class
+from .kernels import calibration_class
+from .step import StepModel
 from .topology import build_topology
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
@@ -103,7 +104,7 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
 
     ``train`` holds (resolved config, measured metrics) pairs (:func:`measured`). With every
     multiplier 1 the step model predicts each class's compute time (its ops' times,
-    :func:`moe_core.sim.step.calibration_class`); its ratio to the measured phase time
+    :func:`moe_core.sim.kernels.calibration_class`); its ratio to the measured phase time
     (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over steps, is the class's
     ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast. A profile without a
     peak (a testbed no op sweep has measured) gets a nominal 1 TFLOP/s GEMM-only model, so its

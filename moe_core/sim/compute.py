@@ -84,7 +84,7 @@ class ComputeModel:
     def from_profile(cls, hw, peak_tflops: float, element_bytes: int, share: float = 1.0) -> ComputeModel:
         """The model of a hardware profile (moe_core.schema.HardwareConfig) for a device of
         ``peak_tflops``. ``share``: the fraction of its compute a device gets (ranks sharing a CPU
-        host's cores, moe_core.sim.step): every rate scales with it and every op takes 1/share as long."""
+        host's cores, moe_core.sim.kernels): every rate scales with it and every op takes 1/share as long."""
         if peak_tflops <= 0 or not 0 < share <= 1:
             raise ValueError(f"a compute model needs peak_tflops > 0 and a share in (0, 1], got {peak_tflops}, {share}")
         return cls(

@@ -14,7 +14,7 @@ executor plans one per exchange, moe_core.executor), transfer by transfer in tha
 another, one GEMM pair per expert on its rows (as the measured executor does), on its own peak
 FLOP/s (devices of a heterogeneous cluster differ); every compute op waits for the slowest device,
 and the exchange back waits for the slowest too. Ops are priced by the training step's compute
-model (moe_core.sim.step, compute.py).
+model (moe_core.sim.kernels, compute.py).
 
 Served models (:func:`simulate_served`): the MoE layers alone (gate, exchanges, experts, the copy
 that aggregates what comes back) of one model, or of several models whose experts share the same
@@ -136,7 +136,7 @@ class ForwardModel(StepModel):
         self._base_tflops = float(np.min(topo.device_tflops[:ws]))
         self._pricers: dict[float, ForwardModel] = {}
         self._links = PointToPoint(cfg.hardware, topo)
-        self._gate_s = np.array([self.priced_on(d)._gate_seconds("fwd") for d in self.group])  # (group,)
+        self._gate_s = np.array([self.priced_on(d).kernels.gate_seconds("fwd") for d in self.group])  # (group,)
 
     def run(self, routed: list[np.ndarray], order: Order | None = None) -> ForwardSimulation:
         """Simulate one batch; ``routed[i]`` (S, D, E): rows source s sends to device d for expert e in
@@ -148,7 +148,7 @@ class ForwardModel(StepModel):
 
     def build_forward(self, routed: list[np.ndarray], order: Order | None, busy_s: np.ndarray) -> list[Op]:
         """The pass's ops; ``busy_s`` (per topology device) adds up each device's compute."""
-        m = self.cfg.model
+        m, tp = self.cfg.model, self.layout.tensor_parallel
         moe_layers = moe_blocks(m.n_layers, m.moe_every)
         if len(routed) != len(moe_layers):
             raise ValueError(f"the model has {len(moe_layers)} MoE layers, got the routing of {len(routed)}")
@@ -160,16 +160,16 @@ class ForwardModel(StepModel):
             busy_s[self.group] += duration_s
             return len(ops) - 1
 
-        last = add("embed.fwd", "dense", None, duration_s=self._embedding_seconds("fwd"))
+        last = add("embed.fwd", "dense", None, duration_s=self.kernels.embedding_seconds("fwd"))
         exchanges = iter(routed)
         for i in range(m.n_layers):
-            last = add(f"L{i}.norms.fwd", "dense", last, duration_s=self._norms_seconds("fwd"))
-            last = add(f"L{i}.attn.fwd", "dense", last, duration_s=self._attention_seconds("fwd"))
+            last = add(f"L{i}.norms.fwd", "dense", last, duration_s=self.kernels.norms_seconds("fwd"))
+            last = add(f"L{i}.attn.fwd", "dense", last, duration_s=self.kernels.attention_seconds("fwd", tp))
             if i not in moe_layers:
-                last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=self._ffn_seconds("fwd"))
+                last = add(f"L{i}.ffn.fwd", "dense", last, duration_s=self.kernels.ffn_seconds("fwd", tp))
                 continue
             last = add_stages(ops, [(self, self.moe_layer(f"L{i}", next(exchanges), order))], last, busy_s)
-        add("head.fwd", "dense", last, duration_s=self._head_seconds(passes=("fwd",)))
+        add("head.fwd", "dense", last, duration_s=self.kernels.head_seconds(passes=("fwd",)))
         return ops
 
     def moe_layer(self, name: str, rows: np.ndarray, order: Order | None = None) -> list[Compute | Exchange]:
@@ -177,7 +177,7 @@ class ForwardModel(StepModel):
         traffic = rows.sum(axis=2) * self.cfg.model.d_model * self.elem  # (S, D) bytes
         per_device = [self.priced_on(d) for d in self.group]
         # each side's copies move the device's sent buffer (modelled on the sender, both ways)
-        copies = np.array([p._copy_seconds(float(b)) for p, b in zip(per_device, traffic.sum(axis=1))])
+        copies = np.array([p.copy_seconds(float(b)) for p, b in zip(per_device, traffic.sum(axis=1))])
         return [
             Compute(f"{name}.gate.fwd", "gate", self._gate_s),
             Compute(f"{name}.copy_before.fwd", "copy", copies),
@@ -206,16 +206,16 @@ class ForwardModel(StepModel):
         """This model pricing its ops on ``device``'s peak FLOP/s (memory and launches as the profile's)."""
         peak = float(self.topo.device_tflops[device])
         if peak not in self._pricers:
-            pricer = copy.copy(self)
-            pricer.compute = replace(self.compute, peak_flops=self.compute.peak_flops * peak / self._base_tflops)
-            if self.fp8 is not None:
-                pricer.fp8 = replace(self.fp8, peak_flops=self.fp8.peak_flops * peak / self._base_tflops)
+            pricer, kernels = copy.copy(self), self.kernels
+            fp8 = kernels.fp8 and replace(kernels.fp8, peak_flops=kernels.fp8.peak_flops * peak / self._base_tflops)
+            compute = replace(kernels.compute, peak_flops=kernels.compute.peak_flops * peak / self._base_tflops)
+            pricer.kernels = replace(kernels, compute=compute, fp8=fp8)
             self._pricers[peak] = pricer
         return self._pricers[peak]
 
     def experts_seconds(self, rows_per_expert: np.ndarray) -> float:
         """One device's experts, one after another: a GEMM pair per expert with rows."""
-        return sum(self.expert_ffn_seconds("fwd", r, 1, self.cfg.model.d_ff) for r in rows_per_expert if r > 0)
+        return sum(self.kernels.expert_ffn_seconds("fwd", r, 1, self.cfg.model.d_ff) for r in rows_per_expert if r > 0)
 
 
 def add_stages(

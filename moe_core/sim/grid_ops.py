@@ -30,7 +30,7 @@ RELU_INPUT = {"ffn.w_out"}  # linear layers whose input is the FFN's ReLU output
 
 
 class GridOps:
-    """Adds a block's grid-split attention and dense FFN to a step DAG (moe_core.sim.step)."""
+    """Adds a block's grid-split attention and dense FFN to a step DAG (moe_core.sim.dag)."""
 
     def __init__(self, step, add: Callable[..., int]):
         self.step, self.add = step, add
@@ -48,7 +48,7 @@ class GridOps:
         self.prefetch_anchor = {"fwd": None, "bwd": None}
 
     def attention(self, i: int, pass_: str, last) -> int | list[int]:
-        core = self.step.attention_core_seconds(pass_, head_split=self.grid.row)
+        core = self.step.kernels.attention_core_seconds(pass_, head_split=self.grid.row)
         qkv, proj = self.specs["attn.qkv"], self.specs["attn.proj"]
         if pass_ == "fwd":
             last = self.linear(i, qkv, True, "fwd", last)
@@ -77,7 +77,7 @@ class GridOps:
             if (kind, axis) not in planned:
                 return after
             groups = self.step.layout.groups(axis)
-            cost = self.step._ring(kind, groups, planned[kind, axis] * self.step.elem)
+            cost = self.step.ring(kind, groups, planned[kind, axis] * self.step.elem)
             return self.add(f"L{i}.{spec.name}.{kind}_{axis}.{pass_}", f"grid_{kind}", after, **cost)
 
         gathered = None
@@ -107,19 +107,19 @@ class GridOps:
         """One compute op of a grid-split linear layer on this rank's block, X (tokens, in_local) and
         W (out_local, in_local): ``part`` "fwd" (Y = X W^T, after the ReLU if its input is the FFN's
         hidden layer), "dx" (dX = dY W, then the ReLU's backward) or "dw" (dW = dY^T X and the bias
-        gradient), priced as the whole layers' ops are (moe_core.sim.step)."""
-        step = self.step
+        gradient), priced as the whole layers' ops are (moe_core.sim.kernels)."""
+        kernels = self.step.kernels
         out_local = spec.out_features // self.grid.size(spec.outer)
         in_local = spec.in_features // self.grid.size(spec.inner)
         shape = (self.tokens, out_local, in_local)
         if part == "fwd":
-            seconds = step.compute.gemm(*shape)
+            seconds = kernels.compute.gemm(*shape)
         else:
             dx_shape, dw_shape = backward_shapes(*shape)
-            seconds = step.compute.gemm(*(dx_shape if part == "dx" else dw_shape))
+            seconds = kernels.compute.gemm(*(dx_shape if part == "dx" else dw_shape))
         relu_pass = {"fwd": "fwd", "dx": "bwd"}.get(part)
         if relu_pass and spec.name in RELU_INPUT:
-            seconds += step._elementwise("relu", relu_pass, self.tokens * in_local)
+            seconds += kernels.elementwise("relu", relu_pass, self.tokens * in_local)
         if part == "dw":
-            seconds += step._elementwise("bias", "bwd", self.tokens * out_local)
-        return step._priced(seconds, "dense")
+            seconds += kernels.elementwise("bias", "bwd", self.tokens * out_local)
+        return kernels.priced(seconds, "dense")

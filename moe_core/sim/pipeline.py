@@ -43,7 +43,8 @@ from ..capacity import DTYPE_BYTES
 from ..schema import ConfigError, derive_config, pipeline_chunk_blocks
 from .collectives import PointToPoint, simulate_on
 from .engine import Op
-from .step import StepModel, StepSimulation
+from .step import StepModel
+from .timeline import StepSimulation
 
 
 def pipeline_time_s(

@@ -43,7 +43,7 @@ def unit_of(param_name: str) -> int | str:
 
 class FullShardOps:
     """Adds full sharding's parameter all-gathers and gradient reduce-scatters to a step DAG
-    (moe_core.sim.step); ``add`` appends an op and returns its index."""
+    (moe_core.sim.dag); ``add`` appends an op and returns its index."""
 
     def __init__(self, step, add: Callable[..., int]):
         self.step, self.add = step, add
@@ -65,7 +65,7 @@ class FullShardOps:
         deps = [*issued, *(self.computing if unit == ROOT else [])]
         gathers = []
         for group, numel in self.numel[unit].items():
-            cost = self.step._ring("all_gather", self.step._gradient_groups(group), numel * self.step.elem)
+            cost = self.step.ring("all_gather", self.step.gradient_groups(group), numel * self.step.elem)
             if cost is not None:
                 name = f"{_label(unit)}.param_gather_{group}.{pass_}"
                 self.gathered = self.add(name, "param_all_gather", [*deps, self.gathered], **cost)
@@ -75,7 +75,7 @@ class FullShardOps:
     def reduce(self, unit: int | str, ready: int) -> None:
         """Reduce-scatter ``unit``'s gradients once ``ready`` (its backward) is done."""
         for group, numel in self.numel[unit].items():
-            cost = self.step._ring("reduce_scatter", self.step._gradient_groups(group), numel * self.step.elem)
+            cost = self.step.ring("reduce_scatter", self.step.gradient_groups(group), numel * self.step.elem)
             if cost is not None:
                 name = f"{_label(unit)}.grad_scatter_{group}.bwd"
                 self.reduced = self.add(name, "reduce_scatter", [ready, self.reduced], **cost)
