@@ -397,25 +397,9 @@ def grid_memory(
     return out
 
 
-def rank_grids(
-    hw,
-    world_size: int,
-    *,
-    d_model: int,
-    d_ff: int,
-    n_layers: int,
-    n_heads: int,
-    vocab_size: int,
-    seq_len: int,
-    global_sequences: int,
-    memory_GB: float,
-    element_bytes: int = 2,
-    bytes_per_param: int = 16,
-    recompute: bool = True,
-    orders: bool = False,
-) -> pd.DataFrame:
-    """AxoNN's search (papers.md §3.2): every grid :func:`grid_memory` considers, priced by
-    :func:`predicted_communication`.
+def rank_grids(hw, world_size: int, **search) -> pd.DataFrame:
+    """AxoNN's search (papers.md §3.2): every grid :func:`grid_memory` considers (``search``: its
+    keyword arguments, the model and the budget), priced by :func:`predicted_communication`.
 
     Columns: data, depth, row, col, order ("col<row<depth", innermost first), predicted_comm_s, the
     :data:`BREAKDOWN_KEYS`, memory_GB, fits (memory_GB within the budget), rank (1 = least
@@ -423,20 +407,19 @@ def rank_grids(
     same order, unranked (rank <NA>), so figures can show them. ValueError if no grid splits the model.
     """
     _check_world(hw, world_size)
-    model = dict(d_model=d_model, d_ff=d_ff, n_layers=n_layers, n_heads=n_heads)
-    sizes = dict(vocab_size=vocab_size, seq_len=seq_len, global_sequences=global_sequences, memory_GB=memory_GB)
-    options = dict(element_bytes=element_bytes, bytes_per_param=bytes_per_param, recompute=recompute, orders=orders)
+    model = {key: search[key] for key in ("d_model", "d_ff", "n_layers", "n_heads")}
+    element_bytes = search.get("element_bytes", 2)
     rows = []
-    for c in grid_memory(world_size, **model, **sizes, **options):
-        tokens = c.sequences_per_rank * seq_len
+    for c in grid_memory(world_size, **search):
+        tokens = c.sequences_per_rank * search["seq_len"]
         comm = predicted_communication(
             hw, c.grid, c.order, **model, tokens_per_rank=tokens, element_bytes=element_bytes
         )
         rows.append(_grid_row(c, comm))
     if not rows:
         raise ValueError(
-            f"no grid of world_size={world_size} splits the model (d_model={d_model}, d_ff={d_ff}, n_heads={n_heads}) "
-            f"with a whole number of the global_sequences={global_sequences} per data x depth rank"
+            f"no grid of world_size={world_size} splits the model ({', '.join(f'{k}={v}' for k, v in model.items())}) "
+            f"with a whole number of the global_sequences={search['global_sequences']} per data x depth rank"
         )
     return _ranked(rows)
 
