@@ -38,7 +38,7 @@ import pandas as pd
 from moe_core.points import UNSTATED_PARAMS, parse_setting
 from moe_core.step_metrics import MOE_TERMS, a2a_shares
 
-# The additive terms of a simulated or measured training step (moe_core.sim.step metrics; their sum is
+# The additive terms of a simulated or measured training step (moe_core.sim.timeline metrics; their sum is
 # step_ms), in words.
 STEP_TERMS = {
     "dense_ms": "dense compute",

@@ -140,7 +140,7 @@ class StepExchange:
         are in flight runs through ``policy.blocking`` (Lina's priority rule schedules around it)."""
         raise NotImplementedError
 
-    # -- simulated (``dag``: the step's DAG under construction, moe_core.sim.step.StepDag) --------
+    # -- simulated (``dag``: the step's DAG under construction, moe_core.sim.dag.StepDag) ---------
     def simulate(self, dag, layer: int, first: str, second: str, after, pass_: str) -> int:
         """Append MoE layer ``layer``'s exchange in ``pass_`` to ``dag`` after op(s) ``after``: the
         ``first`` exchange ("dispatch" forward, "combine" backward), the experts (``dag.experts``),

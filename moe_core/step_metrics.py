@@ -1,7 +1,7 @@
 """The training step's metrics, one definition for both executors.
 
 The measured run (experiments/train_step.py, from its phase timers) and the simulator
-(moe_core.sim.step, from its timeline) each time the same things, the step, the MoE layers' phases,
+(moe_core.sim.timeline, from its simulated timeline) each time the same things, the step, the MoE layers' phases,
 the exposed gradient sync, and hand them here, so a record of either executor names and composes its
 terms the same way: the step is dense compute + MoE layers (gate, all-to-all, experts) + exposed
 gradient sync + exposed parameter gathers, ``dense_ms`` being what is left.

@@ -3,7 +3,7 @@
 One frozen dataclass per mechanism, with its own parameters; each runs its exchange-compute-exchange
 on torch.distributed (the measured executor, moe_core.executor.CommPolicy, calls it with the
 buffer, the rows per expert, the experts' compute and weights, and itself for its groups, timer and
-``blocking`` hook) and appends the same exchange's ops to a simulated step (moe_core.sim.step calls
+``blocking`` hook) and appends the same exchange's ops to a simulated step (moe_core.sim.dag calls
 ``simulate`` with the DAG it builds, once per MoE layer and pass):
 
 * :class:`AllToAll`: the library's equal-split all-to-all, whole (the ``capacity`` dispatcher's
