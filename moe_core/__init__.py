@@ -3,7 +3,8 @@
 The paper-neutral core, one job per module:
 
 * configuration: ``config`` (the loader: imports the papers' registry, assembles the schema's root,
-  loads and saves), ``schema`` (the core's sections, validation, derived configs; imports no paper),
+  loads and saves), ``schema`` (the core's sections as dataclasses), ``validation`` (the checks a
+  type cannot express), ``derive`` (reading, merging and deriving configs; these three import no paper),
   ``sections`` (the error type, the check helpers and the registries papers add their config
   sections and names to), ``points`` (sweep points and their names);
 * the MoE model: ``gating`` (GShard routing by sorting), ``capacity`` (buffer sizes, no torch),

@@ -4,8 +4,8 @@ Merge order: schema defaults <- YAML files (in the order given) <- command-line 
 overrides. The schema is the single source of truth: the core's sections (moe_core.schema) plus the
 sections papers register (moe_core.sections, from moe_core/papers/<paper>/config.py); this module
 imports the papers' registry first, then assembles the root from both. OmegaConf checks every
-key and type against it, and :func:`validate` adds the checks a type cannot express (ranges,
-layouts, names that must exist), then moe_core.run_checks what the run derives from the config (its
+key and type against it, and :func:`validate` (moe_core.validation) adds the checks a type cannot
+express (ranges, layouts, names that must exist), then moe_core.run_checks what the run derives from the config (its
 override lists, points and sizes). Every failure raises :class:`ConfigError` whose message names the
 key the user set, what was wrong and what is allowed, before any process is started.
 
@@ -30,30 +30,27 @@ from . import (
     dispatch_study,  # noqa: F401  (registers the dispatcher study's config section)
     papers,  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
 )
-from .policies import POLICIES
-from .run_checks import check_run
-from .schema import (  # noqa: F401  (the schema's names every entry point imports from here)
-    COMPUTE_PHASES,
-    ERROR_KEY,
-    CommConfig,
-    HardwareConfig,
+from .derive import (  # noqa: F401  (the names every entry point imports from here)
     _dotlist,
     _load_hardware,
     _load_yaml,
     _merge,
-    _root_schema,
     config_digest,
     derive_config,
     hardware_profile,
-    head_dim,
-    kv_heads,
+    to_container,
+)
+from .policies import POLICIES
+from .run_checks import check_run
+from .schema import CommConfig, HardwareConfig, _root_schema, head_dim, kv_heads  # noqa: F401
+from .sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError  # noqa: F401  (re-exported)
+from .validation import (  # noqa: F401
+    COMPUTE_PHASES,
     micro_batch_config,
     pipeline_chunk_blocks,
-    to_container,
     validate,
     validate_measured,
 )
-from .sections import CONFIG_DIR, REPO_ROOT, ConfigError  # noqa: F401  (re-exported)
 
 Config = _root_schema()
 

@@ -9,7 +9,7 @@ point, the launcher and the workflow:
   each entry a ``key=value`` that does not decide where records go (RECORD_KEYS) nor sets another
   list, and the list applied to the run's config, in every context it is used in, a valid config;
 * every measured training-step point (moe_core.points.measured_points): its config valid, and none
-  of the settings only the simulator models (moe_core.schema.validate_measured);
+  of the settings only the simulator models (moe_core.validation.validate_measured);
 * sizes: simulated clusters within MAX_SIM_WORLD_SIZE ranks; each measured run's memory estimate
   on this host (a CPU testbed: every rank's parameters, gradients, Adam state and activations,
   estimate_bytes) within the host's memory; the measured and simulated point counts within
@@ -33,9 +33,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from .activation import in_width
 from .capacity import moe_blocks
+from .derive import config_digest, derive_config
 from .points import MEASURED_POINTS, OVERRIDE_LISTS, RUN_CHECKS, point_name, point_overrides, sim_points, sweep_points
-from .schema import ERROR_KEY, config_digest, derive_config, head_dim, kv_heads, validate_measured, validate_point
-from .sections import ConfigError, require
+from .schema import head_dim, kv_heads
+from .sections import ERROR_KEY, ConfigError, require
+from .validation import validate_measured, validate_point
 
 # Keys that decide where a run's records go: set for the whole run, never inside an override list.
 RECORD_KEYS = ("results_dir", "paper", "experiment")

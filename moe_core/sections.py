@@ -31,6 +31,10 @@ class ConfigError(ValueError):
     """A configuration a user wrote is wrong; the message says which key and how to fix it."""
 
 
+# The key a ConfigError's message names first (:func:`require` writes "config key '<key>': ...").
+ERROR_KEY = re.compile(r"^config key '([^']+)': ")
+
+
 def require(ok: bool, key: str, message: str) -> None:
     """Raise ConfigError naming ``key`` with ``message`` unless ``ok``."""
     if not ok:

@@ -40,7 +40,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..capacity import DTYPE_BYTES
-from ..schema import ConfigError, derive_config, pipeline_chunk_blocks
+from ..derive import derive_config
+from ..sections import ConfigError
+from ..validation import pipeline_chunk_blocks
 from .collectives import PointToPoint, simulate_on
 from .engine import Op
 from .step import StepModel
@@ -75,7 +77,7 @@ class Stage:
 
 def pipeline_stages(cfg: DictConfig) -> list[Stage]:
     """The pp stages of ``cfg``: stage s on ranks [s W/pp, (s+1) W/pp) with model chunks s, s + pp, ...
-    (moe_core.schema.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
+    (moe_core.validation.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
     pp = cfg.parallel.pipeline_parallel
     per_stage, chunk_blocks = cfg.parallel.world_size // pp, pipeline_chunk_blocks(cfg)
     return [

@@ -31,7 +31,7 @@ from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_para
 from ..layout import Layout, expert_layout, layout_of
 from ..model import gradient_tensors
 from ..policies import build_plan
-from ..schema import micro_batch_config
+from ..validation import micro_batch_config
 from .collectives import collective_op, simulate_on
 from .dag import StepDag, block_of
 from .engine import Op, issued_by_host

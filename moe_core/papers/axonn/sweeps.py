@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from moe_core.derive import derive_config, hardware_profile
 from moe_core.grid import Grid, grid_split_error
 from moe_core.points import point_params, register_override_list, register_run_check
 from moe_core.run_checks import derived
-from moe_core.schema import derive_config, hardware_profile
 from moe_core.sections import ConfigError
 
 from .comm_model import AXONN_ORDER, enumerate_grids, predicted_communication

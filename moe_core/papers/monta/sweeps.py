@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.capacity import dispatch_rows_per_expert
+from moe_core.derive import derive_config
 from moe_core.points import (
     point_name,
     point_overrides,
@@ -34,7 +35,6 @@ from moe_core.points import (
     register_sim_points,
     unstated_variants,
 )
-from moe_core.schema import derive_config
 
 from .config import EXPERTS, MONTA_UNSTATED
 from .performance_model import admissible_chunk_counts
