@@ -352,8 +352,17 @@ def torchrun_env(environ) -> dict[str, str]:
 def entry_world_size_key(entry: list[str]) -> str | None:
     """The config key a ``-m`` entry point takes its world size from: its module's ``WORLD_SIZE_KEY``
     (the key it passes to moe_core.distributed.init_distributed); None for a script or a module
-    without one."""
-    return getattr(importlib.import_module(entry[1]), "WORLD_SIZE_KEY", None) if entry[0] == "-m" else None
+    without one. ConfigError when the module cannot be imported (a misspelt name): none of its ranks
+    could start."""
+    if entry[0] != "-m":
+        return None
+    try:
+        module = importlib.import_module(entry[1])
+    except ImportError as err:
+        raise ConfigError(
+            f"entry point '-m {entry[1]}' cannot be imported ({err}); name a module such as experiments.train_step"
+        ) from None
+    return getattr(module, "WORLD_SIZE_KEY", None)
 
 
 def check_world_size(nproc: int, entry: list[str], cfg) -> None:

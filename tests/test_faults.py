@@ -350,6 +350,12 @@ def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, cap
     assert f"error: --nproc 2 differs from {key}=4" in capsys.readouterr().err
 
 
+def test_the_launcher_refuses_an_entry_point_it_cannot_import(launched, capsys):
+    rc = launch.main(["--config", "configs/ci.yaml", "--nproc", "2", "--", "-m", "experiments.no_such_entry"])
+    assert rc == 2 and not launched
+    assert "error: entry point '-m experiments.no_such_entry' cannot be imported" in capsys.readouterr().err
+
+
 def test_the_launcher_refuses_a_results_dir_it_cannot_write(launched, capsys, tmp_path):
     (tmp_path / "a_file").write_text("")
     rc = launch.main(
