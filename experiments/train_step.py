@@ -7,14 +7,16 @@ Each iteration: barrier, forward, backward, gradient synchronisation (the policy
 step; a plan with a re-layout hook (moe_core.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
 experts) re-decides the expert layout between steps and moves the experts when it changes.
 Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds
-median and p95 over the
-timed iterations. Rank 0 writes the record atomically once every rank has finished, then mirrors it
-to W&B. A bad config exits with code 2 before any process group is created; a failing or hung rank
-makes every rank exit non-zero within ``parallel.timeout_s``.
+median and p95 over the timed iterations. Rank 0 writes the record atomically once every rank has
+finished, then mirrors it to W&B. ``--profile DIR`` runs a few more steps after the timed ones under
+torch.profiler and writes each rank's trace and kernel summary there (moe_core.profiling). A bad
+config exits with code 2 before any process group is created; a failing or hung rank makes every
+rank exit non-zero within ``parallel.timeout_s``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from contextlib import nullcontext
@@ -33,6 +35,7 @@ from moe_core.model import MoETransformer, gradient_tensors
 from moe_core.parallel import build_groups, parallelize_model
 from moe_core.points import point_name, point_params
 from moe_core.policies import build_plan
+from moe_core.profiling import PROFILER_WARMUP_STEPS, step_profiler, write_profile
 from moe_core.results import exit_if_unwritable, make_record, record_path, write_record
 from moe_core.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.timing import PhaseTimer, gather_worst_rank
@@ -65,8 +68,13 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     }
 
 
-def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
+def train(
+    cfg, env: Env, profile_dir: str | None = None, profile_steps: int = 0
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
+
+    With ``profile_dir``, ``profile_steps`` more steps (and the profiler's warm-up step) follow the
+    timed ones under torch.profiler; they are not in the samples.
 
     A plan with a re-layout hook starts on the configured layout and re-decides it during the run
     (its driver, moe_core.executor.make_relayout). Decisions and exchanges run between two steps,
@@ -99,25 +107,44 @@ def train(cfg, env: Env) -> tuple[dict[str, list[float]], dict[str, float]]:
 
     local: dict[str, list[float]] = defaultdict(list)
     losses = []
-    total = cfg.train.warmup_iters + cfg.train.iters
-    for it in tqdm(
-        range(total), desc=f"train_step {cfg.comm.policy}", disable=env.rank != 0, file=sys.stderr, mininterval=1.0
-    ):
-        policy = relayout.before_step(it, model, optimizer, policy)
-        x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
-        nll = timed_step(model, x, y, policy, optimizer, timer, autocast)
+    timed_end = cfg.train.warmup_iters + cfg.train.iters
+    extra = PROFILER_WARMUP_STEPS + profile_steps if profile_dir else 0
+    profiler = step_profiler(profile_dir, timed_end, profile_steps, env.device.type == "cuda")
+    profiled_step_ms = []
+    with profiler:
+        for it in tqdm(
+            range(timed_end + extra),
+            desc=f"train_step {cfg.comm.policy}",
+            disable=env.rank != 0,
+            file=sys.stderr,
+            mininterval=1.0,
+        ):
+            policy = relayout.before_step(it, model, optimizer, policy)
+            x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
+            nll = timed_step(model, x, y, policy, optimizer, timer, autocast)
 
-        # Outside the timed window: global mean loss and routing statistics.
-        nll = nll.detach().clone()
-        dist.all_reduce(nll)  # the "tp" ranks of a replica hold the same loss
-        losses.append(nll.item() / env.world_size)
-        metrics = step_metrics(timer.elapsed_ms(), timer.counters)
-        relayout.after_step(metrics)
-        if it >= cfg.train.warmup_iters:
-            for name, value in metrics.items():
-                local[name].append(value)
-            gating = [layer.last_gating for layer in model.moe_layers()]
-            local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
+            # Outside the timed window: global mean loss and routing statistics.
+            nll = nll.detach().clone()
+            dist.all_reduce(nll)  # the "tp" ranks of a replica hold the same loss
+            metrics = step_metrics(timer.elapsed_ms(), timer.counters)
+            relayout.after_step(metrics)
+            if it >= timed_end:  # a profiled step: traced, never a sample
+                profiled_step_ms.append(metrics["step_ms"])
+                profiler.step()
+                continue
+            losses.append(nll.item() / env.world_size)
+            if it >= cfg.train.warmup_iters:
+                for name, value in metrics.items():
+                    local[name].append(value)
+                gating = [layer.last_gating for layer in model.moe_layers()]
+                local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
+            if profile_dir:
+                profiler.step()
+    if profile_dir:
+        traced_ms = profiled_step_ms[PROFILER_WARMUP_STEPS:]
+        summary = write_profile(profiler, profile_dir, env.rank, profile_steps, traced_ms)
+        if env.rank == 0:
+            print(f"profile: {json.dumps(summary['per_step'])}", file=sys.stderr)
     return summarise(cfg, layout.data_replicas, local, losses, relayout.metrics())
 
 
@@ -166,7 +193,11 @@ def summarise(
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
     parser.add_argument("--out", help="record path (default: results/raw/<paper>/<experiment>/<point>.json)")
+    parser.add_argument("--profile", metavar="DIR", help="after the timed steps, trace more under torch.profiler")
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps to trace with --profile (default 3)")
     args = parser.parse_intermixed_args(argv)
+    if args.profile_steps < 1:
+        parser.error(f"--profile-steps must be at least 1, got {args.profile_steps}")
     try:
         cfg = load_config(args.config, args.overrides)
         validate_measured(cfg)  # the simulator's settings this executor has no mechanism for
@@ -177,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
     try:
         with naming_failed_ranks(env):
-            samples, single_metrics = train(cfg, env)
+            samples, single_metrics = train(cfg, env, args.profile, args.profile_steps)
         if env.rank == 0:
             params = point_params(cfg)
             point = point_name(params)

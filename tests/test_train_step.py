@@ -43,9 +43,20 @@ def records(results_dir: Path):
 
 
 def test_training_steps_write_a_record_and_the_loss_falls(tmp_path):
+    """Also with --profile: the traced steps follow the timed ones and never enter the record."""
+    profile = tmp_path / "profile"
     proc = torchrun(
         2,
-        [*SMALL, f"results_dir={tmp_path}", "train.iters=25", "train.warmup_iters=2", "comm.policy=overlap"],
+        [
+            *SMALL,
+            f"results_dir={tmp_path}",
+            "train.iters=25",
+            "train.warmup_iters=2",
+            "comm.policy=overlap",
+            "--profile",
+            str(profile),
+            "--profile-steps=2",
+        ],
         env={"WANDB_MODE": "offline"},
     )
     out, _ = proc.communicate(timeout=240)
@@ -56,13 +67,20 @@ def test_training_steps_write_a_record_and_the_loss_falls(tmp_path):
     assert record["mode"] == "measured" and record["backend"] == "gloo" and record["hardware"] == "local-cpu"
     m = record["metrics"]
     assert m["loss_last"]["value"] < 0.7 * m["loss_first"]["value"]
-    assert len(record["samples"]["step_ms"]) == 25
+    assert len(record["samples"]["step_ms"]) == 25 and len(record["samples"]["loss"]) == 25
     phases = sum(m[k]["median"] for k in ("gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms"))
     assert 0 < phases < m["step_ms"]["median"]
     assert 0 < m["a2a_share"]["median"] < 1 and m["a2a_bytes"]["value"] > 0
     # W&B mirror, offline: one run directory with its run file
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
+    for rank in (0, 1):
+        summary = json.loads((profile / f"profile_rank{rank}.json").read_text())
+        assert summary["steps"] == 2
+        per_step = summary["per_step"]
+        assert per_step["kernels"] == 0 and per_step["host_ops"] > 50  # a CPU run issues no device kernels
+        assert per_step["step_wall_ms"] > 0 and per_step["wall_us_per_host_op"] > 0
+        assert "traceEvents" in json.loads((profile / f"trace_rank{rank}.json").read_text())
 
 
 def test_lina_packing_is_decided_in_the_run_and_keeps_the_losses(tmp_path):
