@@ -2,15 +2,15 @@
 
     snakemake --cores 2                                  # embedded default (configs/default.yaml)
     snakemake --cores 2 --configfile configs/ci.yaml     # smallest smoke run
-    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/schema.py (YAML)
+    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/config/schema.py (YAML)
 """
 
 from pathlib import Path
 
-from moe_core.config import ConfigError, load_config, refuse_templates, save_config
+from moe_core.config.load import ConfigError, load_config, refuse_templates, save_config
 from moe_core.papers import PAPERS, RECORD_FOLDERS
-from moe_core.points import POINT_NAME_PATTERN
-from moe_core.results import ResultsDirError, check_results_dir
+from moe_core.config.points import POINT_NAME_PATTERN
+from moe_core.records.results import ResultsDirError, check_results_dir
 
 from snakemake.utils import min_version
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.record_schema import record_problem
+from moe_core.records.record_schema import record_problem
 
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
@@ -39,7 +39,7 @@ class RecordError(ValueError):
 
 
 def read_valid_record(path: str | Path) -> dict[str, Any]:
-    """Parse ``path`` and check it against the record schema (moe_core/record_schema.py): its format
+    """Parse ``path`` and check it against the record schema (moe_core/records/record_schema.py): its format
     (keys, finite numbers) and its content (required metrics, units, summaries, params), so that no
     NaN, text or wrong number reaches the tables, where it would silently move a mean or drop a point."""
     try:
@@ -47,11 +47,14 @@ def read_valid_record(path: str | Path) -> dict[str, Any]:
             record = json.load(f)
     except (OSError, ValueError) as err:  # missing or unreadable file, invalid JSON
         raise RecordError(
-            f"{path}: cannot read a JSON record ({err}); pass record files written by moe_core.results.write_record"
+            f"{path}: cannot read a JSON record ({err}); "
+            "pass record files written by moe_core.records.results.write_record"
         ) from err
     problem = record_problem(record) or _column_clash(record)
     if problem:
-        raise RecordError(f"{path}: {problem}; rerun the experiment that wrote it (schema: moe_core/record_schema.py)")
+        raise RecordError(
+            f"{path}: {problem}; rerun the experiment that wrote it (schema: moe_core/records/record_schema.py)"
+        )
     return record
 
 
@@ -140,7 +143,7 @@ def param_columns(df: pd.DataFrame) -> list[str]:
 def at_setting(df: pd.DataFrame, setting: str | None = None) -> pd.DataFrame:
     """The rows of a records or samples table at one setting of a paper's unstated parameters: None,
     the chosen values (what figures, tables and verdicts show); "key=value", that sensitivity run's
-    (moe_core.points.unstated_variants; records carry it as the param ``unstated``)."""
+    (moe_core.config.points.unstated_variants; records carry it as the param ``unstated``)."""
     if UNSTATED not in df:
         return df if setting is None else df.iloc[0:0]
     return df[df[UNSTATED].isna()] if setting is None else df[df[UNSTATED] == setting]

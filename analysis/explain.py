@@ -1,9 +1,9 @@
 """Why a verdict: what the unstated parameters' sweep says about a published number, and a reason for
 every ``differs`` row, computed from the records.
 
-A paper's unstated parameters (moe_core.points.Unstated: a chosen value and a plausible range each) are
+A paper's unstated parameters (moe_core.config.points.Unstated: a chosen value and a plausible range each) are
 simulated one at a time at each end of their range and jointly at the corners of the ranges
-(moe_core.points.sensitivity_settings). For one reproduced number, analysis.compare hands this module
+(moe_core.config.points.sensitivity_settings). For one reproduced number, analysis.compare hands this module
 the chosen run's value and each sensitivity run's (``{setting: value}``, settings as recorded):
 
 * **explainable**: some setting inside the plausible ranges reproduces the published number (within
@@ -35,8 +35,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from moe_core.points import UNSTATED_PARAMS, parse_setting
-from moe_core.step_metrics import MOE_TERMS, a2a_shares
+from moe_core.config.points import UNSTATED_PARAMS, parse_setting
+from moe_core.records.step_metrics import MOE_TERMS, a2a_shares
 
 # The additive terms of a simulated or measured training step (moe_core.sim.timeline metrics; their sum is
 # step_ms), in words.
@@ -49,14 +49,14 @@ STEP_TERMS = {
 }
 # What moves with a step term when its time is scaled (scale_term): metrics that are parts of it scale
 # with it, and the sums that hold it move by the same milliseconds; then the shares are recomputed
-# (the all-to-all's as moe_core.step_metrics defines them, the simulator's exposed-communication one).
+# (the all-to-all's as moe_core.records.step_metrics defines them, the simulator's exposed-communication one).
 TERM_PARTS = {"a2a_ms": ("dispatch_a2a_ms", "combine_a2a_ms", "a2a_fwd_ms", "a2a_bwd_ms")}
 TERM_SUMS = {
     "step_ms": tuple(STEP_TERMS),
     "moe_layer_ms": MOE_TERMS,
     "exposed_comm_ms": ("a2a_ms", "allreduce_exposed_ms"),
 }
-A2A_SHARE_INPUTS = ("a2a_ms", "moe_layer_ms", "step_ms")  # moe_core.step_metrics.a2a_shares' arguments
+A2A_SHARE_INPUTS = ("a2a_ms", "moe_layer_ms", "step_ms")  # moe_core.records.step_metrics.a2a_shares' arguments
 MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}  # span -> its all-to-all part
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach

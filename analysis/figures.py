@@ -27,7 +27,7 @@ import analysis.papers  # noqa: F401  (registers every paper's figures)
 from analysis.collect import at_setting
 from analysis.files import read_tables
 from analysis.registry import FIGURE_REGISTRY
-from moe_core.results import atomic_outputs
+from moe_core.records.results import atomic_outputs
 
 matplotlib.use("Agg")  # files only, no display
 

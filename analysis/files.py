@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moe_core.results import atomic_output
+from moe_core.records.results import atomic_output
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:

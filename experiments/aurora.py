@@ -20,7 +20,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container
 from moe_core.papers.aurora.study import (
     NETWORKS,
     PAPER,
@@ -30,7 +30,7 @@ from moe_core.papers.aurora.study import (
     sensitivity_runs,
     token_workloads,
 )
-from moe_core.results import (
+from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,

@@ -10,7 +10,7 @@ matrices; each is scaled so that every rank sends ``aurora.bytes_per_rank`` per 
 elements). For every workload and order one "forward pass" is the dispatch all-to-all of each of
 the ``aurora.moe_layers`` layers, barrier before each: ``library`` is ``all_to_all_single`` with the
 trace's uneven splits; ``aurora`` (Algorithm 1), ``sjf``, ``rcs`` and ``exact`` run
-moe_core.ordered_a2a.ordered_all_to_all_single in that moe_core.transmission order. After the
+moe_core.comm.ordered_a2a.ordered_all_to_all_single in that moe_core.comm.transmission order. After the
 warm-up every order's output is checked against the library's.
 
 Methodology as experiments/collectives.py: ``aurora.warmup_iters``, then ``aurora.iters`` timed
@@ -26,14 +26,14 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from moe_core.benchmark import benchmark_main, measured_record
-from moe_core.config import ConfigError
-from moe_core.distributed import Env
-from moe_core.ordered_a2a import ordered_all_to_all_single
+from moe_core.comm.ordered_a2a import ordered_all_to_all_single
+from moe_core.comm.transmission import lower_bound, make_schedule
+from moe_core.comm.workloads import ELEMENT_BYTES
+from moe_core.config.load import ConfigError
 from moe_core.papers.aurora.study import PAPER, token_workloads
-from moe_core.timing import PhaseTimer, gather_worst_rank
-from moe_core.transmission import lower_bound, make_schedule
-from moe_core.workloads import ELEMENT_BYTES
+from moe_core.runtime.benchmark import benchmark_main, measured_record
+from moe_core.runtime.distributed import Env
+from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "aurora.world_size"

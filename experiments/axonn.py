@@ -8,7 +8,7 @@ sweep instead.
         axonn.model_profile=results/calibration/local-cpu-calibrated.yaml
 
 Every training step is the step simulator's (moe_core.sim.step) on ``axonn.hardware``, built from the
-same config and decisions as a measured run: the grid's collectives (moe_core.grid), the plan's
+same config and decisions as a measured run: the grid's collectives (moe_core.parallel.grid), the plan's
 overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Records:
 
 * ``axonn_scaling/<model>_<system>``: each model of moe_core/papers/axonn/models.py on its GPUs,
@@ -49,17 +49,17 @@ import sys
 
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.capacity import DTYPE_BYTES
-from moe_core.config import derive_config, hardware_profile
-from moe_core.grid import GRID_AXES, Grid
+from moe_core.config.load import derive_config, hardware_profile
+from moe_core.config.points import own_layout, unstated_overrides, unstated_param, unstated_variants
+from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import grid_memory, rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
 from moe_core.papers.axonn.sweeps import point_config as grid_point_config
-from moe_core.points import own_layout, unstated_overrides, unstated_param, unstated_variants
+from moe_core.parallel.grid import GRID_AXES, Grid
+from moe_core.runtime.benchmark import predicted_record, predictions_main
 from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -144,7 +144,7 @@ def grid_overrides(model: GptModel, grid: Grid, variant: str) -> list[str]:
 
 
 def grid_params(grid: Grid) -> dict[str, int]:
-    """A grid as record parameters (the names moe_core.points gives a measured run's)."""
+    """A grid as record parameters (the names moe_core.config.points gives a measured run's)."""
     return {f"grid_{axis}": size for axis, size in zip(GRID_AXES, grid.shape)}
 
 

@@ -2,7 +2,7 @@
 and the overlap ablation on one grid, in one torchrun job of ``axonn.world_size`` ranks.
 
     python -m experiments.launch --config configs/default.yaml --nproc 4 -- -m experiments.axonn_grids
-    # the emulated two-node testbed (root; moe_core.testbed), eight ranks:
+    # the emulated two-node testbed (root; moe_core.runtime.testbed), eight ranks:
     python -m experiments.launch --config configs/default.yaml hardware_profile=emulated-2x4 \\
         axonn.world_size=8 axonn.global_sequences=16 results_dir=results/emulated-2x4 --nproc 8 \\
         -- -m experiments.axonn_grids
@@ -24,9 +24,9 @@ import sys
 from omegaconf import DictConfig
 
 from experiments.train_step import train
-from moe_core.benchmark import benchmark_main, measured_record
-from moe_core.distributed import Env
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_point_params, grid_points, point_config
+from moe_core.runtime.benchmark import benchmark_main, measured_record
+from moe_core.runtime.distributed import Env
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "axonn.world_size"

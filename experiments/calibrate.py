@@ -8,10 +8,10 @@ all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.
 and writes ``<profile>-calibrated``: a hardware YAML that any config can use with
 ``hardware_profile=<path>``.
 
-Host noise (moe_core.noise): the profile records how many of its records were taken on a noisy host
+Host noise (moe_core.runtime.noise): the profile records how many of its records were taken on a noisy host
 (``calibration_noise``), and a warning says so. A fit on quiet records is also kept as the last good
 profile, ``<out dir>/last-good/<out name>`` (outside the workflow's output, which Snakemake deletes
-before a rerun). A fit on noisy records (more than moe_core.noise.NOISY_SHARE of them) does not
+before a rerun). A fit on noisy records (more than moe_core.runtime.noise.NOISY_SHARE of them) does not
 replace it: the last good profile of the same hardware is written as ``--out`` and the noisy fit
 beside it (``<out stem>.noisy-fit.yaml``), unless ``calibration.accept_noisy=true``. With no good
 profile yet the noisy fit is written, flagged. A noisy host never fails the run.
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from moe_core.config import ConfigError, load_config
-from moe_core.noise import noise_summary, noise_warning, summary_is_noisy
-from moe_core.points import replayed_config
-from moe_core.results import atomic_output, read_record
+from moe_core.config.load import ConfigError, load_config
+from moe_core.config.points import replayed_config
+from moe_core.records.results import atomic_output, read_record
+from moe_core.runtime.noise import noise_summary, noise_warning, summary_is_noisy
 from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, measured
 
 

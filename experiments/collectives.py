@@ -9,7 +9,7 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
 * ``all_reduce``: an fp32 tensor of S bytes, summed in place;
 * ``all_to_all``: ``all_to_all_single`` of an S-byte buffer per rank, equal splits;
 * ``all_to_all_v``: ``all_to_all_single`` with the uneven splits of
-  :func:`moe_core.workloads.zipf_traffic_matrix` (every rank sends S bytes, a few receive most);
+  :func:`moe_core.comm.workloads.zipf_traffic_matrix` (every rank sends S bytes, a few receive most);
 * each all-to-all again while an S-byte all-reduce runs concurrently on its own process group (the
   gradient all-reduce of data parallelism overlapping the expert all-to-all; PARAM's
   ``commsOverlapBench``). Paired and alone iterations alternate in the same loop, so ``slowdown``
@@ -36,13 +36,13 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from moe_core.benchmark import measured_record
-from moe_core.config import ConfigError, config_arg_parser, load_config
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.results import exit_if_unwritable, write_records
-from moe_core.timing import PhaseTimer, gather_worst_rank
-from moe_core.tracking import log_point
-from moe_core.workloads import ELEMENT_BYTES, zipf_traffic_matrix
+from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
+from moe_core.config.load import ConfigError, config_arg_parser, load_config
+from moe_core.records.results import exit_if_unwritable, write_records
+from moe_core.records.tracking import log_point
+from moe_core.runtime.benchmark import measured_record
+from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "collectives.world_size"

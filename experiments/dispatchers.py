@@ -1,4 +1,4 @@
-"""Which dispatcher when: every dispatch path's round trip under routing skew (moe_core.dispatch_study).
+"""Which dispatcher when: every dispatch path's round trip under routing skew (moe_core.dispatch.study).
 
 Measured, under torchrun (usually through the launcher)::
 
@@ -16,7 +16,7 @@ rounded to a multiple of tp * chunks. ``hierarchical`` runs only when the group 
 ``delivered``: the hierarchical and the tensor-parallel exchanges against the flat all-to-all;
 dropless and allgather by the rows each expert receives). Methodology as
 experiments/collectives.py: warm-up, timed iterations with a barrier before each, the worst rank per
-iteration (moe_core.benchmark). Records:
+iteration (moe_core.runtime.benchmark). Records:
 ``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from moe_core.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
-from moe_core.dispatch_study import (
+from moe_core.dispatch.study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
@@ -39,11 +39,11 @@ from moe_core.dispatch_study import (
     popularity,
     token_counts,
 )
-from moe_core.distributed import Env
-from moe_core.hierarchical_a2a import hierarchical_groups
-from moe_core.layout import expert_layout
-from moe_core.parallel import own_group
-from moe_core.timing import PhaseTimer
+from moe_core.parallel.layout import expert_layout
+from moe_core.parallel.parallelize import own_group
+from moe_core.runtime.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.runtime.distributed import Env
+from moe_core.runtime.timing import PhaseTimer
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "dispatch_study.world_size"

@@ -1,5 +1,5 @@
 """Which dispatcher when, simulated: the round trip of every registered dispatcher that is not
-tensor-parallel (moe_core.dispatch_study.simulated_paths) under routing skew on the
+tensor-parallel (moe_core.dispatch.study.simulated_paths) under routing skew on the
 ``dispatch_study.hardware`` clusters (no processes, no torch).
 
     python -m experiments.dispatchers_sim --config configs/default.yaml
@@ -20,11 +20,9 @@ from omegaconf import DictConfig
 
 from experiments.dispatchers import PAPER, slug
 from experiments.simulate import sized_hardware
-from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.capacity import DTYPE_BYTES
-from moe_core.config import load_config
+from moe_core.config.load import load_config
 from moe_core.dispatch import dispatcher
-from moe_core.dispatch_study import (
+from moe_core.dispatch.study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
@@ -33,6 +31,8 @@ from moe_core.dispatch_study import (
     simulated_round_trip_s,
     token_counts,
 )
+from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.runtime.benchmark import predicted_record, predictions_main
 
 EXPERIMENT = "dispatchers_sim"
 

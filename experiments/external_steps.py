@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main, published_entries
-from moe_core.config import CONFIG_DIR, ConfigError, load_config
+from moe_core.config.load import CONFIG_DIR, ConfigError, load_config
+from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.sim.pipeline import simulate_step
 from moe_core.sim.topology import build_topology
 
@@ -166,7 +166,7 @@ def _micro_batch(entry: dict) -> int:
 
 
 def data_sharding(entry: dict) -> str:
-    """How the entry's data-parallel replicas hold the parameters (moe_core.config ``parallel.data_sharding``)."""
+    """How the entry's data-parallel replicas hold the parameters (moe_core.config.load ``parallel.data_sharding``)."""
     p = entry["parallel"]
     if p.get("fsdp") in FSDP:
         return "full"

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main, published_entries
-from moe_core.config import CONFIG_DIR, ConfigError, load_config
+from moe_core.config.load import CONFIG_DIR, ConfigError, load_config
+from moe_core.records.units import GB
+from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.topology import Transfer, build_topology
-from moe_core.units import GB
 
 PAPER, EXPERIMENT = "common", "external_validation"
 HARDWARE_FILE = Path(__file__).resolve().parents[1] / "analysis" / "external_hardware.yaml"

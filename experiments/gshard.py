@@ -28,8 +28,9 @@ import sys
 
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predicted_record, predictions_main
-from moe_core.config import derive_config, hardware_profile
+from moe_core.config.load import derive_config, hardware_profile
+from moe_core.config.points import own_layout, point_params, unstated_variants
+from moe_core.config.sections import ConfigError
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
@@ -54,12 +55,11 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.points import own_layout, point_params, unstated_variants
-from moe_core.sections import ConfigError
+from moe_core.records.units import GB
+from moe_core.runtime.benchmark import predicted_record, predictions_main
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
-from moe_core.units import GB
 
 
 def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:

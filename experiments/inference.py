@@ -13,7 +13,7 @@
 batch, and every policy
    runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
    Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
-   kept per batch (moe_core.timing).
+   kept per batch (moe_core.runtime.timing).
 4. Rank 0 writes one record per policy (paper ``lina``, experiment ``inference``): per batch, the
    whole forward's time ``forward_ms`` (Lina Fig 16's inference time), the MoE layers' time
    ``moe_layer_ms`` (Fig 17) and the same normalised to the median of ``ideal``, per-phase times,
@@ -44,15 +44,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.data import MarkovTokens
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.model import MoETransformer
+from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.model.data import MarkovTokens
+from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
-from moe_core.results import atomic_output, exit_if_unwritable, make_record, record_path, write_record
-from moe_core.timing import PhaseTimer, gather_worst_rank
-from moe_core.tracking import log_point
+from moe_core.records.results import atomic_output, exit_if_unwritable, make_record, record_path, write_record
+from moe_core.records.tracking import log_point
+from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"

@@ -5,7 +5,7 @@ across the nodes of a SLURM allocation.
         -- -m experiments.train_step [entry-point args ...]
 
 Everything before ``--`` is the launcher's: the config files and ``key=value`` overrides it loads
-(with the hardware profile, moe_core.config) and the number of ranks ``N``. After ``--`` comes what
+(with the hardware profile, moe_core.config.load) and the number of ranks ``N``. After ``--`` comes what
 torchrun runs (``-m module`` or a script). The launcher forwards its config files and overrides to
 the entry point, so each key is given once:
 
@@ -17,7 +17,7 @@ belong before ``--``; entry-point flags such as ``--out`` after it.
 Three cases, by ``cfg.hardware.emulation``:
 
 * disabled: ``torchrun --standalone --nproc-per-node=N <entry>``, all ranks on this host's loopback.
-* enabled, and the host can build it (root, iproute2): a :class:`moe_core.testbed.EmulatedTestbed`
+* enabled, and the host can build it (root, iproute2): a :class:`moe_core.runtime.testbed.EmulatedTestbed`
   with ``hardware.nodes`` nodes, one torchrun per node inside its namespace, ranks
   ``k * devices_per_node ...`` on node k.
 * enabled but unavailable: one line on stderr and the standalone launch, with
@@ -53,7 +53,7 @@ entry point runs with (the config key its module names in ``WORLD_SIZE_KEY``:
 
 Failures. Every node's stderr passes through the launcher, and when the job fails its last line
 names the rank that failed first and how (:func:`failure_summary`, from torchrun's failure
-summary and the ranks' own reports, moe_core.distributed): ``error: rank 2 was killed by signal 9
+summary and the ranks' own reports, moe_core.runtime.distributed): ``error: rank 2 was killed by signal 9
 (SIGKILL)``, ``error: rank 1 exited with code 1``, or for a hung rank what the others found,
 ``error: rank 1 stopped responding: its heartbeat stopped: ...``. How long that takes:
 
@@ -71,7 +71,7 @@ summary and the ranks' own reports, moe_core.distributed): ``error: rank 2 was k
 When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped
 (srun's ``--kill-on-bad-exit`` does the same for SLURM tasks).
 
-Records. The ranks write theirs into a staging folder (moe_core.results.staged_records), which the
+Records. The ranks write theirs into a staging folder (moe_core.records.results.staged_records), which the
 launcher publishes only when every rank has exited 0: a run that fails anywhere, teardown
 included, leaves none of its records, and Snakemake never sees an output of a failed job.
 
@@ -102,10 +102,10 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from experiments.rank_watch import RankWatch, descendants
-from moe_core.config import ConfigError, config_arg_parser, load_config
-from moe_core.processes import FAILED_RANK_EXIT_CODE, proc_stat
-from moe_core.results import ResultsDirError, check_writable, staged_records
-from moe_core.testbed import EmulatedTestbed, emulation_unavailable
+from moe_core.config.load import ConfigError, config_arg_parser, load_config
+from moe_core.records.results import ResultsDirError, check_writable, staged_records
+from moe_core.runtime.processes import FAILED_RANK_EXIT_CODE, proc_stat
+from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # torchrun's wait for its ranks after it passes on a stop signal (SIGTERM, SIGINT: the launcher
@@ -121,7 +121,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SLURM_RENDEZVOUS_PORT_BASE, SLURM_RENDEZVOUS_PORTS = 20000, 10000
 # What a measured job asks of SLURM per rank: a GPU rank gets a few cores for its host-side work
 # (kernel launches, heartbeat thread), a CPU rank one core (the ranks share the node, see
-# moe_core.distributed.cpu_threads_per_rank). Host memory: a CUDA context alone holds a few GB.
+# moe_core.runtime.distributed.cpu_threads_per_rank). Host memory: a CUDA context alone holds a few GB.
 CPUS_PER_RANK = {"cpu": 1, "cuda": 4}
 MEM_MB_PER_RANK = {"cpu": 1500, "cuda": 8000}
 JOB_RUNTIME_MIN = 30
@@ -292,7 +292,7 @@ class StderrRelay:
 # torchrun's failure summary (torch.distributed.elastic's ChildFailedError): one entry per failed rank.
 _TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
-# A rank's own report (moe_core.distributed.Health.exit_naming_failed_ranks).
+# A rank's own report (moe_core.runtime.distributed.Health.exit_naming_failed_ranks).
 _RANK_REPORT = re.compile(r"error: rank (\d+) (?:stopped|could not start): .*? \| (.*)")
 _UNRESPONSIVE = re.compile(r"rank (\d+) did not respond: ([^;]*)")
 _KILLED_BY_A_RANK = re.compile(r"so rank \d+ kills it")
@@ -351,7 +351,7 @@ def torchrun_env(environ) -> dict[str, str]:
 
 def entry_world_size_key(entry: list[str]) -> str | None:
     """The config key a ``-m`` entry point takes its world size from: its module's ``WORLD_SIZE_KEY``
-    (the key it passes to moe_core.distributed.init_distributed); None for a script or a module
+    (the key it passes to moe_core.runtime.distributed.init_distributed); None for a script or a module
     without one. ConfigError when the module cannot be imported (a misspelt name): none of its ranks
     could start."""
     if entry[0] != "-m":
@@ -529,7 +529,7 @@ def run_emulated(cfg, entry: list[str]) -> int:
     Static rendezvous (``--master-addr/--master-port`` with ``--node-rank``) rather than c10d: c10d
     hands out node ranks in joining order and ignores ``--node-rank``, so which namespace held ranks
     0, 1, ... would vary between runs; static ranks are node_rank * devices_per_node + local_rank,
-    so consecutive ranks (one expert-parallel group, see moe_core.config.Layout) share a node.
+    so consecutive ranks (one expert-parallel group, see moe_core.parallel.layout.Layout) share a node.
     Node 0's torchrun hosts the store on its eth0 address.
     """
     hw = cfg.hardware
@@ -537,7 +537,7 @@ def run_emulated(cfg, entry: list[str]) -> int:
     env = {
         **torchrun_env(os.environ),
         "GLOO_SOCKET_IFNAME": "eth0",
-        # All nodes share this host's cores, but moe_core.distributed.cpu_threads_per_rank divides them
+        # All nodes share this host's cores, but moe_core.runtime.distributed.cpu_threads_per_rank divides them
         # by the ranks of one node only (LOCAL_WORLD_SIZE); cap the threads by the ranks of all nodes.
         "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // (hw.nodes * hw.devices_per_node))),
     }

@@ -24,15 +24,15 @@ import sys
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.benchmark import predictions_main
-from moe_core.capacity import moe_blocks
-from moe_core.config import derive_config, to_container
+from moe_core.config.load import derive_config, to_container
+from moe_core.config.points import own_layout, unstated_param, unstated_variants
+from moe_core.model.capacity import moe_blocks
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
-from moe_core.points import own_layout, unstated_param, unstated_variants
-from moe_core.results import make_record
+from moe_core.records.results import make_record
+from moe_core.runtime.benchmark import predictions_main
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
 

@@ -5,16 +5,16 @@ Run under torchrun (every rank runs this file), usually through the launcher::
     python -m experiments.launch --config FILE --nproc 4 -- -m experiments.monta_a2a [key=value ...]
 
 For every ``monta.tensor_parallel`` size t on ``monta.world_size`` ranks (layout dp x ep x tp with
-ep = world / t, tp innermost as moe_core.layout places it), every rank holds a dispatch buffer of
+ep = world / t, tp innermost as moe_core.parallel.layout places it), every rank holds a dispatch buffer of
 ``monta.bytes_per_rank`` bytes (float32 rows of ``monta.d_model``; one block per expert-parallel
 rank), the same on the ranks of a "tp" group. One exchange moves it along each path:
 
 * ``duplicate``: the whole buffer through the "ep" all-to-all (every tp rank sends its copy);
 * ``drop-gather``: 1/t of it through the all-to-all, then an all-gather over "tp" (DeepSpeed);
-* ``monta-n<k>``: the same in k pipelined chunks (moe_core.comm.tp_exchange), for every
+* ``monta-n<k>``: the same in k pipelined chunks (moe_core.comm.all_to_all.tp_exchange), for every
   ``monta.chunks`` count that divides the slots a rank sends;
 * at t = 1, ``flat`` (all_to_all_single) and, when the "ep" group spans nodes of
-  ``hardware.devices_per_node`` ranks, ``hierarchical`` (moe_core.hierarchical_a2a).
+  ``hardware.devices_per_node`` ranks, ``hierarchical`` (moe_core.comm.hierarchical_a2a).
 
 Every path's output is checked against ``duplicate``'s (``flat``'s at t = 1) before timing.
 Methodology as experiments/collectives.py: ``monta.warmup_iters``, then ``monta.iters`` timed
@@ -33,11 +33,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from moe_core import comm
-from moe_core.benchmark import benchmark_main, measured_record, timed_iterations
-from moe_core.distributed import Env
-from moe_core.hierarchical_a2a import hierarchical_groups
-from moe_core.layout import expert_layout
+from moe_core.comm import all_to_all as comm
+from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.papers.monta.config import exchange_buffer_shape
 from moe_core.papers.monta.decisions import knows_links
 from moe_core.papers.monta.performance_model import (
@@ -47,9 +44,12 @@ from moe_core.papers.monta.performance_model import (
     exchange_links,
 )
 from moe_core.papers.monta.sweeps import PAPER
-from moe_core.parallel import own_group
-from moe_core.plan import even_ranges
-from moe_core.timing import PhaseTimer
+from moe_core.parallel.layout import expert_layout
+from moe_core.parallel.parallelize import own_group
+from moe_core.runtime.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.runtime.distributed import Env
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.plan import even_ranges
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "monta.world_size"

@@ -24,7 +24,7 @@ fractions of it (``compute_efficiency``, ``memory_efficiency``); without one (a 
 rates are the profile's peak and bandwidth, at efficiency 1.
 
 A CPU rank of a measured run computes on one thread when ranks fill the cores
-(moe_core.distributed.cpu_threads_per_rank), so the CPU sweep runs one thread by default: its
+(moe_core.runtime.distributed.cpu_threads_per_rank), so the CPU sweep runs one thread by default: its
 numbers are one device of a CPU testbed. ``--fit`` refits the op sweep of a gpu_check.json record
 (experiments/gpu_check.py measures the same ops) or of an op_sweep.json without measuring.
 
@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import least_squares
 
-from moe_core.results import atomic_output, environment, write_record
+from moe_core.records.results import atomic_output, environment, write_record
+from moe_core.runtime.timing import PhaseTimer
 from moe_core.sim.compute import ComputeModel
-from moe_core.timing import PhaseTimer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ROW = 1024  # row width of the row-wise ops (softmax, layer norm), a d_model

@@ -1,6 +1,6 @@
 """The launcher's watch over the ranks on its host: once one rank has ended, the others must follow.
 
-The ranks find and name a peer that hangs *during* the work themselves (moe_core.distributed: their
+The ranks find and name a peer that hangs *during* the work themselves (moe_core.runtime.distributed: their
 collectives time out, they read the heartbeats). What they cannot cover is what comes after a rank
 has left: a rank stopped (SIGSTOP) or hung at teardown, after the last collective, keeps torchrun
 waiting forever, and a rank stopped before it reached the store keeps torchrun's stop of the
@@ -28,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_core.processes import proc_stat
+from moe_core.runtime.processes import proc_stat
 
 IDLE_CPU_SHARE = 0.01  # below this share of one core a rank's process tree is idle, not finishing
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

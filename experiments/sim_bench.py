@@ -13,7 +13,7 @@ import argparse
 import time
 
 from experiments.simulate import sized_hardware
-from moe_core.config import load_config
+from moe_core.config.load import load_config
 from moe_core.sim.collectives import simulate_on
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology

@@ -5,7 +5,7 @@ point of the config's simulated sweeps.
         parallel.world_size=16 moe.num_experts=16 moe.experts_per_rank=1 comm.policy=overlap
     python -m experiments.simulate --config configs/default.yaml --sweep
 
-``--sweep`` simulates every point of :func:`moe_core.config.sim_points` (the paper-scale sweep and
+``--sweep`` simulates every point of :func:`moe_core.config.points.sim_points` (the paper-scale sweep and
 Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
 far less than starting a Python process with torch. Records are written once all points succeeded.
 
@@ -26,9 +26,9 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, derive_config, load_config, to_container
-from moe_core.points import point_params, sim_point_name, sim_points
-from moe_core.results import (
+from moe_core.config.load import ConfigError, config_arg_parser, derive_config, load_config, to_container
+from moe_core.config.points import point_params, sim_point_name, sim_points
+from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,

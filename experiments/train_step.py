@@ -4,12 +4,12 @@
         --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
 
 Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
-step; a plan with a re-layout hook (moe_core.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
+step; a plan with a re-layout hook (moe_core.schedule.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
 experts) re-decides the expert layout between steps and moves the experts when it changes.
-Phases are timed per rank (moe_core.timing); per iteration the worst rank is kept; the record holds
+Phases are timed per rank (moe_core.runtime.timing); per iteration the worst rank is kept; the record holds
 median and p95 over the timed iterations. Rank 0 writes the record atomically once every rank has
 finished, then mirrors it to W&B. ``--profile DIR`` runs a few more steps after the timed ones under
-torch.profiler and writes each rank's trace and kernel summary there (moe_core.profiling). A bad
+torch.profiler and writes each rank's trace and kernel summary there (moe_core.runtime.profiling). A bad
 config exits with code 2 before any process group is created; a failing or hung rank makes every
 rank exit non-zero within ``parallel.timeout_s``.
 """
@@ -25,21 +25,21 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config import ConfigError, config_arg_parser, load_config, to_container, validate_measured
-from moe_core.data import MarkovTokens
-from moe_core.distributed import Env, init_distributed, naming_failed_ranks, shutdown
-from moe_core.executor import make_policy, make_relayout
-from moe_core.grid import GRID_COLLECTIVES
-from moe_core.layout import layout_of
-from moe_core.model import MoETransformer, gradient_tensors
-from moe_core.parallel import build_groups, parallelize_model
-from moe_core.points import point_name, point_params
-from moe_core.policies import build_plan
-from moe_core.profiling import PROFILER_WARMUP_STEPS, step_profiler, write_profile
-from moe_core.results import exit_if_unwritable, make_record, record_path, write_record
-from moe_core.step_metrics import STEP_PHASES, a2a_shares, step_terms
-from moe_core.timing import PhaseTimer, gather_worst_rank
-from moe_core.tracking import log_point
+from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container, validate_measured
+from moe_core.config.points import point_name, point_params
+from moe_core.model.data import MarkovTokens
+from moe_core.model.transformer import MoETransformer, gradient_tensors
+from moe_core.parallel.grid import GRID_COLLECTIVES
+from moe_core.parallel.layout import layout_of
+from moe_core.parallel.parallelize import build_groups, parallelize_model
+from moe_core.records.results import exit_if_unwritable, make_record, record_path, write_record
+from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
+from moe_core.records.tracking import log_point
+from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, step_profiler, write_profile
+from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
+from moe_core.schedule.executor import make_policy, make_relayout
+from moe_core.schedule.policies import build_plan
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"
@@ -48,7 +48,7 @@ WORLD_SIZE_KEY = "parallel.world_size"
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:
     """One rank's metrics of one step from its timer's phase totals (``name.fwd``/``name.bwd``)."""
     ms = {p: phases_ms.get(f"{p}.fwd", 0.0) + phases_ms.get(f"{p}.bwd", 0.0) for p in STEP_PHASES}
-    # a 3D grid's collectives (moe_core.grid_parallel regions grid_<kind>_<axis>.<pass>), by kind
+    # a 3D grid's collectives (moe_core.parallel.grid_parallel regions grid_<kind>_<axis>.<pass>), by kind
     grid = {kind: 0.0 for kind in GRID_COLLECTIVES}
     for name, value in phases_ms.items():
         if name.startswith("grid_"):
@@ -77,7 +77,7 @@ def train(
     timed ones under torch.profiler; they are not in the samples.
 
     A plan with a re-layout hook starts on the configured layout and re-decides it during the run
-    (its driver, moe_core.executor.make_relayout). Decisions and exchanges run between two steps,
+    (its driver, moe_core.schedule.executor.make_relayout). Decisions and exchanges run between two steps,
     before the barrier that opens the next step's timed window, so no timed sample contains them
     (every iteration keeps its sample); the exchanges' time is recorded as ``exchange_ms``. A
     re-layout moves experts, never the math: the losses are the configured layout's (up to float

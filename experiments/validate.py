@@ -8,7 +8,7 @@ concurrent all-reduce (contention is predicted by the fluid model, never fitted)
 step at a world size calibration did not see. One row per point: experiment, setting, measured_ms
 (the mean of its samples, moe_core.sim.calibrate.STATISTIC, as calibration uses), predicted_ms,
 rel_error = predicted / measured - 1, and the host noise: ``noisy`` (this record was measured on a
-noisy host, moe_core.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
+noisy host, moe_core.runtime.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
 where unknown) and ``profile_noisy`` (the calibrated profile was fitted on noisy records, from its
 ``calibration_noise``). A warning names how many were noisy.
 """
@@ -21,10 +21,10 @@ import sys
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.config import ConfigError, load_config
-from moe_core.noise import is_noisy, noise_summary, noise_warning, summary_is_noisy
-from moe_core.points import replayed_config
-from moe_core.results import read_record
+from moe_core.config.load import ConfigError, load_config
+from moe_core.config.points import replayed_config
+from moe_core.records.results import read_record
+from moe_core.runtime.noise import is_noisy, noise_summary, noise_warning, summary_is_noisy
 from moe_core.sim.calibrate import calibration_split, measured
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel

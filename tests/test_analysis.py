@@ -24,9 +24,9 @@ from analysis.figures import render
 from analysis.published import RegistryError, load_registry
 from analysis.registry import FIGURE_REGISTRY, REPRODUCERS, TABLE_REGISTRY, FigureDataError, reproducer
 from experiments.gshard import records as gshard_records
-from moe_core.config import load_config
-from moe_core.results import make_record, record_path, write_record
-from moe_core.units import KiB, MiB
+from moe_core.config.load import load_config
+from moe_core.records.results import make_record, record_path, write_record
+from moe_core.records.units import KiB, MiB
 
 SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share
 SHARE_OF_MOE = 0.749  # Lina Fig 2's 74.9 %

@@ -6,10 +6,10 @@ import pytest
 from analysis.collect import read_valid_record
 from experiments import aurora
 from experiments.aurora_a2a import measured_points, scaled
-from moe_core.config import load_config
+from moe_core.comm.workloads import ELEMENT_BYTES
+from moe_core.config.load import load_config
 from moe_core.papers.aurora.config import AURORA_UNSTATED
 from moe_core.papers.aurora.study import GAP_SETTINGS, SENSITIVITY_POLICIES, aurora_points
-from moe_core.workloads import ELEMENT_BYTES
 
 TINY = [
     "aurora.gating_zipf=[2.0]",

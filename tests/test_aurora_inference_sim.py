@@ -4,11 +4,11 @@ deployments each policy decides, the paper's closed form where it is exact, and 
 import numpy as np
 import pytest
 
-from moe_core.config import ConfigError, load_config
+from moe_core.comm.transmission import lower_bound
+from moe_core.config.load import ConfigError, load_config
 from moe_core.papers.aurora import deployment
 from moe_core.papers.aurora.inference_sim import ServedModel, big_switch, routed, scaled
 from moe_core.sim.forward import Compute, simulate_served
-from moe_core.transmission import lower_bound
 
 N = 4
 SMALL = ["aurora.num_experts=4", "aurora.tokens_per_gpu=1024"]

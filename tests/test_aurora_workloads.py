@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from moe_core.config import load_config
+from moe_core.comm.workloads import coarsen, gating_token_matrices, receiver_skew, traffic_bytes, zipf_token_matrices
+from moe_core.config.load import load_config
 from moe_core.papers.aurora.study import trace_config
-from moe_core.workloads import coarsen, gating_token_matrices, receiver_skew, traffic_bytes, zipf_token_matrices
 
 TRACE = dict(train_steps=10, trace_batch_size=16)  # 16 sequences x 32 tokens = 512 tokens
 

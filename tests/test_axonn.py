@@ -15,14 +15,14 @@ import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
 from experiments.axonn import grid_prediction_records, main, megatron_scaling, record_points, records
-from moe_core.capacity import moe_blocks
-from moe_core.config import hardware_profile, load_config
-from moe_core.grid import block_collectives
+from moe_core.config.load import hardware_profile, load_config
+from moe_core.config.sections import ConfigError
+from moe_core.model.capacity import moe_blocks
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
 from moe_core.papers.axonn.sweeps import grid_points, measured_communication, point_config
-from moe_core.results import read_record
-from moe_core.sections import ConfigError
+from moe_core.parallel.grid import block_collectives
+from moe_core.records.results import read_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -62,7 +62,7 @@ def test_simulated_step_issues_exactly_the_planned_grid_collectives(depth, row, 
     layout_grid = load_config(overrides=[*DENSE, *_grid(depth, row, col)]).parallel.grid
     assert (layout_grid.depth, layout_grid.row, layout_grid.col) == (depth, row, col)
     m, tokens = cfg.model, cfg.train.batch_size * cfg.model.seq_len
-    from moe_core.layout import layout_of
+    from moe_core.parallel.layout import layout_of
 
     grid = layout_of(cfg).grid
     planned = Counter(

@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from moe_core.config import load_config
-from moe_core.grid import Grid, block_collectives, block_linears
+from moe_core.config.load import load_config
 from moe_core.papers.axonn.baseline import megatron_layout, megatron_memory_bytes
 from moe_core.papers.axonn.comm_model import (
     AXONN_ORDER,
@@ -21,6 +20,7 @@ from moe_core.papers.axonn.comm_model import (
     rank_grids,
 )
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, parameters
+from moe_core.parallel.grid import Grid, block_collectives, block_linears
 from moe_core.sim.pipeline import pipeline_time_s
 
 # A one-node CPU testbed as calibration leaves it: a loopback rate and an all-reduce fit, no NIC

@@ -20,9 +20,9 @@ from experiments.collectives import (
     collective_points,
     sizes_bytes,
 )
-from moe_core.config import REPO_ROOT, ConfigError, load_config
-from moe_core.results import read_record, record_path
-from moe_core.workloads import zipf_traffic_matrix
+from moe_core.comm.workloads import zipf_traffic_matrix
+from moe_core.config.load import REPO_ROOT, ConfigError, load_config
+from moe_core.records.results import read_record, record_path
 
 # ----------------------------------------------------------------------------------------------
 # zipf_traffic_matrix

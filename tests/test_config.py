@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from moe_core.config import ConfigError, load_config
+from moe_core.config.load import ConfigError, load_config
+from moe_core.config.points import point_name, sweep_points
 from moe_core.dispatch.step import AllToAll
-from moe_core.layout import layout_error
-from moe_core.points import point_name, sweep_points
-from moe_core.policies import POLICIES, PolicySpec, register_policy, sequential_plan
+from moe_core.parallel.layout import layout_error
+from moe_core.schedule.policies import POLICIES, PolicySpec, register_policy, sequential_plan
 
 
 def test_defaults_and_files_merge_with_overrides():
@@ -232,7 +232,7 @@ def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""
     from experiments.monta import model_points
-    from moe_core.points import measured_points, point_overrides, sim_points
+    from moe_core.config.points import measured_points, point_overrides, sim_points
 
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
     assert cfg.parallel.grid.row == 2 and model_points(cfg)
@@ -242,7 +242,7 @@ def test_a_valid_base_grid_leaves_every_point_valid():
     # and the papers' simulated experiments state their own layout too
     from experiments.gshard import step_overrides
     from experiments.lina_inference_sim import inference_config
-    from moe_core.config import derive_config
+    from moe_core.config.load import derive_config
     from moe_core.papers.gshard.models import MODELS
 
     assert inference_config(cfg, 4).parallel.grid.row == 1
@@ -266,7 +266,10 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.yaml' line \d+, column \d+: not valid YAML"):
         load_config([bad])
     proc = subprocess.run(
-        [sys.executable, "-m", "moe_core.config", "--config", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "moe_core.config", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: config file '{bad}' line 4")
 
@@ -320,7 +323,7 @@ def test_train_step_cli_rejects_bad_input_before_starting(tmp_path, args):
 
 
 def test_switching_profile_drops_a_saved_hardware_section(tmp_path):
-    from moe_core.config import save_config
+    from moe_core.config.load import save_config
 
     save_config(load_config(["configs/default.yaml"], ["hardware.devices_per_node=2"]), tmp_path / "resolved.yaml")
     same = load_config([tmp_path / "resolved.yaml"])
@@ -332,7 +335,7 @@ def test_switching_profile_drops_a_saved_hardware_section(tmp_path):
 def test_saving_the_same_config_leaves_the_file_alone(tmp_path):
     """The workflow reruns what is older than the resolved config: an unchanged config must not
     move its modification time, a changed one must."""
-    from moe_core.config import save_config
+    from moe_core.config.load import save_config
 
     path = tmp_path / "config" / "resolved.yaml"
     assert save_config(load_config(["configs/default.yaml"]), path)
@@ -441,7 +444,7 @@ def test_config_check_names_an_override_list_entry():
 def test_a_passed_runs_checks_are_inherited_by_child_processes_on_the_same_host(monkeypatch):
     """A launcher's ranks and a workflow's jobs skip what their parent checked; another config, or the
     same config on another host, is checked."""
-    from moe_core import run_checks
+    from moe_core.config import run_checks
 
     monkeypatch.delenv(run_checks.PASSED_ENV, raising=False)
     cfg = load_config(["configs/ci.yaml"])

@@ -10,11 +10,10 @@ import pytest
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from experiments import dispatchers, dispatchers_sim
-from moe_core.config import ConfigError, load_config
+from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
-from moe_core.dispatch.tensor_parallel import DropGather
-from moe_core.dispatch_study import (
+from moe_core.dispatch.study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
@@ -24,7 +23,8 @@ from moe_core.dispatch_study import (
     simulated_round_trip_s,
     token_counts,
 )
-from moe_core.policies import tp_exchange_chunks
+from moe_core.dispatch.tensor_parallel import DropGather
+from moe_core.schedule.policies import tp_exchange_chunks
 
 
 def test_popularity_is_a_distribution_whose_skew_grows_with_its_parameter():

@@ -12,17 +12,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from moe_core import comm
-from moe_core.config import load_config
-from moe_core.data import MarkovTokens
-from moe_core.executor import make_policy
-from moe_core.layout import expert_layout, layout_of
-from moe_core.model import MoETransformer, gradient_tensors
+from moe_core.comm import all_to_all as comm
+from moe_core.config.load import load_config
+from moe_core.model.data import MarkovTokens
+from moe_core.model.transformer import MoETransformer, gradient_tensors
 from moe_core.papers.lina.packing import repack
 from moe_core.papers.lina.policy import LinaPriority
-from moe_core.parallel import build_groups, is_expert_param, parallelize_model
-from moe_core.policies import POLICIES, build_plan
-from moe_core.timing import PhaseTimer
+from moe_core.parallel.layout import expert_layout, layout_of
+from moe_core.parallel.parallelize import build_groups, is_expert_param, parallelize_model
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.executor import make_policy
+from moe_core.schedule.policies import POLICIES, build_plan
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up
 SMALL = [

@@ -2,7 +2,7 @@
 
 import torch
 
-from moe_core.experts import Experts
+from moe_core.model.experts import Experts
 
 
 def test_ragged_experts_equal_per_expert_ffns_including_empty_experts():

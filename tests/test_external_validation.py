@@ -12,8 +12,8 @@ import analysis.papers  # noqa: F401  (registers the tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
 from experiments import external_validation as ev
-from moe_core.config import CONFIG_DIR, load_config
-from moe_core.results import record_path
+from moe_core.config.load import CONFIG_DIR, load_config
+from moe_core.records.results import record_path
 from moe_core.sim.topology import build_topology
 
 

@@ -1,9 +1,9 @@
-"""How a run fails (moe_core.distributed, experiments.launch, moe_core.results).
+"""How a run fails (moe_core.runtime.distributed, experiments.launch, moe_core.records.results).
 
 A killed, hung or never-started rank is named and ends the run within ``parallel.timeout_s`` plus
 the stated margin; a launch that cannot work is refused before it starts; a diverged run writes no
 record; an interrupted job stops with all its ranks. Faults are injected at known points with
-MOE_BENCH_FAULT=SIGNAL@POINT:RANK (moe_core.distributed.inject_fault).
+MOE_BENCH_FAULT=SIGNAL@POINT:RANK (moe_core.runtime.distributed.inject_fault).
 """
 
 import json
@@ -22,10 +22,8 @@ from pathlib import Path
 import pytest
 
 from experiments import launch
-from moe_core.config import load_config
-from moe_core.distributed import FAULT_ENV, check_launch
-from moe_core.processes import BAD_LAUNCH_EXIT_CODE
-from moe_core.results import (
+from moe_core.config.load import load_config
+from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,
@@ -35,6 +33,8 @@ from moe_core.results import (
     write_record,
     write_records,
 )
+from moe_core.runtime.distributed import FAULT_ENV, check_launch
+from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20  # parallel.timeout_s of the fault runs: large enough that the bound below

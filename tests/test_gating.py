@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from moe_core.capacity import capacity
-from moe_core.gating import gshard_gating
-from moe_core.layer import MoELayer
+from moe_core.model.capacity import capacity
+from moe_core.model.gating import gshard_gating
+from moe_core.model.layer import MoELayer
 
 # 4 tokens, 3 experts; logits = log(p) so that softmax returns p exactly.
 P = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.7, 0.2, 0.1], [0.6, 0.1, 0.3]])

@@ -1,4 +1,4 @@
-"""3D tensor parallelism on the 4D grid (moe_core.grid_parallel) equals the single-process reference,
+"""3D tensor parallelism on the 4D grid (moe_core.parallel.grid_parallel) equals the single-process reference,
 with and without each overlap, and issues exactly the planned collectives on the planned groups.
 
 Each case spawns the grid's gloo ranks once and trains two SGD steps per overlap setting. The ranks
@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from moe_core.capacity import moe_blocks
-from moe_core.config import load_config
-from moe_core.executor import make_policy
-from moe_core.grid import GridOverlaps, block_collectives
-from moe_core.grid_parallel import GridGroups, shard_grid
-from moe_core.layout import layout_of
-from moe_core.model import MoETransformer
-from moe_core.parallel import build_groups, parallelize_model
-from moe_core.timing import PhaseTimer
+from moe_core.config.load import load_config
+from moe_core.model.capacity import moe_blocks
+from moe_core.model.transformer import MoETransformer
+from moe_core.parallel.grid import GridOverlaps, block_collectives
+from moe_core.parallel.grid_parallel import GridGroups, shard_grid
+from moe_core.parallel.layout import layout_of
+from moe_core.parallel.parallelize import build_groups, parallelize_model
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.executor import make_policy
 from tests.test_expert_parallel import SMALL, assert_run_equals, reference_as_rank, run_reference, sgd_steps
 
 OVERLAPS = {
@@ -122,7 +122,7 @@ def _expected_grads(cfg, ref_grads, ep_rank, index):
 
 
 def _planned(cfg, rank, cached_layers):
-    """The grid collectives moe_core.grid plans for one forward + backward on ``rank``."""
+    """The grid collectives moe_core.parallel.grid plans for one forward + backward on ``rank``."""
     layout, m = layout_of(cfg), cfg.model
     tokens = cfg.train.batch_size * m.seq_len
     planned = []
@@ -167,7 +167,7 @@ def test_grid_equals_reference_with_every_overlap(tmp_path, data, depth, row, co
 
 
 def test_impossible_grids_fail_naming_the_key():
-    from moe_core.sections import ConfigError
+    from moe_core.config.sections import ConfigError
 
     with pytest.raises(ConfigError, match="parallel.grid"):
         load_config(overrides=[*SMALL, "parallel.world_size=4", "parallel.grid.row=3"])

@@ -5,7 +5,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from moe_core.config import CONFIG_DIR, load_config
+from moe_core.config.load import CONFIG_DIR, load_config
 
 PROFILES = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
 

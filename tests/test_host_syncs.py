@@ -1,5 +1,5 @@
 """The capacity-mode MoE layer never makes the host wait for the device; dropless mode does, once,
-for its split sizes (documented in moe_core/layer.py).
+for its split sizes (documented in moe_core/model/layer.py).
 
 On a GPU a host sync is an operator whose result the host must read: a scalar read back (``.item()``,
 ``.tolist()``, ``int(t)``, ``.cpu()`` of a device tensor) or an output whose size depends on the
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from moe_core.layer import MoELayer
+from moe_core.model.layer import MoELayer
 
 aten = torch.ops.aten
 SYNCING = {

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from moe_core.config import load_config
-from moe_core.data import MarkovTokens
-from moe_core.model import MoETransformer
+from moe_core.config.load import load_config
+from moe_core.model.data import MarkovTokens
+from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import (
     Scheduler,
     attach,
@@ -31,7 +31,7 @@ from moe_core.papers.lina.inference import (
     use_inference_gating,
 )
 from moe_core.papers.lina.placement import Placement, profile_paths
-from moe_core.timing import PhaseTimer
+from moe_core.runtime.timing import PhaseTimer
 
 SMALL = [
     "model.vocab_size=64",

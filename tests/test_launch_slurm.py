@@ -4,7 +4,7 @@ import pytest
 
 from experiments import launch
 from experiments.launch import SlurmJob, job_layout, slurm_agents, slurm_command, slurm_resources
-from moe_core.config import ConfigError, load_config
+from moe_core.config.load import ConfigError, load_config
 
 ENTRY = ["-m", "experiments.train_step", "--config", "c.yaml", "--out", "x.json"]
 

@@ -9,7 +9,7 @@ import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import collect
 from analysis.registry import REPRODUCERS
 from experiments import lina_inference_sim as sim
-from moe_core.config import load_config, to_container
+from moe_core.config.load import load_config, to_container
 from moe_core.papers.lina.inference import Scheduler
 from moe_core.papers.lina.inference_sim import balanced_counts, placed_batch, source_counts
 from moe_core.papers.lina.placement import path_topk_share, profile_paths, static_placement
@@ -21,7 +21,7 @@ from moe_core.papers.lina.routing import (
     popularity_exponent,
     zipf_popularity,
 )
-from moe_core.results import record_path, write_record
+from moe_core.records.results import record_path, write_record
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
 

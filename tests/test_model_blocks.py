@@ -8,15 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe_core.config import load_config
-from moe_core.experts import Experts
-from moe_core.model import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
-from moe_core.sections import ConfigError
+from moe_core.config.load import load_config
+from moe_core.config.sections import ConfigError
+from moe_core.model.experts import Experts
+from moe_core.model.transformer import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
+from moe_core.parallel.tensor_parallel import shard_tensor_parallel
 from moe_core.sim.compute import ComputeModel
 from moe_core.sim.kernels import StepKernels
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
-from moe_core.tensor_parallel import shard_tensor_parallel
 
 
 def _attention_by_hand(x, qkv_weight, qkv_bias, proj, n_heads, n_kv_heads, hd):

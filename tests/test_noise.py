@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 import analysis.papers  # noqa: F401  (registers the figures)
 from analysis.registry import FIGURE_REGISTRY
 from experiments import calibrate, validate
-from moe_core.noise import (
+from moe_core.records.results import make_record, read_record
+from moe_core.runtime.noise import (
     MIN_WINDOW_S,
     NOISY_CONTENTION,
     NOISY_CV,
@@ -29,7 +30,6 @@ from moe_core.noise import (
     noise_summary,
     sample_host,
 )
-from moe_core.results import make_record, read_record
 from moe_core.sim.calibrate import calibration_split
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_core.profiling import busy_ms
+from moe_core.runtime.profiling import busy_ms
 
 
 @pytest.mark.parametrize(

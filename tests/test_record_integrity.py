@@ -21,10 +21,10 @@ import analysis.collect as collect_mod
 import analysis.compare as compare_mod
 from analysis.published import load_registry
 from experiments.simulate import EXPERIMENT, simulated_record
-from moe_core.config import load_config
-from moe_core.points import sim_points
-from moe_core.record_schema import check_record, record_problem
-from moe_core.results import atomic_outputs, record_path, write_record
+from moe_core.config.load import load_config
+from moe_core.config.points import sim_points
+from moe_core.records.record_schema import check_record, record_problem
+from moe_core.records.results import atomic_outputs, record_path, write_record
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TARGET = "lina-a100-4x4_ws4_e4_epr1_overlap_s0"  # the record the issue damaged

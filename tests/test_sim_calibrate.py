@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from moe_core.config import HardwareConfig, load_config, to_container
+from moe_core.config.load import HardwareConfig, load_config, to_container
 from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel

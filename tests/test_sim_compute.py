@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from experiments.op_sweep import SWEEPS, fit, gemm_shapes, main, model_of, predicted_ms, profile_fields
-from moe_core.config import ConfigError, load_config
-from moe_core.gating import gshard_gating
+from moe_core.config.load import ConfigError, load_config
+from moe_core.model.gating import gshard_gating
 from moe_core.sim.compute import ComputeModel
 from moe_core.sim.kernels import gate_routing
 from moe_core.sim.step import StepModel

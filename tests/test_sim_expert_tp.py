@@ -5,7 +5,7 @@ over which ranks, with which weights, and what the measured executor refuses."""
 import numpy as np
 import pytest
 
-from moe_core.config import ConfigError, load_config
+from moe_core.config.load import ConfigError, load_config
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 

@@ -3,7 +3,7 @@ microbenchmarks, what FP8 changes in a step and what it leaves alone, and where 
 
 import pytest
 
-from moe_core.config import ConfigError, hardware_profile, load_config, validate_measured
+from moe_core.config.load import ConfigError, hardware_profile, load_config, validate_measured
 from moe_core.sim.compute import ComputeModel
 from moe_core.sim.kernels import FP8_AMAX_BYTES, FP8_CAST_BYTES
 from moe_core.sim.step import StepModel

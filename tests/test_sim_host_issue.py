@@ -5,7 +5,7 @@ CPU steps keep every launch in series."""
 import numpy as np
 import pytest
 
-from moe_core.config import load_config
+from moe_core.config.load import load_config
 from moe_core.sim.engine import Op, issued_by_host, simulate
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import Transfer, build_topology

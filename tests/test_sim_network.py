@@ -5,11 +5,11 @@ import pytest
 from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
-from moe_core.config import ConfigError, HardwareConfig, load_config
+from moe_core.config.load import ConfigError, HardwareConfig, load_config
+from moe_core.records.units import GB
 from moe_core.sim.collectives import SizeCurve, collective_op, simulate_on
 from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
 from moe_core.sim.topology import Cluster, Torus2D, Transfer, achieved_GBps
-from moe_core.units import GB
 
 pytestmark = []
 
@@ -383,7 +383,7 @@ def test_micro_ops_take_the_transfer_time_plus_one_latency_each():
 def test_step_cost_grows_with_operations_not_with_gpus():
     """A scale test: 64x more GPUs add no layer operations; only the gates' weights (d_model x E,
     dense parameters) add gradient buckets."""
-    from moe_core.config import load_config
+    from moe_core.config.load import load_config
     from moe_core.sim.step import StepModel
     from moe_core.sim.topology import build_topology
 

@@ -6,13 +6,13 @@ import pytest
 from omegaconf import OmegaConf
 
 import moe_core.papers.aurora.transmission_order  # noqa: F401  (registers the orders below)
-from moe_core.config import HardwareConfig
+from moe_core.comm.transmission import lower_bound, make_schedule
+from moe_core.comm.workloads import FIG4_TOY_TOKENS
+from moe_core.config.load import HardwareConfig
+from moe_core.records.units import GB
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange
 from moe_core.sim.engine import Op, simulate
 from moe_core.sim.topology import Cluster
-from moe_core.transmission import lower_bound, make_schedule
-from moe_core.units import GB
-from moe_core.workloads import FIG4_TOY_TOKENS
 
 ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")
 

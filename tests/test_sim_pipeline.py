@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moe_core.config import ConfigError, load_config, pipeline_chunk_blocks
+from moe_core.config.load import ConfigError, load_config, pipeline_chunk_blocks
 from moe_core.sim.pipeline import (
     PipelineModel,
     activation_bytes,

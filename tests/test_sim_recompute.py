@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moe_core.config import ConfigError, load_config, validate_measured
+from moe_core.config.load import ConfigError, load_config, validate_measured
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 

@@ -4,9 +4,9 @@ in the simulated training step, and their refusal by the measured executor."""
 import pytest
 
 from experiments.train_step import main as train_step_main
-from moe_core.config import ConfigError, load_config, validate_measured
-from moe_core.model import shape_only_model
-from moe_core.parallel import is_expert_param
+from moe_core.config.load import ConfigError, load_config, validate_measured
+from moe_core.model.transformer import shape_only_model
+from moe_core.parallel.parallelize import is_expert_param
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 

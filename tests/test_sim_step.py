@@ -9,18 +9,18 @@ import torch
 import torch.distributed as dist
 
 from experiments.simulate import main as simulate_main
-from moe_core.config import load_config
-from moe_core.executor import make_policy
-from moe_core.layout import layout_of
-from moe_core.model import MoETransformer
-from moe_core.parallel import build_groups, parallelize_model
-from moe_core.plan import gradient_micro_ops
-from moe_core.points import parse_setting, sim_points
+from moe_core.config.load import load_config
+from moe_core.config.points import parse_setting, sim_points
+from moe_core.model.transformer import MoETransformer
+from moe_core.parallel.layout import layout_of
+from moe_core.parallel.parallelize import build_groups, parallelize_model
+from moe_core.records.units import GB
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.executor import make_policy
+from moe_core.schedule.plan import gradient_micro_ops
 from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
-from moe_core.timing import PhaseTimer
-from moe_core.units import GB
 
 LINA = [
     "hardware_profile=lina-a100-4x4",

@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 
 from experiments.collectives import collective_points
-from moe_core.config import load_config
-from moe_core.points import point_name, sweep_points
+from moe_core.config.load import load_config
+from moe_core.config.points import point_name, sweep_points
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -13,15 +13,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from moe_core import comm
-from moe_core.config import load_config
-from moe_core.executor import make_policy
-from moe_core.layout import layout_of
-from moe_core.model import MoETransformer
-from moe_core.parallel import build_groups, parallelize_model
-from moe_core.plan import even_ranges
-from moe_core.tensor_parallel import shard_tensor_parallel
-from moe_core.timing import PhaseTimer
+from moe_core.comm import all_to_all as comm
+from moe_core.config.load import load_config
+from moe_core.model.transformer import MoETransformer
+from moe_core.parallel.layout import layout_of
+from moe_core.parallel.parallelize import build_groups, parallelize_model
+from moe_core.parallel.tensor_parallel import shard_tensor_parallel
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.executor import make_policy
+from moe_core.schedule.plan import even_ranges
 from tests.test_expert_parallel import (
     SMALL,
     _force_uniform_gate,
@@ -158,7 +158,7 @@ def test_tp_exchange_equals_whole_all_to_all_for_any_chunking(tmp_path):
     ],
 )
 def test_impossible_tensor_parallel_layouts_fail_naming_the_key(overrides, key):
-    from moe_core.config import ConfigError
+    from moe_core.config.load import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(

@@ -1,11 +1,10 @@
-"""Transmission orders (moe_core.transmission, and Aurora's in papers/aurora/transmission_order):
+"""Transmission orders (moe_core.comm.transmission, and Aurora's in papers/aurora/transmission_order):
 the paper's example, the exact bound, validity."""
 
 import numpy as np
 import pytest
 
-from moe_core.papers.aurora.transmission_order import algorithm1_schedule, rcs_orders, sjf_orders
-from moe_core.transmission import (
+from moe_core.comm.transmission import (
     ORDERS,
     delivered,
     exact_schedule,
@@ -16,6 +15,7 @@ from moe_core.transmission import (
     rounds_time,
     transpose,
 )
+from moe_core.papers.aurora.transmission_order import algorithm1_schedule, rcs_orders, sjf_orders
 
 # Fig. 4: GPU1 -> {2, 3}, GPU2 -> {1, 3}, one unit each (0-based here)
 FIG4 = [[0, 1, 1], [1, 0, 1], [0, 0, 0]]

@@ -22,8 +22,8 @@ from moe_core.papers.aurora import deployment
 def _fig4_time_units(records: pd.DataFrame, policy: str) -> tuple[float, str] | None:
     """Fig. 4's 3-GPU example in the paper's time units: our time over T*, times T* in units (each
     flow of FIG4_TOY_TOKENS is one unit), in barrier-separated rounds as the paper's slots are."""
-    from moe_core.transmission import lower_bound
-    from moe_core.workloads import FIG4_TOY_TOKENS
+    from moe_core.comm.transmission import lower_bound
+    from moe_core.comm.workloads import FIG4_TOY_TOKENS
 
     rows = select(
         records,

@@ -6,7 +6,7 @@ their own, joined to the measured ones here) and the simulated Perlmutter runs (
 weak scaling against a Megatron-LM-style baseline, the 2B overlap ablation and the communication
 model's ranking of the 80B model's grids).
 
-A grid is data x depth x row x col ranks (moe_core.grid), written "1x2x2x1" in that order. A step's
+A grid is data x depth x row x col ranks (moe_core.parallel.grid), written "1x2x2x1" in that order. A step's
 communication is the time the compute waits for the grid's collectives (``grid_comm_ms``) plus the
 data-parallel gradient all-reduce left after the backward pass (``allreduce_exposed_ms``).
 """
@@ -23,9 +23,9 @@ from scipy.stats import spearmanr
 from analysis.collect import TESTBED_COLUMNS, wide_points
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
-from moe_core.grid import GRID_AXES
 from moe_core.papers.axonn.config import OVERLAP_VARIANTS
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER, PREDICTED
+from moe_core.parallel.grid import GRID_AXES
 
 GRID_COLUMNS = [f"grid_{axis}" for axis in GRID_AXES]
 # A measured grid point and its prediction: the testbed's name (the measurement's mode and backend are

@@ -97,7 +97,7 @@ def _noise_notes(validation: pd.DataFrame) -> list[str]:
     return notes
 
 
-# ---- which dispatcher when (moe_core/dispatch_study.py) -----------------------------------------
+# ---- which dispatcher when (moe_core/dispatch/study.py) -----------------------------------------
 
 
 def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:

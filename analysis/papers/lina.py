@@ -24,8 +24,8 @@ from analysis.registry import (
     train_step_rows,
 )
 from analysis.units import format_bytes, span
-from moe_core.config import CommConfig
-from moe_core.units import MiB
+from moe_core.config.load import CommConfig
+from moe_core.records.units import MiB
 
 LINA_GPUS = 16  # Lina's testbed: 4 nodes x 4 A100
 LINA_TESTBED = "lina-a100-4x4"  # configs/hardware: Lina's 4 x 4 A100, 100 Gb/s IB per node

@@ -4,7 +4,7 @@
 import shlex
 
 from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
-from moe_core.config import config_digest
+from moe_core.config.load import config_digest
 
 # The validated, fully resolved config every job of this run reads, named by its content and
 # written by a job, never when the workflow is parsed. So a dry run, --summary or --lint writes

@@ -1,4 +1,4 @@
-# Which dispatcher when (moe_core/dispatch_study.py): every dispatch path's round trip under routing
+# Which dispatcher when (moe_core/dispatch/study.py): every dispatch path's round trip under routing
 # skew, measured on dispatch_study.world_size ranks (one torchrun job) and simulated on the study's
 # clusters (one cheap local job); then the table of winners.
 

@@ -2,22 +2,22 @@
 
 One class per exchange (moe_core.dispatch.base.Dispatcher), registered here or from a paper's
 folder (MoNTA's pipelined drop-gather). The registry is what the rest enumerates: the dispatcher
-study's measured and simulated paths (moe_core.dispatch_study), the allowed values of
-``comm.tp_dispatch`` and its chunk decision (moe_core.policies.tp_exchange_chunks). A new
+study's measured and simulated paths (moe_core.dispatch.study), the allowed values of
+``comm.tp_dispatch`` and its chunk decision (moe_core.schedule.policies.tp_exchange_chunks). A new
 exchange is a class and one :func:`register_dispatcher` line.
 
 A training step's plan carries its exchange as one object with its parameters (``step``:
-moe_core.plan.StepExchange's classes): the library's all-to-all (the ``capacity``, ``hierarchical``
+moe_core.schedule.plan.StepExchange's classes): the library's all-to-all (the ``capacity``, ``hierarchical``
 and ``duplicate`` dispatchers' exchange, optionally in a transmission order), Lina's pipelined
 micro-ops, and the drop-and-all-gather the tensor-parallel dispatchers' chunk decision builds.
 """
 
 from __future__ import annotations
 
-from ..registry import Registry
-from .base import Dispatcher, StudyGroups
-from .exchanges import AllGather, Capacity, Dropless, Hierarchical
-from .tensor_parallel import DropGather, Duplicate, TensorParallelDispatcher
+from moe_core.config.registry import Registry
+from moe_core.dispatch.base import Dispatcher, StudyGroups
+from moe_core.dispatch.exchanges import AllGather, Capacity, Dropless, Hierarchical
+from moe_core.dispatch.tensor_parallel import DropGather, Duplicate, TensorParallelDispatcher
 
 DISPATCHERS: Registry[Dispatcher] = Registry("token dispatcher")
 

@@ -4,7 +4,7 @@ A dispatcher is one class (as Megatron-Core's ``MoETokenDispatcher`` family and 
 dispatchers are): it says which ranks it needs, moves the tokens on torch.distributed (measured),
 states the transfers the network model prices (simulated), and, for the tensor-parallel ones, how
 many pipelined chunks a training step's plan runs it in (the plan's exchange object,
-moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch_study) read the
+moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch.study) read the
 same class, so a new exchange is one class and one registry line (moe_core.dispatch).
 
 The measured methods import torch inside: the registry is read when a config is validated, which

@@ -3,7 +3,7 @@
 * :class:`Capacity`: equal-split all-to-all of (E, C, M) buffers (GShard, DeepSpeed, Tutel): fixed
   bytes whatever the skew; tokens beyond an expert's capacity C are dropped;
 * :class:`Hierarchical`: the same buffers through the two-phase all-to-all
-  (moe_core.hierarchical_a2a), inside the nodes and then between same-local-rank peers;
+  (moe_core.comm.hierarchical_a2a), inside the nodes and then between same-local-rank peers;
 * :class:`Dropless`: all-to-all(v) of exactly the routed tokens, after an all-to-all of the
   per-expert counts (MegaBlocks, Megatron's alltoall dispatcher): nothing dropped, but a hot
   expert's rank receives more than its share;
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Dispatcher, StudyGroups
+from moe_core.dispatch.base import Dispatcher, StudyGroups
 
 
 class Capacity(Dispatcher):
@@ -71,7 +71,7 @@ class Dropless(_RoutedRows):
         import torch
         import torch.distributed as dist
 
-        from ..comm import exchange
+        from moe_core.comm.all_to_all import exchange
 
         tokens, counts = workload["tokens"], workload["counts"]
         send_counts = torch.tensor(counts[groups.rank], dtype=torch.int64, device=tokens.device)
@@ -121,7 +121,7 @@ class AllGather(_RoutedRows):
 
 def _there_and_back(buffer, group):
     """An equal-split all-to-all of ``buffer`` over ``group`` and the same of what arrived; what arrived."""
-    from ..comm import exchange
+    from moe_core.comm.all_to_all import exchange
 
     received = exchange(buffer, None, None, group, None)
     exchange(received, None, None, group, None)

@@ -1,16 +1,16 @@
-"""The token exchanges of a training step: what a plan's ``exchange`` (moe_core.plan.StepExchange) is.
+"""The token exchanges of a training step: what a plan's ``exchange`` (moe_core.schedule.plan.StepExchange) is.
 
 One frozen dataclass per mechanism, with its own parameters; each runs its exchange-compute-exchange
-on torch.distributed (the measured executor, moe_core.executor.CommPolicy, calls it with the
+on torch.distributed (the measured executor, moe_core.schedule.executor.CommPolicy, calls it with the
 buffer, the rows per expert, the experts' compute and weights, and itself for its groups, timer and
 ``blocking`` hook) and appends the same exchange's ops to a simulated step (moe_core.sim.dag calls
 ``simulate`` with the DAG it builds, once per MoE layer and pass):
 
 * :class:`AllToAll`: the library's equal-split all-to-all, whole (the ``capacity`` dispatcher's
   exchange); ``hierarchical``, in two phases inside the nodes and between same-local-rank peers
-  (the ``hierarchical`` dispatcher's, moe_core.hierarchical_a2a); ``order``, in a transmission order
+  (the ``hierarchical`` dispatcher's, moe_core.comm.hierarchical_a2a); ``order``, in a transmission order
   planned from the exchange's traffic matrix and run as point-to-point rounds (Aurora's,
-  moe_core.ordered_a2a). Under tensor parallelism it sends every "tp" rank's copy of the tokens
+  moe_core.comm.ordered_a2a). Under tensor parallelism it sends every "tp" rank's copy of the tokens
   (the ``duplicate`` dispatcher's exchange).
 * :class:`PipelinedAllToAll`: every all-to-all cut along its token rows into micro-ops of at most
   ``micro_op_bytes``, the experts computing each micro-op as it arrives and sending it back at once
@@ -18,9 +18,9 @@ buffer, the rows per expert, the experts' compute and weights, and itself for it
 * :class:`DropAllGather`: under tensor parallelism, each "tp" rank sends 1/tp of the tokens the
   group holds in duplicate and an all-gather over "tp" restores the rest, in ``chunks`` pipelined
   chunks (the ``drop-gather`` dispatcher's in one chunk, MoNTA's in its chosen count); the chunk
-  count is the tensor-parallel dispatcher's decision (moe_core.policies.step_exchange).
+  count is the tensor-parallel dispatcher's decision (moe_core.schedule.policies.step_exchange).
 
-The torch.distributed autograd functions they run are in moe_core.comm (the dispatcher study runs
+The torch.distributed autograd functions they run are in moe_core.comm.all_to_all (the dispatcher study runs
 them too); the measured methods import torch inside, so that validating a config does not.
 """
 
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import grid_config
-from ..plan import StepExchange, a2a_micro_ops, even_ranges, one_dimensional_refusal
+from moe_core.parallel.layout import grid_config
+from moe_core.schedule.plan import StepExchange, a2a_micro_ops, even_ranges, one_dimensional_refusal
 
 
 @dataclass(frozen=True)
 class AllToAll(StepExchange):
     """The library's all-to-all, whole: flat, ``hierarchical`` (two phases where the "ep" group spans
-    nodes) or in the transmission ``order`` (a moe_core.transmission.ORDERS name)."""
+    nodes) or in the transmission ``order`` (a moe_core.comm.transmission.ORDERS name)."""
 
     hierarchical: bool = False
     order: str | None = None
@@ -59,9 +59,9 @@ class AllToAll(StepExchange):
         """Flat, or two-phase when the "ep" group spans nodes (``policy.groups.ep_hierarchical``), or in
         the order planned from the traffic matrix (all-gathered first, timed as part of ``<name>.fwd``;
         the policy's ``exchanges`` count seeds a random order, equal on all ranks)."""
-        from ..comm import all_to_all
-        from ..ordered_a2a import gather_traffic_matrix
-        from ..transmission import make_schedule
+        from moe_core.comm.all_to_all import all_to_all
+        from moe_core.comm.ordered_a2a import gather_traffic_matrix
+        from moe_core.comm.transmission import make_schedule
 
         groups = policy.groups
         if self.order is None:
@@ -100,13 +100,13 @@ class PipelinedAllToAll(StepExchange):
 
     def all_to_all(self, policy, x, output_splits, input_splits, name: str):
         """Whole, flat: a dropless layer's exchanges wait for their split sizes, nothing to pipeline."""
-        from ..comm import all_to_all
+        from moe_core.comm.all_to_all import all_to_all
 
         return all_to_all(x, output_splits, input_splits, policy.groups.ep_group, policy.timer, name)
 
     def exchange_compute_exchange(self, policy, buf, rows_per_expert: int, compute, params):
-        """moe_core.comm.pipelined_exchange over the micro-ops of ``buf``'s rows, as one blocking span."""
-        from ..comm import pipelined_exchange
+        """moe_core.comm.all_to_all.pipelined_exchange over the micro-ops of ``buf``'s rows, as one blocking span."""
+        from moe_core.comm.all_to_all import pipelined_exchange
 
         experts, row_bytes = buf.shape[0] // rows_per_expert, buf[0].numel() * buf.element_size()
         chunks = self.micro_ops(rows_per_expert, experts * row_bytes)
@@ -147,8 +147,8 @@ class DropAllGather(StepExchange):
         return policy.blocking(lambda y: self._exchange(policy, y, rows_per_expert, "combine_a2a"), outputs)
 
     def _exchange(self, policy, x, rows_per_expert: int, name: str):
-        """moe_core.comm.tp_exchange of ``x``: every rank keeps 1/tp of each expert's rows, in chunks."""
-        from ..comm import tp_exchange
+        """moe_core.comm.all_to_all.tp_exchange of ``x``: every rank keeps 1/tp of each expert's rows, in chunks."""
+        from moe_core.comm.all_to_all import tp_exchange
 
         groups = policy.groups
         ranges = even_ranges(rows_per_expert // groups.layout.tensor_parallel, self.chunks)
@@ -161,7 +161,7 @@ class DropAllGather(StepExchange):
 
     def _simulated_exchange(self, dag, stem: str, phase: str, pass_: str, after) -> int:
         """The chunks' all-to-alls one after another on the "ep" communicator, each chunk all-gathered
-        over "tp" once it has arrived (as moe_core.comm.tp_exchange)."""
+        over "tp" once it has arrived (as moe_core.comm.all_to_all.tp_exchange)."""
         sent = gathered = None
         for j in range(self.chunks):
             sent = dag.all_to_all(f"{stem}c{j}.{pass_}", phase, after if sent is None else sent, dag.tp * self.chunks)

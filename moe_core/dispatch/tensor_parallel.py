@@ -3,17 +3,17 @@
 * :class:`Duplicate`: every "tp" rank sends its copy of the tokens: the all-to-all carries tp times
   the bytes;
 * :class:`DropGather`: each "tp" rank sends 1/tp of them and an all-gather over "tp" restores the
-  rest (moe_core.comm.tp_exchange), here in one chunk; a paper's pipelined variant subclasses it
+  rest (moe_core.comm.all_to_all.tp_exchange), here in one chunk; a paper's pipelined variant subclasses it
   with its own chunk count (MoNTA's, moe_core/papers/monta).
 
 A training step's plan takes the chunk count from :meth:`TensorParallelDispatcher.exchange_chunks`
-(moe_core.policies.tp_exchange_chunks): None keeps the plain all-to-all, n makes the plan's exchange
+(moe_core.schedule.policies.tp_exchange_chunks): None keeps the plain all-to-all, n makes the plan's exchange
 moe_core.dispatch.step.DropAllGather in n chunks, which the measured and the simulated step run.
 """
 
 from __future__ import annotations
 
-from .base import Dispatcher, StudyGroups
+from moe_core.dispatch.base import Dispatcher, StudyGroups
 
 
 class TensorParallelDispatcher(Dispatcher):
@@ -37,8 +37,8 @@ class TensorParallelDispatcher(Dispatcher):
         )
 
     def round_trip(self, groups: StudyGroups, workload: dict):
-        from ..comm import exchange, tp_exchange
-        from ..plan import even_ranges
+        from moe_core.comm.all_to_all import exchange, tp_exchange
+        from moe_core.schedule.plan import even_ranges
 
         buffer, rows = workload["buffer_tp"], workload["capacity_tp"]
         chunks = self.study_chunks(workload["study"])
@@ -54,7 +54,7 @@ class TensorParallelDispatcher(Dispatcher):
     def delivered(self, received, groups, workload, flat_received) -> bool:
         import torch
 
-        from ..comm import exchange
+        from moe_core.comm.all_to_all import exchange
 
         return torch.equal(received, exchange(workload["buffer_tp"], None, None, groups.ep, None))
 

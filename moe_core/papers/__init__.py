@@ -7,9 +7,8 @@ every name in ``PAPERS``, with a target ``snakemake <paper>``) and one analysis 
 (analysis/papers/<paper>.py).
 """
 
-from moe_core.sections import register_papers
-
-from . import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
+from moe_core.config.sections import register_papers
+from moe_core.papers import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
 
 PAPERS = ("gshard", "lina", "aurora", "monta", "axonn")
 register_papers(PAPERS)

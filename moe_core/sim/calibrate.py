@@ -30,11 +30,11 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from scipy.optimize import least_squares
 
-from ..config import COMPUTE_PHASES, load_config
-from .collectives import simulate_collective
-from .kernels import calibration_class
-from .step import StepModel
-from .topology import build_topology
+from moe_core.config.load import COMPUTE_PHASES, load_config
+from moe_core.sim.collectives import simulate_collective
+from moe_core.sim.kernels import calibration_class
+from moe_core.sim.step import StepModel
+from moe_core.sim.topology import build_topology
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
 STATISTIC = "mean"  # of a metric's per-iteration samples: what calibration fits and validation compares

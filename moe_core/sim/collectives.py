@@ -20,11 +20,11 @@ import numpy as np
 import yaml
 from omegaconf import DictConfig
 
-from ..sections import COLLECTIVE_CURVES_DIR
-from ..transmission import Schedule
-from ..workloads import ELEMENT_BYTES, zipf_traffic_matrix
-from .engine import Op, Timeline, simulate
-from .topology import Transfer
+from moe_core.comm.transmission import Schedule
+from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
+from moe_core.config.sections import COLLECTIVE_CURVES_DIR
+from moe_core.sim.engine import Op, Timeline, simulate
+from moe_core.sim.topology import Transfer
 
 EXCHANGES = ("all_to_all", "all_to_all_v")  # the collective kinds a size curve prices
 
@@ -119,8 +119,8 @@ def add_ordered_exchange(
     transfer has.
 
     ``rounds``: an ordered list of rounds, each a list of ``(src, dst, bytes)`` over group indices in
-    which no member sends twice or receives twice (moe_core.transmission's schedules). Every member
-    walks the rounds it takes part in, in order, as moe_core.ordered_a2a runs them: at each step it
+    which no member sends twice or receives twice (moe_core.comm.transmission's schedules). Every member
+    walks the rounds it takes part in, in order, as moe_core.comm.ordered_a2a runs them: at each step it
     posts its send and its receive of that round together and waits for both before its next step.
     There is no barrier between rounds, so a transfer starts once its sender and its receiver have
     both finished their previous steps (and the ops ``after``), pays one message's latency and then

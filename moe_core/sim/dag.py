@@ -5,7 +5,7 @@ gate -> dispatch all-to-all -> experts -> combine all-to-all): forward ops in or
 ops in reverse order, then gradient all-reduces per plan unit: after the whole backward or as soon
 as a unit's last gradient is ready, one unit after another on one communicator, then the
 optimizer. An MoE layer's exchange between its two copies is the plan's exchange object's own ops
-(moe_core.plan.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
+(moe_core.schedule.plan.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
 experts behind them, the tensor-parallel drop-and-all-gather chunks), so the builder never asks
 which mechanism it is. Under a 3D tensor-parallel grid the attention and dense FFN are its linear
 layers with their collectives and overlaps (moe_core.sim.grid_ops). Compute ops take the step's
@@ -17,17 +17,17 @@ a sharded optimizer (ZeRO-1) the same units are reduce-scattered, each rank's op
 communicator; fully sharded (ZeRO-3 / FSDP2), the plan's units give way to per-block all-gathers
 and reduce-scatters during the passes (moe_core.sim.sharding), and the optimizer updates the shard.
 Gradient accumulation (``train.micro_batches``): the forward and backward passes once per
-micro-batch, each pass priced on its own shapes (moe_core.validation.micro_batch_config); the plan's
+micro-batch, each pass priced on its own shapes (moe_core.config.validation.micro_batch_config); the plan's
 gradient sync follows the last pass only (DDP's ``no_sync`` before it), launched by its rule on the
 last pass's gradients, while full sharding reduces every pass's.
 """
 
 from __future__ import annotations
 
-from ..capacity import moe_blocks
-from .engine import Op, as_deps
-from .grid_ops import GridOps
-from .sharding import ROOT, FullShardOps
+from moe_core.model.capacity import moe_blocks
+from moe_core.sim.engine import Op, as_deps
+from moe_core.sim.grid_ops import GridOps
+from moe_core.sim.sharding import ROOT, FullShardOps
 
 
 def block_of(param_name: str):
@@ -43,7 +43,7 @@ class StepDag:
     ops in order, and the methods that append a block's parts to them, named
     ``[mb<j>/][recompute/]L<i>.<part>.<pass>``; ops are priced by the step's ``kernels`` and costs.
 
-    The plan's exchange (moe_core.plan.StepExchange.simulate) appends each MoE layer's exchange
+    The plan's exchange (moe_core.schedule.plan.StepExchange.simulate) appends each MoE layer's exchange
     through ``add``, ``all_to_all``, ``tp_all_gather`` and ``experts``, sized by ``a2a_bytes`` (what a
     rank sends per whole all-to-all), ``micro_ops`` (the micro-ops it cuts a capacity buffer into),
     ``partition_s`` (cutting the buffer into them, or joining them) and ``tp``.
@@ -94,7 +94,7 @@ class StepDag:
         if (nbytes, hierarchical) not in self.a2a_costs:
             self.a2a_costs[nbytes, hierarchical] = self.step.all_to_all(nbytes, hierarchical)
         # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the host
-        # sync of moe_core.layer, and of Megatron's dropless dispatcher)
+        # sync of moe_core.model.layer, and of Megatron's dropless dispatcher)
         sync = self.cfg.moe.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
         for k, cost in enumerate(self.a2a_costs[nbytes, hierarchical]):
             after = self.add(name, phase, after, host_sync=sync and k == 0, **cost)
@@ -233,7 +233,7 @@ class StepDag:
         a lower strict-priority class.
         ``after_backward``: the end of the backward pass and the reduce-scatters a grid completes
         after it, which units launched after the backward pass, and a grid's depth-sharded units
-        whose reduce-scatter is deferred, wait for (moe_core.executor). Returns the last all-reduce
+        whose reduce-scatter is deferred, wait for (moe_core.schedule.executor). Returns the last all-reduce
         (the optimizer's wait), none when no gradient is reduced."""
         step, plan = self.step, self.step.plan
         priority = 1 if plan.gradients_yield_to_a2a else 0

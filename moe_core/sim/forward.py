@@ -9,7 +9,7 @@ which expert, how tokens are dealt to replicas) decided per layer and batch give
 devices, experts) rows of the exchange (``routed``). The all-to-alls are uneven, priced from their
 traffic matrices on the topology: as the library's all-to-all (one fluid operation), or, given a
 transmission order (a function of the traffic matrix that returns its rounds, as the measured
-executor plans one per exchange, moe_core.executor), transfer by transfer in that order
+executor plans one per exchange, moe_core.schedule.executor), transfer by transfer in that order
 (moe_core.sim.collectives.add_ordered_exchange). Each device computes its experts one after
 another, one GEMM pair per expert on its rows (as the measured executor does), on its own peak
 FLOP/s (devices of a heterogeneous cluster differ); every compute op waits for the slowest device,
@@ -34,14 +34,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..capacity import moe_blocks
-from ..transmission import Schedule
-from .collectives import PointToPoint, add_ordered_exchange, collective_op, simulate_on
-from .engine import Op, Timeline, as_deps
-from .step import StepModel
+from moe_core.comm.transmission import Schedule
+from moe_core.model.capacity import moe_blocks
+from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, collective_op, simulate_on
+from moe_core.sim.engine import Op, Timeline, as_deps
+from moe_core.sim.step import StepModel
 
 INFERENCE_PHASES = ("gate", "dispatch_a2a", "expert", "combine_a2a")
-# A transmission order: (group, group) traffic bytes -> the rounds of the exchange (moe_core.transmission).
+# A transmission order: (group, group) traffic bytes -> the rounds of the exchange (moe_core.comm.transmission).
 Order = Callable[[np.ndarray], Schedule]
 
 

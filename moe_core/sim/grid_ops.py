@@ -1,7 +1,7 @@
-"""The simulated executor of a 3D tensor-parallel grid's linear layers (moe_core.grid).
+"""The simulated executor of a 3D tensor-parallel grid's linear layers (moe_core.parallel.grid).
 
-The same schedule as the measured layers (moe_core.grid_parallel), read from the same decisions:
-every linear's collectives come from ``moe_core.grid.linear_collectives`` and what overlaps what
+The same schedule as the measured layers (moe_core.parallel.grid_parallel), read from the same decisions:
+every linear's collectives come from ``moe_core.parallel.grid.linear_collectives`` and what overlaps what
 from the plan's ``grid_overlaps``. Per linear layer:
 
 * forward: the weight's all-gather over "depth" (issued when the previous layer got its weight, if
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..grid import LinearSpec, block_linears, linear_collectives
-from .compute import backward_shapes
-from .engine import as_deps
+from moe_core.parallel.grid import LinearSpec, block_linears, linear_collectives
+from moe_core.sim.compute import backward_shapes
+from moe_core.sim.engine import as_deps
 
 RELU_INPUT = {"ffn.w_out"}  # linear layers whose input is the FFN's ReLU output
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..activation import in_width
-from ..capacity import moe_tokens
-from ..schema import head_dim, kv_heads
-from .compute import ComputeModel
+from moe_core.config.schema import head_dim, kv_heads
+from moe_core.model.activation import in_width
+from moe_core.model.capacity import moe_tokens
+from moe_core.sim.compute import ComputeModel
 
-# The memory-bound ops beside the GEMMs (moe_core.model), per pass: (kernels, passes over their
+# The memory-bound ops beside the GEMMs (moe_core.model.transformer), per pass: (kernels, passes over their
 # activation, reads + writes). Layer norm's backward is dX and then its weight and bias gradients;
 # a residual add's backward adds the two branches' gradients; a linear layer's bias gradient is a
 # reduction over the tokens (its forward add is fused into the GEMM); the embedding is the token
@@ -46,7 +46,7 @@ ELEMENTWISE = {
     "embedding": {"fwd": (3, 5), "bwd": (3, 4)},
     "cross_entropy": {"fwd": (3, 5), "bwd": (3, 5)},
 }
-# The gate's routing (moe_core.gating.gshard_gating forward, its backward to the logits) per top_k and
+# The gate's routing (moe_core.model.gating.gshard_gating forward, its backward to the logits) per top_k and
 # pass: (kernels, bytes per token and expert, bytes per token), counted by running the code on meta
 # tensors (tests/test_sim_compute.py traces it and checks this table): top-2 makes 7 float32 passes
 # over the tokens x experts gate matrix forward and 19 backward, plus index work per token (sort,
@@ -79,7 +79,7 @@ FP8_AMAX_BYTES = 2  # current scaling: one more kernel reads the operand for its
 FP8_OPERAND_BYTES = 1
 
 
-# Which calibrated op class (moe_core.validation.COMPUTE_PHASES) prices an op phase: the measured
+# Which calibrated op class (moe_core.config.validation.COMPUTE_PHASES) prices an op phase: the measured
 # ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
 PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
 
@@ -252,7 +252,7 @@ class StepKernels:
 
     def partition_seconds(self, buffer_bytes: float) -> float:
         """Cutting a ``buffer_bytes`` buffer into a pipelined exchange's micro-ops, or joining them
-        (moe_core.comm.pipelined_exchange copies each one's rows out of it, and the results back)."""
+        (moe_core.comm.all_to_all.pipelined_exchange copies each one's rows out of it, and the results back)."""
         return self.priced(self.compute.copy(buffer_bytes), "partition")
 
     def optimizer_seconds(self, params: float, tensors: int) -> float:

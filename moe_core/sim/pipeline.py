@@ -39,14 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from ..capacity import DTYPE_BYTES
-from ..derive import derive_config
-from ..sections import ConfigError
-from ..validation import pipeline_chunk_blocks
-from .collectives import PointToPoint, simulate_on
-from .engine import Op
-from .step import StepModel
-from .timeline import StepSimulation
+from moe_core.config.derive import derive_config
+from moe_core.config.sections import ConfigError
+from moe_core.config.validation import pipeline_chunk_blocks
+from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.sim.collectives import PointToPoint, simulate_on
+from moe_core.sim.engine import Op
+from moe_core.sim.step import StepModel
+from moe_core.sim.timeline import StepSimulation
 
 
 def pipeline_time_s(
@@ -77,7 +77,7 @@ class Stage:
 
 def pipeline_stages(cfg: DictConfig) -> list[Stage]:
     """The pp stages of ``cfg``: stage s on ranks [s W/pp, (s+1) W/pp) with model chunks s, s + pp, ...
-    (moe_core.validation.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
+    (moe_core.config.validation.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
     pp = cfg.parallel.pipeline_parallel
     per_stage, chunk_blocks = cfg.parallel.world_size // pp, pipeline_chunk_blocks(cfg)
     return [

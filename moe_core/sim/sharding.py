@@ -2,7 +2,7 @@
 
 ZeRO-3 as FSDP2 applies it with ``fully_shard`` per transformer block and once on the root (the
 embeddings, the final norm and the LM head): every unit's parameters are sharded over the ranks
-holding replicas of them (moe_core.layout.Layout.gradient_groups: dense weights over the replicas
+holding replicas of them (moe_core.parallel.layout.Layout.gradient_groups: dense weights over the replicas
 of their tensor-parallel shard, experts over their "dp" replicas), one collective per group.
 
 * forward: a block's parameters are all-gathered before it computes and freed after it (reshard
@@ -18,7 +18,7 @@ of their tensor-parallel shard, experts over their "dp" replicas), one collectiv
 * gradient accumulation: all of this in every pass (FSDP2's default: gradients reduce-scattered
   per micro-batch, no ``no_sync``), so k passes gather and reduce k times.
 * these units replace the plan's gradient buckets and launch rule (config validation refuses
-  plans that schedule gradients otherwise, moe_core.policies.gradient_features); the plan's
+  plans that schedule gradients otherwise, moe_core.schedule.policies.gradient_features); the plan's
   all-to-all decisions apply as they are.
 
 Per-rank bytes of a collective over a group of p ranks holding S bytes in all: all-gather and
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .engine import as_deps
+from moe_core.sim.engine import as_deps
 
 ROOT = "root"  # the FSDP unit of the embeddings, the final norm and the LM head
 

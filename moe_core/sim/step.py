@@ -27,17 +27,17 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
-from ..capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_tokens
-from ..layout import Layout, expert_layout, layout_of
-from ..model import gradient_tensors
-from ..policies import build_plan
-from ..validation import micro_batch_config
-from .collectives import collective_op, simulate_on
-from .dag import StepDag, block_of
-from .engine import Op, issued_by_host
-from .kernels import StepKernels
-from .timeline import StepSimulation
-from .topology import Transfer
+from moe_core.config.validation import micro_batch_config
+from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_tokens
+from moe_core.model.transformer import gradient_tensors
+from moe_core.parallel.layout import Layout, expert_layout, layout_of
+from moe_core.schedule.policies import build_plan
+from moe_core.sim.collectives import collective_op, simulate_on
+from moe_core.sim.dag import StepDag, block_of
+from moe_core.sim.engine import Op, issued_by_host
+from moe_core.sim.kernels import StepKernels
+from moe_core.sim.timeline import StepSimulation
+from moe_core.sim.topology import Transfer
 
 
 class StepModel:
@@ -147,7 +147,7 @@ class StepModel:
     def copy_seconds(self, buffer_bytes: float) -> float:
         """The contiguous copies on one side of an MoE exchange: the sender's permute of its tokens
         into the expert-major buffer (or back), and under expert parallelism the receiver's
-        re-layout of what arrived (moe_core.layer). Modelled together on the sender's side."""
+        re-layout of what arrived (moe_core.model.layer). Modelled together on the sender's side."""
         return self.kernels.copy_seconds(buffer_bytes, 2 if self.moe_layout.expert_parallel > 1 else 1)
 
     def optimizer_seconds(self) -> float:
@@ -177,7 +177,7 @@ class StepModel:
     def all_to_all(self, bytes_per_rank: float, hierarchical: bool = False) -> list[dict]:
         """The op costs of one MoE all-to-all over every "ep" group: one op, or the hierarchical
         exchange's two phases (intra-node, then inter-node) when ``hierarchical`` and the groups span
-        nodes, as the measured run does (moe_core.hierarchical_a2a)."""
+        nodes, as the measured run does (moe_core.comm.hierarchical_a2a)."""
         if hierarchical and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
             p = self.moe_layout.expert_parallel
             traffic = np.full((p, p), bytes_per_rank / p)

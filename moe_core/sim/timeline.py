@@ -2,7 +2,7 @@
 
 :class:`StepSimulation` holds a step's ops (moe_core.sim.step) and the timeline the engine gave them
 (moe_core.sim.engine) and reads from them what the measured train_step records
-(moe_core.step_metrics): the compute phases, the compute stream's waits for all-to-alls, gradient
+(moe_core.records.step_metrics): the compute phases, the compute stream's waits for all-to-alls, gradient
 syncs, parameter gathers and a 3D grid's collectives, and the MoE layers' spans. One reader for a
 whole step and for each pipeline stage's (moe_core.sim.pipeline), so both report the same things.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grid import GRID_COLLECTIVES
-from ..step_metrics import STEP_PHASES, a2a_shares, step_terms
-from .engine import Op, Timeline
+from moe_core.parallel.grid import GRID_COLLECTIVES
+from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
+from moe_core.sim.engine import Op, Timeline
 
 
 @dataclass
@@ -31,7 +31,7 @@ class StepSimulation:
     allreduce_alone_s: float = 0.0  # the gradient sync's collectives each alone, one after another
 
     def metrics(self) -> dict[str, float]:
-        """The measured executor's metrics (moe_core.step_metrics, as experiments/train_step.py
+        """The measured executor's metrics (moe_core.records.step_metrics, as experiments/train_step.py
         records them), from the timeline, in ms; and
         ``moe_layer_fwd_ms`` / ``moe_layer_bwd_ms`` (``moe_layer_spans_ms``) and ``moe_compute_share``
         (gate + expert time over that wall time), which the measured executor does not record yet.

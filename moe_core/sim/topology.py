@@ -6,7 +6,7 @@ sequential algorithm steps (for the latency term) and the link class it crosses.
 ``max over links of bytes / capacity`` plus its latency, which is the worst-rank (bottleneck) rule
 of peers.md §5 for all-to-all(v) and the ring formula ``2(p-1)/p * S / B`` for all-reduce.
 
-On an emulated testbed (moe_core.testbed) the NIC links are ``tc tbf`` token buckets; the topology
+On an emulated testbed (moe_core.runtime.testbed) the NIC links are ``tc tbf`` token buckets; the topology
 gives their sizes (``burst_bytes``) and the engine models them.
 
 Two topologies:
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.units import GB
+from moe_core.records.units import GB
 
 
 @dataclass
@@ -222,7 +222,7 @@ class Cluster:
         Phase 1: device (n, l) hands device (n, l') everything bound for local index l' on any node.
         Phase 2: device (n, l') sends node n's share for (n2, l') to (n2, l'). "Local index" counts
         the group's members on their node, so the group needs the same number m of members on each
-        of its nodes (a strided group qualifies, as in moe_core.hierarchical_a2a); returns both
+        of its nodes (a strided group qualifies, as in moe_core.comm.hierarchical_a2a); returns both
         phases (phase 2 starts when phase 1 ends).
         """
         traffic = np.asarray(traffic, dtype=float)

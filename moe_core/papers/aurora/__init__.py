@@ -10,4 +10,4 @@
   big switch, and the simulated experiments.
 """
 
-from . import config, policy, transmission_order  # noqa: F401  (each registers itself)
+from moe_core.papers.aurora import config, policy, transmission_order  # noqa: F401  (each registers itself)

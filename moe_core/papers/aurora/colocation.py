@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from moe_core.transmission import check_traffic_matrix
+from moe_core.comm.transmission import check_traffic_matrix
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import colocation
+from moe_core.papers.aurora import colocation
 
 SETTINGS = ("exclusive-homogeneous", "exclusive-heterogeneous", "colocated-homogeneous", "colocated-heterogeneous")
 DEPLOYMENT_POLICIES = {
@@ -36,7 +36,7 @@ DEPLOYMENT_POLICIES = {
     "colocated-heterogeneous": ("aurora", "lina", "rec", "rga+rec", "aurora-exclusive"),
 }
 RANDOM_POLICIES = ("rcs", "rga", "rec", "rga+rec")  # one sample per random draw
-ORDER_BASELINES = ("naive", "sjf", "rcs")  # moe_core.transmission.ORDERS names
+ORDER_BASELINES = ("naive", "sjf", "rcs")  # moe_core.comm.transmission.ORDERS names
 DEPLOYMENT_ORDER = "exact"  # Aurora's order: the BvN schedule of Theorem 4.2's proof, T* exactly
 
 

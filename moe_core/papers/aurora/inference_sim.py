@@ -21,15 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config import ConfigError, load_config, to_container
-from moe_core.points import own_layout
+from moe_core.comm.transmission import Schedule, make_schedule
+from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.config.points import own_layout
+from moe_core.papers.aurora import colocation
+from moe_core.papers.aurora.deployment import Deployment, Hosted
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, simulate_on
 from moe_core.sim.forward import ForwardModel, Order, simulate_served
 from moe_core.sim.topology import Cluster, build_topology
-from moe_core.transmission import Schedule, make_schedule
-
-from . import colocation
-from .deployment import Deployment, Hosted
 
 
 @dataclass(frozen=True)

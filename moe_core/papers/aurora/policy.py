@@ -8,7 +8,7 @@ transmission order planned from the exchange's real traffic matrix (Li et al., a
 The orders are registered by ``transmission_order.py``; the plan's exchange is the all-to-all in
 that order (moe_core.dispatch.step.AllToAll), which all-gathers the traffic matrix before each
 forward exchange (timed as part of the all-to-all) and runs the order as point-to-point rounds
-(moe_core.ordered_a2a), on the shared executor (moe_core.executor.CommPolicy).
+(moe_core.comm.ordered_a2a), on the shared executor (moe_core.schedule.executor.CommPolicy).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_core.dispatch.step import AllToAll
-from moe_core.plan import CommPlan
-from moe_core.policies import PlanInputs, PolicySpec, register_policy, sequential_plan
-
-from . import transmission_order  # noqa: F401  (registers the orders named below)
+from moe_core.papers.aurora import transmission_order  # noqa: F401  (registers the orders named below)
+from moe_core.schedule.plan import CommPlan
+from moe_core.schedule.policies import PlanInputs, PolicySpec, register_policy, sequential_plan
 
 POLICY_ORDERS = {"aurora": "aurora", "aurora-sjf": "sjf", "aurora-rcs": "rcs"}
 

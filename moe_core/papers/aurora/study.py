@@ -1,6 +1,6 @@
 """Aurora's four simulated experiments: workloads, points and the run.
 
-Workloads (moe_core.workloads), each with a name recorded on every point: ``gating-z<zipf>`` are
+Workloads (moe_core.comm.workloads), each with a name recorded on every point: ``gating-z<zipf>`` are
 real routing traces of our MoE model trained on data of Zipf skew ``aurora.gating_zipf``;
 ``zipf-<zipf>`` are parametric matrices of skew ``aurora.traffic_zipf``. Each has
 ``aurora.moe_layers`` layers of ``aurora.num_experts`` experts, expert e on GPU e. The traces give
@@ -37,22 +37,21 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.capacity import DTYPE_BYTES
-from moe_core.points import unstated_param, unstated_variants
-from moe_core.transmission import lower_bound, make_schedule, rounds_time
-from moe_core.workloads import FIG4_TOY_TOKENS, coarsen, gating_token_matrices, receiver_skew, zipf_token_matrices
-
-from . import (
+from moe_core.comm.transmission import lower_bound, make_schedule, rounds_time
+from moe_core.comm.workloads import FIG4_TOY_TOKENS, coarsen, gating_token_matrices, receiver_skew, zipf_token_matrices
+from moe_core.config.points import unstated_param, unstated_variants
+from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.papers.aurora import (
     colocation,
     deployment,
     transmission_order,  # noqa: F401  (registers the orders of STUDIED_ORDERS)
 )
-from .config import AURORA_UNSTATED
-from .inference_sim import BigSwitch, ServedModel, big_switch, exchange_seconds
+from moe_core.papers.aurora.config import AURORA_UNSTATED
+from moe_core.papers.aurora.inference_sim import BigSwitch, ServedModel, big_switch, exchange_seconds
 
 PAPER = "aurora"
 NETWORKS = ("homogeneous", "heterogeneous")
-STUDIED_ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.transmission.ORDERS names, baselines first
+STUDIED_ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")  # moe_core.comm.transmission.ORDERS names, baselines first
 IMPRECISION_BASELINE = {"exclusive-heterogeneous": "rga", "colocated-heterogeneous": "rga+rec"}
 # What a sensitivity run repeats: the deployment experiment's Aurora and Fig 11's baselines (SJF, RCS,
 # RGA, Lina), the numbers of Figs 11-12; the other baselines only in the chosen values' run.

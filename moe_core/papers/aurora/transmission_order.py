@@ -3,7 +3,7 @@
 Li et al., "Optimizing Mixture-of-Experts Inference Time Combining Model Deployment and
 Communication Scheduling" (Aurora), arXiv 2410.17043, Sections 4.2 and 5 (Theorems 4.2, 5.2,
 Algorithm 1, Fig. 4). The schedule model, the exact (BvN) schedule, the naive order and the time
-models are paper-neutral (moe_core.transmission); this module registers Aurora's orders there:
+models are paper-neutral (moe_core.comm.transmission); this module registers Aurora's orders there:
 
 * ``aurora``: the paper's Algorithm 1, a heuristic: bottleneck GPU first, then the others by
   traffic, each fixing its sending order around the receivers' already fixed busy times. The paper
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_core.transmission import Schedule, check_traffic_matrix, order_schedule, pair_rate, register_order
+from moe_core.comm.transmission import Schedule, check_traffic_matrix, order_schedule, pair_rate, register_order
 
 # -- the paper's Algorithm 1 ----------------------------------------------------------------------
 Busy = list[tuple[float, float]]  # one side (send or receive) of a GPU: occupied [start, end) intervals

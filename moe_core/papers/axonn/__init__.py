@@ -1,5 +1,5 @@
 """AxoNN (Singh et al., arXiv 2305.13525): 3D tensor parallelism of every linear layer on a 4D grid
-(data x depth x row x col; the mechanism is the core's, moe_core.grid and moe_core.grid_parallel),
+(data x depth x row x col; the mechanism is the core's, moe_core.parallel.grid and moe_core.parallel.grid_parallel),
 its overlaps of collectives with compute, and a communication model that ranks grids.
 
 * ``comm_model``: the ring costs of the grid's collectives with the Plexus placement-aware
@@ -10,4 +10,4 @@ its overlaps of collectives with compute, and a communication model that ranks g
 * ``sweeps``: the measured grid sweep's points, their record params and the model's prediction for each.
 """
 
-from . import config, sweeps  # noqa: F401  (each registers itself: the section, the run checks)
+from moe_core.papers.axonn import config, sweeps  # noqa: F401  (each registers itself: the section, the run checks)

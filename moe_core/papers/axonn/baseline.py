@@ -10,10 +10,9 @@ first stage fits in memory; data parallelism over the rest; micro-batches of one
 
 from __future__ import annotations
 
-from moe_core.units import GB
-
-from .comm_model import stored_activation_bytes
-from .models import GptModel, parameters
+from moe_core.papers.axonn.comm_model import stored_activation_bytes
+from moe_core.papers.axonn.models import GptModel, parameters
+from moe_core.records.units import GB
 
 
 def megatron_memory_bytes(

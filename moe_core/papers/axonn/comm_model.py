@@ -2,7 +2,7 @@
 4D grid issues, estimate per-GPU memory, and rank the grids of a GPU count. Pure functions, no torch.
 
 What is priced. One rank's collectives per training iteration: the grid-split linears' collectives
-of every block (moe_core.grid.block_collectives: weight all-gathers and reduce-scatters over
+of every block (moe_core.parallel.grid.block_collectives: weight all-gathers and reduce-scatters over
 ``depth``, activation all-reduces over ``row`` / ``col``, the pair-boundary all-gathers over
 ``col``), and the data-parallel gradient all-reduces: each linear's depth shard over ``data``, and
 the whole (replicated) layer norms over ``data x depth`` (every rank of a (row, col) block holds
@@ -36,12 +36,12 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from moe_core.capacity import moe_blocks
-from moe_core.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
+from moe_core.model.capacity import moe_blocks
+from moe_core.parallel.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
+from moe_core.records.units import GB
 from moe_core.sim.topology import achieved_GBps
-from moe_core.units import GB
 
-AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.grid's rank order
+AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.parallel.grid's rank order
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}  # ring steps per (p - 1)
 BREAKDOWN_KEYS = (
     "all_gather_depth_s",
@@ -96,7 +96,7 @@ def axis_strides(grid: Grid, order: tuple[str, str, str] = AXONN_ORDER) -> dict[
     """Rank distance between neighbours along each axis when the tensor axes are placed in ``order``
     (innermost first) and ``data`` outermost.
 
-    AxoNN's order is moe_core.grid's rank order; Plexus also evaluates the other permutations, which
+    AxoNN's order is moe_core.parallel.grid's rank order; Plexus also evaluates the other permutations, which
     only this model prices (the measured layers always use AxoNN's).
     """
     if sorted(order) != sorted(AXONN_ORDER):

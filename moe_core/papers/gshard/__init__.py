@@ -1,9 +1,9 @@
 """GShard (Lepikhin et al., arXiv 2006.16668): the MoE model, its measured training step, and its
 scaling study on the TPU v3 torus.
 
-GShard's mechanisms are the suite's core (moe_core.gating: top-2 gating with capacity and random
-routing; moe_core.layer and model: the MoE transformer; the ``sequential`` and ``overlap`` policies
-of moe_core.policies), so the measured sweep (``paper: gshard``) needs no code of its own. The
+GShard's mechanisms are the suite's core (moe_core.model.gating: top-2 gating with capacity and random
+routing; moe_core.model.layer and model: the MoE transformer; the ``sequential`` and ``overlap`` policies
+of moe_core.schedule.policies), so the measured sweep (``paper: gshard``) needs no code of its own. The
 simulated scaling study (experiments/gshard.py) is this folder's:
 
 * ``models``: Table 1's models, Table 3's batches and training-cost arithmetic, and how the
@@ -16,4 +16,4 @@ simulated scaling study (experiments/gshard.py) is this folder's:
 * ``config``: the ``gshard`` config section, every unstated parameter with its reasoning.
 """
 
-from . import config  # noqa: F401  (registers the config section)
+from moe_core.papers.gshard import config  # noqa: F401  (registers the config section)

@@ -20,9 +20,8 @@ only the replicated gates (d_model x E per MoE layer) and gate probabilities (E 
 
 from __future__ import annotations
 
-from moe_core.capacity import capacity
-
-from .models import D_FF, D_MODEL, HEAD_DIM, N_HEADS, TARGET_VOCAB, Weights, weights
+from moe_core.model.capacity import capacity
+from moe_core.papers.gshard.models import D_FF, D_MODEL, HEAD_DIM, N_HEADS, TARGET_VOCAB, Weights, weights
 
 FLOAT32_BYTES = 4
 TOP_K = 2  # GShard's top-2 gating

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
+from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.sim.topology import Transfer
 
 PASSES = 3  # forward, and backward at twice its FLOPs

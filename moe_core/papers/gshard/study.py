@@ -3,7 +3,7 @@ reads them): its experiments and how a point is named."""
 
 from __future__ import annotations
 
-from .models import GShardModel
+from moe_core.papers.gshard.models import GShardModel
 
 PAPER = "gshard"
 SCALING = "gshard_scaling"  # Table 1's models simulated: step, rooflines, memory as trained (Table 3, Fig 8)

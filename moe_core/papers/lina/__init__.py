@@ -8,4 +8,4 @@
 * ``placement`` + ``inference``: inference placement decisions and the placed expert-parallel layer.
 """
 
-from . import config, decisions, sweeps  # noqa: F401  (each registers itself)
+from moe_core.papers.lina import config, decisions, sweeps  # noqa: F401  (each registers itself)

@@ -1,5 +1,5 @@
 """Lina's config sections: ``lina`` (its training experiments) and ``inference`` (its measured
-inference), registered with the schema (moe_core.sections)."""
+inference), registered with the schema (moe_core.config.sections)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from moe_core.points import Unstated, register_unstated
-from moe_core.policies import POLICIES
-from moe_core.sections import (
+from moe_core.config.points import Unstated, register_unstated
+from moe_core.config.sections import (
     register_section,
     require,
     require_at_least,
@@ -18,12 +17,13 @@ from moe_core.sections import (
     require_positive,
     require_profile,
 )
+from moe_core.schedule.policies import POLICIES
 
 # Lina's inference policies besides ``ideal`` (the normalisation, which always runs).
 INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune")
 
 # Parameters the paper leaves unstated that its simulated studies depend on, each with the value chosen
-# (the verdict's) and its plausible range; moe_core.points.unstated_variants runs them one at a time
+# (the verdict's) and its plausible range; moe_core.config.points.unstated_variants runs them one at a time
 # and jointly (the corners of the ranges).
 # * The intra-node link class, PCIe 4.0 x16 at 25 GB/s in a 2-socket PCIe tree:
 #   configs/hardware/lina-a100-4x4.yaml's header has the reasoning; the other end is NVLink3 as NCCL

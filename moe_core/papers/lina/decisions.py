@@ -1,6 +1,6 @@
 """Lina's training-time decisions (Li et al., USENIX ATC'23, §4), as pure functions.
 
-They build Lina's communication plan (``lina_plan``, moe_core.plan), which both executors follow:
+They build Lina's communication plan (``lina_plan``, moe_core.schedule.plan), which both executors follow:
 the measured one (the policy in ``policy.py``; expert packing in the training loop, ``packing.py``)
 and the step simulator (moe_core.sim.step). What each executor adds is only how time passes.
 
@@ -11,7 +11,7 @@ and the step simulator (moe_core.sim.step). What each executor adds is only how 
 * Priority: an all-reduce micro-op is launched only when no all-to-all is waiting or running, at
   most one is in flight (NCCL ops cannot be preempted, so an all-to-all waits for at most one), and
   none is launched between the start of an MoE layer's backward pass and its all-to-all. On NCCL
-  the all-to-alls also get high-priority CUDA streams (moe_core.parallel.build_groups).
+  the all-to-alls also get high-priority CUDA streams (moe_core.parallel.parallelize.build_groups).
 * Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives (the plan's exchange
   is moe_core.dispatch.step.PipelinedAllToAll).
 * Expert packing: experts per device double (powers of two) until the FFN time of a micro-op
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from moe_core.dispatch.step import AllToAll, PipelinedAllToAll
-from moe_core.layout import Layout
-from moe_core.plan import CommPlan, MicroOpCosts, Relayout, bucket_units, micro_op_units
-from moe_core.policies import PlanInputs, PolicySpec, register_policy
+from moe_core.parallel.layout import Layout
+from moe_core.schedule.plan import CommPlan, MicroOpCosts, Relayout, bucket_units, micro_op_units
+from moe_core.schedule.policies import PlanInputs, PolicySpec, register_policy
 
 
 @dataclass(frozen=True)

@@ -34,15 +34,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from moe_core.comm import exchange
-from moe_core.gating import gshard_gating
-from moe_core.layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
-from moe_core.policies import policy_spec
-from moe_core.timing import PhaseTimer
-from moe_core.transmission import Schedule, make_schedule
-
-from .config import INFERENCE_POLICIES
-from .placement import (
+from moe_core.comm.all_to_all import exchange
+from moe_core.comm.transmission import Schedule, make_schedule
+from moe_core.model.gating import gshard_gating
+from moe_core.model.layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
+from moe_core.papers.lina.config import INFERENCE_POLICIES
+from moe_core.papers.lina.placement import (
     PathProfile,
     Placement,
     devices_per_expert,
@@ -55,6 +52,8 @@ from .placement import (
     route_rows,
     static_placement,
 )
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.policies import policy_spec
 
 SCHEDULER_POLICIES = (*INFERENCE_POLICIES, "ideal")
 INFERENCE_PHASES = ("gate", "plan", "dispatch_a2a", "expert", "combine_a2a")

@@ -14,11 +14,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from moe_core.papers.lina.inference import Scheduler
+from moe_core.papers.lina.placement import PathProfile, load_imbalance, replica_token_counts
+from moe_core.papers.lina.routing import SyntheticRouting
 from moe_core.sim.forward import ForwardModel
-
-from .inference import Scheduler
-from .placement import PathProfile, load_imbalance, replica_token_counts
-from .routing import SyntheticRouting
 
 
 def source_counts(choices: np.ndarray, devices: int, num_experts: int) -> np.ndarray:

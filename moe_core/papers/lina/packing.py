@@ -1,6 +1,6 @@
 """Lina's expert packing inside a training run: when to decide, and the move to a new expert layout.
 
-:class:`ExpertPacking` is the measured driver of the plan's re-layout hook (moe_core.plan.Relayout):
+:class:`ExpertPacking` is the measured driver of the plan's re-layout hook (moe_core.schedule.plan.Relayout):
 it re-decides the packing factor between steps from the run's own times (the decision is the
 hook's ``decide``, ``decisions.choose_packed_layout``); when the layout
 changes, :func:`repack` gives every rank the experts of its place in the new layout, with their
@@ -16,16 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from moe_core.capacity import dispatch_rows_per_expert
-from moe_core.distributed import Env
-from moe_core.executor import CommPolicy, make_policy
-from moe_core.layer import MoELayer
-from moe_core.layout import Layout
-from moe_core.parallel import ParallelGroups, build_groups, local_experts
-from moe_core.plan import a2a_micro_ops
-from moe_core.timing import PhaseTimer
-
-from .decisions import packing_due
+from moe_core.model.capacity import dispatch_rows_per_expert
+from moe_core.model.layer import MoELayer
+from moe_core.papers.lina.decisions import packing_due
+from moe_core.parallel.layout import Layout
+from moe_core.parallel.parallelize import ParallelGroups, build_groups, local_experts
+from moe_core.runtime.distributed import Env
+from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.executor import CommPolicy, make_policy
+from moe_core.schedule.plan import a2a_micro_ops
 
 
 def exchange_experts(

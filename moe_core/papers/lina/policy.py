@@ -1,7 +1,7 @@
 """Lina's training scheduler on one rank: the measured executor of its priority rule (Li et al.,
 ATC'23 §4; the decisions and the registration of Lina's policies are in ``decisions.py``).
 
-Everything else Lina plans runs on the shared executor, moe_core.executor.CommPolicy: the
+Everything else Lina plans runs on the shared executor, moe_core.schedule.executor.CommPolicy: the
 pipelined micro-ops are the plan's exchange (moe_core.dispatch.step.PipelinedAllToAll), the packing
 the training loop's re-layout driver (``packing.py``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_core.executor import CommPolicy
+from moe_core.schedule.executor import CommPolicy
 
 
 class _BackwardSignal(torch.autograd.Function):
@@ -35,7 +35,7 @@ class LinaPriority(CommPolicy):
     backward start, its combine computation, blocks launching until the layer's next all-to-all is
     over) and only once the previous one has completed, so an all-to-all waits behind at most one.
     The queue is served on every gradient hook and at the end of every backward exchange span (each
-    all-to-all, or a pipelined exchange as a whole: moe_core.executor.CommPolicy.blocking);
+    all-to-all, or a pipelined exchange as a whole: moe_core.schedule.executor.CommPolicy.blocking);
     ``finish_gradient_sync`` launches the rest. The same sums as without priority.
     """
 

@@ -9,4 +9,4 @@ the parallel layout.
 * ``sweeps``: its measured and simulated training-step points.
 """
 
-from . import config, decisions, sweeps  # noqa: F401  (each registers itself)
+from moe_core.papers.monta import config, decisions, sweeps  # noqa: F401  (each registers itself)

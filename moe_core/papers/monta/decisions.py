@@ -1,18 +1,17 @@
 """MoNTA's dispatch decision: how many pipelined chunks the all-to-all + all-gather runs in.
 
 Registered as the ``monta`` token dispatcher (moe_core.dispatch): DeepSpeed's drop-gather in
-pipelined chunks, so the measured executor (moe_core.comm.tp_exchange) and the step simulator both
+pipelined chunks, so the measured executor (moe_core.comm.all_to_all.tp_exchange) and the step simulator both
 take the chunk count from :func:`monta_chunks`, and the dispatcher study runs it at its own.
 """
 
 from __future__ import annotations
 
-from moe_core.capacity import DTYPE_BYTES, dispatch_rows_per_expert
 from moe_core.dispatch import register_dispatcher
 from moe_core.dispatch.tensor_parallel import DropGather
-from moe_core.layout import layout_of
-
-from .performance_model import admissible_chunk_counts, choose_chunk_count, exchange_links
+from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert
+from moe_core.papers.monta.performance_model import admissible_chunk_counts, choose_chunk_count, exchange_links
+from moe_core.parallel.layout import layout_of
 
 # The released code's fixed choice (EnflameTechnology/DeepSpeed f733615: ``self.shard_num = 4``).
 CODE_DEFAULT_CHUNKS = 4

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from moe_core.capacity import capacity as expert_capacity
+from moe_core.model.capacity import capacity as expert_capacity
 from moe_core.sim.topology import achieved_GBps
 
 PATHS = ("duplicate", "drop-gather", "monta")

@@ -1,0 +1,125 @@
+"""Configs read and derived: YAML files and ``key=value`` overrides merged into checked layers, a
+hardware profile read once, a config derived from a checked one (a point's, a paper's model), and a
+config's content digest. Every failure raises :class:`ConfigError` naming the key or the file.
+Imports no paper, so papers, run checks and the simulator derive configs with it without a cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from moe_core.config.schema import HardwareConfig
+from moe_core.config.sections import (
+    CONFIG_DIR,
+    ConfigError,
+    require_name,
+)
+from moe_core.config.validation import validate, validate_hardware
+
+
+@functools.cache
+def hardware_profile(name: str) -> DictConfig:
+    """The hardware profile ``name`` (configs/hardware/<name>.yaml, or a YAML path) as a checked,
+    read-only section, as a config loaded on it holds it; read once per process: simulated studies
+    price hundreds of points on a few profiles."""
+    hardware = _merge([OmegaConf.structured(HardwareConfig), _load_hardware(name)])
+    require_name(hardware.name, "hardware.name")
+    validate_hardware(hardware)
+    OmegaConf.set_readonly(hardware, True)
+    return hardware
+
+
+def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """``cfg`` (a checked run's config) with ``overrides`` applied, checked as a config (a point's,
+    a paper's model): what load_config(data=cfg, overrides=overrides) gives without the run's own
+    checks, and without rebuilding the whole config (points are derived by the hundred at load)."""
+    layer = _dotlist(overrides)
+    profile = layer.get("hardware_profile", cfg.hardware_profile)
+    derived = _merge([cfg, layer])  # one copy of cfg: merge copies its first layer
+    OmegaConf.set_readonly(derived, False)
+    if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely,
+        # then the layer's own hardware keys apply to it; the schema class is cfg's own
+        # (``python -m moe_core.config`` imports this module twice)
+        hardware = [OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)]
+        derived.hardware = _merge([*hardware, layer.get("hardware", {})])
+    OmegaConf.set_readonly(derived, True)
+    validate(derived)
+    return derived
+
+
+def _dotlist(overrides: list[str]) -> DictConfig:
+    """``key=value`` overrides as one layer; ConfigError naming a malformed one."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. moe.num_experts=8)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    """A YAML config file; ConfigError naming the file (and line) if it is missing or malformed."""
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file '{path}'{where}: not valid YAML ({problem})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file '{path}': must hold a mapping of keys (e.g. 'moe: {{num_experts: 8}}')")
+    return loaded
+
+
+def _merge(layers: list) -> DictConfig:
+    try:
+        return OmegaConf.merge(*layers)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or getattr(err, "key", None) or _root_key(layers)
+        msg = str(err).splitlines()[0]
+        if isinstance(err, ConfigKeyError):
+            parent = key.rsplit(".", 1)[0] if "." in str(key) else ""
+            node = OmegaConf.select(layers[0], parent) if parent else layers[0]
+            if isinstance(node, DictConfig):
+                msg += f"; valid keys{' of ' + repr(parent) if parent else ''}: {sorted(node.keys())}"
+        raise ConfigError(f"config key '{key}': {msg}") from None
+
+
+def _root_key(layers: list) -> str:
+    """The root of a layer that is not a mapping of sections (e.g. ``sweep=[1, 2]``): its first key."""
+    for layer in layers[1:]:
+        if isinstance(layer, DictConfig):
+            for key in layer:
+                if not isinstance(layer[key], DictConfig) and isinstance(getattr(layers[0], key, None), DictConfig):
+                    return str(key)
+    return "?"
+
+
+def _load_hardware(profile: str) -> DictConfig:
+    """A profile name from configs/hardware/, or the path of a YAML file (e.g. a calibrated profile)."""
+    path = Path(profile) if profile.endswith((".yaml", ".yml")) else CONFIG_DIR / "hardware" / f"{profile}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
+        raise ConfigError(
+            f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
+            f"in configs/hardware/; allowed: {known} or a path to a .yaml file"
+        )
+    return _load_yaml(path)
+
+
+def config_digest(cfg: DictConfig) -> str:
+    """A short name for ``cfg``'s content (what save_config writes): equal configs, equal digests."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

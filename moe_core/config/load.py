@@ -1,0 +1,181 @@
+"""One structured configuration for every entry point, the workflow and the tests.
+
+Merge order: schema defaults <- YAML files (in the order given) <- command-line ``key=value``
+overrides. The schema is the single source of truth: the core's sections (moe_core.config.schema) plus the
+sections papers register (moe_core.config.sections, from moe_core/papers/<paper>/config.py); this module
+imports the papers' registry first, then assembles the root from both. OmegaConf checks every
+key and type against it, and :func:`validate` (moe_core.config.validation) adds the checks a type
+cannot express (ranges, layouts, names that must exist), then moe_core.config.run_checks what the
+run derives from the config (its override lists, points and sizes). Every failure raises
+:class:`ConfigError` whose message names the key the user set, what was wrong and what is allowed,
+before any process is started.
+
+The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml`` into
+``cfg.hardware``. Check a config without running anything (Snakemake parses its own
+``--configfile`` before the workflow and names no line of a malformed file; this does):
+
+    python -m moe_core.config --config configs/default.yaml --config my.yaml [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import suppress
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
+from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
+    _dotlist,
+    _load_hardware,
+    _load_yaml,
+    _merge,
+    config_digest,
+    derive_config,
+    hardware_profile,
+    to_container,
+)
+from moe_core.config.run_checks import check_run
+from moe_core.config.schema import CommConfig, HardwareConfig, _root_schema, head_dim, kv_heads  # noqa: F401
+from moe_core.config.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError  # noqa: F401  (re-exported)
+from moe_core.config.validation import (  # noqa: F401
+    COMPUTE_PHASES,
+    micro_batch_config,
+    pipeline_chunk_blocks,
+    validate,
+    validate_measured,
+)
+from moe_core.dispatch import study  # noqa: F401  (registers the dispatcher study's config section)
+from moe_core.schedule.policies import POLICIES
+
+Config = _root_schema()
+
+
+def config_arg_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line every entry point shares: ``[--config FILE]... [key=value]...``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"key=value config overrides (e.g. moe.num_experts=8 comm.policy=overlap; "
+        f"policies: {', '.join(POLICIES)})",
+    )
+    return parser
+
+
+def load_config(
+    files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None, whole_run: bool = True
+) -> DictConfig:
+    """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``.
+
+    Raises ConfigError naming the key the user set for unknown keys, bad types or values, impossible
+    layouts and missing or malformed files. With ``whole_run`` (every entry point, the launcher, the
+    workflow) also what the run derives from the config: its override lists, every measured point and
+    its size (moe_core.config.run_checks); a config derived from a checked one (a point's) passes False.
+    """
+    saved_layers = [_load_yaml(Path(path)) for path in files]
+    if data:
+        saved_layers.append(OmegaConf.create(data))
+    user_layers = list(saved_layers)
+    if overrides:
+        user_layers.append(_dotlist(overrides))
+    schema = OmegaConf.structured(Config)
+    profile = _merge([schema, *user_layers]).hardware_profile
+    # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
+    # a file's (or data's) hardware section that names another profile (e.g. a saved resolved config,
+    # then hardware_profile=...) belongs to that profile and is dropped. Command-line overrides
+    # always apply (e.g. the launcher's hardware.name=<profile>-loopback-fallback).
+    for layer in saved_layers:
+        name = OmegaConf.select(layer, "hardware.name") if isinstance(layer, DictConfig) else None
+        if name is not None and name != profile:
+            layer.pop("hardware")
+    cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
+    OmegaConf.set_readonly(cfg, True)
+    try:
+        validate(cfg)
+        if whole_run:
+            check_run(cfg)
+    except ConfigError as err:
+        raise _blame_set_key(err, user_layers) from None
+    return cfg
+
+
+# Keys one check reads together (e.g. the layout: experts over ranks): when it fails, the message
+# names the one the user set last, not the one the check happens to test (moe.num_experts=3 on 4
+# ranks is a wrong expert count, not a wrong world size).
+LINKED_KEYS = (
+    ("moe.num_experts", "moe.experts_per_rank", "parallel.tensor_parallel", "parallel.grid", "parallel.world_size"),
+)
+
+
+def _blame_set_key(err: ConfigError, layers: list) -> ConfigError:
+    """``err`` with its key replaced by a linked key (LINKED_KEYS) the latest layer sets, if that
+    layer sets linked keys but not the one named."""
+    match = ERROR_KEY.match(str(err))
+    group = next((g for g in LINKED_KEYS if match and match[1] in g), None)
+    if group is None:
+        return err
+    for layer in reversed(layers):
+        set_keys = [key for key in group if _sets(layer, key)]
+        if match[1] in set_keys:
+            return err
+        if set_keys:
+            return ConfigError(f"config key '{set_keys[0]}': {str(err)[match.end() :]}")
+    return err
+
+
+def _sets(layer, key: str) -> bool:
+    """Whether a user layer sets ``key`` (a dotted key, or a section of it)."""
+    try:
+        return isinstance(layer, DictConfig) and OmegaConf.select(layer, key, throw_on_missing=False) is not None
+    except OmegaConfBaseException:
+        return False
+
+
+def save_config(cfg: DictConfig, path: str | Path) -> bool:
+    """Write the resolved config as YAML (entry points load it back with ``--config``), unless
+    ``path`` already holds exactly that; returns whether it wrote. So the file changes, and its
+    modification time moves, only when the config does: what was made from an older config is
+    older than the file, which is how the workflow knows to redo it."""
+    path = Path(path)
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomic: a reader never sees half a config
+    return True
+
+
+def refuse_templates(paths: list[str | Path]) -> None:
+    """Raise ConfigError for a config file that is a YTE template (``__use_yte__: true``): Snakemake
+    runs its Python when it reads the file, so config files are trusted code, and this suite takes
+    plain YAML only (a template's output can differ between the workflow and its jobs)."""
+    for path in paths or ():
+        with suppress(OSError), open(path) as f:
+            if any(line.split("#")[0].strip().startswith("__use_yte__") for line in f):
+                raise ConfigError(
+                    f"config file {path} is a YTE template (__use_yte__), which Snakemake has already "
+                    f"evaluated as Python; config files must be plain YAML: render it yourself and pass the result"
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate a config (files and overrides as every entry point takes them); exit 2 on an error."""
+    args = config_arg_parser(__doc__).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"valid: paper {cfg.paper}, hardware {cfg.hardware.name}, policy {cfg.comm.policy}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""Raw records: one JSON file per sweep point, in one schema for measured and simulated runs.
+
+Schema (version 1)::
+
+    {
+      "schema_version": 1,
+      "paper": "gshard", "experiment": "train_step", "point": "ws4_e8_epr2_overlap_s0",
+      "mode": "measured" | "simulated", "backend": "gloo" | "nccl" | "sim", "hardware": "local-cpu",
+      "params":  {swept parameters: world_size, num_experts, experts_per_rank, policy, seed, ...},
+      "metrics": {"step_ms": {"median": 12.3, "p95": 14.0, "mean": 12.5, "min": ..., "max": ..., "n": 10}, ...},
+      "samples": {"step_ms": [per-iteration values, worst rank per iteration], ...},
+      "environment": {git_sha, torch, python, host, device, ...},
+      "config": {the fully resolved config},
+      "noise": {"load_avg": [l1, l5, l15], "cpus": 2, "contention": 0.03 | null, "cv": {"step_ms": 0.05, ...}}
+    }
+
+``noise`` (measured records only) says how busy the host was while the point was timed
+(moe_core.runtime.noise: load average, the share of CPU others used, each metric's coefficient of
+variation); moe_core.runtime.noise.is_noisy decides from it whether the record was taken on a noisy host.
+
+Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...), which sets their range
+(moe_core/records/record_schema.py checks every record the analysis reads against it). Records are written
+atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
+
+Records are strict JSON: every number is finite. A metric or sample that is NaN or infinite (a
+diverged training run, a failed measurement) is refused with NonFiniteMetricError naming it,
+before anything is written, so the run fails instead of recording a success. experiments.launch
+and moe_core.runtime.distributed.init_distributed check that ``results_dir`` can be written before any
+work starts (:func:`check_writable`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moe_core.runtime.noise import WINDOW
+
+SCHEMA_VERSION = 1
+MODES = ("measured", "simulated")
+
+
+class NonFiniteMetricError(ValueError):
+    """A record's metric or sample is NaN or infinite: the run diverged or a measurement failed."""
+
+
+class ResultsDirError(OSError):
+    """``results_dir`` cannot be created or written."""
+
+
+def check_writable(results_dir: str | Path) -> Path:
+    """Create ``results_dir`` if needed and prove it can be written (a file is created and removed).
+
+    Called before any work (experiments.launch, moe_core.runtime.distributed.check_launch), so an
+    unwritable directory fails the run at once rather than after it. Raises ResultsDirError
+    naming the directory.
+    """
+    path = Path(results_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ResultsDirError(
+            f"results_dir '{results_dir}' cannot be written ({err.strerror or err}); "
+            f"set results_dir=<a writable directory>"
+        ) from err
+    return path
+
+
+def check_results_dir(results_dir: str | Path) -> None:
+    """Raise ResultsDirError when ``results_dir`` (or, where it does not exist yet, the nearest folder
+    above it) cannot be written: a read-only file system, missing permissions. Writes nothing, so
+    the workflow can call it when it is parsed (also for a dry run)."""
+    path = Path(results_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not a folder" if not existing.is_dir() else "cannot be written"
+        raise ResultsDirError(f"results_dir '{results_dir}': {existing} {why}; set results_dir=<a writable directory>")
+
+
+def check_finite(samples: dict[str, Iterable[float]], extra_metrics: dict[str, float] | None = None) -> None:
+    """Raise NonFiniteMetricError naming the first metric with a NaN or infinite value."""
+    values = {
+        **{name: [float(v) for v in vals] for name, vals in samples.items()},
+        **{name: [float(value)] for name, value in (extra_metrics or {}).items()},
+    }
+    for name, vals in values.items():
+        bad = [i for i, v in enumerate(vals) if not math.isfinite(v)]
+        if bad:
+            raise _non_finite(
+                name, f"non-finite values ({len(bad)} of {len(vals)}, the first {vals[bad[0]]} at sample {bad[0]})"
+            )
+
+
+def _non_finite(name: str, what: str) -> NonFiniteMetricError:
+    loss = "loss" in name or "nll" in name
+    advice = "lower train.lr" if loss else "the measurement failed, see the run's log"
+    return NonFiniteMetricError(
+        f"{'losses diverged: ' if loss else ''}metric '{name}' has {what}; no record is written; {advice}"
+    )
+
+
+def _first_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
+    """The first (dotted key path, value) in ``obj`` whose number is NaN or infinite, or None."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (path, obj)
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def summarize(samples: Iterable[float]) -> dict[str, float]:
+    """Median, p95, mean, min, max and count of per-iteration samples."""
+    x = np.asarray(list(samples), dtype=float)
+    if x.size == 0:
+        raise ValueError("cannot summarize an empty list of samples")
+    return {
+        "median": float(np.median(x)),
+        "p95": float(np.percentile(x, 95)),
+        "mean": float(x.mean()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "n": int(x.size),
+    }
+
+
+def make_record(
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    mode: str,
+    backend: str,
+    hardware: str,
+    params: dict[str, Any],
+    samples: dict[str, list[float]],
+    config: dict[str, Any],
+    extra_metrics: dict[str, float] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Assemble a record; ``samples`` are per-iteration values (worst rank), summarized here.
+
+    ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. A measured
+    record gets the host's noise during its last timed window (moe_core.runtime.noise). Raises
+    NonFiniteMetricError when a sample or metric is NaN or infinite.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_finite(samples, extra_metrics)
+    metrics = {name: summarize(vals) for name, vals in samples.items()}
+    for name, value in (extra_metrics or {}).items():
+        metrics[name] = {"value": float(value)}
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "paper": paper,
+        "experiment": experiment,
+        "point": point,
+        "mode": mode,
+        "backend": backend,
+        "hardware": hardware,
+        "params": _plain(params),
+        "metrics": metrics,
+        "samples": {k: [float(v) for v in vals] for k, vals in samples.items()},
+        "environment": environment(device),
+        "config": _plain(config),
+    }
+    if mode == "measured":
+        record["noise"] = WINDOW.noise(record["samples"])
+    return record
+
+
+def record_path(results_dir: str | Path, paper: str, experiment: str, point: str) -> Path:
+    return Path(results_dir) / "raw" / paper / experiment / f"{point}.json"
+
+
+@contextmanager
+def atomic_outputs(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds they replace the
+    paths, when it fails they are removed and the old files stay as they were.
+
+    Readers see the old files or the whole new ones, never a partial write (and for a figure's PNG
+    and PDF, never a new one beside an old one). The temporary files are created with the process
+    umask (not mkstemp's 0600), so results stay readable on shared clusters.
+    """
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmps = [path.with_name(f".{path.name}.{os.getpid()}.tmp") for path in paths]
+    try:
+        yield tmps
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """:func:`atomic_outputs` of one file: yield its temporary path."""
+    with atomic_outputs(path) as (tmp,):
+        yield tmp
+
+
+def write_record(record: dict[str, Any], path: str | Path) -> Path:
+    """Write ``record`` as strict JSON atomically; a NaN or infinite number anywhere in it raises
+    NonFiniteMetricError, naming its key path, before anything is written. Inside
+    :func:`staged_records` the file goes to the staging folder and reaches ``path`` only when the
+    whole run succeeded; the returned path is ``path`` either way. A failed write (a full disk)
+    raises ResultsDirError naming the file."""
+    found = _first_non_finite(record)
+    if found:
+        where, value = found
+        section, _, rest = where.partition(".")
+        if section in ("samples", "metrics") and rest:
+            raise _non_finite(rest.split(".")[0], f"the non-finite value {value} (at {where})")
+        raise NonFiniteMetricError(
+            f"record field '{where}' is {value}, which strict JSON cannot hold; no record is written"
+        )
+    text = json.dumps(record, indent=1, allow_nan=False)
+    staging = os.environ.get(STAGING_ENV)
+    target = Path(staging) / f"{uuid.uuid4().hex}.json" if staging else Path(path)
+    try:
+        with atomic_output(target) as tmp, open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if staging:
+            target.with_suffix(".target").write_text(str(Path(path).absolute()))
+    except OSError as err:
+        raise ResultsDirError(
+            f"cannot write record {path} ({err.strerror or err}); free space in, or fix the permissions of, "
+            f"that folder, or set results_dir=<a writable directory>"
+        ) from err
+    return Path(path)
+
+
+# Staged records: a run publishes all of its records or none. Set for the processes of a run (the
+# launcher's ranks inherit it), it names the folder write_record writes into; staged_records moves
+# the files into place when the run ends well.
+STAGING_ENV = "MOE_BENCH_STAGING_DIR"
+
+
+class RecordStage:
+    """The staging folder of one run's records (under ``<results_dir>/.staging/``, so that publishing
+    is a rename on the same file system): one ``<id>.json`` per record and ``<id>.target`` with the
+    path it is published to."""
+
+    def __init__(self, results_dir: str | Path):
+        root = check_writable(results_dir) / ".staging"
+        root.mkdir(exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(dir=root, prefix=f"{os.getpid()}-"))
+        self.discarded = False
+
+    def publish(self) -> list[Path]:
+        """Move every staged record to its path (replacing an older one); the published paths."""
+        published = []
+        for target_file in sorted(self.path.glob("*.target")):
+            target = Path(target_file.read_text())
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(target_file.with_suffix(".json"), target)
+            published.append(target)
+        self.remove()
+        return published
+
+    def discard(self) -> None:
+        """Drop every staged record: the run failed, so none of its records is published."""
+        self.discarded = True
+        self.remove()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        with suppress(OSError):  # other runs may be staging beside this one
+            self.path.parent.rmdir()
+
+
+@contextmanager
+def staged_records(results_dir: str | Path) -> Iterator[RecordStage | None]:
+    """Stage every record written inside the block; publish them when it ends without an error and
+    without ``stage.discard()``, else drop them, so that a run that fails anywhere (a full disk
+    halfway, a W&B error after the last record, a rank hung at teardown) leaves no record it claims.
+
+    Inside a run that already stages (``STAGING_ENV`` set, e.g. an entry point under
+    experiments.launch) it joins that stage and yields None: the outer run publishes.
+    """
+    if os.environ.get(STAGING_ENV):
+        yield None
+        return
+    stage = RecordStage(results_dir)
+    os.environ[STAGING_ENV] = str(stage.path)
+    try:
+        yield stage
+    except BaseException:
+        stage.discard()
+        raise
+    finally:
+        del os.environ[STAGING_ENV]
+    if stage.discarded:
+        return
+    try:
+        stage.publish()
+    except OSError as err:
+        stage.remove()
+        raise ResultsDirError(f"cannot publish the records of this run under {results_dir} ({err})") from err
+
+
+@contextmanager
+def exit_if_unwritable() -> Iterator[None]:
+    """Around a measured entry point's record writes (rank 0): a record that cannot be written (a
+    full disk, a folder made read-only) ends the process with exit code 1 and one line naming the
+    file, rather than a traceback."""
+    try:
+        yield
+    except ResultsDirError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def write_records(records: Iterable[dict[str, Any]], results_dir: str | Path) -> list[Path]:
+    """Write each record to its :func:`record_path` under ``results_dir``, all or none
+    (:func:`staged_records`): a failure halfway (a full disk, a non-finite metric) leaves none of
+    them. Raises ResultsDirError or NonFiniteMetricError."""
+    with staged_records(results_dir):
+        return [write_record(r, record_path(results_dir, r["paper"], r["experiment"], r["point"])) for r in records]
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not strict JSON")
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """Read a record; raises ValueError for a wrong schema version or a non-finite number."""
+    with open(path) as f:
+        try:
+            record = json.load(f, parse_constant=_refuse_constant)
+        except ValueError as err:
+            raise ValueError(f"{path}: not a record ({err})") from err
+    if record.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {record.get('schema_version')} != {SCHEMA_VERSION}")
+    return record
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """What the numbers were measured on: versions, host, device, git commit."""
+    import torch
+
+    env = {
+        "git_sha": _git_sha(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": device,
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return env
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars (e.g. from Snakemake's Paramspace) -> Python scalars, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj

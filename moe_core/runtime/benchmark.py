@@ -1,0 +1,177 @@
+"""The shared skeleton of the experiments' entry points: the measured microbenchmarks
+(experiments/aurora_a2a.py, monta_a2a.py, dispatchers.py, axonn_grids.py: their timing loop, their
+records, their entry point under torchrun) and the papers' model and simulation studies
+(experiments/monta.py, axonn.py: records of single predicted values, a plain entry point).
+
+Methodology as experiments/collectives.py: warm-up iterations, then timed ones, each after a barrier;
+a rank's sample is its own time, and the worst rank per iteration is kept (gather_worst_rank), so
+every rank ends with the same samples and rank 0 writes them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import yaml
+from omegaconf import DictConfig
+
+from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.records.results import (
+    NonFiniteMetricError,
+    ResultsDirError,
+    check_writable,
+    exit_if_unwritable,
+    make_record,
+    write_records,
+)
+from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
+
+
+def timed_iterations(run: Callable[[], Any], warmup: int, iters: int, timer: PhaseTimer, metric: str) -> dict:
+    """``warmup`` untimed calls of ``run``, then ``iters`` timed ones, a barrier before each; the worst
+    rank's time per iteration under ``metric`` (ms)."""
+    local: dict[str, list[float]] = {metric: []}
+    for it in range(warmup + iters):
+        dist.barrier()
+        timer.reset()
+        start = timer.stamp()
+        run()
+        timer.add(metric, start, timer.stamp())
+        if it >= warmup:
+            local[metric].append(timer.elapsed_ms()[metric])
+    return gather_worst_rank(local)
+
+
+def measured_record(
+    cfg: DictConfig,
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    params: dict[str, Any],
+    samples: dict[str, list[float]],
+    extra_metrics: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """A measured record on ``cfg``'s hardware."""
+    return make_record(
+        paper=paper,
+        experiment=experiment,
+        point=point,
+        mode="measured",
+        backend=cfg.hardware.backend,
+        hardware=cfg.hardware.name,
+        params=params,
+        samples=samples,
+        config=to_container(cfg),
+        extra_metrics=extra_metrics,
+        device=cfg.hardware.device,
+    )
+
+
+def benchmark_main(
+    argv: list[str] | None,
+    doc: str,
+    world_size_key: str,
+    run: Callable[[DictConfig, Env], list[dict]],
+    check: Callable[[DictConfig], None] | None = None,
+) -> None:
+    """Parse ``--config``/overrides, check the config (exit 2 on a bad one, before any process group),
+    run ``run(cfg, env)`` on every rank, and write its records (rank 0's) once every rank finished.
+    A failing or hung rank makes every rank exit non-zero, naming it (moe_core.runtime.distributed)."""
+    args = config_arg_parser(doc).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if check is not None:
+            check(cfg)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    env = init_distributed(cfg, world_size_key=world_size_key)
+    try:
+        with naming_failed_ranks(env):
+            records = run(cfg, env)
+        with exit_if_unwritable():
+            write_records(records, cfg.results_dir)  # rank 0's; the others have none
+    finally:
+        shutdown()
+
+
+def published_entries(
+    path: str | Path, required_keys: tuple[str, ...], checked: Callable[[dict, str], dict]
+) -> list[dict[str, Any]]:
+    """The ``entries:`` list of a YAML file of published measurements (an external validation's), in
+    file order: each a mapping with ``required_keys``, then passed through ``checked(entry, where)``;
+    ValueError names a bad file, entry or duplicate id."""
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a top-level 'entries:' list")
+    entries = [_with_keys(entry, f"{path}: entry #{i}", required_keys, checked) for i, entry in enumerate(entries, 1)]
+    ids = [entry["id"] for entry in entries]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate ids {duplicates}; ids must be unique")
+    return entries
+
+
+def _with_keys(entry: Any, where: str, required_keys: tuple[str, ...], checked: Callable[[dict, str], dict]) -> dict:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not a mapping of key: value")
+    where = f"{where} ({entry.get('id')!r})"
+    missing = [key for key in required_keys if key not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+    return checked(entry, where)
+
+
+def predicted_record(
+    cfg: DictConfig,
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    hardware: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    backend: str,
+) -> dict[str, Any]:
+    """A record of single predicted values (a paper's model: ``backend="model"``, or the step
+    simulator: ``"sim"``) on the modelled ``hardware``."""
+    return make_record(
+        paper=paper,
+        experiment=experiment,
+        point=point,
+        mode="simulated",
+        backend=backend,
+        hardware=hardware,
+        params=params,
+        samples={},
+        config=to_container(cfg),
+        extra_metrics={name: float(value) for name, value in metrics.items()},
+    )
+
+
+def predictions_main(argv: list[str] | None, doc: str, make_records: Callable[[DictConfig], list[dict]]) -> int:
+    """Parse ``--config``/overrides, compute ``make_records(cfg)`` and write them; exit 2, writing
+    nothing, on a bad config, an unwritable results directory or a model's ValueError."""
+    args = config_arg_parser(doc).parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        check_writable(cfg.results_dir)
+        records = make_records(cfg)
+    except (ConfigError, ResultsDirError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        write_records(records, cfg.results_dir)
+    except (ResultsDirError, NonFiniteMetricError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(records)} records", file=sys.stderr)
+    return 0

@@ -1,0 +1,168 @@
+"""Communication policies: the registry and the baselines' decisions.
+
+A policy is registered once (:func:`register_policy`) with its decisions (a plan builder: step
+shapes -> moe_core.schedule.plan.CommPlan) and the name of its measured executor (a
+moe_core.schedule.executor.CommPolicy subclass that runs the plan on torch.distributed, imported only by the
+measured run). The simulator reads the plan of the same builder (:func:`build_plan`), so both
+executors follow one set of decisions. The config's allowed policy names, the sweeps and the CLI
+help come from ``POLICIES``; the papers' policies register from moe_core/papers/<paper>. This module
+imports no torch, so configs load and validate quickly (the workflow, the launcher, the analysis).
+
+Baselines:
+
+* ``sequential``: all gradient buckets are all-reduced after the backward pass; nothing overlaps.
+* ``overlap``: DDP/DeepSpeed-like. A bucket is all-reduced asynchronously, on its own communicator,
+  as soon as all its gradients are ready, so it runs concurrently with (and contends with) the
+  backward all-to-alls. This is the contention baseline Lina and Aurora compare against.
+
+moe_core.schedule.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
+these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
+
+A policy decides its plan's token exchange (moe_core.schedule.plan.StepExchange; the baselines: the
+library's all-to-all); the config chooses it where it names the mechanism (:func:`step_exchange`):
+the tensor-parallel dispatcher (``comm.tp_dispatch``, a token dispatcher of moe_core.dispatch,
+whose chunk decision builds the drop-and-all-gather exchange) and ``comm.a2a_algorithm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from moe_core.config.registry import Registry
+from moe_core.dispatch import tensor_parallel_dispatchers
+from moe_core.dispatch.step import AllToAll, DropAllGather
+from moe_core.model.capacity import expert_tensor_parallel
+from moe_core.parallel.grid import GridOverlaps
+from moe_core.parallel.layout import grid_config
+from moe_core.schedule.plan import CommPlan, GradientTensor, StepExchange, bucket_units
+
+DEFAULT_EXECUTOR = "moe_core.schedule.executor:CommPolicy"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is decided from: one rank's gradient tensors and the configured unit sizes."""
+
+    tensors: list[GradientTensor]  # in the order backward produces them
+    element_bytes: int  # of one gradient element as the executor reduces it
+    bucket_bytes: int  # comm.bucket_mb
+    micro_op_bytes: float  # comm.partition_mb
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered policy: its decisions and its measured executor (``module:Class``, imported by
+    moe_core.schedule.executor.make_policy when a measured run starts).
+
+    ``a2a_order``: the transmission order its all-to-alls run in (None: the library's), also offered
+    to the measured inference (``inference.a2a_policy``). ``micro_op_size_in_name``: its results
+    depend on ``comm.partition_mb``, so the point's name carries it.
+    """
+
+    name: str
+    decide: Callable[[PlanInputs], CommPlan]
+    executor: str = DEFAULT_EXECUTOR
+    a2a_order: str | None = None
+    micro_op_size_in_name: bool = False
+
+
+POLICIES: Registry[PolicySpec] = Registry("communication policy")
+
+
+def register_policy(spec: PolicySpec) -> PolicySpec:
+    return POLICIES.register(spec.name, spec)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    return POLICIES.lookup(name)
+
+
+def tp_exchange_chunks(cfg) -> int | None:
+    """What the MoE all-to-all does with the tokens the "tp" ranks share: ``comm.tp_dispatch``'s
+    decision (None: send the duplicates; n: drop them, then all-gather in n chunks) where experts are
+    split over "tp"; None, nothing shared, for whole experts or without tensor parallelism."""
+    if expert_tensor_parallel(cfg) == 1:
+        return None
+    return tensor_parallel_dispatchers()[cfg.comm.tp_dispatch].exchange_chunks(cfg)
+
+
+def step_exchange(cfg, decided: StepExchange) -> StepExchange:
+    """The token exchange a step of ``cfg`` runs: the policy's (``decided``), unless the config names
+    the mechanism. Where experts are split over "tp", ``comm.tp_dispatch`` decides
+    (:func:`tp_exchange_chunks`): n chunks is :class:`DropAllGather`, None sends the duplicates
+    through the policy's all-to-all; ``comm.a2a_algorithm=hierarchical`` runs it in two phases.
+    ValueError where two of them name it (config validation refuses that first, :func:`step_refusal`)."""
+    chunks = tp_exchange_chunks(cfg)
+    hierarchical = cfg.comm.a2a_algorithm == "hierarchical"
+    if chunks is None and not hierarchical:
+        return decided
+    owners = [f"policy '{cfg.comm.policy}' runs {decided}"] if decided != AllToAll() else []
+    owners += [f"comm.tp_dispatch={cfg.comm.tp_dispatch} drops and all-gathers"] if chunks is not None else []
+    owners += ["comm.a2a_algorithm=hierarchical runs two phases"] if hierarchical else []
+    if len(owners) > 1:
+        raise ValueError(
+            f"{' and '.join(owners)}, but a step runs one exchange; keep one (comm.a2a_algorithm=flat, "
+            "comm.tp_dispatch=duplicate, or a policy that runs the plain all-to-all)"
+        )
+    return DropAllGather(chunks) if chunks is not None else AllToAll(hierarchical=True)
+
+
+def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
+    """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
+    (moe_core.model.transformer.gradient_tensors): the one decision both executors follow (``element_bytes``: a
+    gradient element's size as that executor reduces it)."""
+    inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
+    plan = policy_spec(cfg.comm.policy).decide(inputs)
+    return replace(
+        plan,
+        tensors=tuple(tensors),
+        exchange=step_exchange(cfg, plan.exchange),
+        grid_overlaps=None if grid_config(cfg).is_trivial else GridOverlaps(**cfg.comm.grid_overlap),
+    )
+
+
+def step_refusal(cfg) -> tuple[str, str] | None:
+    """(config key, why) where ``cfg``'s step cannot run its exchange or re-layout, None where it can.
+    Each part states its own needs (``refusal``); the key is the one that chose the part: the policy
+    (decided on no gradients, so torch-free and instant), or comm.a2a_algorithm / comm.tp_dispatch."""
+    plan = policy_spec(cfg.comm.policy).decide(PlanInputs([], 4, 1, 1.0))
+    policy = f"policy '{cfg.comm.policy}': "
+    if reason := plan.exchange.refusal(cfg):
+        return "comm.policy", policy + reason
+    named = "comm.a2a_algorithm" if cfg.comm.a2a_algorithm == "hierarchical" else "comm.tp_dispatch"
+    try:
+        exchange = step_exchange(cfg, plan.exchange)
+    except ValueError as err:
+        return named, str(err)
+    if exchange is not plan.exchange and (reason := exchange.refusal(cfg)):
+        return named, reason
+    if plan.relayout is not None and (reason := plan.relayout.refusal(cfg, exchange)):
+        return "comm.policy", policy + reason
+    return None
+
+
+def gradient_features(cfg) -> list[str]:
+    """What ``cfg.comm.policy``'s plan decides for the gradients beyond DDP's buckets and launch
+    rule (decided on one probe tensor, so torch-free and instant): full data sharding replaces the
+    plan's gradient units by FSDP's per-block ones, so config validation refuses these with it."""
+    plan = policy_spec(cfg.comm.policy).decide(PlanInputs([GradientTensor("probe", 1, "dense")], 4, 1, 1.0))
+    features = {
+        "yields its gradients to the all-to-alls": plan.gradients_yield_to_a2a,
+        "cuts its gradients into micro-ops": any(not unit.fused for unit in plan.gradient_units),
+    }
+    return [name for name, on in features.items() if on]
+
+
+def sequential_plan(inputs: PlanInputs) -> CommPlan:
+    units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
+    return CommPlan(units, launch_when_ready=False, exchange=AllToAll())
+
+
+def overlap_plan(inputs: PlanInputs) -> CommPlan:
+    units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
+    return CommPlan(units, launch_when_ready=True, exchange=AllToAll())
+
+
+register_policy(PolicySpec("sequential", sequential_plan))
+register_policy(PolicySpec("overlap", overlap_plan))
