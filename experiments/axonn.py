@@ -1,11 +1,8 @@
 """AxoNN at Perlmutter scale, simulated: weak scaling against a Megatron-LM-style baseline, the overlap
-ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes); with
-``--grid-predictions``, AxoNN's communication model's prediction for each point of the measured grid
-sweep instead.
+ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes). The
+model's prediction for each point of the measured grid sweep: experiments/axonn_grid_predictions.py.
 
     python -m experiments.axonn --config configs/default.yaml
-    python -m experiments.axonn --grid-predictions --config configs/default.yaml \\
-        axonn.model_profile=results/calibration/local-cpu-calibrated.yaml
 
 Every training step is the step simulator's (moe_core.sim.step) on ``axonn.hardware``, built from the
 same config and decisions as a measured run: the grid's collectives (moe_core.parallel.grid), the plan's
@@ -31,19 +28,10 @@ overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Record
 
 Neither system's simulated step recomputes activations (both train under the memory of full
 recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forward pass.
-
-``--grid-predictions`` writes ``axonn_grid_predictions/<point>``: for every point of
-experiments/axonn_grids.py (moe_core/papers/axonn/sweeps.py), on the run's testbed (its
-``hardware``), the model's communication per step, ``predicted_comm_ms`` and its breakdown
-``predicted_<kind>_<axis>_ms`` (no overlap; moe_core/papers/axonn/comm_model.py), priced on
-``axonn.model_profile``: the testbed's calibrated profile in the workflow (the rules pass it), the
-run's own profile when empty; exit 2 naming the key if that profile lacks a link rate it prices. Its
-params are the measured record's, so the analysis joins the two.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
@@ -56,8 +44,7 @@ from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import grid_memory, rank_grids
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overlap_overrides
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
-from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
-from moe_core.papers.axonn.sweeps import point_config as grid_point_config
+from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.parallel.grid import GRID_AXES, Grid
 from moe_core.runtime.benchmark import predicted_record, predictions_main
 from moe_core.sim.pipeline import pipeline_time_s
@@ -318,34 +305,8 @@ def _record(cfg: DictConfig, experiment: str, point: str, params: dict, metrics:
     )
 
 
-def grid_prediction_records(cfg: DictConfig) -> list[dict]:
-    """AxoNN's model's prediction for every point of the measured grid sweep, on the run's testbed:
-    each record named and parametrised as the measured point's (grid_points)."""
-    out = []
-    for name, (grid, variant) in grid_points(cfg).items():
-        point = grid_point_config(cfg, grid, variant)
-        out.append(
-            predicted_record(
-                point,
-                paper=PAPER,
-                experiment=PREDICTED,
-                point=name,
-                hardware=cfg.hardware.name,
-                params=grid_point_params(point, variant),
-                metrics=predicted_metrics(point, grid),
-                backend="model",
-            )
-        )
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The study's records, or with ``--grid-predictions`` the measured grid sweep's predictions
-    (the rest of the command line: ``--config`` and overrides, as every entry point's)."""
-    selector = argparse.ArgumentParser(add_help=False)
-    selector.add_argument("--grid-predictions", action="store_true")
-    args, rest = selector.parse_known_args(argv)
-    return predictions_main(rest, __doc__, grid_prediction_records if args.grid_predictions else records)
+    return predictions_main(argv, __doc__, records)
 
 
 if __name__ == "__main__":

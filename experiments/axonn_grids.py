@@ -13,7 +13,7 @@ Its communication time per step, ``comm_ms``, is the time the ranks wait for the
 (``grid_comm_ms``) plus the data-parallel gradient all-reduce after the backward pass
 (``allreduce_exposed_ms``). Rank 0 writes ``results/raw/axonn/axonn_grids/<point>.json``: measurements
 only. AxoNN's communication model's prediction for each point is a simulated record of its own, with
-the same point name and params (``python -m experiments.axonn --grid-predictions``, on the testbed's
+the same point name and params (``python -m experiments.axonn_grid_predictions``, on the testbed's
 calibrated profile), which the analysis joins to this one.
 """
 

@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
-from experiments.axonn import grid_prediction_records, main, megatron_scaling, record_points, records
+from experiments.axonn import megatron_scaling, record_points, records
+from experiments.axonn_grid_predictions import grid_prediction_records
+from experiments.axonn_grid_predictions import main as predictions_main
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import moe_blocks
@@ -170,7 +172,7 @@ def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point_and_its_pr
         assert m["comm_ms"]["n"] == 2 and m["comm_ms"]["median"] > 0, name
         assert not [k for k in m if k.startswith("predicted_")], name
 
-    assert main(["--grid-predictions", "--config", "configs/default.yaml", *overrides, LINKED_PROFILE]) == 0
+    assert predictions_main(["--config", "configs/default.yaml", *overrides, LINKED_PROFILE]) == 0
     predicted = _read_records(tmp_path / "raw" / "axonn" / "axonn_grid_predictions")
     assert set(predicted) == set(measured)  # one prediction per measured point, the same params
     for name, record in predicted.items():
@@ -199,7 +201,7 @@ def test_grid_predictions_are_the_models_on_the_given_profile():
 
 def test_grid_predictions_refuse_a_profile_without_link_rates(tmp_path, capsys):
     # the run's own profile (axonn.model_profile empty), local-cpu, states no link rate
-    assert main(["--grid-predictions", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    assert predictions_main(["--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
     assert "axonn.model_profile" in capsys.readouterr().err
     assert not (tmp_path / "raw").exists()
 

@@ -1,7 +1,7 @@
 """AxoNN (arXiv 2305.13525): its reproducers, figures (results/figures/axonn/) and grid-validation table,
 from the measured grid sweep (experiments/axonn_grids.py: a small dense GPT on every 4D grid of the
 world size, and the overlap ablation on one grid), the communication model's prediction for each of
-its points (experiments/axonn.py --grid-predictions, on the testbed's calibrated profile; records of
+its points (experiments/axonn_grid_predictions.py, on the testbed's calibrated profile; records of
 their own, joined to the measured ones here) and the simulated Perlmutter runs (experiments/axonn.py:
 weak scaling against a Megatron-LM-style baseline, the 2B overlap ablation and the communication
 model's ranking of the 80B model's grids).
@@ -233,7 +233,7 @@ def axonn_model_validation(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     table = _required(
         axonn_grid_validation(records),
         f"measured {MEASURED} points with their {PREDICTED} records",
-        "run experiments/axonn_grids.py and experiments/axonn.py --grid-predictions",
+        "run experiments/axonn_grids.py and experiments/axonn_grid_predictions.py",
     )
     panels = list(_testbeds(table))
     fig.set_size_inches(6 * len(panels), 5)

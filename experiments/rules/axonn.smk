@@ -1,6 +1,6 @@
 # AxoNN (arXiv 2305.13525): its grid sweep measured (experiments/axonn_grids.py, one torchrun job,
 # measurements only), the communication model's prediction for each of its points on this testbed's
-# calibrated profile (experiments/axonn.py --grid-predictions, records of their own that the analysis
+# calibrated profile (experiments/axonn_grid_predictions.py, records of their own that the analysis
 # joins to the measured ones), and its Perlmutter-scale study simulated (experiments/axonn.py: weak
 # scaling against the Megatron-style baseline, the overlap ablation, the ranking of every grid;
 # seconds of CPU).
@@ -66,7 +66,7 @@ rule axonn_grid_predictions:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.axonn --grid-predictions --config {input.config:q} "
+        "logged {log:q} python -m experiments.axonn_grid_predictions --config {input.config:q} "
         "axonn.model_profile={input.profile:q}"
 
 

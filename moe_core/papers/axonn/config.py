@@ -90,8 +90,8 @@ class AxonnConfig:
       no overlap, then every overlap variant on ``ablation_grid`` (depth, row, col); the model is
       the run's with ``measured_overrides`` (a dense GPT, AxoNN's workload) and ``global_sequences``
       sequences per step shared by the data replicas, so every grid computes as much per step. The
-      communication model's prediction for each point is a job of its own (experiments/axonn.py
-      --grid-predictions), priced on ``model_profile``.
+      communication model's prediction for each point is a job of its own (experiments/axonn_grid_predictions.py),
+      priced on ``model_profile``.
     * Simulated at the paper's scale (experiments/axonn.py) on ``hardware`` with A100s of
       ``device_memory_GB``: the weak-scaling GPT models (moe_core/papers/axonn/models.py), trained on
       ``sequences_per_gpu`` sequences per GPU per iteration, each on the grid the communication model
@@ -122,7 +122,7 @@ class AxonnConfig:
     ablation_grid: list[int] = field(default_factory=lambda: [2, 2, 1])
     cached_layers: int = 2  # blocks whose weights the "all+cache" variant keeps from forward
     # The profile (name or YAML path) AxoNN's model prices the measured grids on, in their prediction
-    # job (experiments/axonn.py --grid-predictions): the testbed's calibrated one (the workflow passes
+    # job (experiments/axonn_grid_predictions.py): the testbed's calibrated one (the workflow passes
     # it); empty: the run's own. The job refuses one that lacks a link rate the grids' collectives need.
     model_profile: str = ""
     hardware: str = "axonn-perlmutter"

@@ -1,6 +1,6 @@
 """AxoNN's measured grid sweep: which (grid, overlap variant) points experiments/axonn_grids.py runs,
 their names, configs and record params (pure, so the workflow declares them before any job), and
-AxoNN's communication model's prediction for each, which experiments/axonn.py --grid-predictions
+AxoNN's communication model's prediction for each, which experiments/axonn_grid_predictions.py
 writes as records of their own (the measured records hold measurements only)."""
 
 from __future__ import annotations
