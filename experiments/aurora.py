@@ -34,9 +34,9 @@ from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,
-    make_record,
     write_records,
 )
+from moe_core.runtime.benchmark import sim_record
 
 
 def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
@@ -62,17 +62,16 @@ def make_records(cfg: DictConfig, args_config: list[str], overrides: list[str], 
         config = to_container(run_cfg)
         for p in points:
             net = p.params["network"]
-            record = make_record(
+            record = sim_record(
+                run_cfg,
                 paper=PAPER,
                 experiment=p.experiment,
                 point=p.name,
-                mode="simulated",
-                backend="sim",
                 hardware=run_cfg.aurora[f"{net}_hardware"],
                 params=p.params,
                 samples=p.samples,
-                config={**config, "hardware": to_container(hardware[net])},  # the profile it ran on
                 extra_metrics=p.extra,
+                config={**config, "hardware": to_container(hardware[net])},  # the profile it ran on
             )
             records.append(record)
     expected = aurora_points(cfg)

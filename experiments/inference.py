@@ -49,8 +49,9 @@ from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
-from moe_core.records.results import atomic_output, exit_if_unwritable, make_record, record_path, write_record
+from moe_core.records.results import atomic_output, exit_if_unwritable, record_path, write_record
 from moe_core.records.tracking import log_point
+from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
@@ -259,19 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
                     f"_{policy}_s{cfg.train.seed}{a2a}"
                 )
-                config = to_container(cfg)
-                record = make_record(
+                record = measured_record(
+                    cfg,
                     paper=PAPER,
                     experiment=EXPERIMENT,
                     point=point,
-                    mode="measured",
-                    backend=env.backend,
-                    hardware=cfg.hardware.name,
                     params=params,
                     samples=samples[policy],
-                    config=config,
                     extra_metrics=extra,
-                    device=env.device.type,
                 )
                 with exit_if_unwritable():
                     path = write_record(

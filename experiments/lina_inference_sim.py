@@ -24,15 +24,14 @@ import sys
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.config.load import derive_config, to_container
+from moe_core.config.load import derive_config
 from moe_core.config.points import own_layout, unstated_param, unstated_variants
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
-from moe_core.records.results import make_record
-from moe_core.runtime.benchmark import predictions_main
+from moe_core.runtime.benchmark import predictions_main, sim_record
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
 
@@ -119,16 +118,14 @@ def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: li
             "routing_drift": routing.drift,
         }
         records.append(
-            make_record(
+            sim_record(
+                run,
                 paper=PAPER,
                 experiment=EXPERIMENT,
                 point=point_name(cfg, experts, policy, suffix),
-                mode="simulated",
-                backend="sim",
                 hardware=run.hardware.name,
                 params=params,
                 samples=batch,
-                config=to_container(run),
                 extra_metrics=extra,
             )
         )

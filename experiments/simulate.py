@@ -26,16 +26,16 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from moe_core.config.load import ConfigError, config_arg_parser, derive_config, load_config, to_container
+from moe_core.config.load import ConfigError, config_arg_parser, derive_config, load_config
 from moe_core.config.points import point_params, sim_point_name, sim_points
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,
-    make_record,
     write_record,
     write_records,
 )
+from moe_core.runtime.benchmark import sim_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
@@ -79,16 +79,14 @@ def simulate_point(cfg: DictConfig) -> tuple[dict[str, list[float]], dict[str, f
 def simulated_record(cfg: DictConfig, point: str) -> dict:
     """The record of one simulated point."""
     samples, extra = simulate_point(cfg)
-    return make_record(
+    return sim_record(
+        cfg,
         paper=cfg.paper,
         experiment=EXPERIMENT,
         point=point,
-        mode="simulated",
-        backend="sim",
         hardware=cfg.hardware.name,
         params=point_params(cfg),
         samples=samples,
-        config=to_container(cfg),
         extra_metrics=extra,
     )
 

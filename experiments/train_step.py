@@ -25,16 +25,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container, validate_measured
+from moe_core.config.load import ConfigError, config_arg_parser, load_config, validate_measured
 from moe_core.config.points import point_name, point_params
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer, gradient_tensors
 from moe_core.parallel.grid import GRID_COLLECTIVES
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
-from moe_core.records.results import exit_if_unwritable, make_record, record_path, write_record
+from moe_core.records.results import exit_if_unwritable, record_path, write_record
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.records.tracking import log_point
+from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, step_profiler, write_profile
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
@@ -212,18 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         if env.rank == 0:
             params = point_params(cfg)
             point = point_name(params)
-            record = make_record(
+            record = measured_record(
+                cfg,
                 paper=cfg.paper,
                 experiment=cfg.experiment,
                 point=point,
-                mode="measured",
-                backend=env.backend,
-                hardware=cfg.hardware.name,
                 params=params,
                 samples=samples,
-                config=to_container(cfg),
                 extra_metrics=single_metrics,
-                device=env.device.type,
             )
             with exit_if_unwritable():
                 path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))

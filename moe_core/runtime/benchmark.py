@@ -130,6 +130,34 @@ def _with_keys(entry: Any, where: str, required_keys: tuple[str, ...], checked: 
     return checked(entry, where)
 
 
+def sim_record(
+    cfg: DictConfig,
+    *,
+    paper: str,
+    experiment: str,
+    point: str,
+    hardware: str,
+    params: dict[str, Any],
+    samples: dict[str, list[float]],
+    extra_metrics: dict[str, float] | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A record of the step simulator's samples on the modelled ``hardware``, its config ``cfg``'s
+    (or ``config`` where the run's config differs, e.g. by the profile it ran on)."""
+    return make_record(
+        paper=paper,
+        experiment=experiment,
+        point=point,
+        mode="simulated",
+        backend="sim",
+        hardware=hardware,
+        params=params,
+        samples=samples,
+        config=config or to_container(cfg),
+        extra_metrics=extra_metrics,
+    )
+
+
 def predicted_record(
     cfg: DictConfig,
     *,
