@@ -12,18 +12,20 @@ tensor-parallel dispatchers, with ``dispatch_study.tensor_parallel`` ranks shari
 skew every rank routes its tokens by the same seeded counts, and each dispatcher moves them to their
 experts and back: float32 rows of ``d_model``, capacity C = ceil(capacity_factor * tokens / E)
 rounded to a multiple of tp * chunks. ``hierarchical`` runs only when the group spans nodes of
-``hardware.devices_per_node`` ranks. Before timing, every dispatcher's delivery is checked (its
-``delivered``: the hierarchical and the tensor-parallel exchanges against the flat all-to-all;
-dropless and allgather by the rows each expert receives). Methodology as
-experiments/collectives.py: warm-up, timed iterations with a barrier before each, the worst rank per
-iteration (moe_core.runtime.benchmark). Records:
+``hardware.devices_per_node`` ranks. A skew is a routing workload (moe_core.dispatch.workloads);
+one that changes between steps runs its steps in turn, iteration i on step i mod its period. Before
+timing, every dispatcher's delivery is checked on every step's routing (its ``delivered``: the
+hierarchical and the tensor-parallel exchanges against the flat all-to-all; dropless and allgather
+by the rows each expert receives). Methodology as experiments/collectives.py: warm-up, timed
+iterations with a barrier before each, the worst rank per iteration (moe_core.runtime.benchmark).
+A record's ``imbalance`` is its steps' worst, ``dropped_fraction`` their mean. Records:
 ``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from functools import partial
+from itertools import cycle
 
 import torch
 import torch.distributed as dist
@@ -33,10 +35,9 @@ from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
 from moe_core.dispatch.study import (
     capacity_slots,
-    dropped_fraction,
-    imbalance,
     measured_paths,
-    popularity,
+    routing_metrics,
+    study_steps,
     token_counts,
 )
 from moe_core.parallel.layout import expert_layout
@@ -83,15 +84,15 @@ class Paths:
             timer=PhaseTimer(env.device),
         )
 
-    def workload(self, skew: str) -> dict:
-        """Token counts and buffers of ``skew``: (world, E) counts of the flat layout and (replicas,
-        E/tp) of the tensor-parallel one, with their capacities."""
+    def workload(self, skew: str, step: int) -> dict:
+        """Token counts and buffers of ``skew`` at ``step``: (world, E) counts of the flat layout and
+        (replicas, E/tp) of the tensor-parallel one, with their capacities."""
         d, rank, device = self.cfg.dispatch_study, self.env.rank, self.env.device
         world, tp = self.groups.world, self.groups.tp
         multiple = tp * d.chunks
-        counts = token_counts(world, d.tokens_per_rank, popularity(world, skew, d.seed), d.seed)
+        counts = token_counts(skew, world, d.tokens_per_rank, d.seed, step)
         experts_tp = world // tp
-        counts_tp = token_counts(experts_tp, d.tokens_per_rank, popularity(experts_tp, skew, d.seed), d.seed)
+        counts_tp = token_counts(skew, experts_tp, d.tokens_per_rank, d.seed, step)
         capacity = capacity_slots(d.tokens_per_rank, world, d.capacity_factor, multiple)
         capacity_tp = capacity_slots(d.tokens_per_rank, experts_tp, d.capacity_factor, multiple)
         generator = torch.Generator().manual_seed(d.seed + rank)
@@ -126,20 +127,26 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
     paths, names, records = Paths(cfg, env), measured_paths(cfg), []
     d = cfg.dispatch_study
     for skew in d.skews:
-        w = paths.workload(skew)
-        check_delivery(paths, names, w)
+        steps = [paths.workload(skew, step) for step in range(study_steps(skew, d.world_size))]
+        for w in steps:
+            check_delivery(paths, names, w)
         for name in names:
+            turns = cycle(steps)  # iteration i runs step i mod the period
             samples = timed_iterations(
-                partial(paths.round_trip, name, w), d.warmup_iters, d.iters, paths.groups.timer, "exchange_ms"
+                lambda name=name, turns=turns: paths.round_trip(name, next(turns)),
+                d.warmup_iters,
+                d.iters,
+                paths.groups.timer,
+                "exchange_ms",
             )
             if env.rank != 0:
                 continue
             tp_path, drops = dispatcher(name).tensor_parallel, dispatcher(name).drops
-            counts, capacity = (w["counts_tp"], w["capacity_tp"]) if tp_path else (w["counts"], w["capacity"])
-            dropped = dropped_fraction(counts, capacity) if drops else 0.0
+            counts, capacity = ("counts_tp", "capacity_tp") if tp_path else ("counts", "capacity")
+            capacity = steps[0][capacity]
             params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
             params.update(tensor_parallel=d.tensor_parallel if tp_path else 1, capacity=capacity)
-            extra = {"imbalance": imbalance(counts), "dropped_fraction": dropped}
+            extra = routing_metrics([w[counts] for w in steps], capacity, drops)
             point = f"ws{d.world_size}_{slug(skew)}_{name}"
             records.append(
                 measured_record(

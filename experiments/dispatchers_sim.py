@@ -6,8 +6,10 @@ tensor-parallel (moe_core.dispatch.study.simulated_paths) under routing skew on 
 
 Per cluster (grown to ``dispatch_study.sim_world_size`` GPUs with more nodes of its kind), skew and
 path: ``sim_world_size`` GPUs with one expert each route ``sim_tokens_per_rank`` bf16 tokens of
-``sim_d_model`` by the same seeded counts as the measured run draws, and the topology times the
-dispatch and the combine (moe_core.sim). The tensor-parallel dispatchers are not simulated here: the
+``sim_d_model`` by the same seeded workload as the measured run draws, and the topology times the
+dispatch and the combine (moe_core.sim). A workload that changes between steps is simulated on each
+step of its period: ``exchange_ms`` is their mean (the time per iteration of a long run),
+``imbalance`` their worst, ``dropped_fraction`` their mean. The tensor-parallel dispatchers are not simulated here: the
 measured study times them, and at scale they are simulated inside training steps (MoNTA's figures).
 Records: ``results/raw/common/dispatchers_sim/<point>.json``.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 from omegaconf import DictConfig
 
 from experiments.dispatchers import PAPER, slug
@@ -24,11 +27,10 @@ from moe_core.config.load import load_config
 from moe_core.dispatch import dispatcher
 from moe_core.dispatch.study import (
     capacity_slots,
-    dropped_fraction,
-    imbalance,
-    popularity,
+    routing_metrics,
     simulated_paths,
     simulated_round_trip_s,
+    study_steps,
     token_counts,
 )
 from moe_core.model.capacity import DTYPE_BYTES
@@ -56,16 +58,20 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
         )
         hw = sized_hardware(sized)
         for skew in d.skews:
-            counts = token_counts(
-                d.sim_world_size, d.sim_tokens_per_rank, popularity(d.sim_world_size, skew, d.seed), d.seed
-            )
+            steps = [
+                token_counts(skew, d.sim_world_size, d.sim_tokens_per_rank, d.seed, step)
+                for step in range(study_steps(skew, d.sim_world_size))
+            ]
             capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
+            row_bytes = d.sim_d_model * DTYPE_BYTES["bfloat16"]
             for path in paths:
-                seconds = simulated_round_trip_s(hw, counts, capacity, d.sim_d_model * DTYPE_BYTES["bfloat16"], path)
+                seconds = [simulated_round_trip_s(hw, counts, capacity, row_bytes, path) for counts in steps]
                 params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
-                metrics = {"exchange_ms": seconds * 1e3, "imbalance": imbalance(counts)}
-                metrics["dropped_fraction"] = dropped_fraction(counts, capacity) if dispatcher(path).drops else 0.0
+                metrics = {
+                    "exchange_ms": float(np.mean(seconds)) * 1e3,
+                    **routing_metrics(steps, capacity, dispatcher(path).drops),
+                }
                 records.append(
                     predicted_record(
                         cfg,

@@ -18,7 +18,7 @@ from moe_core.dispatch.study import (
     dropped_fraction,
     imbalance,
     measured_paths,
-    popularity,
+    routing_metrics,
     simulated_paths,
     simulated_round_trip_s,
     token_counts,
@@ -27,29 +27,29 @@ from moe_core.dispatch.tensor_parallel import DropGather
 from moe_core.schedule.policies import tp_exchange_chunks
 
 
-def test_popularity_is_a_distribution_whose_skew_grows_with_its_parameter():
-    uniform = popularity(16, "uniform", seed=0)
-    assert np.allclose(uniform, 1 / 16)
-    tops = [popularity(16, f"zipf:{s}", seed=0).max() for s in (0.0, 0.5, 1.0, 2.0)]
-    assert tops[0] == pytest.approx(1 / 16) and tops == sorted(tops) and tops[-1] > 0.5
-    for skew in ("zipf:1.0", "lognormal:1.0"):
-        p = popularity(16, skew, seed=3)
-        assert p.sum() == pytest.approx(1.0) and (p > 0).all()
-        assert np.array_equal(p, popularity(16, skew, seed=3))  # every rank draws the same
-
-
 def test_counts_imbalance_capacity_and_drops():
-    counts = token_counts(4, 1000, popularity(4, "uniform", 0), seed=0)
+    counts = token_counts("uniform", 4, 1000, seed=0)
     assert counts.shape == (4, 4) and (counts.sum(axis=1) == 1000).all()
     assert 1.0 <= imbalance(counts) < 1.1
-    skewed = token_counts(4, 1000, popularity(4, "zipf:2.0", 0), seed=0)
+    skewed = token_counts("zipf:2.0", 4, 1000, seed=0)
     assert imbalance(skewed) > 2
     assert capacity_slots(1000, 4, 1.25) == 313 and capacity_slots(1000, 4, 1.25, multiple=8) == 320
     assert dropped_fraction(np.array([[10, 0], [0, 10]]), capacity=10) == 0
     assert dropped_fraction(np.array([[20, 0], [0, 0]]), capacity=5) == pytest.approx(0.75)
+    empty = token_counts("zero_expert_rank", 1, 1000, seed=0)  # one rank: an empty step
+    assert empty.sum() == 0 and imbalance(empty) == 1.0 and dropped_fraction(empty, capacity=5) == 0
 
 
-@pytest.mark.parametrize("skew", ["zipf", "zipf:x", "lognormal:-1", "pareto:1"])
+def test_a_cell_of_several_steps_reports_its_worst_imbalance_and_its_mean_drops():
+    steps = [token_counts("burst", 4, 1000, seed=0, step=step) for step in range(4)]
+    assert [imbalance(c) > 1.5 for c in steps] == [False, False, False, True]
+    metrics = routing_metrics(steps, capacity=300, drops=True)
+    assert metrics["imbalance"] == max(imbalance(c) for c in steps)
+    assert metrics["dropped_fraction"] == pytest.approx(np.mean([dropped_fraction(c, 300) for c in steps]))
+    assert routing_metrics(steps, capacity=300, drops=False)["dropped_fraction"] == 0
+
+
+@pytest.mark.parametrize("skew", ["zipf", "zipf:x", "lognormal:-1", "pareto:1", "hot_rank:1", "hot rank"])
 def test_bad_skews_name_the_key(skew):
     with pytest.raises(ConfigError, match=r"dispatch_study\.skews"):
         load_config(overrides=[f"dispatch_study.skews=[{skew}]"])
@@ -62,7 +62,7 @@ def test_simulated_round_trips_react_to_skew_as_their_mechanisms_do():
     capacity = capacity_slots(4096, 16, 1.25)
     times = {}
     for skew in ("uniform", "zipf:1.5"):
-        counts = token_counts(16, 4096, popularity(16, skew, 0), seed=0)
+        counts = token_counts(skew, 16, 4096, seed=0)
         times[skew] = {
             path: simulated_round_trip_s(hw, counts, capacity, 8192, path)
             for path in ("capacity", "hierarchical", "dropless", "allgather")
@@ -92,7 +92,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
 def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
     overrides = [f"results_dir={tmp_path}", "dispatch_study.world_size=2", "dispatch_study.tokens_per_rank=256"]
     overrides += ["dispatch_study.d_model=32", "dispatch_study.iters=2", "dispatch_study.warmup_iters=0"]
-    overrides += ["dispatch_study.skews=[uniform,zipf:2.0]"]
+    overrides += ["dispatch_study.skews=[uniform,zipf:2.0,zero_expert_rank,rotating_hotspot]"]
     cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
     result = subprocess.run([*cmd, "--", "-m", "experiments.dispatchers"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

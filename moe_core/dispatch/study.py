@@ -5,9 +5,12 @@ ways. The study times every registered token dispatcher (moe_core.dispatch: capa
 dropless, allgather, the tensor-parallel duplicate and drop-gather, and the papers' own): the round
 trip of one layer (dispatch, then combine) with top-1 routing.
 
-Skew: one expert popularity shared by every rank (``uniform``, ``zipf:<s>`` with weight 1/k^s for
-the k-th most popular expert of a seeded ranking, ``lognormal:<sigma>`` with weights exp(sigma*N(0,1))),
-each rank's tokens drawn from it. The imbalance factor of a skew is max tokens per expert / mean.
+Skew: a routing workload of moe_core.dispatch.workloads, one expert per rank: the popularity skews
+(``uniform``, ``zipf:<s>``, ``lognormal:<sigma>``) and Megatron-LM's imbalance workloads W0-W7
+(``balanced``, ``hot_expert_set``, ``hot_rank``, ``spread_hot_experts``, ``source_ragged``,
+``zero_expert_rank``, ``rotating_hotspot``, ``burst``). A workload that changes from step to step
+(``rotating_hotspot``, ``burst``) runs its steps in turn, iteration i on step i mod its period. The
+imbalance factor of a routing is max tokens per expert / mean.
 
 experiments/dispatchers.py measures every path on gloo/NCCL ranks; :func:`simulated_round_trip_s`
 times the non-tensor-parallel paths on a modelled cluster (moe_core.sim) from the same token counts.
@@ -16,7 +19,6 @@ times the non-tensor-parallel paths on a modelled cluster (moe_core.sim) from th
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,9 +35,13 @@ from moe_core.config.sections import (
     require_seed,
 )
 from moe_core.dispatch import DISPATCHERS, dispatcher
+from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS, period, routing, routing_counts, split_name
 from moe_core.model.capacity import capacity
 
-SKEW_KINDS = ("uniform", "zipf", "lognormal")
+# Megatron's workloads the study runs by default: per-rank heat, skew before the dispatch, a rank
+# with zero-size splits both ways, and the two that change between steps (W1 and W3 heat one expert
+# of four where every rank holds one, as W2 does; W0 is uniform without the noise).
+STUDY_WORKLOADS = ("hot_rank", "source_ragged", "zero_expert_rank", "rotating_hotspot", "burst")
 
 
 @dataclass
@@ -45,7 +51,7 @@ class DispatchStudyConfig:
     of ``hardware`` with one expert per GPU and ``sim_tokens_per_rank`` bf16 tokens of
     ``sim_d_model``."""
 
-    skews: list[str] = field(default_factory=lambda: ["uniform", "zipf:1.0", "lognormal:1.0"])
+    skews: list[str] = field(default_factory=lambda: ["uniform", "zipf:1.0", "lognormal:1.0", *STUDY_WORKLOADS])
     world_size: int = 4
     tokens_per_rank: int = 2048
     d_model: int = 256
@@ -67,47 +73,44 @@ MAX_LOGNORMAL_SIGMA = 20.0
 
 
 def parse_skew(skew: str) -> tuple[str, float]:
-    """``"zipf:1.2"`` -> ("zipf", 1.2); ``"uniform"`` -> ("uniform", 0.0). ConfigError when malformed.
+    """``"zipf:1.2"`` -> ("zipf", 1.2); ``"hot_rank"`` -> ("hot_rank", 0.0). ConfigError when malformed.
     A skew becomes a point name and a command-line word: no spaces or other characters than a name's."""
     key = "config key 'dispatch_study.skews'"
-    kind, _, value = skew.partition(":")
-    if kind not in SKEW_KINDS or (kind != "uniform") != bool(value) or (value and not SAFE_NAME.match(value)):
-        raise ConfigError(f"{key}: invalid skew {skew!r}; use uniform, zipf:<s> or lognormal:<sigma> (no spaces)")
+    allowed = f"uniform, zipf:<s>, lognormal:<sigma> or one of {', '.join(IMBALANCE_WORKLOADS)} (no spaces)"
+    if not SAFE_NAME.match(skew.replace(":", "")):
+        raise ConfigError(f"{key}: invalid skew {skew!r}; use {allowed}")
     try:
-        parameter = float(value) if value else 0.0
-    except ValueError:
-        raise ConfigError(f"{key}: {skew!r} has a non-numeric parameter") from None
-    if not math.isfinite(parameter) or parameter < 0:
-        raise ConfigError(f"{key}: {skew!r} needs a finite parameter >= 0")
+        kind, parameter = split_name(skew)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}; use {allowed}") from None
     if kind == "lognormal" and parameter > MAX_LOGNORMAL_SIGMA:
         raise ConfigError(f"{key}: {skew!r}: sigma above {MAX_LOGNORMAL_SIGMA:g} overflows the expert weights")
     return kind, parameter
 
 
-def popularity(num_experts: int, skew: str, seed: int) -> np.ndarray:
-    """(E,) probability that a token is routed to each expert, the same on every rank."""
-    kind, parameter = parse_skew(skew)
-    rng = np.random.default_rng(seed)
-    if kind == "uniform":
-        weights = np.ones(num_experts)
-    elif kind == "zipf":
-        weights = np.empty(num_experts)
-        weights[rng.permutation(num_experts)] = 1.0 / np.arange(1, num_experts + 1) ** parameter
-    else:
-        weights = np.exp(parameter * rng.standard_normal(num_experts))
-    return weights / weights.sum()
+def study_steps(skew: str, ranks: int) -> int:
+    """The steps a study cell runs in turn: the workload's period (1 for a static one)."""
+    return period(skew, ranks)
 
 
-def token_counts(world_size: int, tokens_per_rank: int, probabilities: np.ndarray, seed: int) -> np.ndarray:
-    """(world, E) tokens each rank routes to each expert: a seeded multinomial draw per rank."""
-    rng = np.random.default_rng(seed)
-    return np.stack([rng.multinomial(tokens_per_rank, probabilities) for _ in range(world_size)])
+def token_counts(skew: str, ranks: int, tokens_per_rank: int, seed: int, step: int = 0) -> np.ndarray:
+    """(ranks, E = ranks) tokens each rank routes to each expert, one expert per rank, top-1, at ``step``."""
+    routes = routing(skew, seed=seed, step=step, tokens_per_rank=tokens_per_rank, experts=ranks, ranks=ranks, top_k=1)
+    return routing_counts(routes, ranks)
 
 
 def imbalance(counts: np.ndarray) -> float:
-    """Max tokens per expert over the mean (1 = balanced), over all ranks' tokens."""
+    """Max tokens per expert over the mean (1 = balanced, also when no token is routed), over all
+    ranks' tokens."""
     per_expert = counts.sum(axis=0)
-    return float(per_expert.max() / per_expert.mean())
+    return float(per_expert.max() / per_expert.mean()) if per_expert.any() else 1.0
+
+
+def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool) -> dict[str, float]:
+    """A study cell's routing over its steps' (ranks, E) counts: the worst step's ``imbalance`` and
+    the mean ``dropped_fraction`` (0 for a path that drops nothing)."""
+    dropped = [dropped_fraction(counts, capacity) if drops else 0.0 for counts in steps]
+    return {"imbalance": max(imbalance(counts) for counts in steps), "dropped_fraction": float(np.mean(dropped))}
 
 
 def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: float, multiple: int = 1) -> int:
@@ -119,7 +122,8 @@ def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: floa
 
 def dropped_fraction(counts: np.ndarray, capacity: int) -> float:
     """Share of the tokens a capacity dispatch drops: every (rank, expert) beyond ``capacity``."""
-    return float(np.maximum(counts - capacity, 0).sum() / counts.sum())
+    routed = counts.sum()
+    return float(np.maximum(counts - capacity, 0).sum() / routed) if routed else 0.0
 
 
 def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, row_bytes: int, path: str) -> float:

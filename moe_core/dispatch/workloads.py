@@ -1,0 +1,186 @@
+"""Routing workloads of the dispatcher study: which experts every token of every rank picks.
+
+A workload is a pure function of its name, a seed, a step, the tokens per rank, the experts, the
+ranks and top-k (:func:`routing`): per source rank an int array (tokens, top_k) of distinct expert
+ids, the same for any executor and layout that asks. Experts sit on ranks contiguously (expert e on
+rank e // (experts / ranks)), as the study places them.
+
+Popularity skews, one expert popularity every rank draws from:
+
+* ``uniform``;
+* ``zipf:<s>``: weight 1/k^s for the k-th most popular expert of a seeded ranking;
+* ``lognormal:<sigma>``: weights exp(sigma * N(0, 1)), seeded.
+
+The load-imbalance workloads of Megatron-LM's token-imbalance benchmark (NVIDIA/Megatron-LM PR 7488,
+from its MoE roadmap issue 6757), W0 to W7. The names and the variable each isolates are Megatron's;
+the heat parameters are ours, stated here (``HOT_SHARE``, the hot set, ``BURST_PERIOD``, the ragged
+profile):
+
+* ``balanced`` (W0): exact round robin; every expert receives the same choices from every rank
+  when tokens x top_k is a multiple of the experts;
+* ``hot_expert_set`` (W1): the first ``max(1, E // 8)`` experts (contiguous) take ``HOT_SHARE`` of
+  the choices;
+* ``hot_rank`` (W2): the last rank's experts take ``HOT_SHARE``: per-rank heat at W1's level;
+* ``spread_hot_experts`` (W3): W1's number of hot experts, spread at an even stride over the ranks;
+* ``source_ragged`` (W4): rank r holds tokens in proportion to r + 1 (the same total), routed
+  uniformly: skew before the dispatch;
+* ``zero_expert_rank`` (W5): the last rank's experts receive nothing and the last rank sends
+  nothing (zero-size splits both ways); on one rank, an empty step (no token at all);
+* ``rotating_hotspot`` (W6): W2's heat on rank ``step mod ranks``: a plan made on one step is stale
+  on the next;
+* ``burst`` (W7): uniform, except that every ``BURST_PERIOD``-th step (step mod P = P - 1) is W2:
+  a median over steps hides it.
+
+The heat is the hot experts' share of the choices for top-1; with top-k > 1 a token picks k distinct
+experts (Gumbel top-k sampling without replacement), so the hot share is lower where k exceeds the
+hot set. The imbalance factor of a routing (max choices per expert / mean) is the study's
+``imbalance``; at ``HOT_SHARE`` 0.5 it is 0.5 E / H for H hot experts (2 for one hot expert of 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+POPULARITY_SKEWS = ("uniform", "zipf", "lognormal")
+IMBALANCE_WORKLOADS = (
+    "balanced",
+    "hot_expert_set",
+    "hot_rank",
+    "spread_hot_experts",
+    "source_ragged",
+    "zero_expert_rank",
+    "rotating_hotspot",
+    "burst",
+)
+HOT_SHARE = 0.5  # the hot experts' share of the choices (top-1)
+HOT_SET_DIVISOR = 8  # W1 and W3 heat max(1, E // 8) experts
+BURST_PERIOD = 4  # W7: one hot step in every four
+
+
+def split_name(workload: str) -> tuple[str, float]:
+    """``"zipf:1.2"`` -> ("zipf", 1.2), ``"hot_rank"`` -> ("hot_rank", 0.0). ValueError when malformed;
+    the config check (moe_core.dispatch.study.parse_skew) names the key."""
+    kind, _, value = workload.partition(":")
+    takes_parameter = kind in ("zipf", "lognormal")
+    if kind not in (*POPULARITY_SKEWS, *IMBALANCE_WORKLOADS) or takes_parameter != bool(value):
+        raise ValueError(f"unknown workload {workload!r}")
+    parameter = float(value) if value else 0.0
+    if not math.isfinite(parameter) or parameter < 0:
+        raise ValueError(f"workload {workload!r} needs a finite parameter >= 0")
+    return kind, parameter
+
+
+def period(workload: str, ranks: int) -> int:
+    """How many steps the workload takes to repeat (1: the same routing every step)."""
+    kind, _ = split_name(workload)
+    return {"rotating_hotspot": ranks, "burst": BURST_PERIOD}.get(kind, 1)
+
+
+def popularity(experts: int, workload: str, seed: int) -> np.ndarray:
+    """(E,) probability that a token is routed to each expert under a popularity skew."""
+    kind, parameter = split_name(workload)
+    if kind not in POPULARITY_SKEWS:
+        raise ValueError(f"{workload!r} is not a popularity skew")
+    weights = popularity_weights(kind, parameter, experts, seed)
+    return weights / weights.sum()
+
+
+def popularity_weights(kind: str, parameter: float, experts: int, seed: int) -> np.ndarray:
+    """(E,) unnormalised weights of a popularity skew; the seeded ranking is every rank's."""
+    rng = np.random.default_rng(seed)
+    if kind == "zipf":
+        weights = np.empty(experts)
+        weights[rng.permutation(experts)] = 1.0 / np.arange(1, experts + 1) ** parameter
+        return weights
+    if kind == "lognormal":
+        return np.exp(parameter * rng.standard_normal(experts))
+    return np.ones(experts)
+
+
+def heat(experts: int, hot: np.ndarray) -> np.ndarray:
+    """(E,) weights giving the ``hot`` experts ``HOT_SHARE`` of the choices (top-1), the rest the
+    remainder; all experts hot is no heat at all."""
+    if hot.size == experts:
+        return np.ones(experts)
+    weights = np.full(experts, (1 - HOT_SHARE) / (experts - hot.size))
+    weights[hot] = HOT_SHARE / hot.size
+    return weights
+
+
+def experts_of_rank(rank: int, experts: int, ranks: int) -> np.ndarray:
+    """The experts rank ``rank`` holds (contiguous)."""
+    per_rank = experts // ranks
+    return np.arange(rank * per_rank, (rank + 1) * per_rank)
+
+
+def expert_weights(kind: str, parameter: float, experts: int, ranks: int, seed: int, step: int) -> np.ndarray:
+    """(E,) unnormalised weights of the experts every source rank draws from at ``step``."""
+    hot_set = max(1, experts // HOT_SET_DIVISOR)
+    if kind in POPULARITY_SKEWS:
+        return popularity_weights(kind, parameter, experts, seed)
+    if kind == "hot_expert_set":
+        return heat(experts, np.arange(hot_set))
+    if kind == "spread_hot_experts":
+        return heat(experts, np.arange(hot_set) * (experts // hot_set))
+    if kind == "hot_rank" or (kind == "burst" and step % BURST_PERIOD == BURST_PERIOD - 1):
+        return heat(experts, experts_of_rank(ranks - 1, experts, ranks))
+    if kind == "rotating_hotspot":
+        return heat(experts, experts_of_rank(step % ranks, experts, ranks))
+    weights = np.ones(experts)
+    if kind == "zero_expert_rank":
+        weights[experts_of_rank(ranks - 1, experts, ranks)] = 0.0
+    return weights  # also source_ragged, and burst off its hot steps
+
+
+def source_tokens(kind: str, tokens_per_rank: int, ranks: int) -> list[int]:
+    """Tokens each source rank routes: ``tokens_per_rank`` each, except W4's ragged profile (the same
+    total, rank r's share in proportion to r + 1) and W5's silent last rank."""
+    if kind == "source_ragged":
+        total = tokens_per_rank * ranks
+        shares = [total * (r + 1) // (ranks * (ranks + 1) // 2) for r in range(ranks)]
+        shares[-1] += total - sum(shares)
+        return shares
+    if kind == "zero_expert_rank":
+        return [tokens_per_rank] * (ranks - 1) + [0]
+    return [tokens_per_rank] * ranks
+
+
+def sample_top_k(weights: np.ndarray, tokens: int, top_k: int, rng: np.random.Generator) -> np.ndarray:
+    """(tokens, top_k) distinct experts per token, drawn without replacement in proportion to
+    ``weights`` (Gumbel top-k: the k largest of log weight + Gumbel noise); zero weights never drawn."""
+    with np.errstate(divide="ignore"):
+        keys = np.log(weights) + rng.gumbel(size=(tokens, weights.size))
+    return np.argsort(-keys, axis=1, kind="stable")[:, :top_k]
+
+
+def routing(
+    workload: str, *, seed: int, step: int, tokens_per_rank: int, experts: int, ranks: int, top_k: int
+) -> list[np.ndarray]:
+    """Per source rank, (tokens, top_k) int64 expert ids of ``workload`` at ``step``; every row has
+    ``top_k`` distinct experts. ValueError naming what does not fit (the layout, top-k, W5's spare
+    experts)."""
+    kind, parameter = split_name(workload)
+    if ranks < 1 or experts % ranks:
+        raise ValueError(f"{experts} experts do not spread evenly over {ranks} ranks")
+    live = experts - (experts // ranks if kind == "zero_expert_rank" and ranks > 1 else 0)
+    if not 1 <= top_k <= live:
+        raise ValueError(f"top_k={top_k} needs 1..{live} experts to route to under {workload!r}")
+    counts = source_tokens(kind, tokens_per_rank, ranks)
+    if not any(counts):
+        return [np.empty((0, top_k), dtype=np.int64) for _ in counts]
+    if kind == "balanced":
+        starts = np.cumsum([0, *counts[:-1]])
+        return [
+            (((start + np.arange(n))[:, None] * top_k + np.arange(top_k)) % experts).astype(np.int64)
+            for start, n in zip(starts, counts)
+        ]
+    weights = expert_weights(kind, parameter, experts, ranks, seed, step)
+    rngs = [np.random.default_rng([seed, step, rank]) for rank in range(ranks)]
+    return [sample_top_k(weights, n, top_k, rng).astype(np.int64) for n, rng in zip(counts, rngs)]
+
+
+def routing_counts(routes: list[np.ndarray], experts: int) -> np.ndarray:
+    """(ranks, E) choices each source rank routes to each expert."""
+    return np.stack([np.bincount(r.ravel(), minlength=experts) for r in routes])
