@@ -479,3 +479,23 @@ def test_a_new_exchange_checks_the_config_itself_with_no_schema_change():
             load_config(overrides=["comm.policy=top-one", "moe.top_k=1", "comm.a2a_algorithm=hierarchical"])
     finally:
         del POLICIES["top-one"]
+
+
+def test_the_resolved_configs_keys_keep_their_order_and_so_its_digest():
+    """The resolved config's name is the digest of its YAML, keys in order (moe_core.config.derive):
+    a reordered schema would rename every run's snapshot and re-measure every point of an existing
+    results directory. The order: the core's sections, the dispatcher study's, the papers', W&B."""
+    keys = list(load_config().keys())
+    core = ["hardware", "model", "moe", "parallel", "comm", "train", "collectives", "sweep", "sim_sweep"]
+    assert keys[keys.index("hardware") : keys.index("calibration")] == core
+    assert keys[keys.index("calibration") :] == [
+        "calibration",
+        "dispatch_study",
+        "aurora",
+        "axonn",
+        "gshard",
+        "lina",
+        "inference",
+        "monta",
+        "wandb",
+    ]

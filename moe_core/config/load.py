@@ -27,6 +27,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import moe_core.dispatch.study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
 from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
 from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
     _dotlist,
@@ -48,7 +49,6 @@ from moe_core.config.validation import (  # noqa: F401
     validate,
     validate_measured,
 )
-from moe_core.dispatch import study  # noqa: F401  (registers the dispatcher study's config section)
 from moe_core.schedule.policies import POLICIES
 
 Config = _root_schema()
