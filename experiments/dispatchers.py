@@ -17,8 +17,12 @@ one that changes between steps runs its steps in turn, iteration i on step i mod
 timing, every dispatcher's delivery is checked on every step's routing (its ``delivered``: the
 hierarchical and the tensor-parallel exchanges against the flat all-to-all; dropless and allgather
 by the rows each expert receives). Methodology as experiments/collectives.py: warm-up, timed
-iterations with a barrier before each, the worst rank per iteration (moe_core.runtime.benchmark).
-A record's ``imbalance`` is its steps' worst, ``dropped_fraction`` their mean. Records:
+iterations with a barrier before each, the worst rank per iteration, ``dispatch_study.repeats``
+repeats of that (each with its own warm-up; in one process, not separate launches) summarised by
+their medians' mean and its 95% interval (moe_core.runtime.benchmark.repeated_iterations). A
+record's ``imbalance`` is its steps' worst, ``dropped_fraction`` and ``useful_bytes`` (what had to
+cross between ranks, there and back) their mean, ``useful_GBps`` the useful bytes over the median
+time. Rank 0 prints the cells as a table in the manner of nccl-tests. Records:
 ``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
@@ -27,6 +31,8 @@ from __future__ import annotations
 from datetime import timedelta
 from itertools import cycle
 
+import numpy as np
+import pandas as pd
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
@@ -39,10 +45,12 @@ from moe_core.dispatch.study import (
     routing_metrics,
     study_steps,
     token_counts,
+    useful_rate,
 )
+from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
-from moe_core.runtime.benchmark import benchmark_main, measured_record, timed_iterations
+from moe_core.runtime.benchmark import benchmark_main, measured_record, repeated_iterations
 from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer
 
@@ -132,34 +140,60 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
             check_delivery(paths, names, w)
         for name in names:
             turns = cycle(steps)  # iteration i runs step i mod the period
-            samples = timed_iterations(
+            samples, spread = repeated_iterations(
                 lambda name=name, turns=turns: paths.round_trip(name, next(turns)),
                 d.warmup_iters,
                 d.iters,
+                d.repeats,
                 paths.groups.timer,
                 "exchange_ms",
             )
-            if env.rank != 0:
-                continue
-            tp_path, drops = dispatcher(name).tensor_parallel, dispatcher(name).drops
-            counts, capacity = ("counts_tp", "capacity_tp") if tp_path else ("counts", "capacity")
-            capacity = steps[0][capacity]
-            params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
-            params.update(tensor_parallel=d.tensor_parallel if tp_path else 1, capacity=capacity)
-            extra = routing_metrics([w[counts] for w in steps], capacity, drops)
-            point = f"ws{d.world_size}_{slug(skew)}_{name}"
-            records.append(
-                measured_record(
-                    cfg,
-                    paper=PAPER,
-                    experiment=EXPERIMENT,
-                    point=point,
-                    params=params,
-                    samples=samples,
-                    extra_metrics=extra,
-                )
-            )
+            if env.rank == 0:
+                records.append(cell_record(cfg, skew, name, steps, samples, spread))
+    if env.rank == 0:
+        print(results_table(records), flush=True)
     return records
+
+
+def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], samples: list[float], spread: dict) -> dict:
+    """The record of one (skew, dispatcher) cell: its samples, routing, useful bytes and interval."""
+    d, path = cfg.dispatch_study, dispatcher(name)
+    counts, capacity = ("counts_tp", "capacity_tp") if path.tensor_parallel else ("counts", "capacity")
+    capacity = steps[0][capacity]
+    params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
+    params.update(tensor_parallel=d.tensor_parallel if path.tensor_parallel else 1, capacity=capacity)
+    extra = routing_metrics([w[counts] for w in steps], capacity, path.drops, d.d_model * DTYPE_BYTES["float32"])
+    extra.update(spread, **useful_rate(extra["useful_bytes"], float(np.median(samples))))
+    return measured_record(
+        cfg,
+        paper=PAPER,
+        experiment=EXPERIMENT,
+        point=f"ws{d.world_size}_{slug(skew)}_{name}",
+        params=params,
+        samples={"exchange_ms": samples},
+        extra_metrics=extra,
+    )
+
+
+def results_table(records: list[dict]) -> str:
+    """The cells as nccl-tests prints its results: one line per workload and dispatcher, the median
+    round trip of the worst rank with the repeats' 95% interval, useful bytes and their rate."""
+    rows = []
+    for r in records:
+        m = r["metrics"]
+        rows.append(
+            {
+                "workload": r["params"]["skew"],
+                "dispatcher": r["params"]["path"],
+                "tokens": r["params"]["tokens_per_rank"],
+                "useful(B)": int(m["useful_bytes"]["value"]),
+                "time(ms)": m["exchange_ms"]["median"],
+                "ci95(ms)": f"{m['exchange_ms_ci95_low']['value']:.3f}-{m['exchange_ms_ci95_high']['value']:.3f}",
+                "useful(GB/s)": m["useful_GBps"]["value"] if "useful_GBps" in m else float("nan"),
+                "dropped": m["dropped_fraction"]["value"],
+            }
+        )
+    return pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
 
 def main(argv: list[str] | None = None) -> None:

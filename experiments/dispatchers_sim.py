@@ -9,7 +9,8 @@ path: ``sim_world_size`` GPUs with one expert each route ``sim_tokens_per_rank``
 ``sim_d_model`` by the same seeded workload as the measured run draws, and the topology times the
 dispatch and the combine (moe_core.sim). A workload that changes between steps is simulated on each
 step of its period: ``exchange_ms`` is their mean (the time per iteration of a long run),
-``imbalance`` their worst, ``dropped_fraction`` their mean. The tensor-parallel dispatchers are not simulated here: the
+``imbalance`` their worst, ``dropped_fraction`` and ``useful_bytes`` their mean, ``useful_GBps`` the
+useful bytes over that time (where any had to move). The tensor-parallel dispatchers are not simulated here: the
 measured study times them, and at scale they are simulated inside training steps (MoNTA's figures).
 Records: ``results/raw/common/dispatchers_sim/<point>.json``.
 """
@@ -32,6 +33,7 @@ from moe_core.dispatch.study import (
     simulated_round_trip_s,
     study_steps,
     token_counts,
+    useful_rate,
 )
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.runtime.benchmark import predicted_record, predictions_main
@@ -70,8 +72,9 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
                 metrics = {
                     "exchange_ms": float(np.mean(seconds)) * 1e3,
-                    **routing_metrics(steps, capacity, dispatcher(path).drops),
+                    **routing_metrics(steps, capacity, dispatcher(path).drops, row_bytes),
                 }
+                metrics.update(useful_rate(metrics["useful_bytes"], metrics["exchange_ms"]))
                 records.append(
                     predicted_record(
                         cfg,

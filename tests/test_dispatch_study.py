@@ -22,8 +22,10 @@ from moe_core.dispatch.study import (
     simulated_paths,
     simulated_round_trip_s,
     token_counts,
+    useful_bytes,
 )
 from moe_core.dispatch.tensor_parallel import DropGather
+from moe_core.runtime.benchmark import confidence_interval
 from moe_core.schedule.policies import tp_exchange_chunks
 
 
@@ -43,10 +45,13 @@ def test_counts_imbalance_capacity_and_drops():
 def test_a_cell_of_several_steps_reports_its_worst_imbalance_and_its_mean_drops():
     steps = [token_counts("burst", 4, 1000, seed=0, step=step) for step in range(4)]
     assert [imbalance(c) > 1.5 for c in steps] == [False, False, False, True]
-    metrics = routing_metrics(steps, capacity=300, drops=True)
+    metrics = routing_metrics(steps, capacity=300, drops=True, row_bytes=8)
     assert metrics["imbalance"] == max(imbalance(c) for c in steps)
     assert metrics["dropped_fraction"] == pytest.approx(np.mean([dropped_fraction(c, 300) for c in steps]))
-    assert routing_metrics(steps, capacity=300, drops=False)["dropped_fraction"] == 0
+    assert metrics["useful_bytes"] == pytest.approx(np.mean([useful_bytes(c, 8) for c in steps]))
+    assert routing_metrics(steps, capacity=300, drops=False, row_bytes=8)["dropped_fraction"] == 0
+    # useful bytes: what crosses between ranks, there and back; a token kept on its rank moves nothing
+    assert useful_bytes(np.array([[5, 2], [3, 7]]), row_bytes=10) == 2 * (2 + 3) * 10
 
 
 @pytest.mark.parametrize("skew", ["zipf", "zipf:x", "lognormal:-1", "pareto:1", "hot_rank:1", "hot rank"])
@@ -82,6 +87,11 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
     cfg = load_config(["configs/default.yaml"], overrides)
     files = list((tmp_path / "raw" / "common" / "dispatchers_sim").glob("*.json"))
     assert {f.stem for f in files} == set(dispatchers_sim.sim_points(cfg))
+    for record in map(read_valid_record, files):
+        m = {k: v["value"] for k, v in record["metrics"].items()}
+        assert m["useful_bytes"] > 0 and m["useful_GBps"] == pytest.approx(
+            m["useful_bytes"] / (m["exchange_ms"] * 1e-3) / 1e9
+        )
     table = dispatcher_choice(collect(files)[0])
     assert set(table["skew"]) == set(cfg.dispatch_study.skews)
     for _, rows in table.groupby("skew"):
@@ -112,6 +122,21 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert (record["metrics"]["dropped_fraction"]["value"] == 0) or not lossless
     skewed = [r for r in found.values() if r["params"]["skew"] == "zipf:2.0" and r["params"]["path"] == "capacity"]
     assert skewed[0]["metrics"]["dropped_fraction"]["value"] > 0
+    uniform = token_counts("uniform", 2, 256, seed=0)
+    for record in found.values():
+        m = record["metrics"]
+        assert m["exchange_ms"]["n"] == 3 * 2 and m["repeats"]["value"] == 3  # three repeats of 2 iterations
+        assert 0 <= m["exchange_ms_ci95_low"]["value"] <= m["exchange_ms_ci95_high"]["value"]
+        if record["params"]["tensor_parallel"] > 1:  # one expert-parallel rank of two: nothing crosses
+            assert m["useful_bytes"]["value"] == 0 and "useful_GBps" not in m
+        elif record["params"]["skew"] == "uniform":
+            assert m["useful_bytes"]["value"] == useful_bytes(uniform, 32 * 4) > 0
+            assert m["useful_GBps"]["value"] == pytest.approx(
+                m["useful_bytes"]["value"] / (m["exchange_ms"]["median"] * 1e-3) / 1e9
+            )
+    # the nccl-tests-style table on the console: a line per cell
+    lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
+    assert "useful(GB/s)" in result.stdout and len(lines) == 2 * 6
 
 
 def test_a_registered_dispatcher_joins_both_studies_and_the_config():
@@ -143,3 +168,13 @@ def test_a_registered_dispatcher_joins_both_studies_and_the_config():
     finally:
         DISPATCHERS.clear()
         DISPATCHERS.update(registered)
+
+
+def test_the_repeats_interval_is_students_t_and_needs_two_repeats():
+    low, high = confidence_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2) x sd 1 / sqrt(3)
+    assert (low, high) == pytest.approx((2 - half, 2 + half))
+    with pytest.raises(ValueError, match="two repeats"):
+        confidence_interval([1.0])
+    with pytest.raises(ConfigError, match=r"dispatch_study\.repeats"):
+        load_config(overrides=["dispatch_study.repeats=1"])

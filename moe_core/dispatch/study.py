@@ -60,6 +60,7 @@ class DispatchStudyConfig:
     chunks: int = 4  # pipelined chunks of a dispatcher that chunks its exchange (MoNTA's)
     warmup_iters: int = 2
     iters: int = 10
+    repeats: int = 3  # independent repeats of each measured cell (warm-up and timed iterations each)
     seed: int = 0
     hardware: list[str] = field(default_factory=lambda: ["monta-a800-2x8", "h100-ndr-cluster"])
     sim_world_size: int = 16
@@ -106,11 +107,28 @@ def imbalance(counts: np.ndarray) -> float:
     return float(per_expert.max() / per_expert.mean()) if per_expert.any() else 1.0
 
 
-def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool) -> dict[str, float]:
-    """A study cell's routing over its steps' (ranks, E) counts: the worst step's ``imbalance`` and
-    the mean ``dropped_fraction`` (0 for a path that drops nothing)."""
+def useful_bytes(counts: np.ndarray, row_bytes: int) -> float:
+    """Bytes that had to cross between ranks in a round trip: every token routed to an expert on
+    another rank (expert e on rank e), there and back. What a path moves beyond them is its own
+    cost (padding to capacity, copies to every rank)."""
+    return 2.0 * float(counts.sum() - np.trace(counts)) * row_bytes
+
+
+def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool, row_bytes: int) -> dict[str, float]:
+    """A study cell's routing over its steps' (ranks, E) counts: the worst step's ``imbalance``, the
+    mean ``dropped_fraction`` (0 for a path that drops nothing) and the mean ``useful_bytes``."""
     dropped = [dropped_fraction(counts, capacity) if drops else 0.0 for counts in steps]
-    return {"imbalance": max(imbalance(counts) for counts in steps), "dropped_fraction": float(np.mean(dropped))}
+    return {
+        "imbalance": max(imbalance(counts) for counts in steps),
+        "dropped_fraction": float(np.mean(dropped)),
+        "useful_bytes": float(np.mean([useful_bytes(counts, row_bytes) for counts in steps])),
+    }
+
+
+def useful_rate(useful: float, exchange_ms: float) -> dict[str, float]:
+    """``useful_GBps``, the useful bytes over the round trip's time, where there were any (a cell
+    whose tokens all stay on their ranks has no rate)."""
+    return {"useful_GBps": useful / (exchange_ms * 1e-3) / 1e9} if useful > 0 and exchange_ms > 0 else {}
 
 
 def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: float, multiple: int = 1) -> int:
@@ -166,6 +184,7 @@ def validate_dispatch_study(cfg: DictConfig) -> None:
     require_at_least(d, "dispatch_study", 1, ("world_size", "tokens_per_rank", "d_model", "iters", "chunks"))
     require_at_least(d, "dispatch_study", 1, ("sim_world_size", "sim_tokens_per_rank", "sim_d_model"))
     require_at_least(d, "dispatch_study", 0, ("warmup_iters",))
+    require_at_least(d, "dispatch_study", 2, ("repeats",))  # a confidence interval needs two
     require_seed(d.seed, "dispatch_study.seed")
     require_positive(d, "dispatch_study", ("capacity_factor",))
     require(
