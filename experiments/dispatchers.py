@@ -40,9 +40,10 @@ from omegaconf import DictConfig
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
 from moe_core.dispatch.study import (
-    capacity_slots,
+    measured_capacity,
     measured_paths,
     routing_metrics,
+    simulated_paths,
     study_steps,
     token_counts,
     useful_rate,
@@ -60,9 +61,23 @@ WORLD_SIZE_KEY = "dispatch_study.world_size"
 PAPER, EXPERIMENT = "common", "dispatchers"
 
 
-def measured_points(cfg: DictConfig) -> list[str]:
-    d = cfg.dispatch_study
-    return [f"ws{d.world_size}_{slug(skew)}_{path}" for skew in d.skews for path in measured_paths(cfg)]
+def measured_cells(cfg: DictConfig, simulated_only: bool = False) -> list[tuple[str, str, str]]:
+    """Every measured (skew, dispatcher, point name); ``simulated_only``: the cells whose path the
+    simulator prices on its own (experiments/dispatchers_predictions.py)."""
+    d, simulated = cfg.dispatch_study, simulated_paths()
+    paths = [p for p in measured_paths(cfg) if p in simulated or not simulated_only]
+    return [(skew, path, f"ws{d.world_size}_{slug(skew)}_{path}") for skew in d.skews for path in paths]
+
+
+def measured_points(cfg: DictConfig, simulated_only: bool = False) -> list[str]:
+    return [point for _, _, point in measured_cells(cfg, simulated_only)]
+
+
+def cell_params(cfg: DictConfig, skew: str, name: str, capacity: int) -> dict:
+    """The params of a cell's record, measured or predicted (the analysis joins the two on them)."""
+    d, path = cfg.dispatch_study, dispatcher(name)
+    params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
+    return {**params, "tensor_parallel": d.tensor_parallel if path.tensor_parallel else 1, "capacity": capacity}
 
 
 def slug(skew: str) -> str:
@@ -97,12 +112,10 @@ class Paths:
         (replicas, E/tp) of the tensor-parallel one, with their capacities."""
         d, rank, device = self.cfg.dispatch_study, self.env.rank, self.env.device
         world, tp = self.groups.world, self.groups.tp
-        multiple = tp * d.chunks
         counts = token_counts(skew, world, d.tokens_per_rank, d.seed, step)
         experts_tp = world // tp
         counts_tp = token_counts(skew, experts_tp, d.tokens_per_rank, d.seed, step)
-        capacity = capacity_slots(d.tokens_per_rank, world, d.capacity_factor, multiple)
-        capacity_tp = capacity_slots(d.tokens_per_rank, experts_tp, d.capacity_factor, multiple)
+        capacity, capacity_tp = measured_capacity(d, world), measured_capacity(d, experts_tp)
         generator = torch.Generator().manual_seed(d.seed + rank)
         replica = torch.Generator().manual_seed(d.seed + rank // tp)  # a "tp" group shares its tokens
         return {
@@ -160,8 +173,6 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
     d, path = cfg.dispatch_study, dispatcher(name)
     counts, capacity = ("counts_tp", "capacity_tp") if path.tensor_parallel else ("counts", "capacity")
     capacity = steps[0][capacity]
-    params = {"skew": skew, "path": name, "world_size": d.world_size, "tokens_per_rank": d.tokens_per_rank}
-    params.update(tensor_parallel=d.tensor_parallel if path.tensor_parallel else 1, capacity=capacity)
     extra = routing_metrics([w[counts] for w in steps], capacity, path.drops, d.d_model * DTYPE_BYTES["float32"])
     extra.update(spread, **useful_rate(extra["useful_bytes"], float(np.median(samples))))
     return measured_record(
@@ -169,7 +180,7 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
         paper=PAPER,
         experiment=EXPERIMENT,
         point=f"ws{d.world_size}_{slug(skew)}_{name}",
-        params=params,
+        params=cell_params(cfg, skew, name, capacity),
         samples={"exchange_ms": samples},
         extra_metrics=extra,
     )

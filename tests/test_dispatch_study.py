@@ -9,7 +9,8 @@ import pytest
 
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
-from experiments import dispatchers, dispatchers_sim
+from analysis.registry import TABLE_REGISTRY
+from experiments import dispatchers, dispatchers_predictions, dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
@@ -134,6 +135,21 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
             assert m["useful_GBps"]["value"] == pytest.approx(
                 m["useful_bytes"]["value"] / (m["exchange_ms"]["median"] * 1e-3) / 1e9
             )
+    # each measured cell the simulator prices, predicted on a profile and set beside its measurement
+    profile = "dispatch_study.model_profile=monta-a800-2x8"
+    assert dispatchers_predictions.main(["--config", "configs/default.yaml", *overrides, profile]) == 0
+    predicted = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "common").glob("dispatchers_pr*/*.json")}
+    assert set(predicted) == set(dispatchers.measured_points(cfg, simulated_only=True)) < set(found)
+    assert {r["params"]["path"] for r in predicted.values()} == {"capacity", "dropless", "allgather"}
+    for name, record in predicted.items():
+        assert record["params"] == found[name]["params"] and record["hardware"] == found[name]["hardware"]
+    files = list((tmp_path / "raw" / "common").glob("*/*.json"))
+    table = TABLE_REGISTRY["dispatchers_against_the_model"].build(collect(files)[0])
+    assert len(table) == len(predicted)
+    for row in table.itertuples():
+        point = f"ws2_{row.skew.replace(':', '')}_{row.path}"
+        assert row.exchange_ms == found[point]["metrics"]["exchange_ms"]["median"]
+        assert row.measured_over_predicted == row.exchange_ms / row.predicted_exchange_ms
     # the nccl-tests-style table on the console: a line per cell
     lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
     assert "useful(GB/s)" in result.stdout and len(lines) == 2 * 6
@@ -178,3 +194,12 @@ def test_the_repeats_interval_is_students_t_and_needs_two_repeats():
         confidence_interval([1.0])
     with pytest.raises(ConfigError, match=r"dispatch_study\.repeats"):
         load_config(overrides=["dispatch_study.repeats=1"])
+
+
+def test_predictions_refuse_a_profile_they_cannot_price_or_read(tmp_path, capsys):
+    # the run's own profile, local-cpu, states no link rate until calibrated
+    assert dispatchers_predictions.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    assert "dispatch_study.model_profile" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"dispatch_study\.model_profile"):
+        load_config(overrides=["dispatch_study.model_profile=no-such-profile"])
+    assert not list(tmp_path.rglob("*.json"))

@@ -126,6 +126,24 @@ def dispatcher_choice(records: pd.DataFrame) -> pd.DataFrame:
     return df[columns].sort_values([*keys, "exchange_ms"])
 
 
+@table(paper="common", file="dispatchers_vs_model", category="Dispatchers")
+def dispatchers_against_the_model(records: pd.DataFrame) -> pd.DataFrame:
+    """Every measured dispatcher cell beside the simulator's prediction for it on its testbed's
+    calibrated profile (experiments/dispatchers_predictions.py): the measured median with the
+    repeats' 95% interval, the prediction, and measured / predicted. No rows without both."""
+    keys = ["hardware", "skew", "path", "world_size", "tokens_per_rank"]
+    wide = {}
+    for experiment in ("dispatchers", "dispatchers_predictions"):
+        df = select(records, paper="common", experiment=experiment)
+        if df.empty:
+            return df
+        wide[experiment] = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
+    measured = wide["dispatchers"][[*keys, "exchange_ms", "exchange_ms_ci95_low", "exchange_ms_ci95_high"]]
+    df = measured.merge(wide["dispatchers_predictions"][[*keys, "predicted_exchange_ms"]], on=keys)
+    df["measured_over_predicted"] = df["exchange_ms"] / df["predicted_exchange_ms"]
+    return df.sort_values(keys).reset_index(drop=True)
+
+
 @figure(paper="common")
 def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
     """Round trip of one MoE layer per dispatch path vs routing imbalance, per testbed, and the tokens

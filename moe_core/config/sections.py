@@ -84,6 +84,18 @@ def require_profile(name: str, key: str) -> None:
     require(name in known, key, f"'{name}' has no configs/hardware/{name}.yaml; allowed: {known}")
 
 
+def require_model_profile(value: str, key: str) -> None:
+    """``value`` names the profile a model prices measured points on: '' (the run's own), a profile
+    of configs/hardware/ or an existing .yaml file (the workflow passes a testbed's calibrated one)."""
+    is_yaml_file = value.endswith((".yaml", ".yml")) and Path(value).is_file()
+    require(
+        value in ("", *hardware_profiles()) or is_yaml_file,
+        key,
+        f"{value!r} is neither '' (the run's profile), a profile of {CONFIG_DIR.name}/hardware/ "
+        "nor an existing .yaml file",
+    )
+
+
 def require_choices(values, allowed, key: str) -> None:
     """Every value of ``values`` is one of ``allowed``."""
     for value in values:

@@ -30,6 +30,7 @@ from moe_core.config.sections import (
     register_section,
     require,
     require_at_least,
+    require_model_profile,
     require_positive,
     require_profile,
     require_seed,
@@ -62,6 +63,10 @@ class DispatchStudyConfig:
     iters: int = 10
     repeats: int = 3  # independent repeats of each measured cell (warm-up and timed iterations each)
     seed: int = 0
+    # The profile (name or YAML path) the simulator predicts every measured cell on, in the prediction
+    # job (experiments/dispatchers_predictions.py): the testbed's calibrated one (the workflow passes
+    # it); empty: the run's own.
+    model_profile: str = ""
     hardware: list[str] = field(default_factory=lambda: ["monta-a800-2x8", "h100-ndr-cluster"])
     sim_world_size: int = 16
     sim_tokens_per_rank: int = 8192
@@ -131,6 +136,13 @@ def useful_rate(useful: float, exchange_ms: float) -> dict[str, float]:
     return {"useful_GBps": useful / (exchange_ms * 1e-3) / 1e9} if useful > 0 and exchange_ms > 0 else {}
 
 
+def measured_capacity(d: DictConfig, experts: int) -> int:
+    """The measured study's capacity per expert and rank with ``experts`` experts (the flat layout's
+    or the tensor-parallel one's): a multiple of tp x chunks, so every tensor-parallel dispatcher
+    splits it evenly."""
+    return capacity_slots(d.tokens_per_rank, experts, d.capacity_factor, d.tensor_parallel * d.chunks)
+
+
 def capacity_slots(tokens_per_rank: int, num_experts: int, capacity_factor: float, multiple: int = 1) -> int:
     """Capacity per expert and rank, moe_core.model.capacity.capacity for the study's routing (each token
     to one expert, token_counts; no minimum), rounded up to ``multiple`` (a tensor-parallel rank
@@ -195,6 +207,7 @@ def validate_dispatch_study(cfg: DictConfig) -> None:
     require(len(d.hardware) > 0, "dispatch_study.hardware", "must name at least one profile to simulate on")
     for profile in d.hardware:
         require_profile(profile, "dispatch_study.hardware")
+    require_model_profile(d.model_profile, "dispatch_study.model_profile")
 
 
 register_section("dispatch_study", DispatchStudyConfig, validate_dispatch_study)

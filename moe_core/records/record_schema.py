@@ -126,6 +126,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "axonn_grid_predictions": ("predicted_comm_ms",),
     "dispatchers": ("exchange_ms", "dropped_fraction", "imbalance"),
     "dispatchers_sim": ("exchange_ms", "dropped_fraction", "imbalance"),
+    "dispatchers_predictions": ("predicted_exchange_ms",),
     "external_validation": ("published", "predicted", "rel_error"),
     "external_steps": ("published", "predicted", "step_error"),
     "monta_a2a": ("exchange_ms",),

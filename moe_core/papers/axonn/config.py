@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from moe_core.config.points import Unstated, register_unstated
 from moe_core.config.sections import (
-    CONFIG_DIR,
-    hardware_profiles,
     register_section,
     require,
     require_at_least,
+    require_model_profile,
     require_positive,
     require_profile,
 )
@@ -145,12 +143,7 @@ def validate_axonn(cfg: DictConfig) -> None:
     require_at_least(a, "axonn", 1, ("world_size", "global_sequences", "iters", "ranked_grids", "sequences_per_gpu"))
     require_at_least(a, "axonn", 0, ("warmup_iters", "cached_layers"))
     require_positive(a, "axonn", ("device_memory_GB",))
-    require(
-        a.model_profile in ("", *hardware_profiles()) or _is_yaml_file(a.model_profile),
-        "axonn.model_profile",
-        f"{a.model_profile!r} is neither '' (the run's profile), a profile of {CONFIG_DIR.name}/hardware/ "
-        "nor an existing .yaml file",
-    )
+    require_model_profile(a.model_profile, "axonn.model_profile")
     require(a.bytes_per_param >= 1, "axonn.bytes_per_param", f"must be >= 1, got {a.bytes_per_param}")
     tensor = math.prod(a.ablation_grid)
     require(
@@ -165,10 +158,6 @@ def validate_axonn(cfg: DictConfig) -> None:
         f"must be a multiple of axonn.world_size={a.world_size} (every grid's data replicas share it), "
         f"got {a.global_sequences}",
     )
-
-
-def _is_yaml_file(path: str) -> bool:
-    return path.endswith((".yaml", ".yml")) and Path(path).is_file()
 
 
 register_section("axonn", AxonnConfig, validate_axonn)
