@@ -175,6 +175,47 @@ def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, ro
     return simulate_on(hw, topo, ops).makespan_s
 
 
+def rank_dispatchers(
+    hw: DictConfig,
+    *,
+    ranks: int,
+    experts: int,
+    top_k: int,
+    tokens_per_rank: int,
+    row_bytes: int,
+    capacity_factor: float,
+    workload: str,
+    seed: int = 0,
+) -> list[dict[str, float | str]]:
+    """Every dispatcher the simulator prices alone that applies to ``ranks`` ranks of ``hw``, fastest
+    first: one MoE layer's dispatch + combine of ``workload``'s routing (mean over its steps), its
+    drops, the useful bytes and their rate, and its time over the fastest one's. Experts sit on the
+    ranks contiguously; a capacity path keeps ``capacity`` slots per expert and source rank."""
+    per_rank = experts // ranks
+    slots = capacity(tokens_per_rank, experts, top_k, capacity_factor, min_capacity=0)
+    steps = []
+    for step in range(study_steps(workload, ranks)):
+        routes = routing(
+            workload, seed=seed, step=step, tokens_per_rank=tokens_per_rank, experts=experts, ranks=ranks, top_k=top_k
+        )
+        steps.append(routing_counts(routes, experts))
+    by_rank = [counts.reshape(ranks, ranks, per_rank).sum(axis=2) for counts in steps]  # (src, dst rank)
+    rows = []
+    for name, path in DISPATCHERS.items():
+        if path.tensor_parallel or not path.runs_on(ranks, hw.devices_per_node):
+            continue
+        seconds = [simulated_round_trip_s(hw, counts, per_rank * slots, row_bytes, name) for counts in by_rank]
+        row = {"dispatcher": name, "exchange_ms": float(np.mean(seconds)) * 1e3}
+        row["dropped_fraction"] = float(np.mean([dropped_fraction(c, slots) for c in steps])) if path.drops else 0.0
+        row["imbalance"] = max(imbalance(c) for c in steps)
+        row["useful_bytes"] = float(np.mean([useful_bytes(c, row_bytes) for c in by_rank]))
+        rows.append({**row, **useful_rate(row["useful_bytes"], row["exchange_ms"])})
+    rows.sort(key=lambda r: r["exchange_ms"])
+    for row in rows:
+        row["vs_fastest"] = row["exchange_ms"] / rows[0]["exchange_ms"]
+    return rows
+
+
 def measured_paths(cfg: DictConfig) -> list[str]:
     """The dispatchers the measured study runs on ``dispatch_study.world_size`` ranks: every registered
     one that applies there (the hierarchical exchange only where the ranks span nodes)."""

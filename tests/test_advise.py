@@ -1,0 +1,71 @@
+"""python -m experiments.advise: the dispatchers ranked on a profile, for a layer's shape and routing."""
+
+import json
+
+import pytest
+
+from experiments.advise import main
+from experiments.simulate import sized_hardware
+from moe_core.config.load import load_config
+from moe_core.dispatch.study import rank_dispatchers
+
+LAYER = ["--ranks", "16", "--experts", "32", "--top-k", "2", "--tokens", "2048", "--d-model", "1024"]
+
+
+def ranking(workload: str, **shape) -> dict[str, dict]:
+    cfg = load_config(overrides=["hardware_profile=monta-a800-2x8", "parallel.world_size=16"], whole_run=False)
+    shape = {"ranks": 16, "experts": 32, "top_k": 2, "tokens_per_rank": 2048, "row_bytes": 2048, **shape}
+    rows = rank_dispatchers(sized_hardware(cfg), capacity_factor=1.25, workload=workload, **shape)
+    assert [r["exchange_ms"] for r in rows] == sorted(r["exchange_ms"] for r in rows) and rows[0]["vs_fastest"] == 1
+    return {r["dispatcher"]: r for r in rows}
+
+
+def test_the_ranking_reacts_to_imbalance_as_the_mechanisms_do():
+    balanced, hot = ranking("balanced"), ranking("hot_rank")
+    assert set(balanced) == {"capacity", "hierarchical", "dropless", "allgather"}  # 16 ranks span 2 nodes
+    # capacity buffers move the same bytes whatever the routing, and drop what overflows them
+    assert hot["capacity"]["exchange_ms"] == pytest.approx(balanced["capacity"]["exchange_ms"])
+    assert balanced["capacity"]["dropped_fraction"] == 0 < hot["capacity"]["dropped_fraction"]
+    # dropless pays for the hot rank; neither it nor the all-gather drops a token
+    assert hot["dropless"]["exchange_ms"] > 2 * balanced["dropless"]["exchange_ms"]
+    assert hot["dropless"]["dropped_fraction"] == hot["allgather"]["dropped_fraction"] == 0
+    # balanced routing: dropless moves exactly the routed rows, less than buffers with 25% headroom
+    assert balanced["dropless"]["exchange_ms"] < balanced["capacity"]["exchange_ms"]
+    # within one node there is no two-phase exchange to rank
+    assert "hierarchical" not in ranking("balanced", ranks=8, experts=8)
+
+
+def test_the_command_names_the_winners_and_its_assumptions(capsys):
+    assert main(["--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["ranking"]
+    assert result["fastest"] == rows[0]["dispatcher"]
+    assert result["fastest_without_drops"] == next(r["dispatcher"] for r in rows if r["dropped_fraction"] == 0)
+    assert result["inputs"]["hardware"] == "monta-a800-2x8" and len(result["assumptions"]) >= 4
+    assert main(["--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank"]) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"Fastest: {rows[0]['dispatcher']}" in text and "Fastest that drops nothing" in text and "Assumptions" in text
+    )
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--hardware", "monta-a800-2x8", *LAYER[:2], "--experts", "24", *LAYER[4:]], "multiple of --ranks"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--workload", "pareto:1"], "--workload"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--workload", "lognormal:500"], "overflows"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--capacity-factor", "0"], "--capacity-factor"),
+        (["--hardware", "monta-a800-2x8", *LAYER[:4], "--top-k", "33", *LAYER[6:]], "--top-k"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(args, needle, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hardware, needle", [("no-such-cluster", "hardware_profile"), ("local-cpu", "calibrate")])
+def test_a_profile_it_cannot_read_or_price_exits_2_saying_why(hardware, needle, capsys):
+    assert main(["--hardware", hardware, *LAYER]) == 2
+    assert needle in capsys.readouterr().err
