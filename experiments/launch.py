@@ -135,6 +135,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.prog = "python -m experiments.launch"
     parser.add_argument("--nproc", type=int, required=True, help="total number of ranks")
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):
+            parser.parse_args(["--help"])  # prints the help and exits 0
         parser.error("missing `-- -m <module> [args]`: what to launch")
     split = argv.index("--")
     args = parser.parse_intermixed_args(argv[:split])

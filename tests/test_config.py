@@ -1,6 +1,7 @@
 """Configuration: schema checks, layouts, sweep expansion, and bad input at the command line."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -285,6 +286,15 @@ def test_impossible_layouts():
     assert "must divide world_size=4" in layout_error(4, 8, 1)
     with pytest.raises(ConfigError, match="parallel.world_size"):
         load_config(overrides=["parallel.world_size=3", "moe.num_experts=4", "moe.experts_per_rank=1"])
+
+
+@pytest.mark.parametrize("world, experts", [(3, 8), (4, 8), (6, 8), (12, 16), (6, 9)])
+def test_a_layout_error_suggests_experts_per_rank_that_fits(world, experts):
+    """The suggested experts_per_rank is itself a valid layout: the most expert parallelism that fits."""
+    message = layout_error(world, experts, 1)
+    suggested = int(re.search(r"use experts_per_rank=(\d+)", message).group(1))
+    assert layout_error(world, experts, suggested) is None
+    assert all(layout_error(world, experts, fewer) is not None for fewer in range(1, suggested))
 
 
 def test_sweep_expansion_derives_experts_per_rank_and_skips_impossible_points_on_request():

@@ -152,3 +152,16 @@ def test_launcher_refuses_an_emulated_testbed_across_slurm_tasks(launched, capsy
         ]
     )
     assert rc == 2 and not launched and "one-task job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--config", "configs/default.yaml", "--help"]])
+def test_help_prints_and_exits_0_without_a_command_to_launch(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        launch.parse_args(argv)
+    assert exit_.value.code == 0 and "--nproc" in capsys.readouterr().out
+
+
+def test_a_missing_command_is_refused_saying_what_to_add(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        launch.parse_args(["--nproc", "2"])
+    assert exit_.value.code == 2 and "missing `-- -m <module> [args]`" in capsys.readouterr().err

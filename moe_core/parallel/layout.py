@@ -161,7 +161,8 @@ def layout_error(
             f"config key 'parallel.world_size': the expert-parallel size num_experts/experts_per_rank = "
             f"{num_experts}/{experts_per_rank} = {ep} times parallel.tensor_parallel={tensor_parallel} "
             f"(or the grid's row x col = {grid.row * grid.col}) must divide world_size={world_size}; use "
-            f"experts_per_rank={max(1, num_experts // replicas)} or a world size that is a multiple of "
+            f"experts_per_rank={num_experts // math.gcd(num_experts, replicas)} (the most expert parallelism "
+            f"that fits) or a world size that is a multiple of "
             f"{ep * tensor_parallel * grid.row * grid.col}"
         )
     return None
