@@ -66,7 +66,12 @@ def measured_cells(cfg: DictConfig, simulated_only: bool = False) -> list[tuple[
     simulator prices on its own (experiments/dispatchers_predictions.py)."""
     d, simulated = cfg.dispatch_study, simulated_paths()
     paths = [p for p in measured_paths(cfg) if p in simulated or not simulated_only]
-    return [(skew, path, f"ws{d.world_size}_{slug(skew)}_{path}") for skew in d.skews for path in paths]
+    return [(skew, path, cell_point(cfg, skew, path)) for skew in d.skews for path in paths]
+
+
+def cell_point(cfg: DictConfig, skew: str, path: str) -> str:
+    """A cell's point name, its measured record's and its prediction's."""
+    return f"ws{cfg.dispatch_study.world_size}_{slug(skew)}_{path}"
 
 
 def measured_points(cfg: DictConfig, simulated_only: bool = False) -> list[str]:
@@ -179,7 +184,7 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
         cfg,
         paper=PAPER,
         experiment=EXPERIMENT,
-        point=f"ws{d.world_size}_{slug(skew)}_{name}",
+        point=cell_point(cfg, skew, name),
         params=cell_params(cfg, skew, name, capacity),
         samples={"exchange_ms": samples},
         extra_metrics=extra,

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from omegaconf import DictConfig
 
 from experiments.dispatchers import PAPER, cell_params, measured_cells
 from experiments.simulate import sized_hardware
 from moe_core.config.load import ConfigError, derive_config
-from moe_core.dispatch.study import measured_capacity, simulated_round_trip_s, study_steps, token_counts
+from moe_core.dispatch.study import measured_capacity, simulated_exchange_ms, step_counts
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.runtime.benchmark import predicted_record, predictions_main
 
@@ -46,12 +45,9 @@ def prediction_records(cfg: DictConfig) -> list[dict]:
     d, hw, records = cfg.dispatch_study, testbed(cfg), []
     row_bytes, capacity = d.d_model * DTYPE_BYTES["float32"], measured_capacity(d, d.world_size)
     for skew, path, point in measured_cells(cfg, simulated_only=True):
-        steps = [
-            token_counts(skew, d.world_size, d.tokens_per_rank, d.seed, step)
-            for step in range(study_steps(skew, d.world_size))
-        ]
+        steps = step_counts(skew, d.world_size, d.tokens_per_rank, d.seed)
         try:
-            seconds = [simulated_round_trip_s(hw, counts, capacity, row_bytes, path) for counts in steps]
+            exchange_ms = simulated_exchange_ms(hw, steps, capacity, row_bytes, path)
         except ValueError as err:  # the profile cannot price the cell (a link rate it lacks)
             raise ConfigError(f"config key 'dispatch_study.model_profile': {err}") from None
         records.append(
@@ -62,7 +58,7 @@ def prediction_records(cfg: DictConfig) -> list[dict]:
                 point=point,
                 hardware=cfg.hardware.name,
                 params=cell_params(cfg, skew, path, capacity),
-                metrics={"predicted_exchange_ms": float(np.mean(seconds)) * 1e3},
+                metrics={"predicted_exchange_ms": exchange_ms},
                 backend="sim",
             )
         )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from omegaconf import DictConfig
 
 from experiments.dispatchers import PAPER, slug
@@ -29,10 +28,9 @@ from moe_core.dispatch import dispatcher
 from moe_core.dispatch.study import (
     capacity_slots,
     routing_metrics,
+    simulated_exchange_ms,
     simulated_paths,
-    simulated_round_trip_s,
-    study_steps,
-    token_counts,
+    step_counts,
     useful_rate,
 )
 from moe_core.model.capacity import DTYPE_BYTES
@@ -60,18 +58,14 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
         )
         hw = sized_hardware(sized)
         for skew in d.skews:
-            steps = [
-                token_counts(skew, d.sim_world_size, d.sim_tokens_per_rank, d.seed, step)
-                for step in range(study_steps(skew, d.sim_world_size))
-            ]
+            steps = step_counts(skew, d.sim_world_size, d.sim_tokens_per_rank, d.seed)
             capacity = capacity_slots(d.sim_tokens_per_rank, d.sim_world_size, d.capacity_factor)
             row_bytes = d.sim_d_model * DTYPE_BYTES["bfloat16"]
             for path in paths:
-                seconds = [simulated_round_trip_s(hw, counts, capacity, row_bytes, path) for counts in steps]
                 params = {"skew": skew, "path": path, "world_size": d.sim_world_size, "tensor_parallel": 1}
                 params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
                 metrics = {
-                    "exchange_ms": float(np.mean(seconds)) * 1e3,
+                    "exchange_ms": simulated_exchange_ms(hw, steps, capacity, row_bytes, path),
                     **routing_metrics(steps, capacity, dispatcher(path).drops, row_bytes),
                 }
                 metrics.update(useful_rate(metrics["useful_bytes"], metrics["exchange_ms"]))

@@ -99,10 +99,26 @@ def study_steps(skew: str, ranks: int) -> int:
     return period(skew, ranks)
 
 
-def token_counts(skew: str, ranks: int, tokens_per_rank: int, seed: int, step: int = 0) -> np.ndarray:
-    """(ranks, E = ranks) tokens each rank routes to each expert, one expert per rank, top-1, at ``step``."""
-    routes = routing(skew, seed=seed, step=step, tokens_per_rank=tokens_per_rank, experts=ranks, ranks=ranks, top_k=1)
-    return routing_counts(routes, ranks)
+def token_counts(
+    skew: str, ranks: int, tokens_per_rank: int, seed: int, step: int = 0, experts: int | None = None, top_k: int = 1
+) -> np.ndarray:
+    """(ranks, E) tokens each rank routes to each expert at ``step``: ``experts`` (default one per
+    rank) contiguous on the ranks, ``top_k`` choices per token."""
+    experts = experts or ranks
+    routes = routing(
+        skew, seed=seed, step=step, tokens_per_rank=tokens_per_rank, experts=experts, ranks=ranks, top_k=top_k
+    )
+    return routing_counts(routes, experts)
+
+
+def step_counts(
+    skew: str, ranks: int, tokens_per_rank: int, seed: int, experts: int | None = None, top_k: int = 1
+) -> list[np.ndarray]:
+    """Every step's (ranks, E) counts of ``skew``, in the order a cell runs them (study_steps)."""
+    return [
+        token_counts(skew, ranks, tokens_per_rank, seed, step, experts, top_k)
+        for step in range(study_steps(skew, ranks))
+    ]
 
 
 def imbalance(counts: np.ndarray) -> float:
@@ -114,9 +130,11 @@ def imbalance(counts: np.ndarray) -> float:
 
 def useful_bytes(counts: np.ndarray, row_bytes: int) -> float:
     """Bytes that had to cross between ranks in a round trip: every token routed to an expert on
-    another rank (expert e on rank e), there and back. What a path moves beyond them is its own
-    cost (padding to capacity, copies to every rank)."""
-    return 2.0 * float(counts.sum() - np.trace(counts)) * row_bytes
+    another rank (experts contiguous on the ranks of ``counts``' rows), there and back. What a path
+    moves beyond them is its own cost (padding to capacity, copies to every rank)."""
+    ranks, experts = counts.shape
+    local = sum(int(counts[r, r * experts // ranks : (r + 1) * experts // ranks].sum()) for r in range(ranks))
+    return 2.0 * float(counts.sum() - local) * row_bytes
 
 
 def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool, row_bytes: int) -> dict[str, float]:
@@ -175,6 +193,23 @@ def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, ro
     return simulate_on(hw, topo, ops).makespan_s
 
 
+def simulated_exchange_ms(
+    hw: DictConfig, steps: list[np.ndarray], slots_per_expert: int, row_bytes: int, path: str
+) -> float:
+    """A cell's simulated round trip in ms: the mean over its steps' (ranks, E) counts (the time per
+    iteration of a long run), each priced rank to rank (experts contiguous on the ranks, each rank
+    keeping ``slots_per_expert`` slots for each of its experts)."""
+    ranks, experts = steps[0].shape
+    per_rank = experts // ranks
+    seconds = [
+        simulated_round_trip_s(
+            hw, counts.reshape(ranks, ranks, per_rank).sum(axis=2), per_rank * slots_per_expert, row_bytes, path
+        )
+        for counts in steps
+    ]
+    return float(np.mean(seconds)) * 1e3
+
+
 def rank_dispatchers(
     hw: DictConfig,
     *,
@@ -191,24 +226,14 @@ def rank_dispatchers(
     first: one MoE layer's dispatch + combine of ``workload``'s routing (mean over its steps), its
     drops, the useful bytes and their rate, and its time over the fastest one's. Experts sit on the
     ranks contiguously; a capacity path keeps ``capacity`` slots per expert and source rank."""
-    per_rank = experts // ranks
     slots = capacity(tokens_per_rank, experts, top_k, capacity_factor, min_capacity=0)
-    steps = []
-    for step in range(study_steps(workload, ranks)):
-        routes = routing(
-            workload, seed=seed, step=step, tokens_per_rank=tokens_per_rank, experts=experts, ranks=ranks, top_k=top_k
-        )
-        steps.append(routing_counts(routes, experts))
-    by_rank = [counts.reshape(ranks, ranks, per_rank).sum(axis=2) for counts in steps]  # (src, dst rank)
+    steps = step_counts(workload, ranks, tokens_per_rank, seed, experts, top_k)
     rows = []
     for name, path in DISPATCHERS.items():
         if path.tensor_parallel or not path.runs_on(ranks, hw.devices_per_node):
             continue
-        seconds = [simulated_round_trip_s(hw, counts, per_rank * slots, row_bytes, name) for counts in by_rank]
-        row = {"dispatcher": name, "exchange_ms": float(np.mean(seconds)) * 1e3}
-        row["dropped_fraction"] = float(np.mean([dropped_fraction(c, slots) for c in steps])) if path.drops else 0.0
-        row["imbalance"] = max(imbalance(c) for c in steps)
-        row["useful_bytes"] = float(np.mean([useful_bytes(c, row_bytes) for c in by_rank]))
+        row = {"dispatcher": name, "exchange_ms": simulated_exchange_ms(hw, steps, slots, row_bytes, name)}
+        row.update(routing_metrics(steps, slots, path.drops, row_bytes))
         rows.append({**row, **useful_rate(row["useful_bytes"], row["exchange_ms"])})
     rows.sort(key=lambda r: r["exchange_ms"])
     for row in rows:

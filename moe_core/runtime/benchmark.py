@@ -169,15 +169,17 @@ def sim_record(
     samples: dict[str, list[float]],
     extra_metrics: dict[str, float] | None = None,
     config: dict[str, Any] | None = None,
+    backend: str = "sim",
 ) -> dict[str, Any]:
-    """A record of the step simulator's samples on the modelled ``hardware``, its config ``cfg``'s
-    (or ``config`` where the run's config differs, e.g. by the profile it ran on)."""
+    """A simulated record on the modelled ``hardware``: the simulator's samples (``backend="sim"``)
+    or a paper's model's (``"model"``), its config ``cfg``'s (or ``config`` where the run's config
+    differs, e.g. by the profile it ran on)."""
     return make_record(
         paper=paper,
         experiment=experiment,
         point=point,
         mode="simulated",
-        backend="sim",
+        backend=backend,
         hardware=hardware,
         params=params,
         samples=samples,
@@ -199,17 +201,16 @@ def predicted_record(
 ) -> dict[str, Any]:
     """A record of single predicted values (a paper's model: ``backend="model"``, or the step
     simulator: ``"sim"``) on the modelled ``hardware``."""
-    return make_record(
+    return sim_record(
+        cfg,
         paper=paper,
         experiment=experiment,
         point=point,
-        mode="simulated",
-        backend=backend,
         hardware=hardware,
         params=params,
         samples={},
-        config=to_container(cfg),
         extra_metrics={name: float(value) for name, value in metrics.items()},
+        backend=backend,
     )
 
 
