@@ -80,6 +80,7 @@ def test_training_steps_write_a_record_and_the_loss_falls(tmp_path):
         per_step = summary["per_step"]
         assert per_step["kernels"] == 0 and per_step["host_ops"] > 50  # a CPU run issues no device kernels
         assert per_step["step_wall_ms"] > 0 and per_step["wall_us_per_host_op"] > 0
+        assert per_step["host_window_ms"] > 0 and "aten::multinomial" not in str(summary["top_host_ops"])
         assert "traceEvents" in json.loads((profile / f"trace_rank{rank}.json").read_text())
 
 
