@@ -9,9 +9,10 @@ from torch.autograd import DeviceType
 from moe_core.runtime.profiling import TIMED_STEP, busy_ms, summarise_profile
 
 
-def event(name, start, end, device=DeviceType.CPU, parent=None, self_us=None):
+def event(name, start, end, device=DeviceType.CPU, parent=None, self_us=None, annotation=False):
     return SimpleNamespace(
         name=name,
+        is_user_annotation=annotation,
         device_type=device,
         time_range=SimpleNamespace(start=start, end=end),
         cpu_parent=parent,
@@ -24,7 +25,8 @@ def two_steps():
     events = []
     for offset in (0.0, 1000.0):
         events.append(event("aten::multinomial", offset, offset + 300))  # the next batch: not the step
-        events.append(event(TIMED_STEP, offset + 400, offset + 900))
+        events.append(event(TIMED_STEP, offset + 400, offset + 900, annotation=True))
+        events.append(event(TIMED_STEP, offset + 440, offset + 700, DeviceType.CUDA, annotation=True))  # on a GPU
         linear = event("aten::linear", offset + 410, offset + 500)
         events += [linear, event("aten::addmm", offset + 420, offset + 490, parent=linear)]
         events.append(event("aten::add", offset + 600, offset + 610))

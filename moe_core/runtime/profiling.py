@@ -64,9 +64,17 @@ def is_outermost_aten_op(event) -> bool:
     return True
 
 
+def is_device_work(event) -> bool:
+    """A kernel, copy or fill on the GPU; not a range the profiler mirrors onto the device's timeline
+    (``record_function`` ranges, ``ProfilerStep#``, the optimizer's step), which span whole steps."""
+    return event.device_type == DeviceType.CUDA and not event.is_user_annotation
+
+
 def timed_windows(events) -> list[tuple[float, float]]:
-    """The ``(start_us, end_us)`` of each ``TIMED_STEP`` range, in order."""
-    return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == TIMED_STEP)
+    """The ``(start_us, end_us)`` of each ``TIMED_STEP`` range on the host, in order (on a GPU the
+    profiler also marks the range on the device's timeline)."""
+    ranges = [e for e in events if e.name == TIMED_STEP and e.device_type == DeviceType.CPU]
+    return sorted((e.time_range.start, e.time_range.end) for e in ranges)
 
 
 def summarise_profile(prof, steps: int, step_wall_ms: list[float]) -> dict:
@@ -86,7 +94,7 @@ def summarise_profile(prof, steps: int, step_wall_ms: list[float]) -> dict:
     def in_a_window(t: float) -> bool:
         return any(start <= t <= end for start, end in windows)
 
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.time_range.start >= starts[0]]
+    kernels = [e for e in events if is_device_work(e) and e.time_range.start >= starts[0]]
     cpu_ops = [e for e in events if e.device_type == DeviceType.CPU and in_a_window(e.time_range.start)]
     host_ops = [e for e in cpu_ops if is_outermost_aten_op(e)]
     wall = sorted(step_wall_ms)[len(step_wall_ms) // 2] if step_wall_ms else float("nan")
