@@ -380,15 +380,16 @@ def environment(device: str = "cpu") -> dict[str, Any]:
 
 
 def _git_sha() -> str:
+    """The commit the code ran from, ``-dirty`` when tracked files differ from it (a record made from
+    an uncommitted tree names the commit it started from, not the code it ran)."""
+
+    def git(*args: str) -> str:
+        here = Path(__file__).resolve().parent
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() or "unknown"
+        sha = git("rev-parse", "--short", "HEAD")
+        return f"{sha}-dirty" if sha and git("status", "--porcelain", "--untracked-files=no") else sha or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
