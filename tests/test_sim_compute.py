@@ -13,12 +13,13 @@ from torch.utils._pytree import tree_leaves
 from experiments.op_sweep import SWEEPS, fit, gemm_shapes, main, model_of, predicted_ms, profile_fields
 from moe_core.config.load import ConfigError, load_config
 from moe_core.model.gating import gshard_gating
-from moe_core.sim.compute import ComputeModel
+from moe_core.sim.compute import ADAM_FOREACH_OPS, ADAM_PASSES, ComputeModel, multi_tensor_launches
 from moe_core.sim.kernels import gate_routing
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
 H200_RECORD = Path(__file__).parents[1] / "results/reference/2026-11-30-h200/train_step_h200_sequential.json"
+H200_STEPS = Path(__file__).parents[1] / "results/reference/2026-12-04-h200/train_step_h200_sequential.json"
 
 
 def h200(**changes) -> ComputeModel:
@@ -53,7 +54,7 @@ def test_costs_grow_with_size_and_efficiency_with_intensity():
             bigger = list(shape)
             bigger[axis] *= 2
             assert model.gemm(*bigger) > model.gemm(*shape)
-    assert model.copy(2e6) > model.copy(1e6) and model.optimizer(2e6, 10, True) > model.optimizer(1e6, 10, True)
+    assert model.copy(2e6) > model.copy(1e6) and model.optimizer([2e5] * 10, True) > model.optimizer([1e5] * 10, True)
 
 
 def test_a_profile_without_the_new_fields_keeps_the_constant_efficiency_model():
@@ -62,7 +63,7 @@ def test_a_profile_without_the_new_fields_keeps_the_constant_efficiency_model():
     old = SimpleNamespace(**{**hw, "memory_GBps": 0.0, "kernel_launch_us": 0.0, "compute_efficiency": 0.5})
     model = ComputeModel.from_profile(old, 989.0, element_bytes=2)
     assert model.gemm(4096, 8, 1024, count=3) == pytest.approx(3 * 2 * 4096 * 8 * 1024 / (989e12 * 0.5))
-    assert model.memory_bound(1e9, kernels=10) == 0.0 and model.optimizer(1e9, 100, False) == 0.0
+    assert model.memory_bound(1e9, kernels=10) == 0.0 and model.optimizer([1e7] * 100, False) == 0.0
 
 
 def test_the_fit_recovers_the_parameters_that_made_the_measurements():
@@ -227,3 +228,32 @@ def test_op_sweep_refuses_a_record_without_a_sweep(tmp_path):
     for missing in (tmp_path / "other.json", tmp_path / "missing.json"):
         assert main(["--fit", str(missing), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "numels, depth, launches",
+    [
+        ([65536 * 320], 1, 1),  # 320 blocks fill one launch exactly
+        ([65536 * 320 + 1], 1, 2),  # one element more: a second launch for the last block
+        ([1.0] * 110, 1, 1),  # 110 tensors fill a depth-1 launch's tensor slots
+        ([1.0] * 111, 1, 2),
+        ([1.0] * 49, 3, 2),  # a depth-3 launch takes 48 tensors
+        ([65536 * 200, 65536 * 200], 1, 2),  # the second tensor is cut between two launches
+        ([65536 * 200, 65536 * 200, 65536 * 240], 1, 2),  # ... and the cut piece fills the second
+    ],
+)
+def test_multi_tensor_launches_follow_torchs_chunking(numels, depth, launches):
+    assert multi_tensor_launches(numels, depth) == launches
+
+
+def test_adamw_on_the_h200_records_model_launches_what_the_trace_counted():
+    """results/reference/2026-12-04-h200: the batch-8 step's AdamW ran 8 foreach ops of 9 launches
+    each (72 multi_tensor_apply kernels) over 21 float32 passes, 3.7 ms on the device."""
+    record = json.loads(H200_STEPS.read_text())
+    config = {k: record["config"][k] for k in ("model", "moe", "parallel", "comm", "train")}
+    cfg = load_config(data=config, overrides=["hardware_profile=h200-single"])
+    numels = [t.numel for t in StepModel(cfg, build_topology(cfg.hardware)).plan.tensors]
+    assert [multi_tensor_launches(numels, depth) for _, depth, _ in ADAM_FOREACH_OPS] == [9] * 8
+    assert ADAM_PASSES == 21
+    device_s = h200(kernel_launch_us=0.0).optimizer(numels, multi_tensor=True)
+    assert device_s * 1e3 == pytest.approx(3.7, rel=0.15)  # predicted from the spec sheet's bandwidth

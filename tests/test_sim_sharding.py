@@ -119,13 +119,11 @@ def test_full_sharding_prefetches_one_block_and_computes_on_gathered_parameters(
 @pytest.mark.parametrize("sharding", ["optimizer", "full"])
 def test_sharded_optimizer_updates_one_dp_th_of_the_parameters(sharding):
     """The optimizer's memory-bound work (its time beyond the kernel launches) shrinks by dp."""
-    _, replicated = model_of(DP4)
-    _, sharded = model_of([*DP4, f"parallel.data_sharding={sharding}"])
-    tensors = len(sharded.plan.tensors)
-    launches = sharded.kernels.priced(sharded.kernels.compute.optimizer(0, tensors, multi_tensor=True), "optimizer")
-    work = replicated.optimizer_seconds() - launches
-    assert work > 0
-    assert sharded.optimizer_seconds() - launches == pytest.approx(work / 4, rel=1e-9)
+    (_, replicated), (_, sharded) = model_of(DP4), model_of([*DP4, f"parallel.data_sharding={sharding}"])
+    for model in (replicated, sharded):
+        model.kernels = model.kernels.without_launches()
+    assert replicated.optimizer_seconds() > 0
+    assert sharded.optimizer_seconds() == pytest.approx(replicated.optimizer_seconds() / 4, rel=1e-9)
 
 
 def test_sharded_optimizer_moves_the_all_reduces_bytes_as_reduce_scatter_and_all_gather():
@@ -188,12 +186,14 @@ def test_full_sharding_gathers_and_scatters_in_every_pass():
 
 
 def test_full_sharding_hides_behind_big_compute_and_not_behind_little():
-    """A compute-bound model's fully sharded step is within a few % of DDP's (the gathers and
-    reduce-scatters overlap the blocks); with little compute per block the step waits on them."""
+    """A compute-bound model's fully sharded step costs at most a few % more than DDP's (the gathers
+    and reduce-scatters overlap the blocks), and gains at most the optimizer work it shards away;
+    with little compute per block the step waits on them."""
     big = [*DENSE, "model.seq_len=2048", "train.batch_size=8"]
     _, ddp = simulate(big)
     _, fsdp = simulate([*big, "parallel.data_sharding=full"])
-    assert fsdp.metrics()["step_ms"] == pytest.approx(ddp.metrics()["step_ms"], rel=0.03)
+    optimizer_ms = 1e3 * model_of(big)[1].optimizer_seconds()
+    assert ddp.metrics()["step_ms"] - optimizer_ms <= fsdp.metrics()["step_ms"] <= 1.03 * ddp.metrics()["step_ms"]
     assert fsdp.metrics()["exposed_comm_share"] < 0.2
     _, tiny = simulate([*DENSE, "model.seq_len=16", "train.batch_size=1", "parallel.data_sharding=full"])
     m = tiny.metrics()

@@ -24,10 +24,12 @@ parameters fitted to measured op sweeps (experiments/op_sweep.py):
   ``kernels x launch + bytes / W``.
 * **copies** (contiguous copies around an all-to-all, permutes): a memory-bound op reading and
   writing the bytes once.
-* **optimizer**: Adam(W) reads parameters, gradients and both moments and writes parameters and
-  moments: 7 passes over the float32 parameters (the measured runs keep float32 parameters under
-  bf16 autocast), in ``ADAM_OPS`` elementwise ops per tensor, or per step where torch runs the
-  multi-tensor (foreach) implementation (its default on CUDA).
+* **optimizer**: torch's AdamW (the measured runs' optimizer, float32 parameters under bf16
+  autocast) is eight elementwise ops (``ADAM_FOREACH_OPS``) making 21 passes over the float32
+  parameters, not the 7 a fused kernel makes; per tensor in the for-loop implementation (CPU), and
+  on CUDA as multi-tensor (foreach) ops, each cut into launches of at most 320 chunks of 65,536
+  elements (:func:`multi_tensor_launches`). On an H200 (results/reference/2026-12-04-h200) a 173M-
+  parameter model's AdamW ran 72 kernels (8 ops x 9 launches) in 3.7 ms.
 
 ``launch`` (``kernel_launch_us``) is the host's cost of one kernel as the step's eager PyTorch
 issues it (dispatcher, launch, host gaps), part of every op's price. On a CPU the same core
@@ -52,13 +54,50 @@ all three. moe_core/sim/README.md gives the numbers behind the shipped profiles.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FLOAT32_BYTES = 4  # parameters, gradients and optimizer moments (float32 masters under autocast)
-ADAM_PASSES = 7  # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
-# Elementwise ops of one AdamW update (torch.optim.adamw: decay mul_, lerp_, mul_, addcmul_, sqrt,
-# div_, add_, addcdiv_): per tensor in the for-loop implementation, per step in the foreach one.
-ADAM_OPS = 8
+# torch.optim.AdamW's update (torch/optim/adam.py, _multi_tensor_adam and _single_tensor_adam) as
+# (op, tensor lists it touches, passes over float32 parameters): decoupled decay param *= 1 - lr*wd;
+# exp_avg.lerp_(grad); exp_avg_sq *= beta2; exp_avg_sq += (1 - beta2) grad * grad; denom =
+# sqrt(exp_avg_sq) (a new tensor); denom /= sqrt(bias correction); denom += eps; param -= step_size
+# exp_avg / denom. A list's depth decides how many tensors one multi-tensor launch may take.
+ADAM_FOREACH_OPS = (
+    ("mul_", 1, 2),
+    ("lerp_", 2, 3),
+    ("mul_", 1, 2),
+    ("addcmul_", 3, 4),
+    ("sqrt", 2, 2),
+    ("div_", 1, 2),
+    ("add_", 1, 2),
+    ("addcdiv_", 3, 4),
+)
+ADAM_PASSES = sum(passes for _, _, passes in ADAM_FOREACH_OPS)  # 21
+# torch's multi-tensor apply (ATen/native/cuda/MultiTensorApply.cuh): blocks of 65,536 elements, at
+# most 320 blocks and depth_to_max_tensors[depth - 1] tensors a launch. (Builds with CUDA 13 headers
+# may raise both, PR 134373; the H200 record's torch 2.11+cu130 still launched 9 times for 2,640 chunks.)
+MULTI_TENSOR_CHUNK = 65536
+MULTI_TENSOR_MAX_BLOCKS = 320
+MULTI_TENSOR_MAX_TENSORS = (110, 64, 48, 36, 30)
+
+
+def multi_tensor_launches(numels: list[float], depth: int) -> int:
+    """Kernel launches of one multi-tensor (foreach) op over tensors of ``numels`` elements touching
+    ``depth`` lists: torch's loop launches when 320 blocks are queued, or when a tensor's last chunk
+    fills the launch's tensor slots, and once more for what is left."""
+    launches, blocks, tensors = 0, 0, 0
+    for numel in numels:
+        chunks = max(1, math.ceil(numel / MULTI_TENSOR_CHUNK))
+        tensors += 1
+        for chunk in range(chunks):
+            blocks += 1
+            last = chunk == chunks - 1
+            if blocks == MULTI_TENSOR_MAX_BLOCKS or (last and tensors == MULTI_TENSOR_MAX_TENSORS[depth - 1]):
+                launches += 1
+                blocks = 0
+                tensors = 0 if last else 1  # a tensor cut mid-way continues in the next launch
+    return launches + (blocks > 0)
 
 
 def backward_shapes(m: float, n: float, k: float) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
@@ -116,11 +155,14 @@ class ComputeModel:
         """A contiguous copy of ``nbytes``: read once, written once, one kernel."""
         return self.memory_bound(2 * nbytes)
 
-    def optimizer(self, params: float, tensors: int, multi_tensor: bool) -> float:
-        """An Adam(W) step over ``params`` float32 parameters in ``tensors`` tensors; ``multi_tensor``:
-        torch's foreach implementation, whose every op covers all tensors (one launch each)."""
-        kernels = ADAM_OPS * (1 if multi_tensor else tensors)
-        return self.memory_bound(ADAM_PASSES * FLOAT32_BYTES * params, kernels)
+    def optimizer(self, numels: list[float], multi_tensor: bool) -> float:
+        """An AdamW step over float32 tensors of ``numels`` elements; ``multi_tensor``: torch's foreach
+        implementation (CUDA), else one kernel per op and tensor."""
+        if multi_tensor:
+            kernels = sum(multi_tensor_launches(numels, depth) for _, depth, _ in ADAM_FOREACH_OPS)
+        else:
+            kernels = len(ADAM_FOREACH_OPS) * len(numels)
+        return self.memory_bound(ADAM_PASSES * FLOAT32_BYTES * sum(numels), kernels)
 
     def _gemm_work(self, m: float, n: float, k: float) -> float:
         """One GEMM's time without its launch: the roofline with the fitted efficiency curve."""

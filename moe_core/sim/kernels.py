@@ -255,8 +255,7 @@ class StepKernels:
         (moe_core.comm.all_to_all.pipelined_exchange copies each one's rows out of it, and the results back)."""
         return self.priced(self.compute.copy(buffer_bytes), "partition")
 
-    def optimizer_seconds(self, params: float, tensors: int) -> float:
-        """AdamW over ``params`` parameters in ``tensors`` tensors; torch runs its multi-tensor
-        implementation on CUDA."""
+    def optimizer_seconds(self, numels: list[float]) -> float:
+        """AdamW over tensors of ``numels`` elements; torch runs its multi-tensor implementation on CUDA."""
         multi_tensor = self.cfg.hardware.device == "cuda"
-        return self.priced(self.compute.optimizer(params, tensors, multi_tensor=multi_tensor), "optimizer")
+        return self.priced(self.compute.optimizer(numels, multi_tensor=multi_tensor), "optimizer")

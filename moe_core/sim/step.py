@@ -153,8 +153,7 @@ class StepModel:
     def optimizer_seconds(self) -> float:
         """AdamW over this rank's parameters, sharded: its 1/p of every tensor's, p the ranks that
         hold replicas of it."""
-        tensors = self.plan.tensors
-        return self.kernels.optimizer_seconds(sum(t.numel / self._shards(t.group) for t in tensors), len(tensors))
+        return self.kernels.optimizer_seconds([t.numel / self._shards(t.group) for t in self.plan.tensors])
 
     def _shards(self, group: str) -> int:
         """Over how many ranks a gradient group's parameters and optimizer state are sharded."""
