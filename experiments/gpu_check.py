@@ -317,11 +317,19 @@ def device_properties(device: torch.device) -> dict:
     }
 
 
-def print_summary(checks: dict, passed: dict) -> None:
+def print_summary(checks: dict, passed: dict, device: torch.device) -> None:
+    """The checks as a table. On a CPU the GPU targets (MoE/dense >= 0.6, CUDA events against the wall
+    clock) are not judged: the numbers are shown, the verdict says why there is none."""
     m, moe, dense, t = checks["matmul"], checks["moe"], checks["dense"], checks["timing"]
-    ok = {True: "PASS", False: "FAIL"}
+    on_gpu = device.type == "cuda"
+
+    def verdict(key: str) -> str:
+        return {True: "PASS", False: "FAIL", None: "not judged on CPU"}[passed[key]]
+
+    peak = f" ({m['fraction_of_h200_peak']:.1%} of H200 peak)" if on_gpu else ""
+    timer = "CUDA events" if on_gpu else "timer on CPU"
     rows = [
-        (f"bf16 matmul {m['n']}^3", f"{m['tflops']:.1f} TFLOP/s ({m['fraction_of_h200_peak']:.1%} of H200 peak)", ""),
+        (f"bf16 matmul {m['n']}^3", f"{m['tflops']:.1f} TFLOP/s{peak}", ""),
         ("dense FFN fwd+bwd", f"{dense['tokens_per_s']:,.0f} tok/s, {dense['tflops']:.1f} TFLOP/s", ""),
         (
             "MoE fwd+bwd",
@@ -331,22 +339,22 @@ def print_summary(checks: dict, passed: dict) -> None:
         ),
         (
             "MoE / dense tokens/s",
-            f"{checks['moe_over_dense_tokens_per_s']:.3f} (target >= {TARGET_MOE_OVER_DENSE})",
-            ok[passed["moe_over_dense"]],
+            f"{checks['moe_over_dense_tokens_per_s']:.3f} (H200 target >= {TARGET_MOE_OVER_DENSE})",
+            verdict("moe_over_dense"),
         ),
         (
-            "wall / CUDA events",
+            f"wall / {timer}",
             f"{t['wall_ms']:.1f} / {t['cuda_events_ms']:.1f} ms = {t['wall_over_events']:.3f}",
-            ok[passed["timing_agreement"]],
+            verdict("timing_agreement"),
         ),
         (
             f"{checks['collectives']['backend']} world size 1",
-            f"version {checks['collectives']['nccl_version']}",
-            ok[passed["collectives_exact"]],
+            f"version {checks['collectives']['nccl_version']}" if on_gpu else "all_reduce, all_to_all, barrier",
+            verdict("collectives_exact"),
         ),
     ]
-    for name, value, verdict in rows:
-        print(f"{name:<24} {value:<72} {verdict}")
+    for name, value, judged in rows:
+        print(f"{name:<24} {value:<72} {judged}")
     sweep = checks["op_sweep"]
     best = max(sweep["gemm"], key=lambda g: g["tflops"])
     worst = min(sweep["gemm"], key=lambda g: g["tflops"])
@@ -380,14 +388,22 @@ def main(argv: list[str] | None = None) -> int:
     hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"], whole_run=False).hardware
     sizes = SIZES[args.sizes]
 
+    def progress(what: str) -> None:
+        print(f"gpu_check on {device.type}: {what}", file=sys.stderr, flush=True)
+
+    progress("bf16 matmul, then the MoE layer against a dense FFN")
     checks = {"matmul": check_matmul(sizes, device), **check_moe_vs_dense(sizes, device)}
+    progress(f"the throughput table ({len(sizes['points']) * len(MODES)} points)")
     checks["points"] = check_points(sizes, device)
+    progress("the op sweep")
     checks["op_sweep"] = op_sweep(sizes, device, checks["matmul"]["tflops"])
+    progress(f"{hardware.backend} collectives at world size 1")
     checks["collectives"], exact = check_collectives(device, hardware.backend)
     t = checks["timing"]
+    on_gpu = device.type == "cuda"  # the targets are an H200's; on a CPU they are not judged (null)
     passed = {
-        "moe_over_dense": checks["moe_over_dense_tokens_per_s"] >= TARGET_MOE_OVER_DENSE,
-        "timing_agreement": abs(t["wall_over_events"] - 1) <= MAX_TIMING_DISAGREEMENT,
+        "moe_over_dense": checks["moe_over_dense_tokens_per_s"] >= TARGET_MOE_OVER_DENSE if on_gpu else None,
+        "timing_agreement": abs(t["wall_over_events"] - 1) <= MAX_TIMING_DISAGREEMENT if on_gpu else None,
         "collectives_exact": all(exact.values()),
         **{f"{k}_exact": v for k, v in exact.items()},
     }
@@ -400,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {**environment(device.type), "device_properties": device_properties(device)},
     }
     path = write_record(record, Path(args.out) / "gpu_check.json")
-    print_summary(checks, passed)
+    print_summary(checks, passed, device)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
