@@ -45,7 +45,7 @@ from moe_core.sim.topology import build_topology
 PAPER, EXPERIMENT = "common", "external_steps"
 STEPS_FILE = Path(__file__).resolve().parents[1] / "analysis" / "external_steps.yaml"
 REQUIRED_KEYS = ("id", "what", "source", "kind", "hardware", "model", "parallel", "batch", "precision", "metric")
-PRICED_KEYS = ("profile", "published")
+PRICED_KEYS = ("profile", "published", "stack")  # the stack decides the optimizer pricing
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
 METRICS = ("step_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")  # the metrics a priced entry may carry
 FLOPS_FORMULAS = ("megatron-lm",)  # how a source counts the model FLOPs of model_tflops_per_gpu
@@ -62,6 +62,10 @@ FSDP = (True, "FULL_SHARD", "FSDP2")  # how sources say their parameters are ful
 # The suite's FFN for a source's: SwiGLU as it is; GELU as ReLU, the same two GEMMs and one elementwise
 # kernel per pass (GELU's few more FLOPs per element are memory-bound either way)
 FFN_ACTIVATION = {"swiglu": "swiglu", "gelu": "relu"}
+# Stacks whose AdamW update is fused (hardware.fused_optimizer): Megatron's (and NeMo's) FusedAdam from
+# Transformer Engine or Apex, torchtitan's optimizer.implementation "fused" default. llm-foundry's
+# Composer DecoupledAdamW is torch's AdamW, foreach on CUDA.
+FUSED_OPTIMIZER_STACKS = ("Megatron", "NeMo", "torchtitan")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,6 +198,7 @@ def entry_overrides(entry: dict) -> list[str]:
         *(_moe_overrides(entry) if entry["kind"] == "moe" else _dense_overrides(ranks // tp)),
         f"hardware_profile={entry['profile']}",
         f"hardware.nodes={entry['hardware']['nodes']}",
+        f"hardware.fused_optimizer={fused_optimizer(entry)}",
         f"parallel.world_size={gpus}",
         f"parallel.tensor_parallel={tp}",
         f"parallel.pipeline_parallel={pp}",
@@ -211,6 +216,11 @@ def entry_overrides(entry: dict) -> list[str]:
         f"train.fp8={PRECISION[entry['precision']][1]}",
         "comm.bucket_mb=25",  # PyTorch DDP's default bucket
     ]
+
+
+def fused_optimizer(entry: dict) -> bool:
+    """Whether ``entry``'s stack runs a fused AdamW (FUSED_OPTIMIZER_STACKS)."""
+    return any(name in entry["stack"] for name in FUSED_OPTIMIZER_STACKS)
 
 
 def _dense_overrides(experts: int) -> list[str]:

@@ -33,6 +33,7 @@ SMALL = {  # a small dense GPT on one H100 node, 2-byte precision
     "metric": "tokens_per_s_per_gpu",
     "published": 100000.0,
     "profile": "h100-ndr-cluster",
+    "stack": "llm-foundry / Composer",
 }
 
 
@@ -132,6 +133,7 @@ def test_tensor_parallel_adds_megatrons_per_layer_all_reduces():
     "changes, message",
     [
         ({"published": -1}, "published must be a positive number"),
+        ({"stack": None}, r"missing \['stack'\]"),
         ({"precision": "fp8"}, "precision 'fp8' is not priced"),
         ({"profile": "no-such-gpu"}, "unknown profile 'no-such-gpu'"),
         ({"model.d_ff": None}, "model.d_ff"),
@@ -165,3 +167,15 @@ def test_an_fp8_entry_runs_its_linear_layers_in_fp8(precision, scaling):
     assert (cfg.train.recompute, cfg.train.recompute_layers) == ("full", 1)
     bf16 = es.simulate_entry(entry())
     assert es.simulate_entry(entry(precision=precision))["predicted_step_s"] != bf16["predicted_step_s"]
+
+
+def test_the_stack_decides_whether_the_optimizer_is_fused():
+    """Megatron's and torchtitan's AdamW are fused (7 passes); Composer's is torch's foreach (21)."""
+    for stack, fused in (
+        ("NeMo 24.07 container (Megatron-Core)", True),
+        ("torchtitan, FSDP2", True),
+        ("llm-foundry / Composer (PyTorch FSDP)", False),
+    ):
+        assert es.entry_config(entry(stack=stack)).hardware.fused_optimizer is fused
+    foreach, fused = (es.simulate_entry(entry(stack=s))["predicted_step_s"] for s in ("Composer", "Megatron-Core"))
+    assert fused < foreach

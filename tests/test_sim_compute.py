@@ -54,7 +54,9 @@ def test_costs_grow_with_size_and_efficiency_with_intensity():
             bigger = list(shape)
             bigger[axis] *= 2
             assert model.gemm(*bigger) > model.gemm(*shape)
-    assert model.copy(2e6) > model.copy(1e6) and model.optimizer([2e5] * 10, True) > model.optimizer([1e5] * 10, True)
+    assert model.copy(2e6) > model.copy(1e6) and model.optimizer([2e5] * 10, "foreach") > model.optimizer(
+        [1e5] * 10, "foreach"
+    )
 
 
 def test_a_profile_without_the_new_fields_keeps_the_constant_efficiency_model():
@@ -63,7 +65,7 @@ def test_a_profile_without_the_new_fields_keeps_the_constant_efficiency_model():
     old = SimpleNamespace(**{**hw, "memory_GBps": 0.0, "kernel_launch_us": 0.0, "compute_efficiency": 0.5})
     model = ComputeModel.from_profile(old, 989.0, element_bytes=2)
     assert model.gemm(4096, 8, 1024, count=3) == pytest.approx(3 * 2 * 4096 * 8 * 1024 / (989e12 * 0.5))
-    assert model.memory_bound(1e9, kernels=10) == 0.0 and model.optimizer([1e7] * 100, False) == 0.0
+    assert model.memory_bound(1e9, kernels=10) == 0.0 and model.optimizer([1e7] * 100, "for-loop") == 0.0
 
 
 def test_the_fit_recovers_the_parameters_that_made_the_measurements():
@@ -255,5 +257,18 @@ def test_adamw_on_the_h200_records_model_launches_what_the_trace_counted():
     numels = [t.numel for t in StepModel(cfg, build_topology(cfg.hardware)).plan.tensors]
     assert [multi_tensor_launches(numels, depth) for _, depth, _ in ADAM_FOREACH_OPS] == [9] * 8
     assert ADAM_PASSES == 21
-    device_s = h200(kernel_launch_us=0.0).optimizer(numels, multi_tensor=True)
+    device_s = h200(kernel_launch_us=0.0).optimizer(numels, "foreach")
     assert device_s * 1e3 == pytest.approx(3.7, rel=0.15)  # predicted from the spec sheet's bandwidth
+
+
+def test_a_fused_optimizer_makes_a_third_of_the_passes_in_fewer_launches():
+    numels = [4096.0 * 4096] * 12 + [4096.0] * 24
+    model, free = h200(), h200(kernel_launch_us=0.0)
+    foreach, fused = (free.optimizer(numels, kind) for kind in ("foreach", "fused"))
+    assert fused == pytest.approx(foreach * 7 / 21)
+    launches = {
+        kind: (model.optimizer(numels, kind) - free.optimizer(numels, kind)) / model.launch_s
+        for kind in ("foreach", "fused", "for-loop")
+    }
+    assert launches["fused"] == pytest.approx(multi_tensor_launches(numels, 4))
+    assert launches["fused"] < launches["foreach"] < launches["for-loop"] == pytest.approx(8 * len(numels))

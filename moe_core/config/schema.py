@@ -123,6 +123,10 @@ class HardwareConfig:
     # Host cost of one kernel as eager PyTorch issues it; 0 = not modelled. On a cuda device the host
     # issues ahead of the GPU and launches cost what it falls behind (moe_core.sim.engine.issued_by_host).
     kernel_launch_us: float = 0.0
+    # The optimizer's update as fused kernels (XLA on a TPU, torch's fused=True, Apex and Transformer
+    # Engine's FusedAdam under Megatron): 7 passes over the parameters. False: torch's default AdamW,
+    # 8 elementwise ops making 21 passes (foreach on a GPU, per tensor on a CPU). moe_core.sim.compute.
+    fused_optimizer: bool = False
     # Per op class ("dense", "gate", "expert"): calibrated multipliers on the compute model's speed
     # (an op takes model time / this); 1 when absent. Calibration fits them from measured phase times.
     phase_efficiency: dict[str, float] = field(default_factory=dict)

@@ -26,10 +26,11 @@ parameters fitted to measured op sweeps (experiments/op_sweep.py):
   writing the bytes once.
 * **optimizer**: torch's AdamW (the measured runs' optimizer, float32 parameters under bf16
   autocast) is eight elementwise ops (``ADAM_FOREACH_OPS``) making 21 passes over the float32
-  parameters, not the 7 a fused kernel makes; per tensor in the for-loop implementation (CPU), and
-  on CUDA as multi-tensor (foreach) ops, each cut into launches of at most 320 chunks of 65,536
-  elements (:func:`multi_tensor_launches`). On an H200 (results/reference/2026-12-04-h200) a 173M-
-  parameter model's AdamW ran 72 kernels (8 ops x 9 launches) in 3.7 ms.
+  parameters; per tensor in the for-loop implementation (CPU), and on CUDA as multi-tensor
+  (foreach) ops, each cut into launches of at most 320 chunks of 65,536 elements
+  (:func:`multi_tensor_launches`). On an H200 (results/reference/2026-12-04-h200) a 173M-parameter
+  model's AdamW ran 72 kernels (8 ops x 9 launches) in 3.7 ms. A profile whose stack fuses the
+  update (``fused_optimizer``: XLA, Megatron's FusedAdam) makes 7 passes in one kernel a launch.
 
 ``launch`` (``kernel_launch_us``) is the host's cost of one kernel as the step's eager PyTorch
 issues it (dispatcher, launch, host gaps), part of every op's price. On a CPU the same core
@@ -74,6 +75,9 @@ ADAM_FOREACH_OPS = (
     ("addcdiv_", 3, 4),
 )
 ADAM_PASSES = sum(passes for _, _, passes in ADAM_FOREACH_OPS)  # 21
+# A fused AdamW kernel reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq,
+# the four lists in one multi-tensor launch (depth 4).
+FUSED_ADAM_PASSES, FUSED_ADAM_DEPTH = 7, 4
 # torch's multi-tensor apply (ATen/native/cuda/MultiTensorApply.cuh): blocks of 65,536 elements, at
 # most 320 blocks and depth_to_max_tensors[depth - 1] tensors a launch. (Builds with CUDA 13 headers
 # may raise both, PR 134373; the H200 record's torch 2.11+cu130 still launched 9 times for 2,640 chunks.)
@@ -155,14 +159,18 @@ class ComputeModel:
         """A contiguous copy of ``nbytes``: read once, written once, one kernel."""
         return self.memory_bound(2 * nbytes)
 
-    def optimizer(self, numels: list[float], multi_tensor: bool) -> float:
-        """An AdamW step over float32 tensors of ``numels`` elements; ``multi_tensor``: torch's foreach
-        implementation (CUDA), else one kernel per op and tensor."""
-        if multi_tensor:
+    def optimizer(self, numels: list[float], implementation: str) -> float:
+        """An AdamW step over float32 tensors of ``numels`` elements, as ``implementation`` runs it:
+        "fused" (one multi-tensor kernel per launch, 7 passes), "foreach" (torch's default on CUDA: 8
+        multi-tensor ops, 21 passes) or "for-loop" (torch's default on CPU: the 8 ops per tensor)."""
+        if implementation == "fused":
+            kernels, passes = multi_tensor_launches(numels, FUSED_ADAM_DEPTH), FUSED_ADAM_PASSES
+        elif implementation == "foreach":
             kernels = sum(multi_tensor_launches(numels, depth) for _, depth, _ in ADAM_FOREACH_OPS)
+            passes = ADAM_PASSES
         else:
-            kernels = len(ADAM_FOREACH_OPS) * len(numels)
-        return self.memory_bound(ADAM_PASSES * FLOAT32_BYTES * sum(numels), kernels)
+            kernels, passes = len(ADAM_FOREACH_OPS) * len(numels), ADAM_PASSES
+        return self.memory_bound(passes * FLOAT32_BYTES * sum(numels), kernels)
 
     def _gemm_work(self, m: float, n: float, k: float) -> float:
         """One GEMM's time without its launch: the roofline with the fitted efficiency curve."""

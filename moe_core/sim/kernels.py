@@ -256,6 +256,8 @@ class StepKernels:
         return self.priced(self.compute.copy(buffer_bytes), "partition")
 
     def optimizer_seconds(self, numels: list[float]) -> float:
-        """AdamW over tensors of ``numels`` elements; torch runs its multi-tensor implementation on CUDA."""
-        multi_tensor = self.cfg.hardware.device == "cuda"
-        return self.priced(self.compute.optimizer(numels, multi_tensor=multi_tensor), "optimizer")
+        """AdamW over tensors of ``numels`` elements: fused where the profile's stack fuses it, else
+        torch's default (its multi-tensor implementation on CUDA, a loop over tensors on CPU)."""
+        hw = self.cfg.hardware
+        implementation = "fused" if hw.fused_optimizer else "foreach" if hw.device == "cuda" else "for-loop"
+        return self.priced(self.compute.optimizer(numels, implementation), "optimizer")
