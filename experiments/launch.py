@@ -104,7 +104,7 @@ from omegaconf import OmegaConf
 from experiments.rank_watch import RankWatch, descendants
 from moe_core.config.load import ConfigError, config_arg_parser, load_config
 from moe_core.records.results import ResultsDirError, check_writable, staged_records
-from moe_core.runtime.processes import FAILED_RANK_EXIT_CODE, proc_stat
+from moe_core.runtime.processes import FAILED_RANK_EXIT_CODE, status_of
 from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -253,7 +253,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             _signal_group(p.pid, signal.SIGKILL)
             p.wait()
     for pid, start_time in started:
-        if (proc_stat(pid) or [None] * 20)[19] == start_time:  # still the same process
+        if status_of(pid, start_time) is not None:  # still the same process, running
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

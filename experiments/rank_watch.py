@@ -9,7 +9,7 @@ So the launcher, which outlives every rank, watches the rank processes of its to
 (their direct children, told apart by the ``RANK`` torchrun puts in their environment) and, once
 any rank has ended:
 
-* kills at once a rank that is a stopped process (state T): it can never finish;
+* kills at once a rank that is a stopped process (SIGSTOP): it can never finish;
 * kills a rank whose process tree (the rank and every process it started, e.g. W&B's service)
   used less than IDLE_CPU_SHARE of a core for ``timeout_s``: it is hung, not finishing its work
   (its heartbeat thread alone, or gloo's, uses far less; writing a record or W&B's files far more).
@@ -26,19 +26,19 @@ import signal
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from moe_core.runtime.processes import proc_stat
+import psutil
+
+from moe_core.runtime.processes import status_of
 
 IDLE_CPU_SHARE = 0.01  # below this share of one core a rank's process tree is idle, not finishing
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
 class _Rank:
     pid: int
     start_time: str
-    busy_ticks: int = -1  # CPU ticks of its process tree when it was last seen busy
+    busy_cpu_s: float = -1.0  # CPU seconds of its process tree when it was last seen busy
     busy_at: float = 0.0  # and when that was
 
 
@@ -79,14 +79,14 @@ class RankWatch:
         return lines
 
     def _why_kill(self, rank: int, proc: _Rank, ended: int, since: float, tree, now: float) -> str | None:
-        stat = proc_stat(proc.pid)
-        if stat is None:
+        status = status_of(proc.pid, proc.start_time)
+        if status is None:
             return None
-        if stat[0] == "T":
+        if status == psutil.STATUS_STOPPED:
             return f"is a stopped process (SIGSTOP) and rank {ended} has ended, so it can never finish"
-        ticks = sum(_cpu_ticks(pid) for pid in _subtree(proc.pid, tree))
-        if proc.busy_ticks < 0 or ticks - proc.busy_ticks > IDLE_CPU_SHARE * (now - proc.busy_at) * CLOCK_TICKS_PER_S:
-            proc.busy_ticks, proc.busy_at = ticks, now
+        cpu_s = sum(_cpu_seconds(pid) for pid in _subtree(proc.pid, tree))
+        if proc.busy_cpu_s < 0 or cpu_s - proc.busy_cpu_s > IDLE_CPU_SHARE * (now - proc.busy_at):
+            proc.busy_cpu_s, proc.busy_at = cpu_s, now
             return None
         if now - max(proc.busy_at, since) >= self.timeout_s:
             return (
@@ -101,19 +101,19 @@ class RankWatch:
         for agent in self.agents:
             for pid, start_time in tree.get(agent, []):
                 rank = _rank_of(pid)
-                stat = proc_stat(pid)
-                if rank is not None and stat is not None and stat[0] not in "ZX":
+                if rank is not None and status_of(pid, start_time) is not None:
                     alive[rank] = (pid, start_time)
         return alive
 
 
 def process_tree() -> dict[int, list[tuple[int, str]]]:
-    """parent pid -> [(pid, start time)] of every process (empty without /proc)."""
+    """parent pid -> [(pid, start time)] of every process (start times as moe_core.runtime.processes
+    writes them)."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat:
-            children.setdefault(int(stat[1]), []).append((int(entry.name), stat[19]))
+    for process in psutil.process_iter(["ppid", "create_time"]):
+        info = process.info
+        if info["ppid"] is not None and info["create_time"] is not None:
+            children.setdefault(info["ppid"], []).append((process.pid, f"{info['create_time']:.3f}"))
     return children
 
 
@@ -132,20 +132,19 @@ def _subtree(pid: int, tree) -> list[int]:
     return [pid, *(child for child, _ in descendants(pid, tree))]
 
 
-def _cpu_ticks(pid: int) -> int:
-    """User + system clock ticks of ``pid`` (0 once it is gone)."""
-    stat = proc_stat(pid)
-    return int(stat[11]) + int(stat[12]) if stat else 0
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (0 once it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
 
 
 def _rank_of(pid: int) -> int | None:
     """The RANK in ``pid``'s environment (torchrun sets it for each worker), or None."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+        value = psutil.Process(pid).environ().get("RANK", "")
+    except psutil.Error:
         return None
-    for item in environ:
-        if item.startswith(b"RANK="):
-            value = item[5:]
-            return int(value) if value.isdigit() else None
-    return None
+    return int(value) if value.isdigit() else None

@@ -1,5 +1,5 @@
 """Running measured jobs: ``distributed`` (process-group start-up, failing ranks), ``processes``
-(exit codes and /proc facts the launcher shares with the ranks), ``timing`` (phase timers),
+(exit codes and process facts the launcher shares with the ranks), ``timing`` (phase timers),
 ``noise`` (how much of the host others used), ``benchmark`` (the measured microbenchmarks'
 skeleton), ``profiling`` (kernel-level profiles of training steps), ``testbed`` (an emulated
 multi-node cluster)."""

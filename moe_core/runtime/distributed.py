@@ -51,12 +51,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
 
+import psutil
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.records.results import ResultsDirError, check_writable
-from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, proc_stat
+from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, started_at, status_of
 
 HEARTBEAT_S = 0.5  # a rank's heartbeat period
 HEALTH_WINDOW_S = 3.0  # how long a rank that saw a failure watches the heartbeats (6 beats)
@@ -195,7 +196,7 @@ class Health:
         )
         client.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         self.store = dist.PrefixStore("moe_bench", client)
-        start_time = (proc_stat(os.getpid()) or [""] * 20)[19] or "?"  # tells a reused pid apart
+        start_time = started_at(os.getpid()) or "?"  # tells a reused pid apart
         self.store.set(f"proc/{rank}", f"{socket.gethostname()} {os.getpid()} {start_time}")
         self.set_state("starting")
         self._stop = threading.Event()
@@ -283,20 +284,20 @@ class Health:
 
 def _process_state(proc: str, me: int) -> tuple[str, int | None]:
     """What the OS says of a rank's process (``proc`` = "<host> <pid> <start time>") when it runs on
-    this host, and its pid when it is stopped (state T), which :meth:`Health.exit_naming_failed_ranks`
+    this host, and its pid when it is stopped (SIGSTOP), which :meth:`Health.exit_naming_failed_ranks`
     then kills: torchrun's SIGTERM cannot end a stopped process, and torchrun would wait 30 s."""
     host, pid, start_time = proc.split()
     if host != socket.gethostname():
         return f"its process {pid} runs on {host}", None
-    stat = proc_stat(int(pid))
-    if stat is None or stat[19] != start_time or stat[0] in "ZX":
+    status = status_of(int(pid), start_time)
+    if status is None:
         return f"its process {pid} has exited", None
-    if stat[0] == "T":
+    if status == psutil.STATUS_STOPPED:
         return f"its process {pid} is stopped (SIGSTOP), so rank {me} kills it", int(pid)
     return {
-        "t": f"its process {pid} is stopped by a debugger",
-        "D": f"its process {pid} is stuck in the kernel (uninterruptible sleep, e.g. I/O)",
-    }.get(stat[0], f"its process {pid} runs, but not its heartbeat thread"), None
+        psutil.STATUS_TRACING_STOP: f"its process {pid} is stopped by a debugger",
+        psutil.STATUS_DISK_SLEEP: f"its process {pid} is stuck in the kernel (uninterruptible sleep, e.g. I/O)",
+    }.get(status, f"its process {pid} runs, but not its heartbeat thread"), None
 
 
 def _first_line(err: BaseException) -> str:

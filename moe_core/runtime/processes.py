@@ -1,20 +1,33 @@
 """What the launcher (experiments/launch.py) and the ranks (moe_core.runtime.distributed) share about
-processes: the exit codes a rank ends with, and a process's state read from /proc. It imports no
-torch, so the launcher starts in a fraction of a second.
+processes: the exit codes a rank ends with, and what the OS says of a process (psutil). It imports
+no torch, so the launcher starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import psutil
 
 FAILED_RANK_EXIT_CODE = 3  # a rank that named the ranks that stopped, and exited
 BAD_LAUNCH_EXIT_CODE = 2  # as for a bad config: nothing was started
+ENDED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # a process that has exited, not yet reaped or gone
 
 
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name: [0] the state, [1] the parent, [19]
-    the start time; None when there is no such process (or no /proc)."""
+def started_at(pid: int) -> str | None:
+    """When ``pid`` started, as text that tells a reused pid apart; None when there is no such process."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return f"{psutil.Process(pid).create_time():.3f}"
+    except psutil.Error:
         return None
+
+
+def status_of(pid: int, start: str) -> str | None:
+    """psutil's status of the process ``pid`` that started at ``start`` (:func:`started_at`), or None
+    when it has ended, or the pid now names another process."""
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            status = process.status()
+            same = f"{process.create_time():.3f}" == start
+    except psutil.Error:
+        return None
+    return status if same and status not in ENDED else None
