@@ -14,16 +14,20 @@ experts and back: float32 rows of ``d_model``, capacity C = ceil(capacity_factor
 rounded to a multiple of tp * chunks. ``hierarchical`` runs only when the group spans nodes of
 ``hardware.devices_per_node`` ranks. A skew is a routing workload (moe_core.dispatch.workloads);
 one that changes between steps runs its steps in turn, iteration i on step i mod its period. Before
-timing, every dispatcher's delivery is checked on every step's routing (its ``delivered``: the
-hierarchical and the tensor-parallel exchanges against the flat all-to-all; dropless and allgather
-by the rows each expert receives). Methodology as experiments/collectives.py: warm-up, timed
-iterations with a barrier before each, the worst rank per iteration, ``dispatch_study.repeats``
-repeats of that (each with its own warm-up; in one process, not separate launches) summarised by
-their medians' mean and its 95% interval (moe_core.runtime.benchmark.repeated_iterations). A
-record's ``imbalance`` is its steps' worst, ``dropped_fraction`` and ``useful_bytes`` (what had to
-cross between ranks, there and back) their mean, ``useful_GBps`` the useful bytes over the median
-time. Rank 0 prints the cells as a table in the manner of nccl-tests. Records:
-``results/raw/common/dispatchers/<point>.json``, all written at the end.
+timing, every cell is checked against a single-process reference on every step's routing: each
+expert multiplies the rows it received by 2 + its index (no expert leaves them as they are), and
+every row must come back to its rank as its expert left it (``Dispatcher.routed``: the rows a rank
+sends and their experts), so a row sent to the wrong expert or to none, lost, duplicated or
+returned to the wrong place counts. ``#wrong`` is the rows that differ, summed over ranks and
+steps; a cell with any is not timed, and once the others are recorded the run exits 1 naming it.
+Methodology as experiments/collectives.py: warm-up, timed iterations with a barrier before each,
+the worst rank per iteration, ``dispatch_study.repeats`` repeats of that (each with its own
+warm-up; in one process, not separate launches) summarised by their medians' mean and its 95%
+interval (moe_core.runtime.benchmark.repeated_iterations). A record's ``imbalance`` is its steps'
+worst, ``dropped_fraction`` and ``useful_bytes`` (what had to cross between ranks, there and back)
+their mean, ``useful_GBps`` the useful bytes over the median time. Rank 0 prints the cells as a
+table in the manner of nccl-tests. Records: ``results/raw/common/dispatchers/<point>.json``, all
+written at the end.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from moe_core.dispatch.study import (
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
-from moe_core.runtime.benchmark import benchmark_main, measured_record, repeated_iterations
+from moe_core.runtime.benchmark import CellsFailed, benchmark_main, measured_record, repeated_iterations
 from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer
 
@@ -135,28 +139,36 @@ class Paths:
         }
 
     def round_trip(self, path: str, w: dict):
-        """Dispatch then combine along ``path``; returns what the experts received."""
+        """Dispatch then combine along ``path`` (the timed exchange: experts that leave rows as they are)."""
         return dispatcher(path).round_trip(self.groups, w)
 
-
-def check_delivery(paths: Paths, names: list[str], w: dict) -> None:
-    """Every path delivers to the experts what it must, on every rank (agreed, so no rank hangs)."""
-    flat = paths.round_trip("capacity", w)
-    ok = all(dispatcher(name).delivered(paths.round_trip(name, w), paths.groups, w, flat) for name in names)
-    all_ok = torch.tensor([int(ok)], device=flat.device)
-    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
-    if not all_ok.item():
-        raise RuntimeError(f"a dispatch path delivered the wrong tokens (this rank {'correct' if ok else 'wrong'})")
+    def wrong_rows(self, path: str, w: dict) -> int:
+        """Rows of ``w`` that ``path`` brings back other than a single process would, summed over the
+        ranks (every rank gets the sum, so all agree on a cell). Expert e multiplies its rows by 2 + e:
+        a row that reached another expert or none, or came back elsewhere, differs from its reference."""
+        path_ = dispatcher(path)
+        scale = 2 + path_.expert_index(self.groups)
+        came_back = path_.round_trip(self.groups, w, expert=lambda rows: rows * scale)
+        rows, experts = path_.routed(self.groups, w)
+        expected = rows * (2 + experts).to(rows.dtype).unsqueeze(1)  # exact: one rounding on both sides
+        if came_back.shape != expected.shape:
+            wrong = torch.tensor([max(rows.shape[0], 1)], device=rows.device)
+        else:
+            wrong = (came_back != expected).any(dim=1).sum().reshape(1)
+        dist.all_reduce(wrong)
+        return int(wrong.item())
 
 
 def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
-    paths, names, records = Paths(cfg, env), measured_paths(cfg), []
+    paths, names, records, failed = Paths(cfg, env), measured_paths(cfg), [], []
     d = cfg.dispatch_study
     for skew in d.skews:
         steps = [paths.workload(skew, step) for step in range(study_steps(skew, d.world_size))]
-        for w in steps:
-            check_delivery(paths, names, w)
         for name in names:
+            wrong = sum(paths.wrong_rows(name, w) for w in steps)
+            if wrong:
+                failed.append(f"{name} under {skew}: #wrong {wrong} rows")
+                continue
             turns = cycle(steps)  # iteration i runs step i mod the period
             samples, spread = repeated_iterations(
                 lambda name=name, turns=turns: paths.round_trip(name, next(turns)),
@@ -170,6 +182,8 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
                 records.append(cell_record(cfg, skew, name, steps, samples, spread))
     if env.rank == 0:
         print(results_table(records), flush=True)
+    if failed:
+        raise CellsFailed(f"{len(failed)} cells brought rows back wrong, not timed: {'; '.join(failed)}", records)
     return records
 
 
@@ -179,7 +193,7 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
     counts, capacity = ("counts_tp", "capacity_tp") if path.tensor_parallel else ("counts", "capacity")
     capacity = steps[0][capacity]
     extra = routing_metrics([w[counts] for w in steps], capacity, path.drops, d.d_model * DTYPE_BYTES["float32"])
-    extra.update(spread, **useful_rate(extra["useful_bytes"], float(np.median(samples))))
+    extra.update(spread, **useful_rate(extra["useful_bytes"], float(np.median(samples))), wrong_rows=0)
     return measured_record(
         cfg,
         paper=PAPER,
@@ -207,6 +221,7 @@ def results_table(records: list[dict]) -> str:
                 "ci95(ms)": f"{m['exchange_ms_ci95_low']['value']:.3f}-{m['exchange_ms_ci95_high']['value']:.3f}",
                 "useful(GB/s)": m["useful_GBps"]["value"] if "useful_GBps" in m else float("nan"),
                 "dropped": m["dropped_fraction"]["value"],
+                "#wrong": int(m["wrong_rows"]["value"]),
             }
         )
     return pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")

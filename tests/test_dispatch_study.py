@@ -127,6 +127,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
     for record in found.values():
         m = record["metrics"]
         assert m["exchange_ms"]["n"] == 3 * 2 and m["repeats"]["value"] == 3  # three repeats of 2 iterations
+        assert m["wrong_rows"]["value"] == 0  # checked against the single-process reference before timing
         assert 0 <= m["exchange_ms_ci95_low"]["value"] <= m["exchange_ms_ci95_high"]["value"]
         if record["params"]["tensor_parallel"] > 1:  # one expert-parallel rank of two: nothing crosses
             assert m["useful_bytes"]["value"] == 0 and "useful_GBps" not in m
@@ -152,7 +153,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert row.measured_over_predicted == row.exchange_ms / row.predicted_exchange_ms
     # the nccl-tests-style table on the console: a line per cell
     lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
-    assert "useful(GB/s)" in result.stdout and len(lines) == 2 * 6
+    assert "useful(GB/s)" in result.stdout and "#wrong" in result.stdout and len(lines) == 2 * 6
 
 
 def test_a_registered_dispatcher_joins_both_studies_and_the_config():
@@ -203,3 +204,69 @@ def test_predictions_refuse_a_profile_they_cannot_price_or_read(tmp_path, capsys
     with pytest.raises(ConfigError, match=r"dispatch_study\.model_profile"):
         load_config(overrides=["dispatch_study.model_profile=no-such-profile"])
     assert not list(tmp_path.rglob("*.json"))
+
+
+class LosesARow(Capacity):
+    """A broken exchange for the gate to catch: the first row comes back as the expert received it."""
+
+    name = "loses-a-row"
+
+    def round_trip(self, groups, workload, expert=None):
+        came_back = super().round_trip(groups, workload, expert).clone()
+        came_back[0] = workload["buffer"][0]
+        return came_back
+
+
+class SwapsExperts(Capacity):
+    """Another: it sends every block to the next rank's expert and back, so rows return scaled wrongly."""
+
+    name = "swaps-experts"
+
+    def round_trip(self, groups, workload, expert=None):
+        import torch
+
+        buffer = workload["buffer"]
+        rolled = torch.roll(buffer, workload["capacity"], dims=0)
+        back = super().round_trip(groups, {**workload, "buffer": rolled}, expert)
+        return torch.roll(back, -workload["capacity"], dims=0)
+
+
+def _gate_worker(rank, world, init_file, out_dir):
+    import torch
+    import torch.distributed as dist
+
+    from moe_core.runtime.distributed import Env
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    for broken in (LosesARow(), SwapsExperts()):
+        register_dispatcher(broken)
+    overrides = ["dispatch_study.world_size=4", "dispatch_study.tensor_parallel=2", "dispatch_study.d_model=8"]
+    cfg = load_config(overrides=[*overrides, "dispatch_study.tokens_per_rank=64"])
+    env = Env(rank, world, rank, torch.device("cpu"), "gloo", None, 60.0)
+    paths = dispatchers.Paths(cfg, env)
+    wrong = {}
+    for skew in ("uniform", "zipf:2.0", "zero_expert_rank"):
+        w = paths.workload(skew, 0)
+        wrong.update({(skew, name): paths.wrong_rows(name, w) for name in measured_paths(cfg)})
+    torch.save((wrong, w["capacity"]), f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_the_gate_passes_every_registered_dispatcher_and_counts_a_broken_ones_rows(tmp_path):
+    """Every shipped dispatcher brings every row back as its expert left it, under skew too; a row
+    returned unprocessed, or rows sent to the wrong experts, are counted on every rank alike."""
+    import torch
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gate_worker, args=(4, str(tmp_path / "init"), str(tmp_path)), nprocs=4, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    assert all(r == ranks[0] for r in ranks)  # summed over the ranks: every rank agrees
+    wrong, capacity = ranks[0]
+    assert {name for _, name in wrong} >= {"capacity", "dropless", "allgather", "duplicate", "drop-gather", "monta"}
+    for (skew, name), count in wrong.items():
+        if name == "loses-a-row":
+            assert count == 4, skew  # one row on each of the four ranks
+        elif name == "swaps-experts":
+            assert count == 4 * 4 * capacity, skew  # every row of every rank's four expert blocks
+        else:
+            assert count == 0, (skew, name)

@@ -53,15 +53,20 @@ class Dispatcher:
         return True
 
     # -- measured (torch.distributed) -----------------------------------------------------------
-    def round_trip(self, groups: StudyGroups, workload: dict):
-        """Dispatch then combine the study's ``workload`` (experiments.dispatchers.Paths.workload);
-        returns what this rank's experts received."""
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
+        """Dispatch the study's ``workload`` (experiments.dispatchers.Paths.workload) to the experts,
+        run ``expert`` (a function of the rows an expert received; None: leave them as they are) and
+        combine the results back; returns this rank's rows as they came back, in :meth:`routed` order."""
         raise NotImplementedError
 
-    def delivered(self, received, groups: StudyGroups, workload: dict, flat_received) -> bool:
-        """Whether ``received`` is what this rank's experts must get; ``flat_received`` is the plain
-        capacity all-to-all of the same workload."""
+    def routed(self, groups: StudyGroups, workload: dict) -> tuple[Any, Any]:
+        """The rows this rank sends and the expert each one goes to, as tensors (rows, experts): what a
+        correct round trip brings back, each row as its expert left it."""
         raise NotImplementedError
+
+    def expert_index(self, groups: StudyGroups) -> int:
+        """The expert this rank holds in the dispatcher's layout (one expert per expert-parallel rank)."""
+        return groups.rank
 
     # -- simulated (moe_core.sim) ----------------------------------------------------------------
     def study_transfers(self, topo, counts: np.ndarray, capacity: int, row_bytes: int) -> list[tuple[str, Any]]:
@@ -69,3 +74,16 @@ class Dispatcher:
         ranks 0..world-1, expert e on rank e, ``counts`` (world, E) tokens each rank routes to each
         expert, ``capacity`` slots per expert and rank, rows of ``row_bytes``."""
         raise NotImplementedError(f"dispatcher '{self.name}' is not simulated on its own")
+
+
+def run_expert(expert, rows):
+    """``expert`` on the rows an expert received, or the rows themselves without one."""
+    return rows if expert is None else expert(rows)
+
+
+def capacity_rows(buffer, capacity: int):
+    """A capacity buffer's rows and their experts: block e of ``capacity`` rows goes to expert e."""
+    import torch
+
+    experts = torch.arange(buffer.shape[0] // capacity, device=buffer.device).repeat_interleave(capacity)
+    return buffer, experts

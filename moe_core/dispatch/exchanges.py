@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_core.dispatch.base import Dispatcher, StudyGroups
+from moe_core.dispatch.base import Dispatcher, StudyGroups, capacity_rows, run_expert
 
 
 class Capacity(Dispatcher):
     name = "capacity"
 
-    def round_trip(self, groups: StudyGroups, workload: dict):
-        return _there_and_back(workload["buffer"], groups.flat)
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
+        return _there_and_back(workload["buffer"], groups.flat, expert)
 
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        return True  # the reference the others are checked against
+    def routed(self, groups, workload):
+        return capacity_rows(workload["buffer"], workload["capacity"])
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         world = counts.shape[0]
@@ -33,19 +33,14 @@ class Capacity(Dispatcher):
         return [("all_to_all", transfer)] * 2
 
 
-class Hierarchical(Dispatcher):
+class Hierarchical(Capacity):
     name = "hierarchical"
 
     def runs_on(self, world: int, devices_per_node: int) -> bool:
         return world > devices_per_node  # within one node it is the flat all-to-all
 
-    def round_trip(self, groups: StudyGroups, workload: dict):
-        return _there_and_back(workload["buffer"], groups.hierarchical)
-
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        import torch
-
-        return torch.equal(received, flat_received)
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
+        return _there_and_back(workload["buffer"], groups.hierarchical, expert)
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         world = counts.shape[0]
@@ -55,18 +50,22 @@ class Hierarchical(Dispatcher):
 
 class _RoutedRows(Dispatcher):
     """A dispatcher that moves exactly the routed tokens: nothing dropped, and a rank's experts get
-    every row routed to them."""
+    every row routed to them (its tokens are sorted by expert, ``counts[rank, e]`` for expert e)."""
 
     drops = False
 
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        return received.shape[0] == int(workload["counts"][:, groups.rank].sum())
+    def routed(self, groups, workload):
+        import torch
+
+        tokens, counts = workload["tokens"], workload["counts"][groups.rank]
+        experts = np.repeat(np.arange(len(counts)), counts)
+        return tokens, torch.from_numpy(experts).to(tokens.device)
 
 
 class Dropless(_RoutedRows):
     name = "dropless"
 
-    def round_trip(self, groups: StudyGroups, workload: dict):
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-to-all of the per-expert counts, then all-to-all(v) of the tokens and back."""
         import torch
         import torch.distributed as dist
@@ -80,8 +79,7 @@ class Dropless(_RoutedRows):
         # NOTE: host sync, as every dropless dispatch has
         send_splits, recv_splits = counts[groups.rank].tolist(), recv_counts.tolist()
         received = exchange(tokens, recv_splits, send_splits, groups.flat, None)
-        exchange(received, send_splits, recv_splits, groups.flat, None)
-        return received
+        return exchange(run_expert(expert, received), send_splits, recv_splits, groups.flat, None)
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group, traffic = np.arange(counts.shape[0]), counts * float(row_bytes)  # (src, dst) bytes
@@ -91,7 +89,7 @@ class Dropless(_RoutedRows):
 class AllGather(_RoutedRows):
     name = "allgather"
 
-    def round_trip(self, groups: StudyGroups, workload: dict):
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
         expert's, reduce-scatter the outputs back."""
         import torch
@@ -105,10 +103,10 @@ class AllGather(_RoutedRows):
         dist.all_gather_single(gathered, padded, group=groups.flat)
         mine = _rows_for_expert(counts, groups.rank, rows, tokens.device)
         received = gathered[mine]  # the tokens routed to this rank's expert
-        outputs = torch.zeros_like(gathered).index_copy_(0, mine, received)
+        outputs = torch.zeros_like(gathered).index_copy_(0, mine, run_expert(expert, received))
         back = tokens.new_empty(rows, tokens.shape[1])
         dist.reduce_scatter_single(back, outputs, group=groups.flat)
-        return received
+        return back[: tokens.shape[0]]
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group = np.arange(counts.shape[0])
@@ -119,13 +117,13 @@ class AllGather(_RoutedRows):
         ]
 
 
-def _there_and_back(buffer, group):
-    """An equal-split all-to-all of ``buffer`` over ``group`` and the same of what arrived; what arrived."""
+def _there_and_back(buffer, group, expert=None):
+    """An equal-split all-to-all of ``buffer`` over ``group``, ``expert`` on what arrived, and the same
+    all-to-all back; what came back."""
     from moe_core.comm.all_to_all import exchange
 
     received = exchange(buffer, None, None, group, None)
-    exchange(received, None, None, group, None)
-    return received
+    return exchange(run_expert(expert, received), None, None, group, None)
 
 
 def _rows_for_expert(counts: np.ndarray, expert: int, rows: int, device):

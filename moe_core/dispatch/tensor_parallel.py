@@ -13,7 +13,7 @@ moe_core.dispatch.step.DropAllGather in n chunks, which the measured and the sim
 
 from __future__ import annotations
 
-from moe_core.dispatch.base import Dispatcher, StudyGroups
+from moe_core.dispatch.base import Dispatcher, StudyGroups, capacity_rows, run_expert
 
 
 class TensorParallelDispatcher(Dispatcher):
@@ -36,7 +36,7 @@ class TensorParallelDispatcher(Dispatcher):
             "training steps (moe_core.sim.step), not on its own"
         )
 
-    def round_trip(self, groups: StudyGroups, workload: dict):
+    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         from moe_core.comm.all_to_all import exchange, tp_exchange
         from moe_core.schedule.plan import even_ranges
 
@@ -44,19 +44,18 @@ class TensorParallelDispatcher(Dispatcher):
         chunks = self.study_chunks(workload["study"])
         if chunks is None:
             received = exchange(buffer, None, None, groups.ep, None)
-            exchange(received, None, None, groups.ep, None)
-            return received
+            return exchange(run_expert(expert, received), None, None, groups.ep, None)
         ranges = even_ranges(rows // groups.tp, chunks)
         received = tp_exchange(buffer, rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
-        tp_exchange(received, rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
-        return received
+        return tp_exchange(run_expert(expert, received), rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
 
-    def delivered(self, received, groups, workload, flat_received) -> bool:
-        import torch
+    def routed(self, groups, workload):
+        return capacity_rows(workload["buffer_tp"], workload["capacity_tp"])
 
-        from moe_core.comm.all_to_all import exchange
+    def expert_index(self, groups: StudyGroups) -> int:
+        import torch.distributed as dist
 
-        return torch.equal(received, exchange(workload["buffer_tp"], None, None, groups.ep, None))
+        return dist.get_rank(groups.ep)
 
 
 class Duplicate(TensorParallelDispatcher):

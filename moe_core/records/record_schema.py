@@ -124,7 +124,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "axonn_ablation": ("step_ms", "grid_comm_ms"),
     "axonn_ranking": ("predicted_comm_s", "model_rank"),
     "axonn_grid_predictions": ("predicted_comm_ms",),
-    "dispatchers": ("exchange_ms", "dropped_fraction", "imbalance"),
+    "dispatchers": ("exchange_ms", "dropped_fraction", "imbalance", "wrong_rows"),
     "dispatchers_sim": ("exchange_ms", "dropped_fraction", "imbalance"),
     "dispatchers_predictions": ("predicted_exchange_ms",),
     "external_validation": ("published", "predicted", "rel_error"),

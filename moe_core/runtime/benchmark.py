@@ -101,6 +101,15 @@ def measured_record(
     )
 
 
+class CellsFailed(Exception):
+    """A benchmark's cells that failed their check, raised by its ``run`` after the others were
+    measured: ``records`` (rank 0's, of the cells that passed) are written, then the run exits 1."""
+
+    def __init__(self, message: str, records: list[dict]):
+        super().__init__(message)
+        self.records = records
+
+
 def benchmark_main(
     argv: list[str] | None,
     doc: str,
@@ -120,13 +129,21 @@ def benchmark_main(
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     env = init_distributed(cfg, world_size_key=world_size_key)
+    failure = None
     try:
         with naming_failed_ranks(env):
-            records = run(cfg, env)
+            try:
+                records = run(cfg, env)
+            except CellsFailed as err:
+                records, failure = err.records, err
         with exit_if_unwritable():
             write_records(records, cfg.results_dir)  # rank 0's; the others have none
     finally:
         shutdown()
+    if failure is not None:
+        if env.rank == 0:
+            print(f"error: {failure}", file=sys.stderr)
+        sys.exit(1)
 
 
 def published_entries(
