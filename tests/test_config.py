@@ -509,3 +509,34 @@ def test_the_resolved_configs_keys_keep_their_order_and_so_its_digest():
         "monta",
         "wandb",
     ]
+
+
+def test_the_config_command_prints_the_resolved_config_or_one_section(capsys):
+    from omegaconf import OmegaConf
+
+    from moe_core.config.load import main
+
+    assert main(["--print", "moe", "moe.top_k=1", "moe.num_experts=8", "moe.experts_per_rank=2"]) == 0
+    moe = OmegaConf.create(capsys.readouterr().out)
+    assert moe.top_k == 1 and moe.num_experts == 8 and "capacity_factor" in moe
+    assert main(["--print", "hardware_profile=emulated-2x2"]) == 0
+    whole = OmegaConf.create(capsys.readouterr().out)
+    assert whole.hardware.name == "emulated-2x2" and "dispatch_study" in whole
+    assert main(["--print", "nope"]) == 2
+    assert "no such section" in capsys.readouterr().err
+
+
+def test_every_key_of_the_megatron_name_map_exists():
+    """moe_core/README.md maps Megatron-Core's and DeepSpeed's names to ours: each key it names is one."""
+    import re
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    readme = (Path(__file__).parents[1] / "moe_core/README.md").read_text()
+    table = readme.split("## From Megatron-Core and DeepSpeed names", 1)[1].split("\n## ", 1)[0]
+    keys = set(re.findall(r"`((?:moe|model|parallel|train|comm)\.[a-z_0-9]+)", table))
+    assert len(keys) >= 20
+    cfg = load_config()
+    missing = [key for key in keys if OmegaConf.select(cfg, key, default=None) is None]
+    assert not missing, f"moe_core/README.md names keys the config lacks: {missing}"

@@ -1,4 +1,5 @@
-"""``python -m moe_core.config [--config FILE]... [key=value]...``: check a config, print its errors."""
+"""``python -m moe_core.config [--config FILE]... [key=value]... [--print [SECTION]]``: check a config,
+print its errors, or print it resolved."""
 
 import sys
 

@@ -166,13 +166,31 @@ def refuse_templates(paths: list[str | Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Validate a config (files and overrides as every entry point takes them); exit 2 on an error."""
-    args = config_arg_parser(__doc__).parse_intermixed_args(argv)
+    """Validate a config (files and overrides as every entry point takes them); exit 2 on an error.
+    ``--print`` writes the resolved config as YAML (``--print SECTION``: that section only)."""
+    parser = config_arg_parser(__doc__)
+    parser.add_argument(
+        "--print",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        dest="section",
+        help="print the resolved config as YAML (or one section of it, e.g. hardware or moe)",
+    )
+    args = parser.parse_intermixed_args(argv)
+    if args.section and "=" in args.section:  # ``--print key=value``: an override, not a section
+        args.overrides.insert(0, args.section)
+        args.section = ""
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.section and args.section not in cfg:
+            raise ConfigError(f"--print {args.section}: no such section; sections: {', '.join(cfg)}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.section is not None:
+        print(OmegaConf.to_yaml(cfg[args.section] if args.section else cfg), end="")
+        return 0
     print(f"valid: paper {cfg.paper}, hardware {cfg.hardware.name}, policy {cfg.comm.policy}")
     return 0
 
