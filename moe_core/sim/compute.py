@@ -89,18 +89,18 @@ MULTI_TENSOR_MAX_TENSORS = (110, 64, 48, 36, 30)
 def multi_tensor_launches(numels: list[float], depth: int) -> int:
     """Kernel launches of one multi-tensor (foreach) op over tensors of ``numels`` elements touching
     ``depth`` lists: torch's loop launches when 320 blocks are queued, or when a tensor's last chunk
-    fills the launch's tensor slots, and once more for what is left."""
+    fills the launch's tensor slots, and once more for what is left. Counted a tensor at a time, not
+    a chunk at a time: a 70B-parameter model has a million chunks."""
     launches, blocks, tensors = 0, 0, 0
     for numel in numels:
         chunks = max(1, math.ceil(numel / MULTI_TENSOR_CHUNK))
-        tensors += 1
-        for chunk in range(chunks):
-            blocks += 1
-            last = chunk == chunks - 1
-            if blocks == MULTI_TENSOR_MAX_BLOCKS or (last and tensors == MULTI_TENSOR_MAX_TENSORS[depth - 1]):
-                launches += 1
-                blocks = 0
-                tensors = 0 if last else 1  # a tensor cut mid-way continues in the next launch
+        full, blocks = divmod(blocks + chunks, MULTI_TENSOR_MAX_BLOCKS)
+        launches += full
+        # after a launch inside this tensor its remaining chunks travel alone; one at its last chunk
+        # leaves nothing queued
+        tensors = (1 if blocks else 0) if full else tensors + 1
+        if blocks and tensors == MULTI_TENSOR_MAX_TENSORS[depth - 1]:
+            launches, blocks, tensors = launches + 1, 0, 0
     return launches + (blocks > 0)
 
 
