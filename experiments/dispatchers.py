@@ -146,10 +146,10 @@ class Paths:
         """Rows of ``w`` that ``path`` brings back other than a single process would, summed over the
         ranks (every rank gets the sum, so all agree on a cell). Expert e multiplies its rows by 2 + e:
         a row that reached another expert or none, or came back elsewhere, differs from its reference."""
-        path_ = dispatcher(path)
-        scale = 2 + path_.expert_index(self.groups)
-        came_back = path_.round_trip(self.groups, w, expert=lambda rows: rows * scale)
-        rows, experts = path_.routed(self.groups, w)
+        exchange = dispatcher(path)
+        scale = 2 + exchange.expert_index(self.groups)
+        came_back = exchange.round_trip(self.groups, w, expert=lambda rows: rows * scale)
+        rows, experts = exchange.routed(self.groups, w)
         expected = rows * (2 + experts).to(rows.dtype).unsqueeze(1)  # exact: one rounding on both sides
         if came_back.shape != expected.shape:
             wrong = torch.tensor([max(rows.shape[0], 1)], device=rows.device)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from moe_core.runtime.processes import status_of
+from moe_core.runtime.processes import start_stamp, status_of
 
 IDLE_CPU_SHARE = 0.01  # below this share of one core a rank's process tree is idle, not finishing
 
@@ -107,13 +107,12 @@ class RankWatch:
 
 
 def process_tree() -> dict[int, list[tuple[int, str]]]:
-    """parent pid -> [(pid, start time)] of every process (start times as moe_core.runtime.processes
-    writes them)."""
+    """parent pid -> [(pid, start stamp)] of every process."""
     children: dict[int, list[tuple[int, str]]] = {}
     for process in psutil.process_iter(["ppid", "create_time"]):
         info = process.info
         if info["ppid"] is not None and info["create_time"] is not None:
-            children.setdefault(info["ppid"], []).append((process.pid, f"{info['create_time']:.3f}"))
+            children.setdefault(info["ppid"], []).append((process.pid, start_stamp(info["create_time"])))
     return children
 
 

@@ -12,10 +12,16 @@ BAD_LAUNCH_EXIT_CODE = 2  # as for a bad config: nothing was started
 ENDED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # a process that has exited, not yet reaped or gone
 
 
+def start_stamp(create_time: float) -> str:
+    """A process's start time (psutil's ``create_time``) as the text every side compares: it tells a
+    reused pid apart."""
+    return f"{create_time:.3f}"
+
+
 def started_at(pid: int) -> str | None:
-    """When ``pid`` started, as text that tells a reused pid apart; None when there is no such process."""
+    """:func:`start_stamp` of ``pid``; None when there is no such process."""
     try:
-        return f"{psutil.Process(pid).create_time():.3f}"
+        return start_stamp(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
 
@@ -27,7 +33,7 @@ def status_of(pid: int, start: str) -> str | None:
         process = psutil.Process(pid)
         with process.oneshot():
             status = process.status()
-            same = f"{process.create_time():.3f}" == start
+            same = start_stamp(process.create_time()) == start
     except psutil.Error:
         return None
     return status if same and status not in ENDED else None

@@ -89,12 +89,11 @@ def summarise_profile(prof, steps: int, step_wall_ms: list[float]) -> dict:
     windows = timed_windows(events)
     if len(windows) != steps:
         raise ValueError(f"the profile holds {len(windows)} '{TIMED_STEP}' ranges for {steps} profiled steps")
-    starts = [start for start, _ in windows]
 
     def in_a_window(t: float) -> bool:
         return any(start <= t <= end for start, end in windows)
 
-    kernels = [e for e in events if is_device_work(e) and e.time_range.start >= starts[0]]
+    kernels = [e for e in events if is_device_work(e) and e.time_range.start >= windows[0][0]]
     cpu_ops = [e for e in events if e.device_type == DeviceType.CPU and in_a_window(e.time_range.start)]
     host_ops = [e for e in cpu_ops if is_outermost_aten_op(e)]
     wall = sorted(step_wall_ms)[len(step_wall_ms) // 2] if step_wall_ms else float("nan")
