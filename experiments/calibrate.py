@@ -4,9 +4,10 @@
         --out results/calibration/local-cpu-calibrated.yaml results/raw/*/*/*.json
 
 Fits the network on collectives measured alone, and the compute rate per op class and the in-step
-all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split),
-and writes ``<profile>-calibrated``: a hardware YAML that any config can use with
-``hardware_profile=<path>``.
+all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split);
+on a CPU testbed it also measures how this host time-slices ranks that outnumber its cores
+(moe_core.runtime.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
+``<profile>-calibrated``: a hardware YAML that any config can use with ``hardware_profile=<path>``.
 
 Host noise (moe_core.runtime.noise): the profile records how many of its records were taken on a noisy host
 (``calibration_noise``), and a warning says so. A fit on quiet records is also kept as the last good
@@ -26,13 +27,23 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from moe_core.config.load import ConfigError, load_config
 from moe_core.config.points import replayed_config
 from moe_core.records.results import atomic_output, read_record
+from moe_core.runtime import time_slicing
 from moe_core.runtime.noise import noise_summary, noise_warning, summary_is_noisy
-from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network, measured
+from moe_core.sim.calibrate import (
+    alone_times,
+    calibration_split,
+    fit_compute,
+    fit_in_step_wait,
+    fit_network,
+    fit_time_slicing,
+    measured,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         records = [read_record(p) for p in args.records]
         calibrate, _ = calibration_split(records)
         hw = cfg.hardware
-        if hw.device == "cpu" and not hw.host_cores:  # CPU ranks share this host's cores
-            hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
+        slicing_fit: dict = {}
+        if hw.device == "cpu":  # CPU ranks share this host's cores, time-sliced when they outnumber them
+            if not hw.host_cores:
+                hw = OmegaConf.merge(hw, {"host_cores": len(os.sched_getaffinity(0))})
+            hw, slicing_fit = fit_time_slicing(hw, pd.DataFrame(time_slicing.measure(hw.host_cores)))
         network_hw, network_fit = fit_network(hw, alone_times(records, hw.name), seed=cfg.collectives.seed)
         train = [
             (replayed_config(r), measured(r))
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         compute_hw, compute_fit = fit_compute(network_hw, train)
         fitted, wait_fit = fit_in_step_wait(compute_hw, train)
-    except (ConfigError, ValueError, OSError) as err:
+    except (ConfigError, ValueError, OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     used = [r for r in calibrate if r["hardware"] == hw.name]
@@ -78,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# Calibrated by experiments/calibrate.py on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.\n"
         f"# network fit: {json.dumps(network_fit)}\n# compute fit: {json.dumps(compute_fit)}\n"
         f"# in-step wait fit: {json.dumps(wait_fit)}\n"
+        + (f"# time-slicing fit (measured on this host): {json.dumps(slicing_fit)}\n" if slicing_fit else "")
     )
     print(
         f"fit: intra {fitted.intra_node_GBps:.3g} GB/s, nic {fitted.nic_GBps:.3g} GB/s, "

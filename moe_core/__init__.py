@@ -16,11 +16,13 @@ modules):
 * ``schedule/``: the communication plan both executors follow, the policy registry, the measured
   executor;
 * ``runtime/``: process-group start-up and failing ranks, phase timers, host noise, the
-  microbenchmark skeleton, kernel profiles, the emulated multi-node testbed;
+  microbenchmark skeleton, kernel profiles, the emulated multi-node testbed, the host's time
+  slicing of ranks that outnumber its cores;
 * ``records/``: records and their schema, the step metrics both executors define, W&B, units;
 * ``sim/``: the network and step simulator (topology, engine, collectives, compute, kernels: a
   step's compute ops priced, step, dag: a step's operations, timeline: its metrics, grid_ops,
-  forward: an inference pass, calibrate); it reads plans, never paper names.
+  forward: an inference pass, calibrate, time_slicing: ranks waiting for each other's slices on a
+  CPU host); it reads plans, never paper names.
 
 ``papers/<paper>/`` holds each paper's config section, decisions, measured policy and system model
 (gshard, lina, aurora, monta, axonn); importing ``moe_core.papers`` registers them with the core.

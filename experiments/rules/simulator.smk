@@ -40,6 +40,8 @@ rule calibrate:
         f"{RESULTS}/logs/calibrate.log",
     conda:
         "../../environment.yml"
+    # it measures how this host time-slices ranks that outnumber its cores: nothing else may run
+    threads: workflow.cores
     localrule: True
     shell:
         "logged {log:q} python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q}"

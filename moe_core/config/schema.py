@@ -134,6 +134,12 @@ class HardwareConfig:
     # peak * min(1, host_cores / ranks on its node), and concurrent collectives share the host for
     # their latency (protocol work); 0 = devices do not share compute (GPUs).
     host_cores: int = 0
+    # CPU testbeds with more ranks than cores: the scheduler time-slices them, so at a blocking
+    # collective the ranks wait for the one it left last: ``host_wake_ms + host_slice_ms * (1 -
+    # exp(-c / host_slice_ms))``, c the compute each rank did since its last wait
+    # (moe_core.sim.time_slicing). Calibration measures both on the host; 0 = not modelled.
+    host_wake_ms: float = 0.0
+    host_slice_ms: float = 0.0
     # CPU testbeds: copy throughput of the host's cores, which every byte a collective sends crosses
     # (gloo and TCP run there); 0 = not modelled. Calibration fits it.
     host_GBps: float = 0.0

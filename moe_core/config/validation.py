@@ -91,7 +91,7 @@ def validate_hardware(hw: DictConfig) -> None:
 def _validate_shape(hw: DictConfig) -> None:
     """Nodes, devices and NICs are counts >= 1; links' rates and latencies finite and >= 0 (0: unknown)."""
     require_at_least(hw, "hardware", 1, ("nodes", "devices_per_node", "nics_per_node"))
-    require_at_least(hw, "hardware", 0, ("host_cores",))
+    require_at_least(hw, "hardware", 0, ("host_cores", "host_wake_ms", "host_slice_ms"))
     require_positive(hw, "hardware", ("oversubscription",))
     rates = ("intra_node_GBps", "intra_node_latency_us", "nic_GBps", "inter_node_latency_us", "host_GBps")
     require_at_least(hw, "hardware", 0, rates)

@@ -12,6 +12,9 @@
   ``phase_efficiency``.
 * In-step wait: what the measured steps' all-to-alls take beyond the fitted model, per call (peers
   arriving late), as ``collectives.all_to_all.in_step_us``.
+* Time slicing (CPU testbeds): what ranks that outnumber the host's cores wait at a barrier beyond
+  their share of the cores, measured on the host (moe_core.runtime.time_slicing), as
+  ``host_wake_ms`` and ``host_slice_ms`` (:func:`fit_time_slicing`, moe_core.sim.time_slicing).
 
 Which measured points are used is the caller's choice; the rest validate (experiments/validate.py).
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from scipy.optimize import least_squares
+from scipy.optimize import curve_fit, least_squares
 
 from moe_core.config.load import COMPUTE_PHASES, load_config
 from moe_core.sim.collectives import simulate_collective
@@ -154,6 +157,26 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
     return _with(hw, collectives={"all_to_all": {"in_step_us": wait_us}}), {
         "points": len(excess_us),
         "in_step_us": wait_us,
+    }
+
+
+def fit_time_slicing(hw: DictConfig, samples: pd.DataFrame) -> tuple[DictConfig, dict]:
+    """``host_wake_ms`` and ``host_slice_ms`` from ``samples`` (moe_core.runtime.time_slicing.measure:
+    ``compute_ms``, each rank's compute between barriers on a core of its own, and ``wait_ms``, what
+    an iteration took beyond the ranks' share of the cores): the least-squares fit of
+    moe_core.sim.time_slicing's ``wake + slice * (1 - exp(-c / slice))``."""
+    c, wait = samples["compute_ms"].to_numpy(), samples["wait_ms"].to_numpy()
+
+    def model(c, wake, slice_ms):
+        return wake + slice_ms * -np.expm1(-c / slice_ms)
+
+    (wake, slice_ms), _ = curve_fit(model, c, wait, p0=(0.1, float(c.max())), bounds=([0.0, 1e-3], [np.inf, 1e3]))
+    errors = np.abs(model(c, wake, slice_ms) - wait)
+    return _with(hw, host_wake_ms=float(wake), host_slice_ms=float(slice_ms)), {
+        "points": len(samples),
+        "compute_ms": [round(float(x), 3) for x in c],
+        "wait_ms": [round(float(x), 3) for x in wait],
+        "max_abs_error_ms": float(errors.max()),
     }
 
 

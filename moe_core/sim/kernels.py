@@ -89,6 +89,15 @@ def calibration_class(phase: str) -> str:
     return PHASE_CLASS.get(phase, phase)
 
 
+def host_share(hw: DictConfig, topo, ranks: np.ndarray) -> float:
+    """The share of a core each of ``ranks`` computes on: 1 on devices of their own (GPUs), else
+    the host's cores over the ranks of its busiest node (a CPU testbed's, ``hw.host_cores``)."""
+    if not hw.host_cores:
+        return 1.0
+    busiest_node = int(np.bincount(topo.node_of[ranks]).max())
+    return min(1.0, hw.host_cores / busiest_node)
+
+
 @dataclass(frozen=True)
 class StepKernels:
     """The prices of one rank's kernels in a pass of ``cfg`` (one micro-batch's config: its shapes):
@@ -110,8 +119,7 @@ class StepKernels:
         tflops = float(np.min(topo.device_tflops[ranks]))
         if tflops <= 0:
             raise ValueError(f"hardware '{topo.name}' has no peak_tflops; set it or calibrate the profile")
-        busiest_node = int(np.bincount(topo.node_of[ranks]).max())  # ranks sharing one host's cores
-        share = min(1.0, hw.host_cores / busiest_node) if hw.host_cores else 1.0
+        share = host_share(hw, topo, ranks)
         compute = ComputeModel.from_profile(hw, tflops, elem, share)
         # FP8 linear layers: the same GEMM curve at the device's FP8 peak, on 1-byte operands
         fp8_tflops = tflops * hw.fp8_peak_tflops / hw.peak_tflops if hw.peak_tflops else 0

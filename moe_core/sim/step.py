@@ -35,7 +35,8 @@ from moe_core.schedule.policies import build_plan
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.dag import StepDag, block_of
 from moe_core.sim.engine import Op, issued_by_host
-from moe_core.sim.kernels import StepKernels
+from moe_core.sim.kernels import StepKernels, host_share
+from moe_core.sim.time_slicing import with_straggler_waits
 from moe_core.sim.timeline import StepSimulation
 from moe_core.sim.topology import Transfer
 
@@ -221,6 +222,9 @@ class StepModel:
             work = self._without_launches()
             ops, where = issued_by_host(work, [op.duration_s - w.duration_s for op, w in zip(ops, work)])
             backward_end = where[backward_end]
+        else:  # CPU ranks that outnumber the cores also wait for each other's slices
+            share = host_share(self.cfg.hardware, self.topo, np.arange(self.layout.world_size))
+            ops = with_straggler_waits(ops, self.cfg.hardware, share)
         timeline = simulate_on(self.cfg.hardware, self.topo, ops)
         return StepSimulation(ops, timeline, backward_end, alone_s)
 
