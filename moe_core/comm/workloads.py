@@ -5,7 +5,8 @@ rank j. It is the layout-independent description of one all-to-all(v) (peers.md 
 4): the microbenchmark turns row i into rank i's send splits and column i into its receive splits.
 
 Aurora's experiments (experiments/aurora.py, experiments/aurora_a2a.py) use token-count matrices,
-one per MoE layer: real routing traces of our model (``gating_token_matrices``) and parametric Zipf
+one per MoE layer: real routing traces of our model (``gating_token_matrices``, from ``gated_choices``)
+and parametric Zipf
 ones (``zipf_token_matrices``); ``traffic_bytes`` turns tokens into bytes.
 """
 
@@ -63,33 +64,27 @@ FIG4_TOY_TOKENS = np.array([[0, 1, 1], [1, 0, 1], [0, 0, 0]], dtype=np.int64)
 
 
 # -- traffic from real gating (Aurora's "historical statistics", arXiv 2410.17043 Section 3) ------------
-def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: int) -> np.ndarray:
-    """Per MoE layer, tokens each of ``n_gpus`` source shards sends to each GPU, from real gating.
+def gated_choices(cfg, train_steps: int, trace_batch_size: int, mock_tokens: bool = False) -> tuple[np.ndarray, ...]:
+    """The routing of the suite's own trained gate: per MoE layer, the experts every token chose.
 
     Trains ``moe_core.model.transformer.MoETransformer`` built from ``cfg`` (model, moe, train sections) for
     ``train_steps`` AdamW steps on one process, on ``moe_core.model.data.MarkovTokens`` whose token
     popularity follows Zipf(``cfg.train.data_zipf``), so the router learns the data's skew the way a
     served model has. Then one batch of ``trace_batch_size`` sequences (a batch the model never
-    trained on) goes through it in eval mode and every MoE layer's routing is counted: the batch's
-    tokens are split evenly over the ``n_gpus`` data-parallel shards in order, and expert e lives on
-    GPU ``e // (num_experts / n_gpus)``. Every kept assignment is one token sent from its shard to
-    its expert's GPU (the diagonal is the local part).
+    trained on) goes through it in eval mode. ``mock_tokens``: that batch is token ids drawn uniformly
+    at random instead, as benchmark harnesses feed a model (DODOCO, arXiv 2605.20982, finds that mock
+    tokens misstate the routing's skew; moe_core.dispatch.routing_trace measures ours).
 
-    Returns int64 (moe_layers, n_gpus, n_gpus); with top-1 dropless gating every row sums to the
-    shard's tokens. Deterministic for ``cfg.train.seed`` (it seeds torch's global RNG).
+    Returns (expert_index, kept), each (moe_layers, tokens, top_k) in batch order: the chosen experts,
+    best first, and whether the layer's capacity kept each choice. Deterministic for
+    ``cfg.train.seed`` (it seeds torch's global RNG).
     """
     import torch  # only traces need torch and the model; the Zipf workloads stay numpy-only
 
     from moe_core.model.data import MarkovTokens
     from moe_core.model.transformer import MoETransformer
 
-    m, moe, tr = cfg.model, cfg.moe, cfg.train
-    tokens = trace_batch_size * m.seq_len
-    if n_gpus < 1 or moe.num_experts % n_gpus or tokens % n_gpus:
-        raise ValueError(
-            f"n_gpus ({n_gpus}) must divide moe.num_experts ({moe.num_experts}) and the traced "
-            f"tokens (trace_batch_size * model.seq_len = {tokens})"
-        )
+    m, tr = cfg.model, cfg.train
     if train_steps < 0 or trace_batch_size < 1:
         raise ValueError(f"train_steps must be >= 0 and trace_batch_size >= 1, got {train_steps}, {trace_batch_size}")
     torch.manual_seed(tr.seed)
@@ -103,20 +98,44 @@ def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: 
         optimizer.zero_grad(set_to_none=True)
 
     model.eval()
+    inputs, targets = data.batch(trace_batch_size, m.seq_len, train_steps, rank=0)
+    if mock_tokens:
+        inputs = torch.randint(m.vocab_size, inputs.shape, generator=torch.Generator().manual_seed(tr.seed))
     with torch.no_grad():
-        model(*data.batch(trace_batch_size, m.seq_len, train_steps, rank=0))
-    shard = torch.arange(tokens) // (tokens // n_gpus)  # (tokens,) source GPU of each token, batch order
-    experts_per_gpu = moe.num_experts // n_gpus
-    matrices = []
-    for layer in model.moe_layers():
-        plan = layer.last_gating
-        expert = plan.expert_index.reshape(tokens, -1)  # (tokens, k); groups are consecutive tokens
-        kept = plan.kept.reshape(tokens, -1)  # (tokens, k)
-        src = shard.unsqueeze(1).expand_as(expert)[kept]
-        dst = expert[kept] // experts_per_gpu
-        counts = torch.bincount(src * n_gpus + dst, minlength=n_gpus * n_gpus)
-        matrices.append(counts.view(n_gpus, n_gpus).numpy())
-    return np.stack(matrices).astype(np.int64)
+        model(inputs, targets)
+    tokens = trace_batch_size * m.seq_len
+    plans = [layer.last_gating for layer in model.moe_layers()]  # groups are consecutive tokens
+    experts = np.stack([plan.expert_index.reshape(tokens, -1).numpy() for plan in plans])
+    kept = np.stack([plan.kept.reshape(tokens, -1).numpy() for plan in plans])
+    return experts.astype(np.int64), kept
+
+
+def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: int) -> np.ndarray:
+    """Per MoE layer, tokens each of ``n_gpus`` source shards sends to each GPU, from real gating
+    (:func:`gated_choices`): the traced batch's tokens are split evenly over the ``n_gpus``
+    data-parallel shards in order, and expert e lives on GPU ``e // (num_experts / n_gpus)``. Every
+    kept assignment is one token sent from its shard to its expert's GPU (the diagonal is the local
+    part).
+
+    Returns int64 (moe_layers, n_gpus, n_gpus); with top-1 dropless gating every row sums to the
+    shard's tokens.
+    """
+    tokens = trace_batch_size * cfg.model.seq_len
+    if n_gpus < 1 or cfg.moe.num_experts % n_gpus or tokens % n_gpus:
+        raise ValueError(
+            f"n_gpus ({n_gpus}) must divide moe.num_experts ({cfg.moe.num_experts}) and the traced "
+            f"tokens (trace_batch_size * model.seq_len = {tokens})"
+        )
+    experts, kept = gated_choices(cfg, train_steps, trace_batch_size)
+    shard = np.arange(tokens) // (tokens // n_gpus)  # (tokens,) source GPU of each token, batch order
+    src = np.broadcast_to(shard[:, None], experts.shape[1:])
+    dst = experts // (cfg.moe.num_experts // n_gpus)
+    return np.stack(
+        [
+            np.bincount(src[k] * n_gpus + d[k], minlength=n_gpus * n_gpus).reshape(n_gpus, n_gpus)
+            for d, k in zip(dst, kept)
+        ]
+    ).astype(np.int64)
 
 
 def zipf_token_matrices(n_gpus: int, tokens_per_gpu: int, zipf: float, layers: int, seed: int) -> np.ndarray:
