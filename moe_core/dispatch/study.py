@@ -8,9 +8,10 @@ trip of one layer (dispatch, then combine) with top-1 routing.
 Skew: a routing workload of moe_core.dispatch.workloads, one expert per rank: the popularity skews
 (``uniform``, ``zipf:<s>``, ``lognormal:<sigma>``) and Megatron-LM's imbalance workloads W0-W7
 (``balanced``, ``hot_expert_set``, ``hot_rank``, ``spread_hot_experts``, ``source_ragged``,
-``zero_expert_rank``, ``rotating_hotspot``, ``burst``). A workload that changes from step to step
-(``rotating_hotspot``, ``burst``) runs its steps in turn, iteration i on step i mod its period. The
-imbalance factor of a routing is max tokens per expert / mean.
+``zero_expert_rank``, ``rotating_hotspot``, ``burst``) and recorded routing (``trace:<name>``, one
+step per MoE layer of the trace). A workload that changes from step to step (``rotating_hotspot``,
+``burst``, a trace) runs its steps in turn, iteration i on step i mod its period. The imbalance
+factor of a routing is max tokens per expert / mean; its Gini coefficient, DODOCO's measure.
 
 experiments/dispatchers.py measures every path on gloo/NCCL ranks; :func:`simulated_round_trip_s`
 times the non-tensor-parallel paths on a modelled cluster (moe_core.sim) from the same token counts.
@@ -35,8 +36,16 @@ from moe_core.config.sections import (
     require_profile,
     require_seed,
 )
-from moe_core.dispatch import DISPATCHERS, dispatcher
-from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS, period, routing, routing_counts, split_name
+from moe_core.dispatch import DISPATCHERS, dispatcher, routing_trace
+from moe_core.dispatch.workloads import (
+    IMBALANCE_WORKLOADS,
+    TRACE,
+    period,
+    routing,
+    routing_counts,
+    split_name,
+    trace_name,
+)
 from moe_core.model.capacity import capacity
 
 # Megatron's workloads the study runs by default: per-rank heat, skew before the dispatch, a rank
@@ -82,13 +91,20 @@ def parse_skew(skew: str) -> tuple[str, float]:
     """``"zipf:1.2"`` -> ("zipf", 1.2); ``"hot_rank"`` -> ("hot_rank", 0.0). ConfigError when malformed.
     A skew becomes a point name and a command-line word: no spaces or other characters than a name's."""
     key = "config key 'dispatch_study.skews'"
-    allowed = f"uniform, zipf:<s>, lognormal:<sigma> or one of {', '.join(IMBALANCE_WORKLOADS)} (no spaces)"
+    allowed = (
+        f"uniform, zipf:<s>, lognormal:<sigma>, trace:<name> or one of {', '.join(IMBALANCE_WORKLOADS)} (no spaces)"
+    )
     if not SAFE_NAME.match(skew.replace(":", "")):
         raise ConfigError(f"{key}: invalid skew {skew!r}; use {allowed}")
     try:
         kind, parameter = split_name(skew)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}; use {allowed}") from None
+    if kind == TRACE:
+        try:
+            routing_trace.load(trace_name(skew))
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
     if kind == "lognormal" and parameter > MAX_LOGNORMAL_SIGMA:
         raise ConfigError(f"{key}: {skew!r}: sigma above {MAX_LOGNORMAL_SIGMA:g} overflows the expert weights")
     return kind, parameter
@@ -138,11 +154,13 @@ def useful_bytes(counts: np.ndarray, row_bytes: int) -> float:
 
 
 def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool, row_bytes: int) -> dict[str, float]:
-    """A study cell's routing over its steps' (ranks, E) counts: the worst step's ``imbalance``, the
+    """A study cell's routing over its steps' (ranks, E) counts: the worst step's ``imbalance`` and
+    ``gini`` (of the per-expert load, DODOCO's measure: moe_core.dispatch.routing_trace.gini), the
     mean ``dropped_fraction`` (0 for a path that drops nothing) and the mean ``useful_bytes``."""
     dropped = [dropped_fraction(counts, capacity) if drops else 0.0 for counts in steps]
     return {
         "imbalance": max(imbalance(counts) for counts in steps),
+        "gini": max(routing_trace.gini(counts.sum(axis=0)) for counts in steps),
         "dropped_fraction": float(np.mean(dropped)),
         "useful_bytes": float(np.mean([useful_bytes(counts, row_bytes) for counts in steps])),
     }

@@ -31,6 +31,9 @@ profile):
 * ``burst`` (W7): uniform, except that every ``BURST_PERIOD``-th step (step mod P = P - 1) is W2:
   a median over steps hides it.
 
+Recorded routing, ``trace:<name>``: the choices of the suite's own trained gate, saved as a trace
+and replayed layer after layer (moe_core.dispatch.routing_trace, which says how it is replayed).
+
 The heat is the hot experts' share of the choices for top-1; with top-k > 1 a token picks k distinct
 experts (Gumbel top-k sampling without replacement), so the hot share is lower where k exceeds the
 hot set. The imbalance factor of a routing (max choices per expert / mean) is the study's
@@ -43,7 +46,10 @@ import math
 
 import numpy as np
 
+from moe_core.dispatch import routing_trace
+
 POPULARITY_SKEWS = ("uniform", "zipf", "lognormal")
+TRACE = "trace"  # trace:<name>, a recorded routing replayed (moe_core.dispatch.routing_trace)
 IMBALANCE_WORKLOADS = (
     "balanced",
     "hot_expert_set",
@@ -60,9 +66,14 @@ BURST_PERIOD = 4  # W7: one hot step in every four
 
 
 def split_name(workload: str) -> tuple[str, float]:
-    """``"zipf:1.2"`` -> ("zipf", 1.2), ``"hot_rank"`` -> ("hot_rank", 0.0). ValueError when malformed;
-    the config check (moe_core.dispatch.study.parse_skew) names the key."""
+    """``"zipf:1.2"`` -> ("zipf", 1.2), ``"hot_rank"`` -> ("hot_rank", 0.0), ``"trace:<name>"`` ->
+    ("trace", 0.0). ValueError when malformed; the config check (moe_core.dispatch.study.parse_skew)
+    names the key."""
     kind, _, value = workload.partition(":")
+    if kind == TRACE:
+        if not value:
+            raise ValueError(f"workload {workload!r} needs a trace name: trace:<name>")
+        return kind, 0.0
     takes_parameter = kind in ("zipf", "lognormal")
     if kind not in (*POPULARITY_SKEWS, *IMBALANCE_WORKLOADS) or takes_parameter != bool(value):
         raise ValueError(f"unknown workload {workload!r}")
@@ -73,9 +84,16 @@ def split_name(workload: str) -> tuple[str, float]:
 
 
 def period(workload: str, ranks: int) -> int:
-    """How many steps the workload takes to repeat (1: the same routing every step)."""
+    """How many steps the workload takes to repeat (1: the same routing every step; a trace's layers)."""
     kind, _ = split_name(workload)
+    if kind == TRACE:
+        return routing_trace.load(trace_name(workload)).layers
     return {"rotating_hotspot": ranks, "burst": BURST_PERIOD}.get(kind, 1)
+
+
+def trace_name(workload: str) -> str:
+    """The trace a ``trace:<name>`` workload replays."""
+    return workload.partition(":")[2]
 
 
 def popularity(experts: int, workload: str, seed: int) -> np.ndarray:
@@ -159,11 +177,17 @@ def routing(
     workload: str, *, seed: int, step: int, tokens_per_rank: int, experts: int, ranks: int, top_k: int
 ) -> list[np.ndarray]:
     """Per source rank, (tokens, top_k) int64 expert ids of ``workload`` at ``step``; every row has
-    ``top_k`` distinct experts. ValueError naming what does not fit (the layout, top-k, W5's spare
-    experts)."""
+    ``top_k`` distinct experts (a replayed trace's may repeat one where it merges experts,
+    moe_core.dispatch.routing_trace). ValueError naming what does not fit (the layout, top-k, W5's
+    spare experts, a trace's experts)."""
     kind, parameter = split_name(workload)
     if ranks < 1 or experts % ranks:
         raise ValueError(f"{experts} experts do not spread evenly over {ranks} ranks")
+    if kind == TRACE:
+        trace = routing_trace.load(trace_name(workload))
+        return routing_trace.replay(
+            trace, step=step, tokens_per_rank=[tokens_per_rank] * ranks, experts=experts, top_k=top_k
+        )
     live = experts - (experts // ranks if kind == "zero_expert_rank" and ranks > 1 else 0)
     if not 1 <= top_k <= live:
         raise ValueError(f"top_k={top_k} needs 1..{live} experts to route to under {workload!r}")
