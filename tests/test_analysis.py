@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.figure import Figure
 
 from analysis import collect as collect_mod
 from analysis import compare as compare_mod
@@ -874,6 +875,7 @@ def test_figures_register_with_their_paper():
         "busbw_vs_size": "common",
         "sim_validation": "common",
         "dispatchers_under_skew": "common",
+        "dispatcher_winner_map": "common",
         "external_validation_errors": "common",
         "external_steps_errors": "common",
         **dict.fromkeys(
@@ -952,6 +954,7 @@ NEEDS = {
     "monta_strategy_ranking": "monta_strategy",
     "monta_hierarchical": ("sim_train_step", "monta_a2a"),
     "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
+    "dispatcher_winner_map": "dispatchers_sim",
     "external_validation_errors": "external_validation",
     "external_steps_errors": "external_steps",
     "axonn_model_validation": "axonn_grids",
@@ -976,6 +979,19 @@ def test_figure_without_data_raises_and_writes_nothing(tmp_path, figure_tables, 
             tmp_path / f"{name}.png",
         )
     assert not any(tmp_path.iterdir())
+
+
+def test_winner_map_names_the_fastest_path_and_its_margin(figure_tables, monkeypatch):
+    """The winner map's cells: per cluster, size and skew the fastest simulated path and its time over
+    the runner-up's (the fixture: capacity 5 ms, dropless 4 x imbalance, allgather 9 ms)."""
+    records, samples = figure_tables
+    texts = []
+    monkeypatch.setattr("matplotlib.axes.Axes.text", lambda self, x, y, s, **kw: texts.append(s))
+    fig = Figure()
+    FIGURE_REGISTRY["dispatcher_winner_map"].draw(records, samples, fig)
+    # uniform (imbalance 1): dropless 4 ms beats capacity 5 ms; zipf (imbalance 2): capacity 5 ms beats
+    # dropless 8 ms, and drops 10% of the tokens
+    assert sorted(texts) == ["capacity 1.60x\ndrops 10%", "dropless 1.25x"]
 
 
 def test_validation_figure_renders_and_needs_its_table(tmp_path, figure_tables):

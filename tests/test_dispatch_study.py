@@ -95,7 +95,12 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
         )
     table = dispatcher_choice(collect(files)[0])
     assert set(table["skew"]) == set(cfg.dispatch_study.skews)
-    for _, rows in table.groupby("skew"):
+    cells = {(size, skew, path) for _, size, skew, path in dispatchers_sim.sim_cells(cfg)}
+    assert {(8, "uniform", "capacity"), (64, "uniform", "hierarchical")} <= cells
+    assert (16, "trace:markov-e16-top2", "dropless") in cells
+    assert (8, "uniform", "hierarchical") not in cells  # 8 GPUs are one node: no second phase
+    assert not any(skew.startswith("trace:") and size == 64 for size, skew, _ in cells)  # a 16-expert trace
+    for _, rows in table.groupby(["world_size", "skew"]):
         assert rows["fastest"].nunique() == 1 and rows["fastest"].iloc[0] == rows.iloc[0]["path"]
         assert rows["fastest_without_drops"].iloc[0] in ("dropless", "allgather")
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
@@ -105,9 +106,14 @@ def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:
     df = pd.concat([select(records, paper="common", experiment=e) for e in ("dispatchers", "dispatchers_sim")])
     if df.empty:
         return df
-    keys = ["experiment", "mode", "backend", "hardware", "skew", "path"]
-    wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
+    keys = ["experiment", "mode", "backend", "hardware", "world_size", "skew", "path"]
+    wide = df.astype({"world_size": int}).pivot_table(index=keys, columns="metric", values="value").reset_index()
     return wide.dropna(subset=["exchange_ms"])
+
+
+def _fastest(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per ``keys`` group of dispatcher rows, the path with the shortest round trip."""
+    return df.loc[df.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
 
 
 @table(paper="common", file="dispatchers", category="Dispatchers")
@@ -117,12 +123,11 @@ def dispatcher_choice(records: pd.DataFrame) -> pd.DataFrame:
     df = _dispatchers(records)
     if df.empty:
         return df
-    keys = ["mode", "backend", "hardware", "skew"]
-    fastest = df.loc[df.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
-    lossless = df[df["dropped_fraction"] == 0]
-    fastest_lossless = lossless.loc[lossless.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
+    keys = ["mode", "backend", "hardware", "world_size", "skew"]
+    fastest, fastest_lossless = _fastest(df, keys), _fastest(df[df["dropped_fraction"] == 0], keys)
     df = df.join(fastest.rename("fastest"), on=keys).join(fastest_lossless.rename("fastest_without_drops"), on=keys)
-    columns = [*keys, "imbalance", "path", "exchange_ms", "dropped_fraction", "fastest", "fastest_without_drops"]
+    columns = [*keys, "imbalance", "gini", "path", "exchange_ms", "dropped_fraction", "fastest"]
+    columns.append("fastest_without_drops")
     return df[columns].sort_values([*keys, "exchange_ms"])
 
 
@@ -153,19 +158,61 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
         raise FigureDataError(
             "the records table has no common/dispatchers rows; run experiments/dispatchers.py or dispatchers_sim.py"
         )
-    testbeds = df[["mode", "backend", "hardware"]].drop_duplicates().to_records(index=False)
+    # a simulated cluster at its largest size (the winner map has every size)
+    largest = df.groupby(["mode", "hardware"])["world_size"].transform("max")
+    df = df[(df["mode"] == "measured") | (df["world_size"] == largest)]
+    testbeds = df[["mode", "backend", "hardware", "world_size"]].drop_duplicates().to_records(index=False)
     fig.set_size_inches(5 * (len(testbeds) + 1), 4.5)
     axes = fig.subplots(1, len(testbeds) + 1)
-    for ax, (mode, backend, hardware) in zip(axes, testbeds):
+    for ax, (mode, backend, hardware, ranks) in zip(axes, testbeds):
         panel = df[(df["mode"] == mode) & (df["hardware"] == hardware)]
         sns.lineplot(panel, x="imbalance", y="exchange_ms", hue="path", marker="o", ax=ax)
         ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)")
-        ax.set_title(f"{mode}: {hardware} {backend}", fontsize="small")
+        ax.set_title(f"{mode}: {hardware} {backend}, {ranks} ranks", fontsize="small")
         ax.legend(fontsize="x-small")
     drops = df[df["dropped_fraction"] > 0]
     sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", style="mode", ax=axes[-1])
     axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", title="Capacity paths drop tokens")
     fig.suptitle("Which dispatcher when: round trip vs routing skew")
+
+
+@figure(paper="common")
+def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+    """Which dispatcher wins, per routing workload and expert-parallel size, on each simulated
+    cluster: the fastest path's name, its margin over the runner-up (x) and the tokens it drops;
+    colour by path."""
+    df = _dispatchers(records)
+    df = df[df["mode"] == "simulated"] if not df.empty else df
+    if df.empty:
+        raise FigureDataError("the records table has no simulated dispatcher rows; run experiments/dispatchers_sim.py")
+    keys = ["hardware", "world_size", "skew"]
+    ranked = df.sort_values("exchange_ms").groupby(keys)
+    winners = ranked.head(1).set_index(keys)
+    runner_up = ranked.nth(1).set_index(keys)["exchange_ms"]
+    winners["margin"] = runner_up.reindex(winners.index) / winners["exchange_ms"]
+    winners = winners.reset_index()
+    paths = sorted(df["path"].unique())
+    colours = dict(zip(paths, sns.color_palette("colorblind", len(paths))))
+    clusters = sorted(winners["hardware"].unique())
+    skews = sorted(winners["skew"].unique())
+    sizes = sorted(winners["world_size"].unique())
+    fig.set_size_inches(1.2 * len(sizes) * len(clusters) + 2.5, 0.45 * len(skews) + 1.8)
+    axes = np.atleast_1d(fig.subplots(1, len(clusters), sharey=True))
+    for ax, cluster in zip(axes, clusters):
+        panel = winners[winners["hardware"] == cluster]
+        for _, row in panel.iterrows():
+            x, y = sizes.index(row["world_size"]), skews.index(row["skew"])
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colours[row["path"]], alpha=0.6))
+            label = row["path"] + ("" if np.isnan(row["margin"]) else f" {row['margin']:.2f}x")
+            if row["dropped_fraction"] > 0:
+                label += f"\ndrops {row['dropped_fraction']:.0%}"
+            ax.text(x, y, label, ha="center", va="center", fontsize="x-small")
+        ax.grid(False)
+        ax.set(xlim=(-0.5, len(sizes) - 0.5), ylim=(len(skews) - 0.5, -0.5), title=cluster)
+        ax.set_xticks(range(len(sizes)), [str(n) for n in sizes])
+        ax.set_yticks(range(len(skews)), skews)
+        ax.set_xlabel("expert-parallel ranks (one expert each)")
+    fig.suptitle("Fastest dispatcher per workload and cluster size (simulated; margin over the runner-up)")
 
 
 # ---- the simulator against published hardware measurements (experiments/external_validation.py) --------

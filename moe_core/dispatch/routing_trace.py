@@ -112,16 +112,22 @@ def replay(trace: RoutingTrace, *, step: int, tokens_per_rank: list[int], expert
     """Per source rank, (its tokens, ``top_k``) int64 expert ids among ``experts``: ``trace``'s layer
     ``step mod layers``, the ranks' tokens consecutive from the trace's first, merged and cut as the
     module docstring says."""
-    if experts < 1 or trace.experts % experts:
-        raise ValueError(
-            f"a trace of {trace.experts} experts replays on a divisor of {trace.experts} experts, not {experts}"
-        )
-    if not 1 <= top_k <= trace.top_k:
-        raise ValueError(f"the trace holds its gate's top {trace.top_k} choices; top_k={top_k} asks for more")
+    misfit = why_not_replayed(trace, experts, top_k)
+    if misfit:
+        raise ValueError(misfit)
     layer = trace.choices[step % trace.layers, :, :top_k] // (trace.experts // experts)  # (tokens, top_k)
     starts = np.cumsum([0, *tokens_per_rank[:-1]])
     total = layer.shape[0]
     return [layer[(start + np.arange(n)) % total] for start, n in zip(starts, tokens_per_rank)]
+
+
+def why_not_replayed(trace: RoutingTrace, experts: int, top_k: int) -> str | None:
+    """Why ``trace`` cannot be replayed with ``experts`` experts and ``top_k`` (None: it can)."""
+    if experts < 1 or trace.experts % experts:
+        return f"a trace of {trace.experts} experts replays on a divisor of {trace.experts} experts, not {experts}"
+    if not 1 <= top_k <= trace.top_k:
+        return f"the trace holds its gate's top {trace.top_k} choices; top_k={top_k} asks for more"
+    return None
 
 
 def gini(loads: np.ndarray) -> float:

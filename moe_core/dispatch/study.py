@@ -58,8 +58,8 @@ STUDY_WORKLOADS = ("hot_rank", "source_ragged", "zero_expert_rank", "rotating_ho
 class DispatchStudyConfig:
     """The dispatcher comparison (experiments/dispatchers.py): measured on ``world_size`` ranks, one
     expert per rank, ``tokens_per_rank`` tokens of ``d_model`` float32 per rank; simulated on each
-    of ``hardware`` with one expert per GPU and ``sim_tokens_per_rank`` bf16 tokens of
-    ``sim_d_model``."""
+    of ``hardware`` at each of ``sim_world_sizes`` GPUs (the profile grown by whole nodes), one
+    expert per GPU and ``sim_tokens_per_rank`` bf16 tokens of ``sim_d_model``."""
 
     skews: list[str] = field(default_factory=lambda: ["uniform", "zipf:1.0", "lognormal:1.0", *STUDY_WORKLOADS])
     world_size: int = 4
@@ -77,7 +77,9 @@ class DispatchStudyConfig:
     # it); empty: the run's own.
     model_profile: str = ""
     hardware: list[str] = field(default_factory=lambda: ["monta-a800-2x8", "h100-ndr-cluster"])
-    sim_world_size: int = 16
+    # Expert-parallel sizes of the simulated sweep. The default run's; the winner map at the
+    # issue's scale (EP 8 to 256 on H100 and H800) is a README command (experiments/README.md).
+    sim_world_sizes: list[int] = field(default_factory=lambda: [8, 16, 64])
     sim_tokens_per_rank: int = 8192
     sim_d_model: int = 4096
 
@@ -278,7 +280,10 @@ def validate_dispatch_study(cfg: DictConfig) -> None:
     for skew in d.skews:
         parse_skew(skew)
     require_at_least(d, "dispatch_study", 1, ("world_size", "tokens_per_rank", "d_model", "iters", "chunks"))
-    require_at_least(d, "dispatch_study", 1, ("sim_world_size", "sim_tokens_per_rank", "sim_d_model"))
+    require_at_least(d, "dispatch_study", 1, ("sim_tokens_per_rank", "sim_d_model"))
+    require(len(d.sim_world_sizes) > 0, "dispatch_study.sim_world_sizes", "must list at least one size")
+    for size in d.sim_world_sizes:
+        require(size >= 1, "dispatch_study.sim_world_sizes", f"sizes must be >= 1, got {size}")
     require_at_least(d, "dispatch_study", 0, ("warmup_iters",))
     require_at_least(d, "dispatch_study", 2, ("repeats",))  # a confidence interval needs two
     require_seed(d.seed, "dispatch_study.seed")
