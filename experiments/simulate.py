@@ -5,6 +5,9 @@ point of the config's simulated sweeps.
         parallel.world_size=16 moe.num_experts=16 moe.experts_per_rank=1 comm.policy=overlap
     python -m experiments.simulate --config configs/default.yaml --sweep
 
+``--trace PATH`` also writes the point's simulated timeline as a Chrome trace that
+https://ui.perfetto.dev opens (moe_core.sim.trace); one point only, so not with ``--sweep``.
+
 ``--sweep`` simulates every point of :func:`moe_core.config.points.sim_points` (the paper-scale sweep and
 Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
 far less than starting a Python process with torch. Records are written once all points succeeded.
@@ -38,6 +41,7 @@ from moe_core.records.results import (
 from moe_core.runtime.benchmark import sim_record
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
+from moe_core.sim.trace import step_trace, write_trace
 
 EXPERIMENT = "sim_train_step"
 
@@ -91,6 +95,13 @@ def simulated_record(cfg: DictConfig, point: str) -> dict:
     )
 
 
+def point_trace(cfg: DictConfig, point: str) -> dict:
+    """The Chrome trace of one point's simulated step (moe_core.sim.trace). The step is simulated again
+    here: the model is deterministic, so this is the timeline the record's metrics were read from."""
+    sim = StepModel(cfg, build_topology(sized_hardware(cfg))).run()
+    return step_trace(sim, cfg.parallel.world_size, {"point": point, "hardware": cfg.hardware.name})
+
+
 def point_configs(args) -> dict[str, DictConfig]:
     """Point name -> its config: this command line's point, or with --sweep every sim_points entry."""
     if not args.sweep:
@@ -106,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", help="record path of a single point (default: results/raw/<paper>/sim_train_step/<point>.json)"
     )
     parser.add_argument("--sweep", action="store_true", help="simulate every point of the config's simulated sweeps")
+    parser.add_argument("--trace", metavar="PATH", help="also write the point's timeline as a Chrome/Perfetto trace")
     args = parser.parse_intermixed_args(argv)
     if args.sweep and args.out:
         parser.error("--out names one record; --sweep writes one per point under results_dir")
+    if args.sweep and args.trace:
+        parser.error("--trace writes one point's timeline; drop --sweep and give the point's overrides")
     try:
         configs = point_configs(args)
         for results_dir in {cfg.results_dir for cfg in configs.values()}:
@@ -117,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             name: simulated_record(cfg, name)
             for name, cfg in tqdm(configs.items(), desc="simulate", file=sys.stderr, disable=len(configs) == 1)
         }
+        traces = [point_trace(cfg, name) for name, cfg in configs.items() if args.trace]  # one point: no --sweep
     except (ConfigError, ValueError, ResultsDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
+        for trace in traces:  # first: a trace that cannot be written leaves no record
+            print(f"wrote {write_trace(trace, args.trace)}: open it in https://ui.perfetto.dev", file=sys.stderr)
         if args.out:  # one point
             paths = [write_record(*records.values(), args.out)]
         else:
