@@ -18,7 +18,8 @@ timing, every cell is checked against a single-process reference on every step's
 expert multiplies the rows it received by 2 + its index (no expert leaves them as they are), and
 every row must come back to its rank as its expert left it (``Dispatcher.routed``: the rows a rank
 sends and their experts), so a row sent to the wrong expert or to none, lost, duplicated or
-returned to the wrong place counts. ``#wrong`` is the rows that differ, summed over ranks and
+returned to the wrong place counts; then a backward pass must bring every row its exact gradient
+(``Paths.wrong_rows``). ``#wrong`` is the rows whose value or gradient differ, summed over ranks and
 steps; a cell with any is not timed, and once the others are recorded the run exits 1 naming it.
 Methodology as experiments/collectives.py: warm-up, timed iterations with a barrier before each,
 the worst rank per iteration, ``dispatch_study.repeats`` repeats of that (each with its own
@@ -63,6 +64,8 @@ from moe_core.runtime.timing import PhaseTimer
 WORLD_SIZE_KEY = "dispatch_study.world_size"
 
 PAPER, EXPERIMENT = "common", "dispatchers"
+# The gate's loss weights are drawn from seed + this + rank: a stream apart from the tokens' (seed + rank).
+GATE_WEIGHTS_SEED = 1000
 
 
 def measured_cells(cfg: DictConfig, simulated_only: bool = False) -> list[tuple[str, str, str]]:
@@ -143,18 +146,30 @@ class Paths:
         return dispatcher(path).round_trip(self.groups, w)
 
     def wrong_rows(self, path: str, w: dict) -> int:
-        """Rows of ``w`` that ``path`` brings back other than a single process would, summed over the
-        ranks (every rank gets the sum, so all agree on a cell). Expert e multiplies its rows by 2 + e:
-        a row that reached another expert or none, or came back elsewhere, differs from its reference."""
+        """Rows of ``w`` that ``path`` brings back, or whose gradient it carries back, other than a
+        single process would, summed over the ranks (every rank gets the sum, so all agree on a cell).
+
+        Expert e multiplies its rows by 2 + e, so a row that reached another expert or none, or came
+        back elsewhere, differs from its reference. Then each rank weighs what came back by seeded
+        random weights (the same over a "tp" group, whose ranks hold one replicated output, as a
+        tensor-parallel layer's gradient is) and runs the backward pass: every row sent must get its
+        weight times 2 + its expert as gradient. Both are exact: one rounding on either side."""
         exchange = dispatcher(path)
         scale = 2 + exchange.expert_index(self.groups)
+        w = {**w, **{key: w[key].detach().requires_grad_() for key in ("buffer", "buffer_tp", "tokens")}}
         came_back = exchange.round_trip(self.groups, w, expert=lambda rows: rows * scale)
-        rows, experts = exchange.routed(self.groups, w)
-        expected = rows * (2 + experts).to(rows.dtype).unsqueeze(1)  # exact: one rounding on both sides
-        if came_back.shape != expected.shape:
+        rows, experts = exchange.routed(self.groups, w)  # a leaf of ``w``: the gradient lands there
+        factor = (2 + experts).to(rows.dtype).unsqueeze(1)
+        if came_back.shape != rows.shape:
             wrong = torch.tensor([max(rows.shape[0], 1)], device=rows.device)
         else:
-            wrong = (came_back != expected).any(dim=1).sum().reshape(1)
+            owner = self.groups.rank // self.groups.tp if exchange.tensor_parallel else self.groups.rank
+            seeded = torch.Generator().manual_seed(self.cfg.dispatch_study.seed + GATE_WEIGHTS_SEED + owner)
+            weight = torch.randn(came_back.shape, generator=seeded).to(came_back.device)
+            came_back.backward(weight)  # every rank: the backward's collectives need them all
+            grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+            wrong_value = (came_back.detach() != rows.detach() * factor).any(dim=1)
+            wrong = (wrong_value | (grad != weight * factor).any(dim=1)).sum().reshape(1)
         dist.all_reduce(wrong)
         return int(wrong.item())
 

@@ -236,6 +236,16 @@ class SwapsExperts(Capacity):
         return torch.roll(back, -workload["capacity"], dims=0)
 
 
+class DoublesGradients(Capacity):
+    """A third: every row comes back right, but its gradient goes back twice as large."""
+
+    name = "doubles-gradients"
+
+    def round_trip(self, groups, workload, expert=None):
+        came_back = super().round_trip(groups, workload, expert)
+        return came_back.detach() + 2 * (came_back - came_back.detach())
+
+
 def _gate_worker(rank, world, init_file, out_dir):
     import torch
     import torch.distributed as dist
@@ -243,7 +253,7 @@ def _gate_worker(rank, world, init_file, out_dir):
     from moe_core.runtime.distributed import Env
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    for broken in (LosesARow(), SwapsExperts()):
+    for broken in (LosesARow(), SwapsExperts(), DoublesGradients()):
         register_dispatcher(broken)
     overrides = ["dispatch_study.world_size=4", "dispatch_study.tensor_parallel=2", "dispatch_study.d_model=8"]
     cfg = load_config(overrides=[*overrides, "dispatch_study.tokens_per_rank=64"])
@@ -258,8 +268,9 @@ def _gate_worker(rank, world, init_file, out_dir):
 
 
 def test_the_gate_passes_every_registered_dispatcher_and_counts_a_broken_ones_rows(tmp_path):
-    """Every shipped dispatcher brings every row back as its expert left it, under skew too; a row
-    returned unprocessed, or rows sent to the wrong experts, are counted on every rank alike."""
+    """Every shipped dispatcher brings every row back as its expert left it, and its exact gradient
+    back to it, under skew too; a row returned unprocessed, rows sent to the wrong experts, or
+    gradients scaled wrongly, are counted on every rank alike."""
     import torch
     import torch.multiprocessing as mp
 
@@ -271,7 +282,7 @@ def test_the_gate_passes_every_registered_dispatcher_and_counts_a_broken_ones_ro
     for (skew, name), count in wrong.items():
         if name == "loses-a-row":
             assert count == 4, skew  # one row on each of the four ranks
-        elif name == "swaps-experts":
+        elif name in ("swaps-experts", "doubles-gradients"):
             assert count == 4 * 4 * capacity, skew  # every row of every rank's four expert blocks
         else:
             assert count == 0, (skew, name)

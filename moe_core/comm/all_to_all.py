@@ -11,6 +11,8 @@ dispatcher study (moe_core.dispatch) run these; they hold no decision of their o
   HierarchicalGroups it runs in two phases (moe_core.comm.hierarchical_a2a).
 * :func:`pipelined_exchange`: dispatch -> experts -> combine over token micro-ops, the experts
   working on one while the next arrives (Lina).
+* :func:`gather_rows` and :func:`scatter_rows`: the all-gather of every rank's rows and the
+  reduce-scatter back, each the other's backward (Megatron's allgather dispatcher).
 * :func:`tp_exchange`: under tensor parallelism the ranks of a "tp" group hold the same tokens; it
   sends each rank's 1/tp of them through the all-to-all and all-gathers the rest over "tp"
   (DeepSpeed's drop-gather), optionally in pipelined chunks so that the all-gathers overlap the
@@ -83,6 +85,52 @@ class _AllToAll(torch.autograd.Function):
             back = None if ctx.schedule is None else transpose(ctx.schedule)
             grad_in = exchange(grad, ctx.input_splits, ctx.output_splits, ctx.group, back)
         return grad_in, None, None, None, None, None, None
+
+
+def gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``x`` (equal rows) stacked in rank order; the gradient of each rank's rows is
+    summed over the ranks (a reduce-scatter)."""
+    return _GatherRows.apply(x, group)
+
+
+def scatter_rows(x: torch.Tensor, group) -> torch.Tensor:
+    """``x`` summed over the ranks, each keeping its 1/world of the rows (a reduce-scatter); the
+    gradient is the all-gather of the ranks' gradients."""
+    return _ScatterRows.apply(x, group)
+
+
+def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x.contiguous(), group=group)
+    return out
+
+
+def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] // dist.get_world_size(group), *x.shape[1:]))
+    dist.reduce_scatter_single(out, x.contiguous(), group=group)
+    return out
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None
+
+
+class _ScatterRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.group), None
 
 
 def pipelined_exchange(

@@ -56,7 +56,9 @@ class Dispatcher:
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """Dispatch the study's ``workload`` (experiments.dispatchers.Paths.workload) to the experts,
         run ``expert`` (a function of the rows an expert received; None: leave them as they are) and
-        combine the results back; returns this rank's rows as they came back, in :meth:`routed` order."""
+        combine the results back; returns this rank's rows as they came back, in :meth:`routed` order.
+        Differentiable, as in a training step: autograd carries the gradient of what came back to the
+        rows sent (the study's gate checks both, experiments.dispatchers.Paths.wrong_rows)."""
         raise NotImplementedError
 
     def routed(self, groups: StudyGroups, workload: dict) -> tuple[Any, Any]:

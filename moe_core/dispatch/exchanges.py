@@ -22,7 +22,7 @@ class Capacity(Dispatcher):
     name = "capacity"
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        return _there_and_back(workload["buffer"], groups.flat, expert)
+        return _there_and_back(workload["buffer"], groups.flat, groups.timer, expert)
 
     def routed(self, groups, workload):
         return capacity_rows(workload["buffer"], workload["capacity"])
@@ -40,7 +40,7 @@ class Hierarchical(Capacity):
         return world > devices_per_node  # within one node it is the flat all-to-all
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        return _there_and_back(workload["buffer"], groups.hierarchical, expert)
+        return _there_and_back(workload["buffer"], groups.hierarchical, groups.timer, expert)
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         world = counts.shape[0]
@@ -70,7 +70,7 @@ class Dropless(_RoutedRows):
         import torch
         import torch.distributed as dist
 
-        from moe_core.comm.all_to_all import exchange
+        from moe_core.comm.all_to_all import all_to_all
 
         tokens, counts = workload["tokens"], workload["counts"]
         send_counts = torch.tensor(counts[groups.rank], dtype=torch.int64, device=tokens.device)
@@ -78,8 +78,8 @@ class Dropless(_RoutedRows):
         dist.all_to_all_single(recv_counts, send_counts, group=groups.flat)
         # NOTE: host sync, as every dropless dispatch has
         send_splits, recv_splits = counts[groups.rank].tolist(), recv_counts.tolist()
-        received = exchange(tokens, recv_splits, send_splits, groups.flat, None)
-        return exchange(run_expert(expert, received), send_splits, recv_splits, groups.flat, None)
+        received = all_to_all(tokens, recv_splits, send_splits, groups.flat, groups.timer, "dispatch")
+        return all_to_all(run_expert(expert, received), send_splits, recv_splits, groups.flat, groups.timer, "combine")
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group, traffic = np.arange(counts.shape[0]), counts * float(row_bytes)  # (src, dst) bytes
@@ -93,20 +93,17 @@ class AllGather(_RoutedRows):
         """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
         expert's, reduce-scatter the outputs back."""
         import torch
-        import torch.distributed as dist
+
+        from moe_core.comm.all_to_all import gather_rows, scatter_rows
 
         tokens, counts = workload["tokens"], workload["counts"]
         rows = int(counts.sum(axis=1).max())
-        padded = tokens.new_zeros(rows, tokens.shape[1])
-        padded[: tokens.shape[0]] = tokens
-        gathered = tokens.new_empty(groups.world * rows, tokens.shape[1])
-        dist.all_gather_single(gathered, padded, group=groups.flat)
+        padded = torch.cat([tokens, tokens.new_zeros(rows - tokens.shape[0], tokens.shape[1])])
+        gathered = gather_rows(padded, groups.flat)
         mine = _rows_for_expert(counts, groups.rank, rows, tokens.device)
         received = gathered[mine]  # the tokens routed to this rank's expert
-        outputs = torch.zeros_like(gathered).index_copy_(0, mine, run_expert(expert, received))
-        back = tokens.new_empty(rows, tokens.shape[1])
-        dist.reduce_scatter_single(back, outputs, group=groups.flat)
-        return back[: tokens.shape[0]]
+        outputs = torch.zeros_like(gathered).index_copy(0, mine, run_expert(expert, received))
+        return scatter_rows(outputs, groups.flat)[: tokens.shape[0]]
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         group = np.arange(counts.shape[0])
@@ -117,13 +114,13 @@ class AllGather(_RoutedRows):
         ]
 
 
-def _there_and_back(buffer, group, expert=None):
+def _there_and_back(buffer, group, timer, expert=None):
     """An equal-split all-to-all of ``buffer`` over ``group``, ``expert`` on what arrived, and the same
     all-to-all back; what came back."""
-    from moe_core.comm.all_to_all import exchange
+    from moe_core.comm.all_to_all import all_to_all
 
-    received = exchange(buffer, None, None, group, None)
-    return exchange(run_expert(expert, received), None, None, group, None)
+    received = all_to_all(buffer, None, None, group, timer, "dispatch")
+    return all_to_all(run_expert(expert, received), None, None, group, timer, "combine")
 
 
 def _rows_for_expert(counts: np.ndarray, expert: int, rows: int, device):

@@ -37,14 +37,14 @@ class TensorParallelDispatcher(Dispatcher):
         )
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        from moe_core.comm.all_to_all import exchange, tp_exchange
+        from moe_core.comm.all_to_all import all_to_all, tp_exchange
         from moe_core.schedule.plan import even_ranges
 
         buffer, rows = workload["buffer_tp"], workload["capacity_tp"]
         chunks = self.study_chunks(workload["study"])
         if chunks is None:
-            received = exchange(buffer, None, None, groups.ep, None)
-            return exchange(run_expert(expert, received), None, None, groups.ep, None)
+            received = all_to_all(buffer, None, None, groups.ep, groups.timer, "dispatch")
+            return all_to_all(run_expert(expert, received), None, None, groups.ep, groups.timer, "combine")
         ranges = even_ranges(rows // groups.tp, chunks)
         received = tp_exchange(buffer, rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
         return tp_exchange(run_expert(expert, received), rows, ranges, groups.ep, groups.tp_group, groups.timer, "x")
