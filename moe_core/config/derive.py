@@ -14,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from moe_core.config.aliases import expansion
 from moe_core.config.schema import HardwareConfig
 from moe_core.config.sections import (
     CONFIG_DIR,
@@ -48,6 +49,9 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         # (``python -m moe_core.config`` imports this module twice)
         hardware = [OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)]
         derived.hardware = _merge([*hardware, layer.get("hardware", {})])
+    expanded = expansion(derived, [layer])
+    if expanded is not None:
+        derived = _merge([derived, expanded])
     OmegaConf.set_readonly(derived, True)
     validate(derived)
     return derived

@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import moe_core.dispatch.study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
 from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
+from moe_core.config.aliases import expansion
 from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
     _dotlist,
     _load_hardware,
@@ -94,6 +95,12 @@ def load_config(
         if name is not None and name != profile:
             layer.pop("hardware")
     cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
+    try:
+        expanded = expansion(cfg, user_layers)
+    except ConfigError as err:
+        raise _blame_set_key(err, user_layers) from None
+    if expanded is not None:
+        cfg = _merge([cfg, expanded])
     OmegaConf.set_readonly(cfg, True)
     try:
         validate(cfg)

@@ -193,6 +193,11 @@ class MoEConfig:
     # GShard's rule is for top_k 2 only: top_k 1 and >= 3 keep every choice whichever is set.
     second_expert_policy: Literal["random", "always"] = "random"
     dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
+    # The token dispatcher by its registry name (moe_core.dispatch; Megatron's --moe-token-dispatcher-type):
+    # capacity, hierarchical, dropless, or with experts split over "tp" duplicate, drop-gather, monta.
+    # It sets the keys that run it (comm.a2a_algorithm, moe.dropless, comm.tp_dispatch;
+    # moe_core.config.aliases); empty: those keys as they are.
+    dispatcher: str = ""
     # The gate's forward copies its expert counts to the host, a host-device sync: on a GPU the host
     # stops issuing ahead there (measured: moe_core.model.layer; simulated: moe_core.sim.engine.issued_by_host).
     # DeepSpeed-MoE's top-k gating did (deepspeed/moe/sharded_moe.py, from 2021 until PR #5578,
@@ -225,6 +230,9 @@ class ParallelConfig:
     ``tensor_parallel`` ranks share each group's tokens and split its weights, the rest is data parallel."""
 
     world_size: int = 4
+    # Expert-parallel ranks (Megatron's --expert-model-parallel-size): sets moe.experts_per_rank =
+    # num_experts / expert_parallel (moe_core.config.aliases); 0: num_experts / experts_per_rank.
+    expert_parallel: int = 0
     tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.parallel.tensor_parallel)
     grid: GridConfig = field(default_factory=GridConfig)  # 3D tensor parallelism (exclusive with tensor_parallel)
     # Pipeline stages of n_layers / pipeline_parallel blocks, stage s on ranks [s W/pp, (s+1) W/pp),

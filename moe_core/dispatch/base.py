@@ -42,12 +42,15 @@ class Dispatcher:
     * ``tensor_parallel``: the exchange of a tensor-parallel layout, whose "tp" ranks hold the same
       tokens (it needs the "tp" group, and only exists where experts are split over "tp");
     * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped;
+    * ``step_keys``: the config keys a training step runs it by (``moe.dispatcher`` sets them,
+      moe_core.config.aliases); None for an exchange only the dispatcher study runs;
     * ``runs_on``: whether it applies to a group of ``world`` ranks, ``devices_per_node`` a node.
     """
 
     name: str = ""
     tensor_parallel: bool = False
     drops: bool = True
+    step_keys: dict[str, Any] | None = None
 
     def runs_on(self, world: int, devices_per_node: int) -> bool:
         return True

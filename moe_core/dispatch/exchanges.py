@@ -20,6 +20,7 @@ from moe_core.dispatch.base import Dispatcher, StudyGroups, capacity_rows, run_e
 
 class Capacity(Dispatcher):
     name = "capacity"
+    step_keys = {"comm.a2a_algorithm": "flat", "moe.dropless": False}
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         return _there_and_back(workload["buffer"], groups.flat, groups.timer, expert)
@@ -35,6 +36,7 @@ class Capacity(Dispatcher):
 
 class Hierarchical(Capacity):
     name = "hierarchical"
+    step_keys = {"comm.a2a_algorithm": "hierarchical", "moe.dropless": False}
 
     def runs_on(self, world: int, devices_per_node: int) -> bool:
         return world > devices_per_node  # within one node it is the flat all-to-all
@@ -64,6 +66,7 @@ class _RoutedRows(Dispatcher):
 
 class Dropless(_RoutedRows):
     name = "dropless"
+    step_keys = {"comm.a2a_algorithm": "flat", "moe.dropless": True}
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-to-all of the per-expert counts, then all-to-all(v) of the tokens and back."""

@@ -21,6 +21,10 @@ class TensorParallelDispatcher(Dispatcher):
 
     tensor_parallel = True
 
+    @property
+    def step_keys(self) -> dict[str, str]:
+        return {"comm.tp_dispatch": self.name}
+
     def exchange_chunks(self, cfg) -> int | None:
         """What a training step of ``cfg`` does with the duplicates: None sends them all; n drops
         them and all-gathers over "tp" in n pipelined chunks."""
