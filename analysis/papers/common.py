@@ -57,7 +57,7 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ax.legend(fontsize="small")
 
 
-@figure(paper="common", reads_validation=True)
+@figure(paper="common", reads="validation")
 def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
     """Predicted vs measured time of every held-out point, with the +-10% target band; the title says
     when the points or the profile were measured on a noisy host."""

@@ -53,6 +53,10 @@ rule compare:
         "--out {output.comparison:q} --summary {output.summary:q}"
 
 
+# The table a figure reads when it is not drawn from the tidy tables (analysis.registry.FIGURE_SOURCES).
+FIGURE_TABLES = {"validation": rules.validate.output[0], "comparison": rules.compare.output.comparison}
+
+
 # One rule per table and one per figure (loops, not copies): report captions cannot take wildcards.
 for _name, _table in TABLE_REGISTRY.items():
 
@@ -87,7 +91,7 @@ for _name, _figure in FIGURE_REGISTRY.items():
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
-            validation=rules.validate.output[0] if _figure.reads_validation else [],
+            table=FIGURE_TABLES.get(_figure.reads, []),
         output:
             png=report(
                 f"{RESULTS}/figures/{_figure.paper}/{_name}.png",
@@ -98,7 +102,7 @@ for _name, _figure in FIGURE_REGISTRY.items():
             pdf=f"{RESULTS}/figures/{_figure.paper}/{_name}.pdf",
         params:
             name=_name,
-            validation=lambda wc, input: quoted(["--validation", input.validation]) if input.validation else "",
+            table=quoted([f"--{_figure.reads}", FIGURE_TABLES[_figure.reads]]) if _figure.reads != "tables" else "",
         conda:
             "../../environment.yml"
         log:
@@ -106,4 +110,4 @@ for _name, _figure in FIGURE_REGISTRY.items():
         localrule: True
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.validation} --figure {params.name:q} --out {output.png:q}"
+            "{params.table} --figure {params.name:q} --out {output.png:q}"
