@@ -873,6 +873,7 @@ def test_figures_register_with_their_paper():
         "step_breakdown": "gshard",
         "busbw_vs_size": "common",
         "sim_validation": "common",
+        "verdicts": "common",
         "dispatchers_under_skew": "common",
         "external_validation_errors": "common",
         "external_steps_errors": "common",
@@ -917,6 +918,7 @@ def test_figures_register_with_their_paper():
     }
     assert {name: fig.reads for name, fig in FIGURE_REGISTRY.items() if fig.reads != "tables"} == {
         "sim_validation": "validation",
+        "verdicts": "comparison",
     }
     captions = Path(figures_mod.__file__).with_name("captions")
     assert all((captions / f"{name}.rst").is_file() for name in FIGURE_REGISTRY)
