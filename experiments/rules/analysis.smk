@@ -53,6 +53,41 @@ rule compare:
         "--out {output.comparison:q} --summary {output.summary:q}"
 
 
+rule report_pages:
+    """The report's own pages: the comparison and the verdicts per paper as sortable HTML, which the report
+    opens inline, and the run's facts (commits, testbeds, verdict counts), which its landing page
+    (analysis/captions/landing.rst) includes."""
+    input:
+        comparison=rules.compare.output.comparison,
+        summary=rules.compare.output.summary,
+        records=RAW_RECORDS,
+    output:
+        comparison=report(
+            f"{RESULTS}/report/comparison.html",
+            caption="../../analysis/captions/comparison.rst",
+            category="Published vs reproduced",
+        ),
+        summary=report(
+            f"{RESULTS}/report/verdict_summary.html",
+            caption="../../analysis/captions/verdict_summary.rst",
+            category="Published vs reproduced",
+        ),
+        facts=report(
+            f"{RESULTS}/report/run.rst",
+            caption="../../analysis/captions/run_facts.rst",
+            category="Published vs reproduced",
+        ),
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/report_pages.log",
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.report --comparison {input.comparison:q} --summary {input.summary:q} "
+        "--out-comparison {output.comparison:q} --out-summary {output.summary:q} --out-facts {output.facts:q} "
+        "{input.records:q}"
+
+
 # The table a figure reads when it is not drawn from the tidy tables (analysis.registry.FIGURE_SOURCES).
 FIGURE_TABLES = {"validation": rules.validate.output[0], "comparison": rules.compare.output.comparison}
 
