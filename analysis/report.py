@@ -142,9 +142,11 @@ def _text(value: Any) -> str:
 
 
 def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: datetime) -> str:
-    """The run's facts as RST, for the report's landing page: when they were written, the records per
-    mode and hardware profile, the commits that made them (each record's ``environment.git_sha``) and the
-    verdicts, overall and per paper (``summary``: verdict_summary.csv, its last row ``all``)."""
+    """The run's facts as RST, for the report's landing page: when they were written (``written``, UTC),
+    the records per mode and hardware profile, the commits that made them (each record's
+    ``environment.git_sha``, "unknown" where a record has none, as moe_core.records.results writes it
+    without git) and the verdicts, overall and per paper (``summary``: verdict_summary.csv, its last row
+    ``all``)."""
     missing = [column for column in SUMMARY_VIEW if column not in summary]
     if missing or summary.empty or summary["paper"].iloc[-1] != "all":
         raise ValueError(
@@ -160,7 +162,7 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
         f"{counts.total()} {mode} on " + ", ".join(f"``{hardware}``" for hardware in sorted(counts))
         for mode, counts in sorted(profiles.items())
     )
-    commits = Counter(record["environment"]["git_sha"] for record in records)
+    commits = Counter(record.get("environment", {}).get("git_sha", "unknown") for record in records)
     total = summary.iloc[-1]
     judged = sum(int(total[kind]) for kind in ("consistent", "explainable", "differs"))
     lines = [
@@ -171,8 +173,8 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
         "",
         f"- **Verdicts:** of {int(total['total'])} published numbers, {judged} have a verdict: "
         f"**{int(total['consistent'])} consistent, {int(total['explainable'])} explainable, "
-        f"{int(total['differs'])} differ**; {int(total['not-comparable'])} are not comparable and "
-        f"{int(total['not-reproduced'])} not reproduced.",
+        f"{int(total['differs'])} differ**; not comparable: {int(total['not-comparable'])}, "
+        f"not reproduced: {int(total['not-reproduced'])}.",
         f"- **Records:** {len(records)}: {testbeds}.",
         f"- **Code:** the records were made at {'commit' if len(commits) == 1 else 'commits'} "
         + ", ".join(f"``{sha}`` ({n} records)" for sha, n in commits.most_common())

@@ -129,7 +129,7 @@ def test_run_facts_count_the_records_commits_and_verdicts():
     text = run_facts(run, summary, datetime(2026, 12, 4, 10, 30, tzinfo=timezone.utc))
     assert "Written 2026-12-04 10:30 UTC" in text
     assert "of 6 published numbers, 4 have a verdict: **1 consistent, 1 explainable, 2 differ**" in text
-    assert "1 are not comparable and 1 not reproduced" in text
+    assert "not comparable: 1, not reproduced: 1." in text
     assert "5: 2 measured on ``local-cpu``; 3 simulated on ``lina-a100-4x4``" in text
     assert "commits ``def5678-dirty`` (3 records), ``abc1234`` (2 records)" in text
     body = publish_parts(text, writer="html", settings_overrides={"halt_level": 2})["body"]  # valid RST
