@@ -20,6 +20,10 @@ min_version("9.0")
 configfile: "configs/default.yaml"
 
 
+# The report's landing page: what was run and how to read a verdict, with the run's facts (rule report_pages).
+report: "analysis/captions/landing.rst"
+
+
 try:
     # Config files are trusted code: Snakemake evaluates a YTE template (`__use_yte__: true`) as
     # Python when it reads the file, before this line runs. Refuse to go on with one.
@@ -88,6 +92,7 @@ rule all:
     default_target: True
     input:
         rules.compare.output,
+        rules.report_pages.output,
         rules.validate.output,
         TABLES.values(),
         FIGURES,

@@ -55,6 +55,7 @@ COMPARISON_COLUMNS = [
     "unit",
     "status",
     "tolerance",
+    "bound",
     *TESTBED_COLUMNS,
     "reproduced",
     "reproduced_low",

@@ -61,6 +61,15 @@ MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
 VERDICTS = ("consistent", "explainable", "differs", "not-comparable", "not-reproduced")
+# Each verdict's fixed colour wherever the report shows it (the verdicts figure, the HTML tables):
+# Okabe-Ito's colour-blind safe palette, green to vermillion as agreement falls; greys for no verdict.
+VERDICT_COLOURS = {
+    "consistent": "#009E73",
+    "explainable": "#E69F00",
+    "differs": "#D55E00",
+    "not-comparable": "#999999",
+    "not-reproduced": "#666666",
+}
 
 
 def explainable(ratio_low: float, ratio_high: float, agrees) -> bool:
@@ -306,13 +315,17 @@ def swept_keys(variants: dict[str, float]) -> list[str]:
     return list(keys)
 
 
+def verdict_kinds(comparison: pd.DataFrame) -> pd.Series:
+    """Each comparison row's verdict, one of VERDICTS: its ``verdict``, except that a ``differs`` row some
+    setting inside the unstated parameters' ranges reproduces (``explainable``) is ``explainable``."""
+    explained = (comparison["verdict"] == "differs") & comparison["explainable"].eq(True)
+    return comparison["verdict"].where(~explained, "explainable")
+
+
 def verdict_summary(comparison: pd.DataFrame) -> pd.DataFrame:
     """Per paper, how many rows are consistent, explainable (differs, but inside the unstated
     parameters' ranges), differs (outside them), not comparable and not reproduced."""
-    kind = comparison["verdict"].where(
-        ~((comparison["verdict"] == "differs") & comparison["explainable"].eq(True)), "explainable"
-    )
-    table = pd.crosstab(comparison["paper"], kind).reindex(columns=list(VERDICTS), fill_value=0)
+    table = pd.crosstab(comparison["paper"], verdict_kinds(comparison)).reindex(columns=list(VERDICTS), fill_value=0)
     table["total"] = table.sum(axis=1)
     table.loc["all"] = table.sum()
     return table.reset_index().rename_axis(columns=None)

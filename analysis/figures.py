@@ -1,9 +1,9 @@
 """Figures from the tidy tables, each saved as PNG and PDF (same stem).
 
-Every figure is a function ``f(records, samples, fig)`` (or ``f(validation, fig)`` for one drawn from
-the simulator's validation table) that draws into an empty matplotlib Figure and raises FigureDataError,
-before anything is written, when the tables lack its data. Each paper's figures live in
-analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
+Every figure is a function ``f(records, samples, fig)`` (or ``f(table, fig)`` for one drawn from the
+simulator's validation table or the comparison table) that draws into an empty matplotlib Figure and
+raises FigureDataError, before anything is written, when the tables lack its data. Each paper's figures
+live in analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
 (experiments/rules/analysis.smk) makes one rule per registered figure, writing
 results/figures/<paper>/<name>.png.
 
@@ -38,14 +38,15 @@ DPI = 150
 
 
 def render(
-    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, validation: pd.DataFrame | None = None
+    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, table: pd.DataFrame | None = None
 ) -> list[Path]:
-    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error."""
+    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error.
+    ``table`` is the table a figure that reads another source than the tidy tables is drawn from."""
     if name not in FIGURE_REGISTRY:
         raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURE_REGISTRY)}")
     registered = FIGURE_REGISTRY[name]
-    if registered.reads_validation and validation is None:
-        raise ValueError(f"figure {name!r} needs the validation table (--validation)")
+    if registered.reads != "tables" and table is None:
+        raise ValueError(f"figure {name!r} needs the {registered.reads} table (--{registered.reads})")
     out_png = Path(out_png)
     if out_png.suffix != ".png":
         raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
@@ -53,10 +54,10 @@ def render(
     np.random.seed(0)  # seaborn's jitter (strip plots) draws from numpy's global generator: same figure every run
     fig = plt.figure(figsize=(7, 4.5))
     try:
-        if registered.reads_validation:
-            registered.draw(validation, fig)
-        else:
+        if registered.reads == "tables":
             registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
+        else:
+            registered.draw(table, fig)
         fig.tight_layout()
         outputs = [out_png, out_png.with_suffix(".pdf")]
         with atomic_outputs(*outputs) as tmps:  # both new, or both old
@@ -72,12 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
+    parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
     parser.add_argument("--figure", required=True, choices=sorted(FIGURE_REGISTRY))
     parser.add_argument("--out", type=Path, required=True, help="PNG to write; the PDF goes beside it")
     args = parser.parse_args(argv)
     try:
-        validation = pd.read_csv(args.validation) if args.validation else None
-        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out, validation)
+        source = {"validation": args.validation, "comparison": args.comparison}.get(FIGURE_REGISTRY[args.figure].reads)
+        table = pd.read_csv(source) if source else None
+        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out, table)
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.figures: error: {err}")
     print(" ".join(map(str, outputs)))

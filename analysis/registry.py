@@ -92,27 +92,36 @@ def noting_used_points() -> Iterator[set[str]]:
 # ---- figures (analysis.figures) --------------------------------------------------------------
 
 
+# What a figure is drawn from: the tidy tables (records, samples; analysis.collect), the simulator's
+# validation table (sim_validation.csv, experiments/validate.py) or the comparison (comparison.csv,
+# analysis.compare).
+FIGURE_SOURCES = ("tables", "validation", "comparison")
+
+
 @dataclass(frozen=True)
 class RegisteredFigure:
     """A figure function and where the workflow puts its output."""
 
     name: str  # the function's name: the figure's file stem and rule name (figure_<name>)
     paper: str  # the paper whose figure it mirrors, its folder results/figures/<paper>/; "common" if none
-    draw: Callable[..., None]  # draw(records, samples, fig), or draw(validation, fig)
-    reads_validation: bool  # drawn from sim_validation.csv (experiments/validate.py), not the tables
+    draw: Callable[..., None]  # draw(records, samples, fig), or draw(table, fig) for another source
+    reads: str  # one of FIGURE_SOURCES
 
 
 FIGURE_REGISTRY: dict[str, RegisteredFigure] = {}  # name -> figure; filled by @figure in analysis/papers/
 
 
-def figure(*, paper: str, reads_validation: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register the decorated function as the figure of its name, in ``paper``'s folder; with
-    ``reads_validation`` it is called as ``draw(validation, fig)`` on the simulator's validation table."""
+def figure(*, paper: str, reads: str = "tables") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register the decorated function as the figure of its name, in ``paper``'s folder. It is called as
+    ``draw(records, samples, fig)`` on the tidy tables, or with ``reads`` "validation" or "comparison"
+    as ``draw(table, fig)`` on that table."""
+    if reads not in FIGURE_SOURCES:
+        raise ValueError(f"a figure reads one of {list(FIGURE_SOURCES)}, not {reads!r}")
 
     def register(draw: Callable[..., None]) -> Callable[..., None]:
         if draw.__name__ in FIGURE_REGISTRY:
             raise ValueError(f"two figures are named {draw.__name__!r}; figure names must be unique")
-        FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads_validation)
+        FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads)
         return draw
 
     return register

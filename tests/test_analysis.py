@@ -32,7 +32,7 @@ from moe_core.records.units import KiB, MiB
 SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share
 SHARE_OF_MOE = 0.749  # Lina Fig 2's 74.9 %
 SLOWDOWNS = [1.5, 1.8, 1.9, 2.0, 2.5]  # median 1.9 (Lina 1.83: consistent), max 2.5 (Lina 4.14: differs)
-TABLE_FIGURES = sorted(name for name, fig in FIGURE_REGISTRY.items() if not fig.reads_validation)
+TABLE_FIGURES = sorted(name for name, fig in FIGURE_REGISTRY.items() if fig.reads == "tables")
 
 
 def _spread(x: float) -> list[float]:
@@ -874,6 +874,7 @@ def test_figures_register_with_their_paper():
         "step_breakdown": "gshard",
         "busbw_vs_size": "common",
         "sim_validation": "common",
+        "verdicts": "common",
         "dispatchers_under_skew": "common",
         "dispatcher_winner_map": "common",
         "external_validation_errors": "common",
@@ -917,7 +918,10 @@ def test_figures_register_with_their_paper():
         ),
         **dict.fromkeys(["gshard_runtime_breakdown", "gshard_collective_scaling", "gshard_memory"], "gshard"),
     }
-    assert [name for name, fig in FIGURE_REGISTRY.items() if fig.reads_validation] == ["sim_validation"]
+    assert {name: fig.reads for name, fig in FIGURE_REGISTRY.items() if fig.reads != "tables"} == {
+        "sim_validation": "validation",
+        "verdicts": "comparison",
+    }
     captions = Path(figures_mod.__file__).with_name("captions")
     assert all((captions / f"{name}.rst").is_file() for name in FIGURE_REGISTRY)
 

@@ -79,6 +79,27 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
 
 
+def test_the_report_opens_on_its_landing_page(tmp_path):
+    """The Snakefile declares the report's landing page (analysis/captions/landing.rst), which Snakemake
+    renders with the config; made here before any result exists, it says the run's facts are missing."""
+    report = tmp_path / "report.html"
+    args = [
+        "resolved_config",
+        "--cores",
+        "1",
+        "--configfile",
+        "configs/ci.yaml",
+        "--config",
+        f"results_dir={tmp_path / 'r'}",
+    ]
+    proc = snakemake(*args, "--report", str(report))
+    assert proc.returncode == 0, proc.stderr
+    landing = json.loads(re.search(r"var workflow_desc = (.*);\n", report.read_text()).group(1))
+    assert '<h1 class="title">MoE communication: published vs reproduced</h1>' in landing
+    assert "local-cpu" in landing and "How to read a verdict" in landing
+    assert "are missing" in landing and "system-message" not in landing  # no RST error in the page
+
+
 def test_a_paper_target_plans_that_papers_experiments_alone(tmp_path):
     """`snakemake aurora` plans Aurora's record-making jobs and nothing of another paper."""
     proc = snakemake("aurora", "-n", "--cores", "2", "--config", f"results_dir={tmp_path}")

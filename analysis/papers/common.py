@@ -1,18 +1,22 @@
 """Paper-neutral figures (results/figures/common/): bus bandwidth of the collectives measured alone,
 the simulator against held-out measurements, which dispatcher wins under routing skew (with its
-table), and the simulator against published hardware measurements no one here made (the external
-validation, with its table). No reproducers: no paper publishes these numbers."""
+table), the simulator against published hardware measurements no one here made (the external
+validation, with its table), and every published number with a verdict against ours (drawn from the
+comparison table). No reproducers: no paper publishes these numbers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
+from analysis.explain import VERDICT_COLOURS, verdict_kinds
 from analysis.registry import FigureDataError, figure, one_testbed, table
 from analysis.units import format_bytes
 
@@ -58,7 +62,7 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ax.legend(fontsize="small")
 
 
-@figure(paper="common", reads_validation=True)
+@figure(paper="common", reads="validation")
 def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
     """Predicted vs measured time of every held-out point, with the +-10% target band; the title says
     when the points or the profile were measured on a noisy host."""
@@ -346,3 +350,123 @@ def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         ax.set(xlabel="predicted step / published step - 1", title=f"{kind}: median |error| {median:.0%}")
         ax.legend(fontsize="small")
     fig.suptitle("Simulator vs published GPU training steps")
+
+
+# ---- published vs reproduced: every verdict at once (analysis.compare's comparison.csv) -----------------
+
+VERDICT_MARKERS = {"consistent": "o", "explainable": "D", "differs": "X"}  # the verdicts a judged row can get
+LOG2_LIMIT = 7  # the axis spans at most 1/128x..128x; a ratio beyond it (or at zero) is drawn at the edge
+VERDICT_POINT_COLUMNS = [
+    "id",
+    "paper",
+    "hardware",
+    "published",
+    "reproduced",
+    "reproduced_low",
+    "reproduced_high",
+    "tolerance",
+    "bound",
+    "verdict",
+    "explainable",
+]
+
+
+def verdict_points(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The comparison rows with a verdict (consistent or differs: the paper's quantity on the paper's
+    testbed), in table order, as base-2 logs of reproduced / published: the chosen setting's
+    (``log_ratio``), the plausible range's ends over the unstated parameters' sweep (``log_low``,
+    ``log_high``) and the ends of the band where the verdict is consistent (``band_low``, ``band_high``:
+    1 -+ tolerance, open on the far side of a published bound). A ratio at or below zero is -inf.
+    Each row is labelled by its id without the paper's prefix, and its testbed where an id has several."""
+    missing = [column for column in VERDICT_POINT_COLUMNS if column not in comparison]
+    if missing:
+        raise FigureDataError(
+            f"the comparison table lacks columns {missing}; rewrite it with python -m analysis.compare"
+        )
+    df = comparison[comparison["verdict"].isin(["consistent", "differs"])][VERDICT_POINT_COLUMNS]
+    df = df.reset_index(drop=True).assign(kind=verdict_kinds)
+    for column, values in (("log_ratio", "reproduced"), ("log_low", "reproduced_low"), ("log_high", "reproduced_high")):
+        df[column] = _log2(df[values] / df["published"])
+    df["band_low"] = np.where(df["bound"] == "upper", -np.inf, _log2(1 - df["tolerance"]))
+    df["band_high"] = np.where(df["bound"] == "lower", np.inf, _log2(1 + df["tolerance"]))
+    label = pd.Series([id_.removeprefix(f"{paper}-") for id_, paper in zip(df["id"], df["paper"])], dtype=object)
+    repeated = df["id"].duplicated(keep=False)
+    df["label"] = label.where(~repeated, label + " (" + df["hardware"] + ")")
+    return df
+
+
+def _log2(values: pd.Series) -> pd.Series:
+    """Base-2 log, with -inf for values at or below zero (drawn at the axis' edge)."""
+    with np.errstate(divide="ignore"):
+        return np.log2(values.clip(lower=0))
+
+
+@figure(paper="common", reads="comparison")
+def verdicts(comparison: pd.DataFrame, fig: Figure) -> None:
+    """Every published number with a verdict: reproduced / published on a log axis, the plausible range
+    over the unstated parameters as a bar, the band where the verdict is consistent, one panel per paper."""
+    df = verdict_points(comparison)
+    if df.empty:
+        raise FigureDataError(
+            "the comparison table has no row with a verdict (consistent or differs); "
+            "run the paper's experiments on its testbed profiles and rerun analysis.compare"
+        )
+    shown = df[["log_ratio", "log_low", "log_high"]].to_numpy().ravel()
+    shown = np.append(shown[np.isfinite(shown)], [-1, 1])  # at least 1/2x..2x
+    lo, hi = max(-LOG2_LIMIT, np.floor(shown.min())), min(LOG2_LIMIT, np.ceil(shown.max()))
+    papers = sorted(df["paper"].unique())
+    sizes = [int((df["paper"] == paper).sum()) for paper in papers]
+    fig.set_size_inches(8, 2 + 0.2 * len(df) + 0.4 * len(papers))
+    # the first row holds the title and legend, above the data (tight_layout keeps an axes' legend clear)
+    key, *axes = fig.subplots(len(papers) + 1, 1, sharex=True, gridspec_kw={"height_ratios": [3, *sizes]})
+    for ax, paper in zip(axes, papers):
+        rows = df[df["paper"] == paper].reset_index(drop=True)
+        _verdict_panel(ax, rows, lo, hi)
+        ax.set_title(f"{paper} ({len(rows)})", loc="left", fontsize="small", fontweight="bold")
+    step = 1 if hi - lo <= 8 else 2  # a label per doubling, or per two
+    ticks = np.arange(np.ceil(lo / step) * step, hi + 1, step)
+    axes[-1].set_xticks(ticks, [f"{2**t:g}×" if t >= 0 else f"1/{2**-t:g}×" for t in ticks])
+    axes[-1].set_xlim(lo - 0.2, hi + 0.2)
+    axes[-1].set_xlabel("reproduced / published (log scale)")
+    handles = [
+        Line2D([], [], marker=shape, color=VERDICT_COLOURS[kind], lw=0, label=kind)
+        for kind, shape in VERDICT_MARKERS.items()
+    ]
+    handles += [
+        Line2D([], [], marker="o", color="0.4", lw=0, label="marker: at the chosen values of the unstated parameters"),
+        Line2D([], [], color="0.4", lw=2, alpha=0.6, label="bar: over their plausible values"),
+        Patch(color="0.87", label="grey: consistent, 1 ± tolerance (open beyond a published bound)"),
+        Line2D([], [], marker="<", color="0.4", lw=0, label="arrow: beyond the axis, or 0"),
+    ]
+    key.axis("off")
+    key.legend(handles=handles, loc="center", ncol=2, fontsize="x-small", frameon=False)
+    counts = df["kind"].value_counts()
+    key.set_title(
+        f"Published vs reproduced: {len(df)} numbers with a verdict, {counts.get('consistent', 0)} consistent, "
+        f"{counts.get('explainable', 0)} explainable, {counts.get('differs', 0)} differ\n"
+        f"(not shown: {len(comparison) - len(df)} rows without a verdict, not comparable or not reproduced)",
+        fontsize="small",
+    )
+
+
+def _verdict_panel(ax: Axes, rows: pd.DataFrame, lo: float, hi: float) -> None:
+    """One paper's rows of verdict_points, top to bottom, on an axis from 2**lo to 2**hi: each row's
+    consistent band, plausible range and value, coloured by verdict; a value beyond the axis an arrow."""
+    y = np.arange(len(rows))
+    band_low, band_high = rows["band_low"].clip(lo, hi), rows["band_high"].clip(lo, hi)
+    ax.barh(y, band_high - band_low, left=band_low, height=0.8, color="0.87", lw=0)
+    ax.axvline(0, color="black", lw=0.8)
+    colours = rows["kind"].map(VERDICT_COLOURS)
+    ax.hlines(y, rows["log_low"].clip(lo, hi), rows["log_high"].clip(lo, hi), colors=colours, lw=2, alpha=0.6)
+    at = rows["log_ratio"].clip(lo, hi)
+    for kind, marker in VERDICT_MARKERS.items():
+        for where, shape, size in (
+            (rows["log_ratio"].between(lo, hi), marker, 28),
+            (rows["log_ratio"] < lo, "<", 40),
+            (rows["log_ratio"] > hi, ">", 40),
+        ):
+            chosen = (rows["kind"] == kind) & where
+            ax.scatter(at[chosen], y[chosen], marker=shape, color=VERDICT_COLOURS[kind], s=size, zorder=3)
+    ax.set_yticks(y, rows["label"], fontsize="x-small")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.grid(axis="y", visible=False)

@@ -53,6 +53,45 @@ rule compare:
         "--out {output.comparison:q} --summary {output.summary:q}"
 
 
+rule report_pages:
+    """The report's own pages: the comparison and the verdicts per paper as sortable HTML, which the report
+    opens inline, and the run's facts (commits, testbeds, verdict counts), which its landing page
+    (analysis/captions/landing.rst) includes."""
+    input:
+        comparison=rules.compare.output.comparison,
+        summary=rules.compare.output.summary,
+        records=RAW_RECORDS,
+    output:
+        comparison=report(
+            f"{RESULTS}/report/comparison.html",
+            caption="../../analysis/captions/comparison.rst",
+            category="Published vs reproduced",
+        ),
+        summary=report(
+            f"{RESULTS}/report/verdict_summary.html",
+            caption="../../analysis/captions/verdict_summary.rst",
+            category="Published vs reproduced",
+        ),
+        facts=report(
+            f"{RESULTS}/report/run.rst",
+            caption="../../analysis/captions/run_facts.rst",
+            category="Published vs reproduced",
+        ),
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/report_pages.log",
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.report --comparison {input.comparison:q} --summary {input.summary:q} "
+        "--out-comparison {output.comparison:q} --out-summary {output.summary:q} --out-facts {output.facts:q} "
+        "{input.records:q}"
+
+
+# The table a figure reads when it is not drawn from the tidy tables (analysis.registry.FIGURE_SOURCES).
+FIGURE_TABLES = {"validation": rules.validate.output[0], "comparison": rules.compare.output.comparison}
+
+
 # One rule per table and one per figure (loops, not copies): report captions cannot take wildcards.
 for _name, _table in TABLE_REGISTRY.items():
 
@@ -87,7 +126,7 @@ for _name, _figure in FIGURE_REGISTRY.items():
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
-            validation=rules.validate.output[0] if _figure.reads_validation else [],
+            table=FIGURE_TABLES.get(_figure.reads, []),
         output:
             png=report(
                 f"{RESULTS}/figures/{_figure.paper}/{_name}.png",
@@ -98,7 +137,7 @@ for _name, _figure in FIGURE_REGISTRY.items():
             pdf=f"{RESULTS}/figures/{_figure.paper}/{_name}.pdf",
         params:
             name=_name,
-            validation=lambda wc, input: quoted(["--validation", input.validation]) if input.validation else "",
+            table=quoted([f"--{_figure.reads}", FIGURE_TABLES[_figure.reads]]) if _figure.reads != "tables" else "",
         conda:
             "../../environment.yml"
         log:
@@ -106,4 +145,4 @@ for _name, _figure in FIGURE_REGISTRY.items():
         localrule: True
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.validation} --figure {params.name:q} --out {output.png:q}"
+            "{params.table} --figure {params.name:q} --out {output.png:q}"

@@ -1,0 +1,230 @@
+"""The report's own pages, written from files the run made: sortable HTML views of the comparison table and
+of the verdicts per paper (Snakemake's report opens an HTML file inline, where it offers a CSV for download),
+and the run's facts as RST (the commits and testbeds of the records, the verdict counts), which the report's
+landing page (analysis/captions/landing.rst) includes. The CSVs stay the data files.
+
+    python -m analysis.report --comparison results/tables/comparison.csv \
+        --summary results/tables/verdict_summary.csv --out-comparison results/report/comparison.html \
+        --out-summary results/report/verdict_summary.html --out-facts results/report/run.rst \
+        results/raw/*/*/*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.explain import VERDICT_COLOURS, VERDICTS, verdict_kinds
+from moe_core.records.results import atomic_outputs, read_record
+
+# The comparison's columns a reader needs beside a verdict, the reason within a window's width (an id
+# starts with its paper); comparison.csv also holds the status, the unstated settings run, the
+# reproduced setting and the points each number came from.
+COMPARISON_VIEW = [
+    "id",
+    "verdict",
+    "explainable",
+    "published",
+    "reproduced",
+    "unit",
+    "reason",
+    "reproduced_low",
+    "reproduced_high",
+    "ratio",
+    "tolerance",
+    "bound",
+    "mode",
+    "hardware",
+    "needs",
+    "figure",
+    "setting",
+]
+SUMMARY_VIEW = ["paper", *VERDICTS, "total"]
+# Columns whose text wraps, each at least this wide (em); the others keep a cell on one line. The reason
+# is the widest, and fits beside the id, verdict and numbers in a report's frame of 1200 pixels.
+WRAPPED_EM = {"reason": 30, "needs": 16, "setting": 24, "unit": 5}
+
+# The pages' look; each verdict cell tinted with its verdict's colour.
+STYLE = """
+body { font: 13px/1.4 system-ui, sans-serif; margin: 1em; color: #222; }
+p { max-width: 60em; }
+table { border-collapse: collapse; }
+th, td { border-bottom: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
+td { white-space: nowrap; font-variant-numeric: tabular-nums; }
+th { position: sticky; top: 0; background: #f2f2f2; cursor: pointer; white-space: nowrap; }
+th[data-order="asc"]::after { content: " \\25B2"; }
+th[data-order="desc"]::after { content: " \\25BC"; }
+""" + "".join(f'[data-verdict="{kind}"] {{ background: {colour}40; }}\n' for kind, colour in VERDICT_COLOURS.items())
+
+# Sorting by a click on a column's header: numerically when every cell is a number (empty cells last).
+SCRIPT = """
+const table = document.querySelector("table");
+const number = (text) => (text === "" ? Infinity : Number(text));
+table.querySelectorAll("thead th").forEach((header, column) => {
+  header.addEventListener("click", () => {
+    const rows = Array.from(table.tBodies[0].rows);
+    const text = (row) => row.cells[column].textContent.trim();
+    const numeric = rows.every((row) => !isNaN(number(text(row))));
+    const ascending = header.dataset.order !== "asc";
+    table.querySelectorAll("thead th").forEach((other) => delete other.dataset.order);
+    header.dataset.order = ascending ? "asc" : "desc";
+    rows.sort((a, b) => {
+      const order = numeric ? number(text(a)) - number(text(b)) || 0 : text(a).localeCompare(text(b));
+      return ascending ? order : -order;
+    });
+    table.tBodies[0].append(...rows);
+  });
+});
+"""
+
+
+def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> str:
+    """A self-contained HTML page (no network fetches) of ``df``'s ``columns``, every row, sortable by a
+    click on a column's header, with ``title`` and the ``intro`` paragraph above it. A ``verdict`` cell is
+    tinted with its row's verdict colour (explainable for a ``differs`` row the unstated parameters' ranges
+    explain).
+
+    A missing column raises ValueError naming it: the table is not one analysis.compare wrote.
+    """
+    missing = [column for column in columns if column not in df]
+    if missing:
+        raise ValueError(
+            f"the {title} table lacks columns {missing}; write it with python -m analysis.compare "
+            f"(it has {list(df.columns)})"
+        )
+    kinds = verdict_kinds(df) if "verdict" in columns else pd.Series("", index=df.index)
+    headers = "".join(f"<th>{html.escape(column)}</th>" for column in columns)
+    rows = "\n".join(
+        "<tr>"
+        + "".join(
+            (f'<td data-verdict="{kind}">' if column == "verdict" else "<td>") + _text(value) + "</td>"
+            for column, value in zip(columns, row)
+        )
+        + "</tr>"
+        for kind, row in zip(kinds, df[columns].itertuples(index=False))
+    )
+    wide = [(columns.index(column) + 1, em) for column, em in WRAPPED_EM.items() if column in columns]
+    style = STYLE + "".join(f"td:nth-child({n}) {{ min-width: {em}em; white-space: normal; }}\n" for n, em in wide)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{style}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>{html.escape(intro)}</p>
+<table>
+<thead><tr>{headers}</tr></thead>
+<tbody>
+{rows}
+</tbody>
+</table>
+<script>{SCRIPT}</script>
+</body>
+</html>
+"""
+
+
+def _text(value: Any) -> str:
+    """A table cell's text: empty for a missing value, 4 significant digits for a float, else escaped."""
+    if pd.isna(value):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else html.escape(str(value))
+
+
+def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: datetime) -> str:
+    """The run's facts as RST, for the report's landing page: when they were written (``written``, UTC),
+    the records per mode and hardware profile, the commits that made them (each record's
+    ``environment.git_sha``, "unknown" where a record has none, as moe_core.records.results writes it
+    without git) and the verdicts, overall and per paper (``summary``: verdict_summary.csv, its last row
+    ``all``)."""
+    missing = [column for column in SUMMARY_VIEW if column not in summary]
+    if missing or summary.empty or summary["paper"].iloc[-1] != "all":
+        raise ValueError(
+            f"the verdict summary lacks columns {missing} or its last row 'all'; "
+            "write it with python -m analysis.compare"
+        )
+    if not records:
+        raise ValueError("no records given; pass the run's raw records (results/raw/*/*/*.json)")
+    profiles: dict[str, Counter] = {}  # mode -> records per hardware profile
+    for record in records:
+        profiles.setdefault(record["mode"], Counter())[record["hardware"]] += 1
+    testbeds = "; ".join(
+        f"{counts.total()} {mode} on " + ", ".join(f"``{hardware}``" for hardware in sorted(counts))
+        for mode, counts in sorted(profiles.items())
+    )
+    commits = Counter(record.get("environment", {}).get("git_sha", "unknown") for record in records)
+    total = summary.iloc[-1]
+    judged = sum(int(total[kind]) for kind in ("consistent", "explainable", "differs"))
+    lines = [
+        "The run's facts",
+        "---------------",
+        "",
+        f"Written {written:%Y-%m-%d %H:%M} UTC by ``analysis.report`` from the files this run wrote.",
+        "",
+        f"- **Verdicts:** of {int(total['total'])} published numbers, {judged} have a verdict: "
+        f"**{int(total['consistent'])} consistent, {int(total['explainable'])} explainable, "
+        f"{int(total['differs'])} differ**; not comparable: {int(total['not-comparable'])}, "
+        f"not reproduced: {int(total['not-reproduced'])}.",
+        f"- **Records:** {len(records)}: {testbeds}.",
+        f"- **Code:** the records were made at {'commit' if len(commits) == 1 else 'commits'} "
+        + ", ".join(f"``{sha}`` ({n} records)" for sha, n in commits.most_common())
+        + ".",
+        "",
+        ".. list-table:: Verdicts per paper",
+        "   :header-rows: 1",
+        "",
+    ]
+    for row in [SUMMARY_VIEW, *summary[SUMMARY_VIEW].astype(str).to_numpy().tolist()]:
+        lines += [f"   * - {row[0]}", *(f"     - {cell}" for cell in row[1:])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--comparison", type=Path, required=True, help="comparison CSV from analysis.compare")
+    parser.add_argument("--summary", type=Path, required=True, help="verdict summary CSV from analysis.compare")
+    parser.add_argument("--out-comparison", type=Path, required=True, help="HTML view of the comparison to write")
+    parser.add_argument("--out-summary", type=Path, required=True, help="HTML view of the verdict summary to write")
+    parser.add_argument("--out-facts", type=Path, required=True, help="the run's facts (RST) to write")
+    parser.add_argument("records", nargs="+", type=Path, help="the run's raw records")
+    args = parser.parse_args(argv)
+    try:
+        comparison, summary = pd.read_csv(args.comparison), pd.read_csv(args.summary)
+        pages = {
+            args.out_comparison: html_table(
+                comparison,
+                COMPARISON_VIEW,
+                "Published vs reproduced",
+                "Every published number next to ours, with its verdict and reason; click a column's header to "
+                "sort by it. comparison.csv holds every column, also the points each number came from.",
+            ),
+            args.out_summary: html_table(
+                summary,
+                SUMMARY_VIEW,
+                "Verdicts per paper",
+                "How many published numbers of each paper are consistent, explainable (they differ at the chosen "
+                "values of the parameters the paper leaves unstated, but a setting inside their plausible ranges "
+                "reproduces them), differ, are not comparable or not reproduced; the last row sums the papers.",
+            ),
+            args.out_facts: run_facts([read_record(p) for p in args.records], summary, datetime.now(timezone.utc)),
+        }
+    except (OSError, ValueError) as err:
+        sys.exit(f"analysis.report: error: {err}")
+    with atomic_outputs(*pages) as tmps:  # all new, or all old
+        for tmp, text in zip(tmps, pages.values()):
+            tmp.write_text(text, encoding="utf-8")
+    print(" ".join(map(str, pages)))
+
+
+if __name__ == "__main__":
+    main()
