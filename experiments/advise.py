@@ -29,6 +29,7 @@ from moe_core.dispatch import DISPATCHERS
 from moe_core.dispatch.study import MAX_LOGNORMAL_SIGMA, rank_dispatchers, study_steps
 from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS, split_name
 from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.records.console import table
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,14 +113,20 @@ def report(result: dict) -> str:
         f"{a['tokens']} tokens per rank of {a['d_model']} {a['dtype']}, workload {a['workload']} "
         f"(imbalance {ranking[0]['imbalance']:.2f}: max tokens per expert / mean)",
         "",
-        f"{'dispatcher':<14}{'time(ms)':>10}{'vs fastest':>12}{'dropped':>10}{'useful(GB/s)':>14}",
+        table(
+            [
+                {
+                    "dispatcher": row["dispatcher"],
+                    "time(ms)": row["exchange_ms"],
+                    "vs fastest(x)": row["vs_fastest"],
+                    "dropped": row["dropped_fraction"],
+                    "useful(GB/s)": row.get("useful_GBps"),
+                }
+                for row in ranking
+            ],
+            floatfmt=("", ".3f", ".2f", ".1%", ".1f"),
+        ),
     ]
-    for row in ranking:
-        rate = f"{row['useful_GBps']:.1f}" if "useful_GBps" in row else "-"
-        lines.append(
-            f"{row['dispatcher']:<14}{row['exchange_ms']:>10.3f}{row['vs_fastest']:>11.2f}x"
-            f"{row['dropped_fraction']:>10.1%}{rate:>14}"
-        )
     best = ranking[0]
     lines.append("")
     if len(ranking) > 1:

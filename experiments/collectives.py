@@ -19,9 +19,14 @@ Methodology (reference/peers.md §4): warm-up iterations, then per timed iterati
 one timed call (more iterations for latency-bound sizes, :func:`timed_iterations`) (``perf_counter``
 on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
-(:func:`bus_bandwidth_factor`); GB/s are 1e9 bytes/s. Rank 0 writes one record per (collective,
-concurrent, size) to ``results/raw/common/collectives/<point>.json``, all of them at the end, so
-a failed run leaves no partial set of new records.
+(:func:`bus_bandwidth_factor`); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
+before timing it (all-reduce: the sum of the rank ids; all-to-alls: from each peer exactly its
+elements, of its rank id) and counts the wrong elements over all ranks: a point with any is not
+timed, and the run exits 1 naming it once the others are measured; a passed check leaves
+``wrong_elements: 0`` in the record. Rank 0 prints a row of nccl-tests' table as each point
+finishes (size, count, type, time, algbw, busbw, #wrong; slowdown for the pairs) and writes one
+record per (collective, concurrent, size) to ``results/raw/common/collectives/<point>.json``, all
+of them at the end, so a failed run leaves no partial set of new records.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ from tqdm import tqdm
 
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from moe_core.config.load import ConfigError, config_arg_parser, load_config
+from moe_core.records.console import RowPrinter
 from moe_core.records.results import exit_if_unwritable, write_records
 from moe_core.records.tracking import log_point
-from moe_core.runtime.benchmark import measured_record
+from moe_core.runtime.benchmark import CellsFailed, measured_record
 from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
@@ -96,10 +102,14 @@ def size_label(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
+def case_label(collective: str, concurrent: str | None) -> str:
+    """``all_reduce``, or a pair ``all_to_all_v+all_reduce``."""
+    return f"{collective}+{concurrent}" if concurrent else collective
+
+
 def collective_point_name(collective: str, concurrent: str | None, world_size: int, size_bytes: int) -> str:
     """Record name: ``all_reduce_ws4_4KiB``, ``all_to_all_v+all_reduce_ws4_1MiB``."""
-    pair = f"+{concurrent}" if concurrent else ""
-    return f"{collective}{pair}_ws{world_size}_{size_label(size_bytes)}"
+    return f"{case_label(collective, concurrent)}_ws{world_size}_{size_label(size_bytes)}"
 
 
 def collective_points(cfg: DictConfig) -> list[str]:
@@ -155,15 +165,16 @@ class Collective:
         """Reset the send buffer to the rank id (all-reduce accumulates in place)."""
         self.send.fill_(self.rank)
 
-    def correct(self) -> bool:
-        """After fill() and one launch: all_reduce gives sum(ranks); all-to-alls deliver, from each
-        peer j, exactly splits[j][rank] elements of value j."""
+    def wrong_elements(self) -> int:
+        """After fill() and one launch, this rank's elements that differ from the expected result:
+        all_reduce gives sum(ranks) everywhere; all-to-alls deliver, from each peer j, exactly
+        splits[j][rank] elements of value j."""
         n = dist.get_world_size(self.group)
         if self.name == "all_reduce":
-            return torch.equal(self.send, torch.full_like(self.send, n * (n - 1) / 2))
+            return int((self.send != n * (n - 1) / 2).sum())
         counts = torch.tensor([row[self.rank] for row in self.splits], device=self.recv.device)
         expected = torch.repeat_interleave(torch.arange(n, device=self.recv.device), counts)
-        return torch.equal(self.recv, expected.to(self.recv.dtype))
+        return int((self.recv != expected.to(self.recv.dtype)).sum())
 
 
 def make_collective(name: str, size_bytes: int, cfg: DictConfig, env: Env, group=None) -> Collective:
@@ -220,9 +231,9 @@ def run_iteration(op: Collective, side: Collective | None, timer: PhaseTimer) ->
     return timer.elapsed_ms()
 
 
-def run_check(op: Collective, side: Collective | None) -> None:
-    """--check: one (paired) launch on freshly filled buffers; every rank raises if any rank got
-    wrong data (agreeing first, so no rank is left waiting in the next collective)."""
+def run_check(op: Collective, side: Collective | None) -> int:
+    """--check: one (paired) launch on freshly filled buffers; the wrong elements of both, summed
+    over the ranks (nccl-tests' ``#wrong``; every rank gets the sum, so all agree on the point)."""
     op.fill()
     if side:
         side.fill()
@@ -230,15 +241,9 @@ def run_check(op: Collective, side: Collective | None) -> None:
     op.launch()
     if work:
         work.wait()
-    ok = op.correct() and (side is None or side.correct())
-    all_ok = torch.tensor([int(ok)], device=op.send.device)
-    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
-    if not all_ok.item():
-        pair = f"+{side.name}" if side else ""
-        raise RuntimeError(
-            f"--check failed: {op.name}{pair} of {op.send.numel() * ELEMENT_BYTES} bytes per rank "
-            f"delivered wrong data (this rank {'correct' if ok else 'wrong'})"
-        )
+    wrong = torch.tensor([op.wrong_elements() + (side.wrong_elements() if side else 0)], device=op.send.device)
+    dist.all_reduce(wrong)
+    return int(wrong.item())
 
 
 def timed_iterations(size_bytes: int, c: DictConfig) -> int:
@@ -247,10 +252,8 @@ def timed_iterations(size_bytes: int, c: DictConfig) -> int:
     return c.latency_iters if size_bytes <= c.latency_bytes else c.iters
 
 
-def measure(
-    op: Collective, side: Collective | None, cfg: DictConfig, timer: PhaseTimer, check: bool
-) -> dict[str, list[float]]:
-    """Warm-up, optional check, timed iterations; per-iteration samples of the worst rank.
+def measure(op: Collective, side: Collective | None, cfg: DictConfig, timer: PhaseTimer) -> dict[str, list[float]]:
+    """Warm-up, then timed iterations; per-iteration samples of the worst rank.
 
     Alone: ``time_ms``. Paired: alone and paired iterations alternate; ``alone_ms`` is the alone
     time, ``time_ms`` and ``concurrent_ms`` come from the paired ones.
@@ -260,8 +263,6 @@ def measure(
         run_iteration(op, None, timer)
         if side:
             run_iteration(op, side, timer)
-    if check:
-        run_check(op, side)
     local: dict[str, list[float]] = {"time_ms": []}
     if side:
         local.update(alone_ms=[], concurrent_ms=[])
@@ -286,17 +287,55 @@ def bandwidth_samples(samples: dict[str, list[float]], collective: str, n: int, 
         samples["slowdown"] = [t_ms / alone_median_ms for t_ms in samples["time_ms"]]
 
 
+# Rank 0's table, a row as each point finishes, in nccl-tests' columns (time: the median of the worst
+# rank; type: the fp32 buffers of make_collective; #wrong: the elements --check found wrong, "-" without
+# --check; slowdown: of a pair, paired over alone): column -> width of its widest value.
+TABLE_COLUMNS = {
+    "collective": 21,
+    "size(B)": 10,
+    "count(elements)": 9,
+    "type": 5,
+    "time(us)": 9,
+    "algbw(GB/s)": 7,
+    "busbw(GB/s)": 7,
+    "#wrong": 6,
+    "slowdown": 5,
+}
+
+
+def table_row(label: str, size_bytes: int, metrics: dict, wrong: int | None) -> list:
+    """One point's row of TABLE_COLUMNS from its record's ``metrics`` (none: not timed, its check failed)."""
+    median = {name: stats["median"] for name, stats in metrics.items() if "median" in stats}
+    time_us = median["time_ms"] * 1e3 if "time_ms" in median else None
+    elements = size_bytes // ELEMENT_BYTES
+    bandwidths = [median.get("algbw_GBps"), median.get("busbw_GBps")]
+    return [label, size_bytes, elements, "float", time_us, *bandwidths, wrong, median.get("slowdown")]
+
+
 def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
-    """Every case at every size; returns the records on rank 0 (an empty list elsewhere)."""
+    """Every case at every size; returns the records on rank 0 (an empty list elsewhere), which
+    prints a table row as each point finishes. With ``check`` a point whose result is wrong is not
+    timed, and once every other point is, CellsFailed names it."""
     side_group = dist.new_group(backend=cfg.hardware.backend, timeout=timedelta(seconds=cfg.parallel.timeout_s))
     timer = PhaseTimer(env.device)
     sizes = sizes_bytes(cfg)
     items = [(coll, conc, size) for coll, conc in CASES for size in sizes]
-    records = []
-    for name, concurrent, size in tqdm(items, desc="collectives", file=sys.stderr, disable=env.rank != 0):
+    table = RowPrinter(TABLE_COLUMNS, floatfmt=("", "", "", "", ".1f", ".3f", ".3f", "", ".2f"))
+    progress = tqdm(items, desc="collectives", file=sys.stderr, disable=env.rank != 0)
+    if env.rank == 0:
+        progress.write(table.header(), file=sys.stdout)
+    records, failed = [], []
+    for name, concurrent, size in progress:
         op = make_collective(name, size, cfg, env)
         side = make_collective(concurrent, size, cfg, env, group=side_group) if concurrent else None
-        samples = measure(op, side, cfg, timer, check)
+        wrong = run_check(op, side) if check else None
+        point = collective_point_name(name, concurrent, env.world_size, size)
+        if wrong:
+            failed.append(f"{point}: #wrong {wrong}")
+            if env.rank == 0:
+                progress.write(table.row(table_row(case_label(name, concurrent), size, {}, wrong)), file=sys.stdout)
+            continue
+        samples = measure(op, side, cfg, timer)
         algo_bytes = bottleneck_bytes(op, size)
         del op, side  # free this size's buffers before allocating the next
         bandwidth_samples(samples, name, env.world_size, algo_bytes)
@@ -305,17 +344,18 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
         params = dict(collective=name, world_size=env.world_size, size_bytes=size, concurrent=concurrent)
         if name == "all_to_all_v":
             params["traffic_zipf"] = cfg.collectives.traffic_zipf
-        point = collective_point_name(name, concurrent, env.world_size, size)
-        records.append(
-            measured_record(
-                cfg,
-                paper=PAPER,
-                experiment=EXPERIMENT,
-                point=point,
-                params=params,
-                samples=samples,
-                extra_metrics={"algo_bytes": algo_bytes},
-            )
+        extra = {"algo_bytes": algo_bytes}
+        if check:
+            extra["wrong_elements"] = wrong  # 0: the trace of a passed check
+        record = measured_record(
+            cfg, paper=PAPER, experiment=EXPERIMENT, point=point, params=params, samples=samples, extra_metrics=extra
+        )
+        records.append(record)
+        row = table_row(case_label(name, concurrent), size, record["metrics"], wrong)
+        progress.write(table.row(row), file=sys.stdout)
+    if failed:
+        raise CellsFailed(
+            f"--check found wrong results in {len(failed)} points, not timed: {'; '.join(failed)}", records
         )
     return records
 
@@ -328,7 +368,9 @@ def save(records: list[dict], cfg: DictConfig) -> None:
     JSON records hold everything.
     """
     with exit_if_unwritable():
-        write_records(records, cfg.results_dir)
+        paths = write_records(records, cfg.results_dir)
+    if paths:
+        print(f"wrote {len(paths)} records under {paths[0].parent}/", file=sys.stderr)
     max_bytes = sizes_bytes(cfg)[-1]
     for record in records:
         p = record["params"]
@@ -338,7 +380,11 @@ def save(records: list[dict], cfg: DictConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = config_arg_parser(__doc__)
-    parser.add_argument("--check", action="store_true", help="verify the collectives' results after warm-up")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check every point's result before timing it: #wrong in the table, wrong_elements in its record",
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -347,13 +393,21 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
+    failure = None
     try:
         with naming_failed_ranks(env):
-            records = run_benchmark(cfg, env, args.check)
+            try:
+                records = run_benchmark(cfg, env, args.check)
+            except CellsFailed as err:
+                records, failure = err.records, err
         if env.rank == 0:
             save(records, cfg)
     finally:
         shutdown()
+    if failure is not None:
+        if env.rank == 0:
+            print(f"error: {failure}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

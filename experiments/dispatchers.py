@@ -37,7 +37,6 @@ from datetime import timedelta
 from itertools import cycle
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
@@ -56,6 +55,7 @@ from moe_core.dispatch.study import (
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
+from moe_core.records.console import table
 from moe_core.runtime.benchmark import CellsFailed, benchmark_main, measured_record, repeated_iterations
 from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer
@@ -234,12 +234,12 @@ def results_table(records: list[dict]) -> str:
                 "useful(B)": int(m["useful_bytes"]["value"]),
                 "time(ms)": m["exchange_ms"]["median"],
                 "ci95(ms)": f"{m['exchange_ms_ci95_low']['value']:.3f}-{m['exchange_ms_ci95_high']['value']:.3f}",
-                "useful(GB/s)": m["useful_GBps"]["value"] if "useful_GBps" in m else float("nan"),
+                "useful(GB/s)": m["useful_GBps"]["value"] if "useful_GBps" in m else None,
                 "dropped": m["dropped_fraction"]["value"],
                 "#wrong": int(m["wrong_rows"]["value"]),
             }
         )
-    return pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
+    return table(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from moe_core.config.load import CONFIG_DIR, ConfigError, load_config
+from moe_core.records.console import table
 from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.sim.pipeline import simulate_step
 from moe_core.sim.topology import build_topology
@@ -344,13 +345,20 @@ def step_records(cfg: DictConfig, path: str | Path = STEPS_FILE) -> list[dict]:
 
 def summary(records: list[dict]) -> str:
     """A per-entry table and the median and 90th percentile |step error|, dense and MoE apart."""
-    lines = [f"{'id':<48} {'kind':<5} {'gpus':>5} {'published':>10} {'predicted':>10} {'step err':>8}"]
+    rows = []
     for r in records:
         p, m = r["params"], {name: value["value"] for name, value in r["metrics"].items()}
-        lines.append(
-            f"{r['point']:<48} {p['kind']:<5} {p['gpus']:>5} {m['published']:>10.4g} {m['predicted']:>10.4g} "
-            f"{m['step_error']:>+8.1%}"
+        rows.append(
+            {
+                "id": r["point"],
+                "kind": p["kind"],
+                "gpus": p["gpus"],
+                "published": m["published"],
+                "predicted": m["predicted"],
+                "step err": m["step_error"],
+            }
         )
+    lines = [table(rows, floatfmt=("", "", "", ".4g", ".4g", "+.1%"))]
     for kind in ("dense", "moe"):
         errors = np.abs([r["metrics"]["step_error"]["value"] for r in records if r["params"]["kind"] == kind])
         if len(errors):

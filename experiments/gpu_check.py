@@ -42,6 +42,7 @@ from moe_core.config.load import load_config
 from moe_core.model.capacity import capacity
 from moe_core.model.layer import MoELayer
 from moe_core.model.transformer import DenseFFN
+from moe_core.records.console import table
 from moe_core.records.results import environment, write_record
 from moe_core.runtime.timing import PhaseTimer
 
@@ -353,8 +354,7 @@ def print_summary(checks: dict, passed: dict, device: torch.device) -> None:
             verdict("collectives_exact"),
         ),
     ]
-    for name, value, judged in rows:
-        print(f"{name:<24} {value:<72} {judged}")
+    print(table([{"check": name, "result": value, "verdict": judged} for name, value, judged in rows]))
     sweep = checks["op_sweep"]
     best = max(sweep["gemm"], key=lambda g: g["tflops"])
     worst = min(sweep["gemm"], key=lambda g: g["tflops"])
@@ -364,13 +364,17 @@ def print_summary(checks: dict, passed: dict, device: torch.device) -> None:
         f"memory-bound up to {max(o['GBps'] for o in sweep['memory_bound']):.1f} GB/s, "
         f"launch {sweep['launch_us']:.1f} us"
     )
-    header = f"{'tokens x M x H, E, k':<28} {'mode':<14} {'MoE/dense':>9} {'routing':>8}"
-    print(f"\n{header}  forward ms: {' '.join(SPLIT_PHASES)}")
-    for p in checks["points"]:
-        point = f"{p['tokens']} x {p['d_model']} x {p['d_ff']}, {p['experts']}, {p['top_k']}"
-        split = " ".join(f"{p['forward_split_ms'][k]:.2f}" for k in SPLIT_PHASES)
-        ratio, routing = p["moe_over_dense_tokens_per_s"], p["routing_share_of_forward"]
-        print(f"{point:<28} {p['mode']:<14} {ratio:>9.3f} {routing:>8.1%}  {split}")
+    points = [
+        {
+            "tokens x M x H, E, k": f"{p['tokens']} x {p['d_model']} x {p['d_ff']}, {p['experts']}, {p['top_k']}",
+            "mode": p["mode"],
+            "MoE/dense": p["moe_over_dense_tokens_per_s"],
+            "routing share": p["routing_share_of_forward"],
+            **{f"{phase} ms": p["forward_split_ms"][phase] for phase in SPLIT_PHASES},
+        }
+        for p in checks["points"]
+    ]
+    print(f"\nthroughput, forward split:\n{table(points)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from moe_core.records.console import table
 from moe_core.records.results import ResultsDirError, check_writable
 from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.sim.engine import Op, simulate
@@ -193,13 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = int(args.mbytes * 1e6)
     result = summarise(measure(args.rate_mbit, nbytes, args.repeats, args.burst_kb), nbytes)
     result["setting"] = {"rate_mbit": args.rate_mbit, "mbytes": args.mbytes, "repeats": args.repeats}
-    print(f"{'flow':<5}{'alone s':>9}{'together s':>12}{'byte-fair s':>13}{'own-speed s':>13}")
-    for flow in FLOWS:
-        p = result["predicted_s"]
-        print(
-            f"{flow:<5}{result['alone_s'][flow]:>9.3f}{result['together_s'][flow]:>12.3f}"
-            f"{p['byte_fair'][flow]:>13.3f}{p['own_speed_fractions'][flow]:>13.3f}"
-        )
+    predicted = result["predicted_s"]
+    rows = [
+        {
+            "flow": flow,
+            "alone s": result["alone_s"][flow],
+            "together s": result["together_s"][flow],
+            "byte-fair s": predicted["byte_fair"][flow],
+            "own-speed s": predicted["own_speed_fractions"][flow],
+        }
+        for flow in FLOWS
+    ]
+    print(table(rows))
     for rule, errors in result["error"].items():
         print(f"{rule}: " + ", ".join(f"{f} {e:+.1%}" for f, e in errors.items()))
     tmp = f"{args.out}.tmp{os.getpid()}"

@@ -14,6 +14,7 @@ import time
 
 from experiments.simulate import sized_hardware
 from moe_core.config.load import load_config
+from moe_core.records.console import RowPrinter
 from moe_core.sim.collectives import simulate_on
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -67,15 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--hardware", default="h100-ndr-cluster")
     args = parser.parse_args(argv)
-    print(
-        f"{'GPUs':>6} {'operations':>10} {'links':>7} {'build s':>8} {'simulate s':>10} {'total s':>8} {'step ms':>9}"
-    )
-    for gpus in args.gpus:
+    columns = {"GPUs": 6, "operations": 10, "links": 7, "build s": 8, "simulate s": 10, "total s": 8, "step ms": 9}
+    rows = RowPrinter(columns, floatfmt=("", "", "", ".3f", ".3f", ".3f", ".1f"))
+    print(rows.header(), flush=True)
+    for gpus in args.gpus:  # a row as each size is done: the largest take seconds
         r = bench(gpus, args.hardware)
-        print(
-            f"{r['gpus']:>6} {r['operations']:>10} {r['links']:>7} {r['build_s']:>8.3f} {r['simulate_s']:>10.3f} "
-            f"{r['total_s']:>8.3f} {r['step_ms']:>9.1f}"
-        )
+        values = (r["gpus"], r["operations"], r["links"], r["build_s"], r["simulate_s"], r["total_s"], r["step_ms"])
+        print(rows.row(values), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from experiments.collectives import (
     CASES,
+    TABLE_COLUMNS,
     Collective,
     bottleneck_bytes,
     bus_bandwidth_factor,
@@ -120,6 +122,26 @@ def test_bus_bandwidth_factor_rejects_unknown():
         bus_bandwidth_factor("broadcast", 4)
 
 
+def test_wrong_elements_counts_the_elements_that_differ(tmp_path):
+    """--check's #wrong: on one rank an all-to-all delivers its own 8 elements of value 0 (rank id)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        coll = Collective("all_to_all", torch.empty(8), torch.empty(8), [[8]], None, 0)
+        coll.fill()
+        coll.launch()
+        assert coll.wrong_elements() == 0
+        coll.recv[:3] = 7.0
+        assert coll.wrong_elements() == 3
+        reduced = Collective("all_reduce", torch.empty(5), torch.empty(0), None, None, 0)
+        reduced.fill()
+        reduced.launch()
+        assert reduced.wrong_elements() == 0
+        reduced.send[0] = 1.0
+        assert reduced.wrong_elements() == 1
+    finally:
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------------------------
 # The entry point
 
@@ -181,12 +203,19 @@ def test_torchrun_two_ranks_writes_checked_records(tmp_path):
 
     cfg = load_config(overrides=overrides)
     points = collective_points(cfg)
+    # rank 0's nccl-tests-style table: its header once, a row per point, each with #wrong 0 (--check)
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == list(TABLE_COLUMNS) and set(lines[1]) == {"-", " "}
+    rows = [line.split() for line in lines[2:]]
+    assert len(rows) == len(points) and all(len(row) == len(TABLE_COLUMNS) for row in rows)
+    assert all(row[list(TABLE_COLUMNS).index("#wrong")] == "0" for row in rows)
     out_dir = record_path(tmp_path, "common", "collectives", "x").parent
     assert sorted(p.stem for p in out_dir.glob("*.json")) == sorted(points)
     for point in points:
         record = read_record(record_path(tmp_path, "common", "collectives", point))
         params, samples = record["params"], record["samples"]
         assert record["mode"] == "measured" and record["backend"] == "gloo"
+        assert record["metrics"]["wrong_elements"]["value"] == 0  # the trace of a passed --check
         assert params["world_size"] == 2 and params["size_bytes"] in sizes_bytes(cfg)
         assert len(samples["time_ms"]) == (2 if params["size_bytes"] <= 4096 else 3)  # latency-bound: latency_iters
         assert all(bw > 0 for bw in samples["busbw_GBps"])

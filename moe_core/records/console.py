@@ -1,0 +1,83 @@
+"""What the entry points print on the console: tables in one look, and a study's summary of its records.
+
+Every console table goes through :func:`table` or :class:`RowPrinter` (tabulate's ``simple`` format:
+a header, a rule of dashes, columns two spaces apart, numbers right-aligned, ``-`` for a missing
+value), so gpu_check's checks, the collectives' sizes, the dispatcher study's cells and a study's
+summary read alike. Tables go to stdout; progress bars (tqdm) and log lines to stderr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from tabulate import tabulate
+
+MISSING = "-"  # a cell with no value (None)
+
+
+def table(rows: Sequence[Mapping[str, Any]], floatfmt: str | Sequence[str] = ".3f") -> str:
+    """``rows`` (column -> value, the first row's columns in order) as one table; ``floatfmt`` for
+    every float column, or one format per column."""
+    return tabulate(rows, headers="keys", tablefmt="simple", floatfmt=floatfmt, missingval=MISSING)
+
+
+class RowPrinter:
+    """A table printed a row at a time, as results arrive (nccl-tests prints each size when it is
+    done): :meth:`header` once, then :meth:`row` per result. Columns have fixed widths (``columns``:
+    name -> width of its widest value), so the lines stay aligned under their header."""
+
+    def __init__(self, columns: Mapping[str, int], floatfmt: str | Sequence[str] = ".2f"):
+        # tabulate sizes a column by its header (plus its padding) when no value is wider
+        self._headers = [name.rjust(width) for name, width in columns.items()]
+        self._floatfmt = floatfmt
+
+    def _render(self, rows: list[Sequence[Any]]) -> list[str]:
+        return tabulate(
+            rows,
+            headers=self._headers,
+            tablefmt="simple",
+            floatfmt=self._floatfmt,
+            missingval=MISSING,
+            colalign=("right",) * len(self._headers),
+        ).splitlines()
+
+    def header(self) -> str:
+        """The header line and its rule."""
+        return "\n".join(self._render([]))
+
+    def row(self, values: Sequence[Any]) -> str:
+        """One line: ``values`` in the columns' order (None for a missing one)."""
+        return self._render([values])[-1]
+
+
+def records_summary(records: Sequence[Mapping[str, Any]], paths: Sequence[str | Path]) -> str:
+    """What a study wrote (``records`` and the ``paths`` they were written to): how many records
+    where, and per experiment the range of its first metric over them (its headline: ``step_ms``,
+    ``time_ms``, ``inference_ms``...)."""
+    groups: dict[tuple[str, Path], list[Mapping[str, Any]]] = {}
+    for record, path in zip(records, paths):
+        groups.setdefault((record["experiment"], Path(path).parent), []).append(record)
+    rows = []
+    for (experiment, folder), group in groups.items():
+        metric = next(iter(group[0]["metrics"]), None)
+        values = [_central(r["metrics"][metric]) for r in group if metric in r["metrics"]]
+        rows.append(
+            {
+                "experiment": experiment,
+                "records": len(group),
+                "folder": str(folder),
+                "metric": metric,
+                "min": min(values, default=None),
+                "median": median(values) if values else None,
+                "max": max(values, default=None),
+            }
+        )
+    return f"wrote {len(records)} records:\n{table(rows, floatfmt='.4g')}"
+
+
+def _central(metric: Mapping[str, float]) -> float:
+    """A record's metric as one number: its median over samples, or its single value."""
+    return metric["median"] if "median" in metric else metric["value"]
