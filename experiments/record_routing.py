@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from moe_core.config.load import ConfigError, config_arg_parser, load_config
 from moe_core.dispatch import routing_trace
 from moe_core.dispatch.study import imbalance
 from moe_core.dispatch.workloads import routing, routing_counts
+from moe_core.records.console import table
 
 SYNTHETIC = ("uniform", "zipf:1.0", "lognormal:1.0", "hot_expert_set")  # the study's skews to compare with
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     layers, tokens, top_k = trace.choices.shape
     print(f"wrote {out}: {layers} MoE layers x {tokens} tokens x top-{top_k} of {trace.experts} experts")
     rows = skew_rows(trace, "recorded") + skew_rows(mock, "mock tokens") + synthetic_rows(trace, cfg.train.seed)
-    print(pd.DataFrame(rows).to_string(index=False, float_format="{:.3f}".format))
+    print(table(rows))
     return 0
 
 

@@ -86,3 +86,17 @@ def test_recording_keeps_every_moe_layers_choices_and_mock_tokens_route_otherwis
     assert (data.choices[..., 0] != data.choices[..., 1]).all()  # two distinct experts per token
     assert not np.array_equal(data.choices, mock.choices)
     assert data.meta["train_steps"] == 2 and mock.meta["mock_tokens"] is True
+
+
+def test_the_recording_command_writes_a_trace_and_compares_it_with_mock_tokens(tmp_path, capsys):
+    from experiments import record_routing
+
+    out = tmp_path / "t.npz"
+    overrides = ["moe.num_experts=8", "moe.experts_per_rank=2", "model.seq_len=16", "--train-steps", "1"]
+    assert record_routing.main([*overrides, "--name", "t", "--batch", "4", "--out", str(out)]) == 0
+    assert routing_trace.read(out).choices.shape == (2, 64, 2)  # the default model's two MoE layers
+    printed = capsys.readouterr().out
+    assert "recorded, layer 1" in printed and "mock tokens, layer 0" in printed and "zipf:1.0" in printed
+    with pytest.raises(SystemExit) as refused:
+        record_routing.main(["--name", "../x"])
+    assert refused.value.code == 2
