@@ -3,6 +3,8 @@
 # simulated); then calibration on this run's measured records and validation on the held-out ones
 # (moe_core.sim.calibrate.calibration_split decides which is which).
 
+import os
+
 from moe_core.config.points import sim_points
 
 SIM_POINTS = sim_points(CFG)  # name -> (paper, complete overrides)
@@ -40,8 +42,9 @@ rule calibrate:
         f"{RESULTS}/logs/calibrate.log",
     conda:
         "../../environment.yml"
-    # it measures how this host time-slices ranks that outnumber its cores: nothing else may run
-    threads: workflow.cores
+    # it measures how this host time-slices ranks that outnumber its cores: it holds them all (capped
+    # at --cores; a number, not workflow.cores, which a cluster executor leaves undefined)
+    threads: len(os.sched_getaffinity(0))
     localrule: True
     shell:
         "logged {log:q} python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q}"
