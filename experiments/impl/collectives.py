@@ -263,7 +263,7 @@ def bandwidth_samples(samples: dict[str, list[float]], collective: str, n: int, 
 # rank; type: the fp32 buffers of make_collective; #wrong: the elements --check found wrong, "-" without
 # --check; slowdown: of a pair, paired over alone): column -> width of its widest value.
 TABLE_COLUMNS = {
-    "collective": 21,
+    "collective": max(len(case_label(*case)) for case in CASES),
     "size(B)": 10,
     "count(elements)": 9,
     "type": 5,
