@@ -20,6 +20,7 @@ from moe_core.papers.aurora.study import (
     token_workloads,
 )
 from moe_core.papers.aurora.study import run as run_study
+from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -91,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
     except (ResultsDirError, NonFiniteMetricError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    progress(f"wrote {len(paths)} records under {cfg.results_dir}/raw/{PAPER}/")
+    progress("done")
+    print(records_summary(records, paths))
     return 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from moe_core.config.load import derive_config, hardware_profile
 from moe_core.config.points import own_layout, unstated_overrides, unstated_param, unstated_variants
@@ -239,7 +241,7 @@ def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study: each run's scaling and ablation (``study_runs``), and the ranking
     at the chosen values."""
     out = []
-    for suffix, overrides, models, variants in study_runs():
+    for suffix, overrides, models, variants in tqdm(study_runs(), desc="axonn runs", file=sys.stderr):
         run = derive_config(cfg, [*own_layout(), *overrides])
         out += [*scaling_records(run, models, suffix), *ablation_records(run, variants, suffix)]
     return [*out, *ranking_records(cfg)]

@@ -4,11 +4,13 @@ priced entry's simulated step, its error and the summary table."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
 from moe_core.records.console import table
@@ -298,9 +300,8 @@ def entry_params(entry: dict) -> dict[str, Any]:
 def step_records(cfg: DictConfig, path: str | Path = STEPS_FILE) -> list[dict]:
     """One predicted record per priced entry of ``path``."""
     records = []
-    for entry in load_entries(path):
-        if "excluded" in entry:
-            continue
+    priced = [entry for entry in load_entries(path) if "excluded" not in entry]
+    for entry in tqdm(priced, desc="external steps", file=sys.stderr):
         records.append(
             predicted_record(
                 cfg,

@@ -4,8 +4,10 @@ memory and collective points and their records."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from moe_core.config.load import derive_config, hardware_profile
 from moe_core.config.points import own_layout, point_params, unstated_variants
@@ -205,10 +207,11 @@ def collective_record(cfg: DictConfig, pod: DictConfig, partitions: int, kind: s
 def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study (validates the profiles first: a bad one fails before any simulation)."""
     profiles_by_cores(cfg)
+    models = [MODELS[i] for i in cfg.gshard.models]
+    runs = [(model, name, overrides) for model in models for name, overrides in scaling_runs(cfg, model).items()]
     scaling = [
-        scaling_record(cfg, MODELS[i], name, overrides)
-        for i in cfg.gshard.models
-        for name, overrides in scaling_runs(cfg, MODELS[i]).items()
+        scaling_record(cfg, model, name, overrides)
+        for model, name, overrides in tqdm(runs, desc="gshard scaling runs", file=sys.stderr)
     ]
     return [*scaling, *memory_records(cfg), *collective_records(cfg)]
 

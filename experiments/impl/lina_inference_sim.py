@@ -4,9 +4,11 @@ simulated inference policies at every point and their records."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from moe_core.config.load import derive_config
 from moe_core.config.points import own_layout, unstated_param, unstated_variants
@@ -117,7 +119,11 @@ def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: li
 
 
 def make_records(cfg: DictConfig) -> list[dict]:
-    return [record for (e, suffix), variant in runs(cfg).items() for record in experts_records(cfg, e, suffix, variant)]
+    """Every run's records (minutes: a progress bar counts the runs)."""
+    records = []
+    for (experts, suffix), variant in tqdm(runs(cfg).items(), desc="lina inference runs", file=sys.stderr):
+        records += experts_records(cfg, experts, suffix, variant)
+    return records
 
 
 def run(args: argparse.Namespace) -> int:

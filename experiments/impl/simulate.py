@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from moe_core.config.load import ConfigError, derive_config, load_config
 from moe_core.config.points import point_params, sim_point_name, sim_points
+from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -107,11 +108,5 @@ def run(args: argparse.Namespace) -> int:
     except (ResultsDirError, NonFiniteMetricError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    for path, record in zip(paths, records.values()):
-        m = record["metrics"]
-        print(
-            f"wrote {path}: step {m['step_ms']['median']:.2f} ms, a2a share {m['a2a_share']['median']:.1%}, "
-            f"{m['operations']['value']:.0f} ops in {m['simulation_s']['value']:.3f} s",
-            file=sys.stderr,
-        )
+    print(records_summary(list(records.values()), paths))
     return 0

@@ -24,6 +24,7 @@ from scipy import stats
 
 from moe_core.config.cli import config_arg_parser
 from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -259,5 +260,5 @@ def predictions_main(args: argparse.Namespace, make_records: Callable[[DictConfi
     except (ResultsDirError, NonFiniteMetricError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {len(paths)} records", file=sys.stderr)
+    print(records_summary(records, paths))
     return 0
