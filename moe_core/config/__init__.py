@@ -5,5 +5,6 @@
 ``validation`` (the checks a type cannot express), ``derive`` (reading, merging and deriving
 configs), ``sections`` (the error type, the check helpers and the registries papers add their
 config sections and names to), ``registry`` (the name -> object registries), ``points`` (sweep
-points and their names), ``run_checks`` (what a whole run derives, checked before it starts).
+points and their names), ``run_checks`` (what a whole run derives, checked before it starts),
+``cli`` (the entry points' ``--config``/``key=value`` command line, importable alone).
 """

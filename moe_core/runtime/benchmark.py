@@ -1,7 +1,9 @@
 """The shared skeleton of the experiments' entry points: the measured microbenchmarks
 (experiments/aurora_a2a.py, monta_a2a.py, dispatchers.py, axonn_grids.py: their timing loop, their
-records, their entry point under torchrun) and the papers' model and simulation studies
-(experiments/monta.py, axonn.py: records of single predicted values, a plain entry point).
+records, their run under torchrun: :func:`measured_main`) and the papers' model and simulation
+studies (experiments/monta.py, axonn.py: records of single predicted values, :func:`predictions_main`).
+Both take the command line already parsed (moe_core.config.cli), so an entry point answers
+``--help`` before it imports its work and this module (torch, scipy).
 
 Methodology as experiments/collectives.py: warm-up iterations, then timed ones, each after a barrier;
 a rank's sample is its own time, and the worst rank per iteration is kept (gather_worst_rank), so
