@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from experiments.inference import WORLD_SIZE_KEY
 from moe_core.config.load import ConfigError, load_config, to_container
@@ -81,7 +82,7 @@ def train(model: MoETransformer, cfg, steps: int, device: torch.device) -> dict[
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     nll_first = nll = float("nan")
     start = time.perf_counter()
-    for step in range(steps):
+    for step in tqdm(range(steps), desc="inference: training", file=sys.stderr):  # rank 0 alone
         x, y = (t.to(device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, step, 0))
         loss, nll = model(x, y)
         loss.backward()
@@ -129,7 +130,8 @@ def run_policies(model, placed, schedulers: dict[str, Scheduler], cfg, env: Env,
     local = {p: defaultdict(list) for p in schedulers}
     names = list(schedulers)
     first_step = cfg.inference.train_steps + cfg.inference.profile_batches
-    for b in range(cfg.inference.warmup_batches + cfg.inference.batches):
+    batches = range(cfg.inference.warmup_batches + cfg.inference.batches)
+    for b in tqdm(batches, desc="inference: batches", file=sys.stderr, disable=env.rank != 0):
         x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, first_step + b, env.rank))
         if b == cfg.inference.warmup_batches:
             for sched in schedulers.values():
