@@ -41,7 +41,7 @@ WORLD_SIZE_KEY = "collectives.world_size"
 CONFIG_KEYS = ("collectives", "hardware_profile", "parallel.timeout_s", "sweep.name", "results_dir", "wandb")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__, CONFIG_KEYS)
     parser.add_argument(
         "--check",
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)
     from experiments.impl.collectives import run  # torch: once the command line is parsed
 
-    sys.exit(run(args))
+    return run(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
