@@ -15,94 +15,18 @@ a failing run writes none.
 from __future__ import annotations
 
 import sys
-import time
 
-import torch
-from omegaconf import DictConfig
+from moe_core.config.cli import config_arg_parser
 
-from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container
-from moe_core.papers.aurora.study import (
-    NETWORKS,
-    PAPER,
-    aurora_points,
-    run,
-    run_sensitivity,
-    sensitivity_runs,
-    token_workloads,
-)
-from moe_core.records.results import (
-    NonFiniteMetricError,
-    ResultsDirError,
-    check_writable,
-    write_records,
-)
-from moe_core.runtime.benchmark import sim_record
-
-
-def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
-    """The hardware section of ``profile``, loaded through the schema like any run's."""
-    return load_config(args_config, [*overrides, f"hardware_profile={profile}"], whole_run=False).hardware
-
-
-def make_records(cfg: DictConfig, args_config: list[str], overrides: list[str], progress) -> list[dict]:
-    """Every record of the run (``cfg``: its config, from ``args_config`` and ``overrides``): the
-    chosen values' points, then each sensitivity run's."""
-    tokens = token_workloads(cfg, cfg.aurora.num_experts)
-    progress(f"workloads: {', '.join(tokens)}")
-    records = []
-    for suffix, variant in {"": [], **sensitivity_runs()}.items():
-        run_cfg = load_config(args_config, [*overrides, *variant], whole_run=False)
-        hardware = {
-            net: hardware_of(args_config, [*overrides, *variant], run_cfg.aurora[f"{net}_hardware"]) for net in NETWORKS
-        }
-        if suffix:
-            points = run_sensitivity(run_cfg, hardware, progress, tokens, suffix)
-        else:
-            points = run(run_cfg, hardware, progress, tokens)
-        config = to_container(run_cfg)
-        for p in points:
-            net = p.params["network"]
-            record = sim_record(
-                run_cfg,
-                paper=PAPER,
-                experiment=p.experiment,
-                point=p.name,
-                hardware=run_cfg.aurora[f"{net}_hardware"],
-                params=p.params,
-                samples=p.samples,
-                extra_metrics=p.extra,
-                config={**config, "hardware": to_container(hardware[net])},  # the profile it ran on
-            )
-            records.append(record)
-    expected = aurora_points(cfg)
-    found = {e: [r["point"] for r in records if r["experiment"] == e] for e in expected}
-    assert found == expected, "point names drifted"
-    return records
+# What it reads of the config (named by --help).
+CONFIG_KEYS = ("aurora", "model", "train.seed", "results_dir")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_arg_parser(__doc__)
-    args = parser.parse_intermixed_args(argv)
-    started = time.perf_counter()
-    torch.set_num_threads(1)  # one small model and small matrices: threads only contend (results do not depend on it)
+    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
+    from experiments.impl.aurora import run  # torch and the simulator: once the command line is parsed
 
-    def progress(msg: str) -> None:
-        print(f"aurora: {msg} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
-
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_writable(cfg.results_dir)  # before the work, not when the first record is written
-        records = make_records(cfg, args.config, args.overrides, progress)
-    except (ConfigError, ValueError, ResultsDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        write_records(records, cfg.results_dir)
-    except (ResultsDirError, NonFiniteMetricError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    progress(f"wrote {len(records)} records under {cfg.results_dir}/raw/{PAPER}/")
-    return 0
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -17,36 +17,19 @@ from __future__ import annotations
 
 import sys
 
-from omegaconf import DictConfig
+from moe_core.config.cli import config_arg_parser
 
-from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
-from moe_core.papers.axonn.sweeps import point_config as grid_point_config
-from moe_core.runtime.benchmark import predicted_record, predictions_main
-
-
-def grid_prediction_records(cfg: DictConfig) -> list[dict]:
-    """The model's prediction for every point of the measured grid sweep, on the run's testbed:
-    each record named and parametrised as the measured point's (grid_points)."""
-    out = []
-    for name, (grid, variant) in grid_points(cfg).items():
-        point = grid_point_config(cfg, grid, variant)
-        out.append(
-            predicted_record(
-                point,
-                paper=PAPER,
-                experiment=PREDICTED,
-                point=name,
-                hardware=cfg.hardware.name,
-                params=grid_point_params(point, variant),
-                metrics=predicted_metrics(point, grid),
-                backend="model",
-            )
-        )
-    return out
+# What it reads of the config (named by --help).
+CONFIG_KEYS = ("axonn", "hardware_profile", "results_dir")
 
 
 def main(argv: list[str] | None = None) -> int:
-    return predictions_main(argv, __doc__, grid_prediction_records)
+    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
+    from experiments.impl.axonn_grid_predictions import (
+        run,  # the models and the simulator: once the command line is parsed
+    )
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -19,43 +19,19 @@ calibrated profile), which the analysis joins to this one.
 
 from __future__ import annotations
 
-import sys
-
-from omegaconf import DictConfig
-
-from experiments.train_step import train
-from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_point_params, grid_points, point_config
-from moe_core.runtime.benchmark import benchmark_main, measured_record
-from moe_core.runtime.distributed import Env
+from moe_core.config.cli import config_arg_parser
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "axonn.world_size"
-
-
-def run(cfg: DictConfig, env: Env) -> list[dict]:
-    records = []
-    for name, (grid, variant) in grid_points(cfg).items():
-        point_cfg = point_config(cfg, grid, variant)
-        samples, single = train(point_cfg, env)
-        samples["comm_ms"] = [g + a for g, a in zip(samples["grid_comm_ms"], samples["allreduce_exposed_ms"])]
-        if env.rank == 0:
-            records.append(
-                measured_record(
-                    point_cfg,
-                    paper=PAPER,
-                    experiment=MEASURED,
-                    point=name,
-                    params=grid_point_params(point_cfg, variant),
-                    samples=samples,
-                    extra_metrics=single,
-                )
-            )
-            print(f"{name}: comm {sorted(samples['comm_ms'])[len(samples['comm_ms']) // 2]:.2f} ms", file=sys.stderr)
-    return records
+# What it reads of the config (named by --help).
+CONFIG_KEYS = ("axonn", "model", "train", "hardware_profile", "results_dir")
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark_main(argv, __doc__, WORLD_SIZE_KEY, run)
+    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
+    from experiments.impl.axonn_grids import run  # torch: once the command line is parsed
+
+    run(args)
 
 
 if __name__ == "__main__":

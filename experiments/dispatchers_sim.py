@@ -20,88 +20,18 @@ Records: ``results/raw/common/dispatchers_sim/<point>.json``.
 from __future__ import annotations
 
 import sys
-from itertools import groupby
 
-from omegaconf import DictConfig
+from moe_core.config.cli import config_arg_parser
 
-from experiments.dispatchers import PAPER, slug
-from experiments.simulate import sized_hardware
-from moe_core.config.load import hardware_profile, load_config
-from moe_core.dispatch import dispatcher
-from moe_core.dispatch.study import (
-    capacity_slots,
-    routing_metrics,
-    simulated_exchange_ms,
-    simulated_paths,
-    step_counts,
-    useful_rate,
-)
-from moe_core.dispatch.workloads import why_not
-from moe_core.model.capacity import DTYPE_BYTES
-from moe_core.runtime.benchmark import predicted_record, predictions_main
-
-EXPERIMENT = "dispatchers_sim"
-
-
-def sim_cells(cfg: DictConfig) -> list[tuple[str, int, str, str]]:
-    """Every simulated (hardware, ranks, skew, path) cell: each profile at each size, every skew that
-    can route there (moe_core.dispatch.workloads.why_not: a trace of fewer experts cannot), every
-    simulated path that applies (the hierarchical exchange only across nodes)."""
-    d = cfg.dispatch_study
-    per_node = {profile: hardware_profile(profile).devices_per_node for profile in d.hardware}
-    return [
-        (profile, ranks, skew, path)
-        for profile in d.hardware
-        for ranks in d.sim_world_sizes
-        for skew in d.skews
-        if why_not(skew, experts=ranks, ranks=ranks, top_k=1) is None
-        for path in simulated_paths()
-        if dispatcher(path).runs_on(ranks, per_node[profile])
-    ]
-
-
-def point_name(profile: str, ranks: int, skew: str, path: str) -> str:
-    return f"{profile}_ws{ranks}_{slug(skew)}_{path}"
-
-
-def sim_points(cfg: DictConfig) -> list[str]:
-    """Every point name one run writes (pure; the workflow declares them)."""
-    return [point_name(*cell) for cell in sim_cells(cfg)]
-
-
-def simulated_records(cfg: DictConfig) -> list[dict]:
-    d, records = cfg.dispatch_study, []
-    row_bytes = d.sim_d_model * DTYPE_BYTES["bfloat16"]
-    for (profile, ranks, skew), paths in groupby(sim_cells(cfg), key=lambda cell: cell[:3]):
-        sized = load_config(overrides=[f"hardware_profile={profile}", f"parallel.world_size={ranks}"], whole_run=False)
-        hw = sized_hardware(sized)
-        steps = step_counts(skew, ranks, d.sim_tokens_per_rank, d.seed)
-        capacity = capacity_slots(d.sim_tokens_per_rank, ranks, d.capacity_factor)
-        for *_, path in paths:
-            params = {"skew": skew, "path": path, "world_size": ranks, "tensor_parallel": 1}
-            params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
-            metrics = {
-                "exchange_ms": simulated_exchange_ms(hw, steps, capacity, row_bytes, path),
-                **routing_metrics(steps, capacity, dispatcher(path).drops, row_bytes),
-            }
-            metrics.update(useful_rate(metrics["useful_bytes"], metrics["exchange_ms"]))
-            records.append(
-                predicted_record(
-                    cfg,
-                    paper=PAPER,
-                    experiment=EXPERIMENT,
-                    point=point_name(profile, ranks, skew, path),
-                    hardware=hw.name,
-                    params=params,
-                    metrics=metrics,
-                    backend="sim",
-                )
-            )
-    return records
+# What it reads of the config (named by --help).
+CONFIG_KEYS = ("dispatch_study", "results_dir")
 
 
 def main(argv: list[str] | None = None) -> int:
-    return predictions_main(argv, __doc__, simulated_records)
+    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
+    from experiments.impl.dispatchers_sim import run  # the models and the simulator: once the command line is parsed
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from experiments.rank_watch import RankWatch, descendants
-from moe_core.config.load import ConfigError, config_arg_parser, load_config
+from moe_core.config.cli import config_arg_parser
+from moe_core.config.sections import ConfigError
 from moe_core.records.results import ResultsDirError, check_writable, staged_records
 from moe_core.runtime.processes import FAILED_RANK_EXIT_CODE, status_of
 from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
@@ -129,11 +130,24 @@ JOB_RUNTIME_MIN = 30
 SLURM_RESOURCE_KEYS = ("nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "mpi", "gpu", "gres", "tasks_per_gpu")
 
 
+# What the launcher reads of the config (named by --help); the rest is the entry point's.
+CONFIG_KEYS = ("hardware_profile", "hardware", "parallel.timeout_s", "results_dir")
+# --help: what comes after ``--``, and which keys go where (the module docstring says more).
+ENTRY_FORM = """\
+after `--`: what torchrun runs on every rank, `-m MODULE` (or a script) and that module's own
+arguments, e.g. `-- -m experiments.collectives --check`. The launcher forwards its --config files
+and key=value overrides to it, so each key is given once: the keys the launcher acts on
+(hardware_profile, hardware.*, parallel.timeout_s) before `--`, the entry point's flags after it.
+--nproc must equal the world size the module runs with (its WORLD_SIZE_KEY, e.g. collectives.world_size)."""
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``argv`` at ``--`` into the launcher's arguments and the entry point's command."""
-    parser = config_arg_parser(__doc__)
+    parser = config_arg_parser(__doc__, CONFIG_KEYS)
     parser.prog = "python -m experiments.launch"
-    parser.add_argument("--nproc", type=int, required=True, help="total number of ranks")
+    parser.usage = "%(prog)s [--config FILE]... [key=value]... --nproc N -- -m MODULE [MODULE ARGS]..."
+    parser.epilog = f"{ENTRY_FORM}\n\n{parser.epilog}"
+    parser.add_argument("--nproc", type=int, required=True, metavar="N", help="total number of ranks")
     if "--" not in argv:
         if {"-h", "--help"} & set(argv):
             parser.parse_args(["--help"])  # prints the help and exits 0
@@ -571,6 +585,8 @@ def run_emulated(cfg, entry: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, entry = parse_args(sys.argv[1:] if argv is None else argv)
+    from moe_core.config.load import load_config  # the schema and every paper: once the command line is parsed
+
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:

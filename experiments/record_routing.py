@@ -15,79 +15,27 @@ experts, top-k and tokens. Exit 2 on bad input.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
+from moe_core.config.cli import config_arg_parser
 
-from moe_core.config.load import ConfigError, config_arg_parser, load_config
-from moe_core.dispatch import routing_trace
-from moe_core.dispatch.study import imbalance
-from moe_core.dispatch.workloads import routing, routing_counts
-from moe_core.records.console import table
-
-SYNTHETIC = ("uniform", "zipf:1.0", "lognormal:1.0", "hot_expert_set")  # the study's skews to compare with
+# What it reads of the config (named by --help).
+CONFIG_KEYS = ("model", "moe", "train")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = config_arg_parser(__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = config_arg_parser(__doc__, CONFIG_KEYS)
     parser.add_argument("--name", required=True, help="the trace's name: the workload trace:<name> replays it")
     parser.add_argument("--train-steps", type=int, default=200, help="router training before the trace")
     parser.add_argument("--batch", type=int, default=32, help="sequences of the traced batch")
     parser.add_argument("--out", type=Path, help="where to write it (default: the committed traces' folder)")
-    args = parser.parse_args(argv)
-    if not routing_trace.SAFE_TRACE_NAME.fullmatch(args.name):
-        parser.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it becomes a point name)")
+    args = parser.parse_intermixed_args(argv)
     if args.train_steps < 0 or args.batch < 1:
         parser.error(f"--train-steps must be >= 0 and --batch >= 1, got {args.train_steps} and {args.batch}")
-    return args
+    from experiments.impl.record_routing import run  # the model and torch: once the command line is parsed
 
-
-def skew_rows(trace: routing_trace.RoutingTrace, label: str) -> list[dict]:
-    """Per layer of ``trace``: its imbalance factor and Gini over the experts."""
-    rows = []
-    for layer in range(trace.layers):
-        loads = np.bincount(trace.choices[layer].ravel(), minlength=trace.experts)
-        rows.append(
-            {
-                "routing": f"{label}, layer {layer}",
-                "imbalance": imbalance(loads[None]),
-                "gini": routing_trace.gini(loads),
-            }
-        )
-    return rows
-
-
-def synthetic_rows(trace: routing_trace.RoutingTrace, seed: int) -> list[dict]:
-    """The synthetic skews at the trace's experts, top-k and tokens (on one rank)."""
-    tokens = trace.choices.shape[1]
-    rows = []
-    for skew in SYNTHETIC:
-        routes = routing(
-            skew, seed=seed, step=0, tokens_per_rank=tokens, experts=trace.experts, ranks=1, top_k=trace.top_k
-        )
-        counts = routing_counts(routes, trace.experts)
-        rows.append({"routing": skew, "imbalance": imbalance(counts), "gini": routing_trace.gini(counts.sum(axis=0))})
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    trace = routing_trace.record(cfg, args.train_steps, args.batch)
-    mock = routing_trace.record(cfg, args.train_steps, args.batch, mock_tokens=True)
-    out = args.out or routing_trace.TRACES_DIR / f"{args.name}.npz"
-    routing_trace.save(trace, out)
-    layers, tokens, top_k = trace.choices.shape
-    print(f"wrote {out}: {layers} MoE layers x {tokens} tokens x top-{top_k} of {trace.experts} experts")
-    rows = skew_rows(trace, "recorded") + skew_rows(mock, "mock tokens") + synthetic_rows(trace, cfg.train.seed)
-    print(table(rows))
-    return 0
+    return run(args)
 
 
 if __name__ == "__main__":

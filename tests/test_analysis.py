@@ -24,7 +24,7 @@ from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED
 from analysis.figures import render
 from analysis.published import RegistryError, load_registry
 from analysis.registry import FIGURE_REGISTRY, REPRODUCERS, TABLE_REGISTRY, FigureDataError, reproducer
-from experiments.gshard import records as gshard_records
+from experiments.impl.gshard import records as gshard_records
 from moe_core.config.load import load_config
 from moe_core.records.results import make_record, record_path, write_record
 from moe_core.records.units import KiB, MiB

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
-from experiments.axonn import megatron_scaling, record_points, records
-from experiments.axonn_grid_predictions import grid_prediction_records
 from experiments.axonn_grid_predictions import main as predictions_main
+from experiments.impl.axonn import megatron_scaling, record_points, records
+from experiments.impl.axonn_grid_predictions import grid_prediction_records
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import moe_blocks

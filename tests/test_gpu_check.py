@@ -5,7 +5,7 @@ import json
 import torch.distributed as dist
 
 from experiments.gpu_check import main
-from experiments.op_sweep import fit
+from experiments.impl.op_sweep import fit
 
 
 def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path, capsys):

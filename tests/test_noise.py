@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import analysis.papers  # noqa: F401  (registers the figures)
 from analysis.registry import FIGURE_REGISTRY
 from experiments import calibrate, validate
+from experiments.impl import calibrate as calibration
 from moe_core.records.results import make_record, read_record
 from moe_core.runtime.noise import (
     MIN_WINDOW_S,
@@ -215,7 +216,7 @@ def _calibrate(records: list[str], out: Path, *configs: str) -> int:
 @pytest.mark.slow
 def test_calibration_keeps_the_last_good_profile_over_a_noisy_fit(measured, tmp_path, capsys):
     out = tmp_path / "calibration" / "local-cpu-calibrated.yaml"
-    last_good, noisy_fit = calibrate.last_good_path(out), calibrate.noisy_fit_path(out)
+    last_good, noisy_fit = calibration.last_good_path(out), calibration.noisy_fit_path(out)
     assert _calibrate(_with_noise(measured, QUIET, tmp_path / "quiet"), out) == 0
     good = OmegaConf.load(out)
     assert good.calibration_noise.noisy_records == 0 and last_good.read_text() == out.read_text()
@@ -238,7 +239,7 @@ def test_accept_noisy_writes_the_noisy_fit(measured, tmp_path):
     accept.write_text("calibration: {accept_noisy: true}\n")
     assert _calibrate(_with_noise(measured, NOISY, tmp_path / "noisy"), out, "--config", str(accept)) == 0
     assert OmegaConf.load(out).calibration_noise.noisy_share == 1.0
-    assert OmegaConf.load(calibrate.last_good_path(out)).calibration_noise.noisy_records == 0
+    assert OmegaConf.load(calibration.last_good_path(out)).calibration_noise.noisy_records == 0
 
 
 @pytest.mark.slow
@@ -249,7 +250,7 @@ def test_without_a_good_profile_the_noisy_fit_is_written_flagged_and_validation_
     assert "no good profile" in capsys.readouterr().err
     profile = OmegaConf.load(out)
     assert profile.calibration_noise.noisy_share == 1.0 and "from a noisy host" in profile.description
-    assert not calibrate.last_good_path(out).exists()
+    assert not calibration.last_good_path(out).exists()
 
     table = tmp_path / "sim_validation.csv"
     assert validate.main(["--calibrated", str(out), "--out", str(table), *noisy]) == 0

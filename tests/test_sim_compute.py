@@ -10,7 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from experiments.op_sweep import SWEEPS, fit, gemm_shapes, main, model_of, predicted_ms, profile_fields
+from experiments.impl.op_sweep import fit, gemm_shapes, model_of, predicted_ms, profile_fields
+from experiments.op_sweep import SWEEPS, main
 from moe_core.config.load import ConfigError, load_config
 from moe_core.model.gating import gshard_gating
 from moe_core.sim.compute import ADAM_FOREACH_OPS, ADAM_PASSES, ComputeModel, multi_tensor_launches

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.collectives import collective_points
+from experiments.impl.collectives import collective_points
 from moe_core.config.load import load_config
 from moe_core.config.points import point_name, sweep_points
 

@@ -7,5 +7,6 @@ configs), ``sections`` (the error type, the check helpers and the registries pap
 config sections and names to), ``registry`` (the name -> object registries), ``points`` (sweep
 points and their names), ``run_checks`` (what a whole run derives, checked before it starts),
 ``aliases`` (Megatron's names for two decisions, ``moe.dispatcher`` and ``parallel.expert_parallel``,
-expanded into the keys the code reads).
+expanded into the keys the code reads), ``cli`` (the entry points' ``--config``/``key=value`` command
+line, importable alone).
 """

@@ -19,7 +19,6 @@ The hardware profile is loaded from ``configs/hardware/<hardware_profile>.yaml``
 
 from __future__ import annotations
 
-import argparse
 import sys
 from contextlib import suppress
 from pathlib import Path
@@ -30,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 import moe_core.dispatch.study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
 from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
 from moe_core.config.aliases import expansion
+from moe_core.config.cli import config_arg_parser
 from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
     _dotlist,
     _load_hardware,
@@ -50,22 +50,8 @@ from moe_core.config.validation import (  # noqa: F401
     validate,
     validate_measured,
 )
-from moe_core.schedule.policies import POLICIES
 
 Config = _root_schema()
-
-
-def config_arg_parser(doc: str) -> argparse.ArgumentParser:
-    """The command line every entry point shares: ``[--config FILE]... [key=value]...``."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        help=f"key=value config overrides (e.g. moe.num_experts=8 comm.policy=overlap; "
-        f"policies: {', '.join(POLICIES)})",
-    )
-    return parser
 
 
 def load_config(

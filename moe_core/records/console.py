@@ -27,30 +27,37 @@ def table(rows: Sequence[Mapping[str, Any]], floatfmt: str | Sequence[str] = ".3
 class RowPrinter:
     """A table printed a row at a time, as results arrive (nccl-tests prints each size when it is
     done): :meth:`header` once, then :meth:`row` per result. Columns have fixed widths (``columns``:
-    name -> width of its widest value), so the lines stay aligned under their header."""
+    name -> width of its widest value), so the lines stay aligned under their header; every column
+    is right-aligned, as nccl-tests aligns its own."""
 
     def __init__(self, columns: Mapping[str, int], floatfmt: str | Sequence[str] = ".2f"):
-        # tabulate sizes a column by its header (plus its padding) when no value is wider
-        self._headers = [name.rjust(width) for name, width in columns.items()]
-        self._floatfmt = floatfmt
+        self._names = list(columns)
+        self._widths = list(columns.values())
+        self._floatfmt = [floatfmt] * len(columns) if isinstance(floatfmt, str) else list(floatfmt)
 
-    def _render(self, rows: list[Sequence[Any]]) -> list[str]:
-        return tabulate(
-            rows,
-            headers=self._headers,
+    def _lines(self, row: list[str]) -> list[str]:
+        """The header, its rule, a row that sets every column's width (not shown), then ``row``."""
+        widest = ["0" * width for width in self._widths]
+        text = tabulate(
+            [widest, row],
+            headers=self._names,
             tablefmt="simple",
-            floatfmt=self._floatfmt,
-            missingval=MISSING,
-            colalign=("right",) * len(self._headers),
-        ).splitlines()
+            disable_numparse=True,
+            colalign=("right",) * len(self._names),
+        )
+        return text.splitlines()
 
     def header(self) -> str:
         """The header line and its rule."""
-        return "\n".join(self._render([]))
+        return "\n".join(self._lines([""] * len(self._names))[:2])
 
     def row(self, values: Sequence[Any]) -> str:
         """One line: ``values`` in the columns' order (None for a missing one)."""
-        return self._render([values])[-1]
+        cells = [
+            MISSING if value is None else format(value, fmt) if isinstance(value, float) else str(value)
+            for value, fmt in zip(values, self._floatfmt)
+        ]
+        return self._lines(cells)[-1]
 
 
 def records_summary(records: Sequence[Mapping[str, Any]], paths: Sequence[str | Path]) -> str:

@@ -1,7 +1,9 @@
 """The shared skeleton of the experiments' entry points: the measured microbenchmarks
 (experiments/aurora_a2a.py, monta_a2a.py, dispatchers.py, axonn_grids.py: their timing loop, their
-records, their entry point under torchrun) and the papers' model and simulation studies
-(experiments/monta.py, axonn.py: records of single predicted values, a plain entry point).
+records, their run under torchrun: :func:`measured_main`) and the papers' model and simulation
+studies (experiments/monta.py, axonn.py: records of single predicted values, :func:`predictions_main`).
+Both take the command line already parsed (moe_core.config.cli), so an entry point answers
+``--help`` before it imports its work and this module (torch, scipy).
 
 Methodology as experiments/collectives.py: warm-up iterations, then timed ones, each after a barrier;
 a rank's sample is its own time, and the worst rank per iteration is kept (gather_worst_rank), so
@@ -10,6 +12,7 @@ every rank ends with the same samples and rank 0 writes them.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +24,9 @@ import yaml
 from omegaconf import DictConfig
 from scipy import stats
 
-from moe_core.config.load import ConfigError, config_arg_parser, load_config, to_container
+from moe_core.config.cli import config_arg_parser
+from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -110,17 +115,15 @@ class CellsFailed(Exception):
         self.records = records
 
 
-def benchmark_main(
-    argv: list[str] | None,
-    doc: str,
+def measured_main(
+    args: argparse.Namespace,
     world_size_key: str,
     run: Callable[[DictConfig, Env], list[dict]],
     check: Callable[[DictConfig], None] | None = None,
 ) -> None:
-    """Parse ``--config``/overrides, check the config (exit 2 on a bad one, before any process group),
-    run ``run(cfg, env)`` on every rank, and write its records (rank 0's) once every rank finished.
-    A failing or hung rank makes every rank exit non-zero, naming it (moe_core.runtime.distributed)."""
-    args = config_arg_parser(doc).parse_intermixed_args(argv)
+    """Load and check the config of ``args`` (``--config``/overrides; exit 2 on a bad one, before any
+    process group), run ``run(cfg, env)`` on every rank, and write its records (rank 0's) once every
+    rank finished. A failing or hung rank makes every rank exit non-zero, naming it (moe_core.runtime.distributed)."""
     try:
         cfg = load_config(args.config, args.overrides)
         if check is not None:
@@ -144,6 +147,18 @@ def benchmark_main(
         if env.rank == 0:
             print(f"error: {failure}", file=sys.stderr)
         sys.exit(1)
+
+
+def benchmark_main(
+    argv: list[str] | None,
+    doc: str,
+    world_size_key: str,
+    run: Callable[[DictConfig, Env], list[dict]],
+    check: Callable[[DictConfig], None] | None = None,
+) -> None:
+    """:func:`measured_main` of ``argv``, parsed here: for an entry point that imports its work before it
+    parses its command line (experiments/dispatchers.py), so whose ``--help`` waits for torch."""
+    measured_main(config_arg_parser(doc).parse_intermixed_args(argv), world_size_key, run, check)
 
 
 def published_entries(
@@ -231,10 +246,10 @@ def predicted_record(
     )
 
 
-def predictions_main(argv: list[str] | None, doc: str, make_records: Callable[[DictConfig], list[dict]]) -> int:
-    """Parse ``--config``/overrides, compute ``make_records(cfg)`` and write them; exit 2, writing
-    nothing, on a bad config, an unwritable results directory or a model's ValueError."""
-    args = config_arg_parser(doc).parse_intermixed_args(argv)
+def predictions_main(args: argparse.Namespace, make_records: Callable[[DictConfig], list[dict]]) -> int:
+    """Load the config of ``args`` (``--config``/overrides), compute ``make_records(cfg)``, write them
+    and print what was written; exit 2, writing nothing, on a bad config, an unwritable results
+    directory or a model's ValueError."""
     try:
         cfg = load_config(args.config, args.overrides)
         check_writable(cfg.results_dir)
@@ -243,9 +258,9 @@ def predictions_main(argv: list[str] | None, doc: str, make_records: Callable[[D
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        write_records(records, cfg.results_dir)
+        paths = write_records(records, cfg.results_dir)
     except (ResultsDirError, NonFiniteMetricError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {len(records)} records", file=sys.stderr)
+    print(records_summary(records, paths))
     return 0

@@ -1,0 +1,114 @@
+"""What ``python -m experiments.advise`` runs (its docstring describes the advice): the ranking of the
+dispatchers on the profile, and its report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from omegaconf import OmegaConf
+
+from experiments.impl.simulate import sized_hardware
+from moe_core.config.load import ConfigError, hardware_profile
+from moe_core.dispatch import DISPATCHERS
+from moe_core.dispatch.study import rank_dispatchers, study_steps
+from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.records.console import table
+
+
+def advice(args: argparse.Namespace) -> dict:
+    """The ranking, the winners and the assumptions, as one JSON-able object."""
+    hw = sized_hardware(
+        OmegaConf.create({"hardware": hardware_profile(args.hardware), "parallel": {"world_size": args.ranks}})
+    )
+    ranking = rank_dispatchers(
+        hw,
+        ranks=args.ranks,
+        experts=args.experts,
+        top_k=args.top_k,
+        tokens_per_rank=args.tokens,
+        row_bytes=args.d_model * DTYPE_BYTES[args.dtype],
+        capacity_factor=args.capacity_factor,
+        workload=args.workload,
+        seed=args.seed,
+    )
+    lossless = [row for row in ranking if row["dropped_fraction"] == 0]
+    nodes = -(-args.ranks // hw.devices_per_node)
+    skipped = [name for name, d in DISPATCHERS.items() if d.tensor_parallel]
+    return {
+        "inputs": {**vars(args), "hardware": hw.name},
+        "ranking": ranking,
+        "fastest": ranking[0]["dispatcher"],
+        "fastest_without_drops": lossless[0]["dispatcher"] if lossless else None,
+        "assumptions": [
+            "one MoE layer's dispatch then combine, not overlapped with compute: all of it is exposed",
+            f"the network model of '{hw.name}' (moe_core.sim): {args.ranks} ranks on {nodes} node(s) of "
+            f"{hw.devices_per_node}, intra-node {hw.intra_node_GBps:g} GB/s, {hw.nics_per_node} NIC(s) of "
+            f"{hw.nic_GBps:g} GB/s per node; a prediction, not a measurement (a measured run's "
+            "tables/dispatchers_vs_model.csv says how close it comes on that testbed)",
+            f"{args.experts // args.ranks} expert(s) per rank, contiguous; capacity paths keep "
+            f"ceil({args.capacity_factor:g} x top-k x tokens / experts) slots per expert and source rank",
+            f"routing: workload '{args.workload}', seed {args.seed}, mean over its "
+            f"{study_steps(args.workload, args.ranks)} step(s)",
+            f"not ranked: the tensor-parallel dispatchers ({', '.join(skipped)}), simulated inside "
+            "training steps (experiments/simulate.py)",
+        ],
+    }
+
+
+def report(result: dict) -> str:
+    """The advice as text: the table, the winners by how much, the assumptions."""
+    a, ranking = result["inputs"], result["ranking"]
+    lines = [
+        f"Which dispatcher: {a['ranks']} ranks of {a['hardware']}, {a['experts']} experts, top-{a['top_k']}, "
+        f"{a['tokens']} tokens per rank of {a['d_model']} {a['dtype']}, workload {a['workload']} "
+        f"(imbalance {ranking[0]['imbalance']:.2f}: max tokens per expert / mean)",
+        "",
+        table(
+            [
+                {
+                    "dispatcher": row["dispatcher"],
+                    "time(ms)": row["exchange_ms"],
+                    "vs fastest(x)": row["vs_fastest"],
+                    "dropped": row["dropped_fraction"],
+                    "useful(GB/s)": row.get("useful_GBps"),
+                }
+                for row in ranking
+            ],
+            floatfmt=("", ".3f", ".2f", ".1%", ".1f"),
+        ),
+    ]
+    best = ranking[0]
+    lines.append("")
+    if len(ranking) > 1:
+        lines.append(
+            f"Fastest: {best['dispatcher']}, {ranking[1]['vs_fastest']:.2f}x faster than {ranking[1]['dispatcher']}"
+            + (f", but it drops {best['dropped_fraction']:.1%} of the tokens" if best["dropped_fraction"] else "")
+            + "."
+        )
+    lossless = [row for row in ranking if row["dropped_fraction"] == 0]
+    if lossless and lossless[0] is not best:
+        margin = (
+            f", {lossless[1]['exchange_ms'] / lossless[0]['exchange_ms']:.2f}x faster than {lossless[1]['dispatcher']}"
+            if len(lossless) > 1
+            else ""
+        )
+        lines.append(
+            f"Fastest that drops nothing: {lossless[0]['dispatcher']}{margin} "
+            f"({lossless[0]['vs_fastest']:.2f}x the fastest's time)."
+        )
+    lines += ["", "Assumptions:", *(f"- {item}" for item in result["assumptions"])]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The advice for ``args`` (experiments.advise's command line), as text or JSON; exit code 2 for
+    a profile that does not load or lacks a rate the model needs."""
+    try:
+        result = advice(args)
+    except (ConfigError, ValueError) as err:  # a profile that does not load, or lacks a rate the model needs
+        print(f"error: --hardware {args.hardware}: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else report(result))
+    return 0
