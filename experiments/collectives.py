@@ -31,8 +31,6 @@ of them at the end, so a failed run leaves no partial set of new records.
 
 from __future__ import annotations
 
-import sys
-
 from moe_core.config.cli import config_arg_parser
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)
     from experiments.impl.collectives import run  # torch: once the command line is parsed
 
-    sys.exit(run(args))
+    run(args)
 
 
 if __name__ == "__main__":
