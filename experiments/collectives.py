@@ -16,10 +16,10 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
   compares numbers taken under the same conditions.
 
 Methodology (reference/peers.md §4): warm-up iterations, then per timed iteration a barrier and
-one timed call (more iterations for latency-bound sizes, :func:`timed_iterations`) (``perf_counter``
-on CPU, CUDA events on GPU); each iteration keeps the worst rank.
+one timed call (more iterations for latency-bound sizes: experiments.impl.collectives.timed_iterations)
+(``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
-(:func:`bus_bandwidth_factor`); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
+(experiments.impl.collectives.bus_bandwidth_factor); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
 before timing it (all-reduce: the sum of the rank ids; all-to-alls: from each peer exactly its
 elements, of its rank id) and counts the wrong elements over all ranks: a point with any is not
 timed, and the run exits 1 naming it once the others are measured; a passed check leaves
@@ -31,8 +31,6 @@ of them at the end, so a failed run leaves no partial set of new records.
 
 from __future__ import annotations
 
-import sys
-
 from moe_core.config.cli import config_arg_parser
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
@@ -41,7 +39,7 @@ WORLD_SIZE_KEY = "collectives.world_size"
 CONFIG_KEYS = ("collectives", "hardware_profile", "parallel.timeout_s", "sweep.name", "results_dir", "wandb")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = config_arg_parser(__doc__, CONFIG_KEYS)
     parser.add_argument(
         "--check",
@@ -51,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     from experiments.impl.collectives import run  # torch: once the command line is parsed
 
-    return run(args)
+    run(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -32,7 +32,7 @@ import sys
 # Full sizes keep every GEMM large (expert GEMMs: 4096 x 2048 x 8192 per expert) so an H200 is
 # compute-bound; E*C = top_k * tokens at capacity_factor 1, so padded MoE FLOPs = dense FLOPs.
 # ``points``: further (tokens, d_model, d_ff, experts, top_k) settings of the throughput table, each
-# in every MODES routing mode.
+# in every routing mode of the table (MODES, experiments/impl/gpu_check.py).
 SIZES = {
     "full": dict(
         batch=8,

@@ -17,12 +17,12 @@ from tqdm import tqdm
 
 from experiments.collectives import WORLD_SIZE_KEY
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
-from moe_core.config.load import ConfigError, load_config
+from moe_core.config.load import ConfigError
 from moe_core.records.console import RowPrinter
-from moe_core.records.results import exit_if_unwritable, write_records
+from moe_core.records.results import write_records
 from moe_core.records.tracking import log_point
-from moe_core.runtime.benchmark import CellsFailed, measured_record
-from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record
+from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 PAPER, EXPERIMENT = "common", "collectives"
@@ -333,14 +333,13 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
 
 
 def save(records: list[dict], cfg: DictConfig) -> None:
-    """Write every record, then mirror a few to W&B.
+    """Write every record (rank 0's; the others have none), then mirror a few to W&B.
 
     One W&B run per record would be ~50 runs per benchmark, so only the pair records (the overlap
     question) and the largest size of each collective alone (its peak bandwidth) are logged; the
     JSON records hold everything.
     """
-    with exit_if_unwritable():
-        paths = write_records(records, cfg.results_dir)
+    paths = write_records(records, cfg.results_dir)
     if paths:
         print(f"wrote {len(paths)} records under {paths[0].parent}/", file=sys.stderr)
     max_bytes = sizes_bytes(cfg)[-1]
@@ -350,29 +349,6 @@ def save(records: list[dict], cfg: DictConfig) -> None:
             log_point(record, cfg, group=f"collectives-{cfg.sweep.name}")
 
 
-def run(args: argparse.Namespace) -> int:
-    """The benchmark on every rank for ``args`` (experiments.collectives' command line): exit code 2
-    for a bad config (before any process group), 1 when --check found wrong results."""
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_sizes(cfg)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
-    failure = None
-    try:
-        with naming_failed_ranks(env):
-            try:
-                records = run_benchmark(cfg, env, args.check)
-            except CellsFailed as err:
-                records, failure = err.records, err
-        if env.rank == 0:
-            save(records, cfg)
-    finally:
-        shutdown()
-    if failure is not None:
-        if env.rank == 0:
-            print(f"error: {failure}", file=sys.stderr)
-        return 1
-    return 0
+def run(args: argparse.Namespace) -> None:
+    """The benchmark on every rank for ``args`` (experiments.collectives' command line)."""
+    measured_main(args, WORLD_SIZE_KEY, lambda cfg, env: run_benchmark(cfg, env, args.check), check_sizes, save)

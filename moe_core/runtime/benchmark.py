@@ -120,10 +120,14 @@ def measured_main(
     world_size_key: str,
     run: Callable[[DictConfig, Env], list[dict]],
     check: Callable[[DictConfig], None] | None = None,
+    save: Callable[[list[dict], DictConfig], None] | None = None,
 ) -> None:
     """Load and check the config of ``args`` (``--config``/overrides; exit 2 on a bad one, before any
-    process group), run ``run(cfg, env)`` on every rank, and write its records (rank 0's) once every
-    rank finished. A failing or hung rank makes every rank exit non-zero, naming it (moe_core.runtime.distributed)."""
+    process group), run ``run(cfg, env)`` on every rank, and write its records (rank 0's; the others
+    have none) once every rank finished, with ``save(records, cfg)`` where given (to mirror some to
+    W&B, say). A failing or hung rank makes every rank exit non-zero, naming it
+    (moe_core.runtime.distributed); cells that failed their check (CellsFailed) exit 1 once the
+    others are written."""
     try:
         cfg = load_config(args.config, args.overrides)
         if check is not None:
@@ -140,7 +144,10 @@ def measured_main(
             except CellsFailed as err:
                 records, failure = err.records, err
         with exit_if_unwritable():
-            write_records(records, cfg.results_dir)  # rank 0's; the others have none
+            if save is None:
+                write_records(records, cfg.results_dir)
+            else:
+                save(records, cfg)
     finally:
         shutdown()
     if failure is not None:
