@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
     from experiments.impl.aurora_a2a import run  # torch: once the command line is parsed
 
-    run(args)
+    run(args, WORLD_SIZE_KEY)
 
 
 if __name__ == "__main__":

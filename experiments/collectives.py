@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)
     from experiments.impl.collectives import run  # torch: once the command line is parsed
 
-    run(args)
+    run(args, WORLD_SIZE_KEY)
 
 
 if __name__ == "__main__":

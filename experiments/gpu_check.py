@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from experiments.impl.gpu_check import run  # torch: once the command line is parsed
 
-    return run(args)
+    return run(args, SIZES[args.sizes])
 
 
 if __name__ == "__main__":

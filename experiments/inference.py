@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     from experiments.impl.inference import run  # torch: once the command line is parsed
 
-    return run(args)
+    return run(args, WORLD_SIZE_KEY)
 
 
 if __name__ == "__main__":

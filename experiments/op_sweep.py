@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from experiments.impl.op_sweep import run  # torch, scipy: once the command line is parsed
 
-    return run(args)
+    return run(args, SWEEPS[args.sweep])
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--profile-steps must be at least 1, got {args.profile_steps}")
     from experiments.impl.train_step import run  # torch: once the command line is parsed
 
-    return run(args)
+    return run(args, WORLD_SIZE_KEY)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from experiments.aurora_a2a import WORLD_SIZE_KEY
 from moe_core.comm.ordered_a2a import ordered_all_to_all_single
 from moe_core.comm.transmission import lower_bound, make_schedule
 from moe_core.comm.workloads import ELEMENT_BYTES
@@ -143,6 +142,6 @@ def check_traces(cfg: DictConfig) -> None:
         raise ConfigError("config key 'aurora.gating_zipf': the measured run needs at least one gating trace")
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, world_size_key: str) -> None:
     """The measurement on every rank for ``args`` (experiments.aurora_a2a's command line)."""
-    measured_main(args, WORLD_SIZE_KEY, run_benchmark, check=check_traces)
+    measured_main(args, world_size_key, run_benchmark, check=check_traces)

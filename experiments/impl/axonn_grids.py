@@ -8,7 +8,6 @@ import sys
 
 from omegaconf import DictConfig
 
-from experiments.axonn_grids import WORLD_SIZE_KEY
 from experiments.impl.train_step import train
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_point_params, grid_points, point_config
 from moe_core.runtime.benchmark import measured_main, measured_record
@@ -38,6 +37,6 @@ def grid_records(cfg: DictConfig, env: Env) -> list[dict]:
     return records
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, world_size_key: str) -> None:
     """The sweep on every rank for ``args`` (experiments.axonn_grids' command line)."""
-    measured_main(args, WORLD_SIZE_KEY, grid_records)
+    measured_main(args, world_size_key, grid_records)

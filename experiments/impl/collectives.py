@@ -15,7 +15,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from experiments.collectives import WORLD_SIZE_KEY
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from moe_core.config.load import ConfigError
 from moe_core.records.console import RowPrinter
@@ -349,6 +348,6 @@ def save(records: list[dict], cfg: DictConfig) -> None:
             log_point(record, cfg, group=f"collectives-{cfg.sweep.name}")
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, world_size_key: str) -> None:
     """The benchmark on every rank for ``args`` (experiments.collectives' command line)."""
-    measured_main(args, WORLD_SIZE_KEY, lambda cfg, env: run_benchmark(cfg, env, args.check), check_sizes, save)
+    measured_main(args, world_size_key, lambda cfg, env: run_benchmark(cfg, env, args.check), check_sizes, save)

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from experiments.gpu_check import SIZES
 from experiments.impl.op_sweep import measure_ops
 from moe_core.config.load import load_config
 from moe_core.model.capacity import capacity
@@ -307,14 +306,13 @@ def print_summary(checks: dict, passed: dict, device: torch.device) -> None:
     print(f"\nthroughput, forward split:\n{table(points)}")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, sizes: dict) -> int:
     """Every check for ``args`` (experiments.gpu_check's command line); the record and the summary."""
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible; use --device cpu --sizes cpu", file=sys.stderr)
         return 2
     device = torch.device(args.device)
     hardware = load_config(overrides=[f"hardware_profile={PROFILE[device.type]}"], whole_run=False).hardware
-    sizes = SIZES[args.sizes]
 
     def progress(what: str) -> None:
         print(f"gpu_check on {device.type}: {what}", file=sys.stderr, flush=True)

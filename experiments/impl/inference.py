@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from experiments.inference import WORLD_SIZE_KEY
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
@@ -177,7 +176,7 @@ def policy_metrics(samples: dict[str, list[float]], ideal_median_ms: float, sche
     return extra
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, world_size_key: str) -> int:
     """Every policy's inference on every rank for ``args`` (experiments.inference's command line):
     exit code 2 for a bad config, before any process group is created."""
     try:
@@ -185,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
+    env = init_distributed(cfg, world_size_key=world_size_key)
     try:
         with naming_failed_ranks(env):
             model, info = trained_model(cfg, args, env)

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from experiments.monta_a2a import WORLD_SIZE_KEY
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.papers.monta.config import exchange_buffer_shape
@@ -150,6 +149,6 @@ def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
     return records
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, world_size_key: str) -> None:
     """The measurement on every rank for ``args`` (experiments.monta_a2a's command line)."""
-    measured_main(args, WORLD_SIZE_KEY, run_benchmark)
+    measured_main(args, world_size_key, run_benchmark)

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import least_squares
 
-from experiments.op_sweep import SWEEPS
 from moe_core.records.results import atomic_output, environment, write_record
 from moe_core.runtime.timing import PhaseTimer
 from moe_core.sim.compute import ComputeModel
@@ -190,7 +189,7 @@ def load_sweep(path: str) -> dict:
     return sweep
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, sizes: dict) -> int:
     """Measure (or refit) and write for ``args`` (experiments.op_sweep's command line); exit code 2,
     writing nothing, on a device that is not there or a record without a sweep."""
     if args.device == "cuda" and not args.fit and not torch.cuda.is_available():
@@ -202,9 +201,8 @@ def run(args: argparse.Namespace) -> int:
             sweep = load_sweep(args.fit)
         else:
             torch.set_num_threads(args.threads)
-            s = SWEEPS[args.sweep]
-            iters = (s["warmup_iters"], s["timed_iters"])
-            sweep = measure_ops(device, getattr(torch, args.dtype), gemm_shapes(s), s["memory_elements"], iters)
+            iters = (sizes["warmup_iters"], sizes["timed_iters"])
+            sweep = measure_ops(device, getattr(torch, args.dtype), gemm_shapes(sizes), sizes["memory_elements"], iters)
         fitted = fit(sweep)
         record = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from experiments.train_step import WORLD_SIZE_KEY
 from moe_core.config.load import ConfigError, load_config, validate_measured
 from moe_core.config.points import point_name, point_params
 from moe_core.model.data import MarkovTokens
@@ -180,7 +179,7 @@ def summarise(
     return samples, single_metrics
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, world_size_key: str) -> int:
     """One measured point on every rank for ``args`` (experiments.train_step's command line): exit
     code 2 for a bad config, before any process group is created."""
     try:
@@ -190,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    env = init_distributed(cfg, world_size_key=WORLD_SIZE_KEY)
+    env = init_distributed(cfg, world_size_key=world_size_key)
     try:
         with naming_failed_ranks(env):
             samples, single_metrics = train(cfg, env, args.profile, args.profile_steps)
