@@ -540,3 +540,12 @@ def test_every_key_of_the_megatron_name_map_exists():
     cfg = load_config()
     missing = [key for key in keys if OmegaConf.select(cfg, key, default=None) is None]
     assert not missing, f"moe_core/README.md names keys the config lacks: {missing}"
+
+
+def test_the_sections_order_does_not_depend_on_what_was_imported_first():
+    """Importing the papers' registry before the config loader (analysis does, to colour the
+    dispatchers) gives the same sections in the same order, so the same digest."""
+    code = "import moe_core.papers; from moe_core.config.load import load_config; print(list(load_config()))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert first.stdout.strip() == str(list(load_config()))

@@ -7,6 +7,9 @@ every name in ``PAPERS``, with a target ``snakemake <paper>``) and one analysis 
 (analysis/papers/<paper>.py).
 """
 
+# The core's dispatcher study registers its config section before the papers' do, whichever of the
+# two is imported first: the sections' order is the resolved config's, and so its digest.
+import moe_core.dispatch.study  # noqa: F401
 from moe_core.config.sections import register_papers
 from moe_core.papers import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
 
