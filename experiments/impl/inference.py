@@ -23,7 +23,7 @@ from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, pr
 from moe_core.records.results import atomic_output, exit_if_unwritable, record_path, write_record
 from moe_core.records.tracking import log_point
 from moe_core.runtime.benchmark import measured_record
-from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 PAPER, EXPERIMENT = "lina", "inference"
@@ -252,6 +252,7 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
                     file=sys.stderr,
                 )
                 log_point(record, cfg, step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")})
+        leave_together(env)
     finally:
         shutdown()
     return 0

@@ -26,7 +26,7 @@ from moe_core.records.results import exit_if_unwritable, record_path, write_reco
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.records.tracking import log_point
 from moe_core.runtime.benchmark import measured_record
-from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, TIMED_STEP, step_profiler, write_profile
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 from moe_core.schedule.executor import make_policy, make_relayout
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
             log_point(
                 record, cfg, step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")}
             )
+        leave_together(env)
     finally:
         shutdown()
     return 0

@@ -35,7 +35,7 @@ from moe_core.records.results import (
     make_record,
     write_records,
 )
-from moe_core.runtime.distributed import Env, init_distributed, naming_failed_ranks, shutdown
+from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 
@@ -148,6 +148,7 @@ def measured_main(
                 write_records(records, cfg.results_dir)
             else:
                 save(records, cfg)
+        leave_together(env)
     finally:
         shutdown()
     if failure is not None:

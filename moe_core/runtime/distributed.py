@@ -344,6 +344,24 @@ def inject_fault(point: str, rank: int) -> None:
         os.kill(os.getpid(), signal.Signals[name])
 
 
+def leave_together(env: Env) -> None:
+    """Wait, after a successful run, until every rank is done (rank 0 writes the records meanwhile)
+    before any rank tears its process group down.
+
+    A rank that destroys its gloo process group while a peer still holds its connections open now
+    and then aborts at exit ("terminate called without an active exception", SIGABRT) after it
+    wrote its record: seen on the two-agent SLURM path, where rank 0 wrote while rank 1 had already
+    left. Leaving together is what torch's own examples do before ``destroy_process_group``. A peer
+    that fails here is named like one that fails at work.
+    """
+    if env.world_size == 1:
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as err:
+        env.health.exit_naming_failed_ranks("stopped before teardown", err)
+
+
 def shutdown() -> None:
     """Stop the heartbeat and leave the process group (after a successful run). A rank that hangs
     here is found by the launcher (experiments.rank_watch), not by the others, which have left."""
