@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.sections import ConfigError
+from moe_core.config.sections import ConfigError, layer_sets
 from moe_core.model.capacity import expert_tensor_parallel
 
 UNSET = {"moe.dispatcher": "", "parallel.expert_parallel": 0}
@@ -34,9 +34,9 @@ def expansion(cfg: DictConfig, layers: list) -> DictConfig | None:
     for alias, (keys_of, sets) in ALIASES.items():
         if OmegaConf.select(cfg, alias) == UNSET[alias]:
             continue
-        stated = [layer for layer in layers if _sets(layer, alias) or any(_sets(layer, k) for k in keys_of())]
+        stated = [layer for layer in layers if layer_sets(layer, alias) or any(layer_sets(layer, k) for k in keys_of())]
         latest = stated[-1] if stated else None
-        if latest is not None and not _sets(latest, alias):
+        if latest is not None and not layer_sets(latest, alias):
             changes[alias] = UNSET[alias]  # a later layer states the decision by its own keys
             continue
         keys = sets(cfg)
@@ -54,10 +54,6 @@ def expansion(cfg: DictConfig, layers: list) -> DictConfig | None:
     for key, value in changes.items():
         OmegaConf.update(layer, key, value)
     return layer
-
-
-def _sets(layer, key: str) -> bool:
-    return isinstance(layer, DictConfig) and OmegaConf.select(layer, key, throw_on_missing=False) is not None
 
 
 def _dispatcher_keys(cfg: DictConfig) -> dict:

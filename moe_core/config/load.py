@@ -24,7 +24,6 @@ from contextlib import suppress
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 import moe_core.dispatch.study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
 from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
@@ -42,7 +41,7 @@ from moe_core.config.derive import (  # noqa: F401  (the names every entry point
 )
 from moe_core.config.run_checks import check_run
 from moe_core.config.schema import CommConfig, HardwareConfig, _root_schema, head_dim, kv_heads  # noqa: F401
-from moe_core.config.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError  # noqa: F401  (re-exported)
+from moe_core.config.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError, layer_sets  # noqa: F401  (re-exported)
 from moe_core.config.validation import (  # noqa: F401
     COMPUTE_PHASES,
     micro_batch_config,
@@ -113,20 +112,12 @@ def _blame_set_key(err: ConfigError, layers: list) -> ConfigError:
     if group is None:
         return err
     for layer in reversed(layers):
-        set_keys = [key for key in group if _sets(layer, key)]
+        set_keys = [key for key in group if layer_sets(layer, key)]
         if match[1] in set_keys:
             return err
         if set_keys:
             return ConfigError(f"config key '{set_keys[0]}': {str(err)[match.end() :]}")
     return err
-
-
-def _sets(layer, key: str) -> bool:
-    """Whether a user layer sets ``key`` (a dotted key, or a section of it)."""
-    try:
-        return isinstance(layer, DictConfig) and OmegaConf.select(layer, key, throw_on_missing=False) is not None
-    except OmegaConfBaseException:
-        return False
 
 
 def save_config(cfg: DictConfig, path: str | Path) -> bool:

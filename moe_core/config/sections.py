@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from moe_core.config.registry import Registry
 
@@ -25,6 +26,15 @@ CONFIG_DIR = REPO_ROOT / "configs"
 COLLECTIVE_CURVES_DIR = CONFIG_DIR / "collective_curves"  # measured collective efficiency curves
 # Names that become path components (papers, sweep names): no separators, no shell metacharacters.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")  # \Z: "$" would let a final newline through
+
+
+def layer_sets(layer, key: str) -> bool:
+    """Whether a user's config layer (a file, the overrides) sets ``key``: a dotted key, or a
+    section of it."""
+    try:
+        return isinstance(layer, DictConfig) and OmegaConf.select(layer, key, throw_on_missing=False) is not None
+    except OmegaConfBaseException:
+        return False
 
 
 class ConfigError(ValueError):
