@@ -10,7 +10,9 @@ over ``--ranks`` expert-parallel ranks, top-k, tokens per rank, hidden size and 
 workload (moe_core.dispatch.workloads: uniform, zipf:<s>, lognormal:<sigma>, or one of Megatron-LM's
 imbalance workloads such as hot_rank or source_ragged), every registered dispatcher that applies is
 priced by the network model (moe_core.dispatch.study.rank_dispatchers): dispatch then combine,
-the tokens each capacity path drops, the useful bytes and their rate. It says which wins and by how
+the tokens each capacity path drops, the part of the exchange left exposed (all of it: none of the
+ranked exchanges overlaps compute), the useful bytes, the bytes each path moves and their rates
+(busbw: bytes moved per rank over the time). It says which wins and by how
 much, which wins among those that drop nothing, and the assumptions. Exit 2 on bad input, naming
 the option. No processes, seconds of CPU.
 """

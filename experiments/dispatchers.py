@@ -25,10 +25,13 @@ Methodology as experiments/collectives.py: warm-up, timed iterations with a barr
 the worst rank per iteration, ``dispatch_study.repeats`` repeats of that (each with its own
 warm-up; in one process, not separate launches) summarised by their medians' mean and its 95%
 interval (moe_core.runtime.benchmark.repeated_iterations). A record's ``imbalance`` is its steps'
-worst, ``dropped_fraction`` and ``useful_bytes`` (what had to cross between ranks, there and back)
-their mean, ``useful_GBps`` the useful bytes over the median time. Rank 0 prints the cells as a
-table in the manner of nccl-tests. Records: ``results/raw/common/dispatchers/<point>.json``, all
-written at the end.
+worst, ``dropped_fraction``, ``useful_bytes`` (what had to cross between ranks, there and back) and
+``bytes_moved`` (what the path sends between ranks: its traffic,
+moe_core.dispatch.base.Dispatcher.traffic, the description the simulator prices) their mean;
+``useful_GBps`` is the useful bytes over the median time, ``algbw_GBps`` the same per rank and
+``busbw_GBps`` the bytes moved per rank over it (moe_core.dispatch.study.bandwidths). Rank 0 prints
+the cells as a table in the manner of nccl-tests. Records:
+``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """
 
 from __future__ import annotations
@@ -44,13 +47,12 @@ from omegaconf import DictConfig
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
 from moe_core.dispatch.study import (
+    cell_metrics,
     measured_capacity,
     measured_paths,
-    routing_metrics,
     simulated_paths,
     study_steps,
     token_counts,
-    useful_rate,
 )
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
@@ -203,12 +205,15 @@ def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
 
 
 def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], samples: list[float], spread: dict) -> dict:
-    """The record of one (skew, dispatcher) cell: its samples, routing, useful bytes and interval."""
+    """The record of one (skew, dispatcher) cell: its samples, routing, bytes and rates, interval."""
     d, path = cfg.dispatch_study, dispatcher(name)
     counts, capacity = ("counts_tp", "capacity_tp") if path.tensor_parallel else ("counts", "capacity")
     capacity = steps[0][capacity]
-    extra = routing_metrics([w[counts] for w in steps], capacity, path.drops, d.d_model * DTYPE_BYTES["float32"])
-    extra.update(spread, **useful_rate(extra["useful_bytes"], float(np.median(samples))), wrong_rows=0)
+    row_bytes, exchange_ms = d.d_model * DTYPE_BYTES["float32"], float(np.median(samples))
+    extra = cell_metrics(
+        name, [w[counts] for w in steps], capacity, row_bytes, cfg.hardware.devices_per_node, exchange_ms, d
+    )
+    extra.update(spread, wrong_rows=0)
     return measured_record(
         cfg,
         paper=PAPER,
@@ -222,7 +227,8 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
 
 def results_table(records: list[dict]) -> str:
     """The cells as nccl-tests prints its results: one line per workload and dispatcher, the median
-    round trip of the worst rank with the repeats' 95% interval, useful bytes and their rate."""
+    round trip of the worst rank with the repeats' 95% interval, the useful bytes and the bytes the
+    path moved, and their rates (moe_core.dispatch.study.bandwidths)."""
     rows = []
     for r in records:
         m = r["metrics"]
@@ -232,9 +238,12 @@ def results_table(records: list[dict]) -> str:
                 "dispatcher": r["params"]["path"],
                 "tokens": r["params"]["tokens_per_rank"],
                 "useful(B)": int(m["useful_bytes"]["value"]),
+                "moved(B)": int(m["bytes_moved"]["value"]),
                 "time(ms)": m["exchange_ms"]["median"],
                 "ci95(ms)": f"{m['exchange_ms_ci95_low']['value']:.3f}-{m['exchange_ms_ci95_high']['value']:.3f}",
                 "useful(GB/s)": m["useful_GBps"]["value"] if "useful_GBps" in m else None,
+                "algbw(GB/s)": m["algbw_GBps"]["value"] if "algbw_GBps" in m else None,
+                "busbw(GB/s)": m["busbw_GBps"]["value"] if "busbw_GBps" in m else None,
                 "dropped": m["dropped_fraction"]["value"],
                 "#wrong": int(m["wrong_rows"]["value"]),
             }

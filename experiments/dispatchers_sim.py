@@ -11,8 +11,10 @@ times the dispatch and the combine (moe_core.sim). A skew that cannot route at a
 trace of fewer experts than the GPUs) and a path that does not apply there (the hierarchical
 exchange within one node) have no cell. A workload that changes between steps is simulated on each
 step of its period: ``exchange_ms`` is their mean (the time per iteration of a long run),
-``imbalance`` their worst, ``dropped_fraction`` and ``useful_bytes`` their mean, ``useful_GBps`` the
-useful bytes over that time (where any had to move). The tensor-parallel dispatchers are not simulated here: the
+``imbalance`` their worst, ``dropped_fraction``, ``useful_bytes`` and ``bytes_moved`` (what the path
+sends between ranks: the traffic it states, which the simulator priced) their mean, and the rates
+over that time: ``useful_GBps``, ``algbw_GBps`` and ``busbw_GBps`` (moe_core.dispatch.study.bandwidths).
+The tensor-parallel dispatchers are not simulated here: the
 measured study times them, and at scale they are simulated inside training steps (MoNTA's figures).
 Records: ``results/raw/common/dispatchers_sim/<point>.json``.
 """

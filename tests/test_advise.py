@@ -42,6 +42,9 @@ def test_the_command_names_the_winners_and_its_assumptions(capsys):
     assert result["fastest"] == rows[0]["dispatcher"]
     assert result["fastest_without_drops"] == next(r["dispatcher"] for r in rows if r["dropped_fraction"] == 0)
     assert result["inputs"]["hardware"] == "monta-a800-2x8" and len(result["assumptions"]) >= 4
+    # none of the ranked exchanges overlaps compute: all of it is exposed, and the assumptions say so
+    assert all(r["exposed_ms"] == r["exchange_ms"] and r["bytes_moved"] > 0 for r in rows)
+    assert any("exposed" in item for item in result["assumptions"])
     assert main(["--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank"]) == 0
     text = capsys.readouterr().out
     assert (

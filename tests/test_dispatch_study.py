@@ -142,6 +142,12 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
             assert m["useful_GBps"]["value"] == pytest.approx(
                 m["useful_bytes"]["value"] / (m["exchange_ms"]["median"] * 1e-3) / 1e9
             )
+            # busbw: the bytes the path moved, per rank (moe_core.dispatch.study.bandwidths)
+            assert m["busbw_GBps"]["value"] == pytest.approx(
+                m["bytes_moved"]["value"] / 2 / (m["exchange_ms"]["median"] * 1e-3) / 1e9
+            )
+            if record["params"]["path"] == "capacity":  # both ways, every slot to the other rank
+                assert m["bytes_moved"]["value"] == 2 * record["params"]["capacity"] * 32 * 4 * 2
     # each measured cell the simulator prices, predicted on a profile and set beside its measurement
     profile = "dispatch_study.model_profile=monta-a800-2x8"
     assert dispatchers_predictions.main(["--config", "configs/default.yaml", *overrides, profile]) == 0
@@ -159,7 +165,10 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert row.measured_over_predicted == row.exchange_ms / row.predicted_exchange_ms
     # the nccl-tests-style table on the console: a line per cell
     lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
-    assert "useful(GB/s)" in result.stdout and "#wrong" in result.stdout and len(lines) == 2 * 6
+    assert (
+        all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong"))
+        and len(lines) == 2 * 6
+    )
 
 
 def test_a_registered_dispatcher_joins_both_studies_and_the_config():

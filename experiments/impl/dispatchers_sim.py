@@ -14,11 +14,10 @@ from moe_core.config.load import hardware_profile, load_config
 from moe_core.dispatch import dispatcher
 from moe_core.dispatch.study import (
     capacity_slots,
-    routing_metrics,
+    cell_metrics,
     simulated_exchange_ms,
     simulated_paths,
     step_counts,
-    useful_rate,
 )
 from moe_core.dispatch.workloads import why_not
 from moe_core.model.capacity import DTYPE_BYTES
@@ -64,11 +63,11 @@ def simulated_records(cfg: DictConfig) -> list[dict]:
         for *_, path in paths:
             params = {"skew": skew, "path": path, "world_size": ranks, "tensor_parallel": 1}
             params.update(tokens_per_rank=d.sim_tokens_per_rank, capacity=capacity)
+            exchange_ms = simulated_exchange_ms(hw, steps, capacity, row_bytes, path)
             metrics = {
-                "exchange_ms": simulated_exchange_ms(hw, steps, capacity, row_bytes, path),
-                **routing_metrics(steps, capacity, dispatcher(path).drops, row_bytes),
+                "exchange_ms": exchange_ms,
+                **cell_metrics(path, steps, capacity, row_bytes, hw.devices_per_node, exchange_ms),
             }
-            metrics.update(useful_rate(metrics["useful_bytes"], metrics["exchange_ms"]))
             records.append(
                 predicted_record(
                     cfg,

@@ -2,7 +2,9 @@
 
 A dispatcher is one class (as Megatron-Core's ``MoETokenDispatcher`` family and torchtitan's token
 dispatchers are): it says which ranks it needs, moves the tokens on torch.distributed (measured),
-states the transfers the network model prices (simulated), and, for the tensor-parallel ones, how
+states the bytes its round trip moves between ranks for a routing (:meth:`Dispatcher.traffic`, a
+list of :class:`Collective`: the one description both the network model prices, simulated, and the
+measured cells count as their bytes moved and bus bandwidth), and, for the tensor-parallel ones, how
 many pipelined chunks a training step's plan runs it in (the plan's exchange object,
 moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch.study) read the
 same class, so a new exchange is one class and one registry line (moe_core.dispatch).
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from moe_core.sim.topology import two_phase_traffic
 
 
 @dataclass
@@ -73,12 +77,63 @@ class Dispatcher:
         """The expert this rank holds in the dispatcher's layout (one expert per expert-parallel rank)."""
         return groups.rank
 
+    # -- the bytes it moves (both executors) -------------------------------------------------------
+    def traffic(self, counts: np.ndarray, capacity: int, row_bytes: int, study=None) -> list[Collective]:
+        """The round trip's collectives in order (dispatch, then combine), each with the bytes every
+        rank sends every other: ``counts`` (R, E) tokens each of R sources routes to each expert,
+        expert e on source e (E = R), ``capacity`` slots per expert and source, rows of
+        ``row_bytes``. A source is a rank; for a tensor-parallel dispatcher, a "tp" group of
+        contiguous ranks holding the same tokens, whose size and chunk decision it reads from
+        ``study`` (the dispatch_study section)."""
+        raise NotImplementedError
+
     # -- simulated (moe_core.sim) ----------------------------------------------------------------
     def study_transfers(self, topo, counts: np.ndarray, capacity: int, row_bytes: int) -> list[tuple[str, Any]]:
-        """The round trip's collectives on ``topo`` in order, as (kind, moe_core.sim.topology.Transfer):
-        ranks 0..world-1, expert e on rank e, ``counts`` (world, E) tokens each rank routes to each
-        expert, ``capacity`` slots per expert and rank, rows of ``row_bytes``."""
-        raise NotImplementedError(f"dispatcher '{self.name}' is not simulated on its own")
+        """The round trip's collectives (:meth:`traffic`) on ``topo`` in order, as (kind,
+        moe_core.sim.topology.Transfer)."""
+        return [t for collective in self.traffic(counts, capacity, row_bytes) for t in collective.transfers(topo)]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a round trip, as the bytes it moves: ``traffic[i, j]``, the bytes rank i
+    sends rank j (the diagonal, a rank's rows to itself, moves nothing).
+
+    * ``kind``: ``all_to_all``, or the ring collectives ``all_gather`` and ``reduce_scatter``,
+      whose ranks each send every other rank one equal chunk (a ring forwards it in p - 1 steps:
+      the same bytes in all);
+    * ``two_phase``: an all-to-all run in two phases, inside the nodes and then between
+      same-local-rank peers (moe_core.sim.topology.two_phase_traffic): a token for another node's
+      other local rank crosses twice, so it moves more bytes than ``traffic`` sums to.
+    """
+
+    kind: str
+    traffic: np.ndarray
+    two_phase: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "traffic", np.asarray(self.traffic, dtype=float) * (1 - np.eye(len(self.traffic))))
+
+    def bytes_moved(self, devices_per_node: int) -> float:
+        """Bytes sent between ranks, with ranks on nodes of ``devices_per_node``."""
+        if not self.two_phase:
+            return float(self.traffic.sum())
+        group = np.arange(len(self.traffic))
+        _, phase1, phase2 = two_phase_traffic(group, group // devices_per_node, self.traffic)
+        return float(phase1.sum() + phase2.sum())
+
+    def transfers(self, topo) -> list[tuple[str, Any]]:
+        """Its footprint on ``topo`` (ranks 0..p-1 its devices), as (kind, Transfer): one transfer, or
+        the two phases'. An equal split (every off-diagonal entry alike) is priced in O(p)."""
+        group, p = np.arange(len(self.traffic)), len(self.traffic)
+        if self.kind != "all_to_all":
+            return [(self.kind, topo.ring(group, p * self.traffic.max(initial=0.0), self.kind))]
+        if self.two_phase:
+            return [("all_to_all", t) for t in topo.hierarchical_all_to_all(group, self.traffic)]
+        off_diagonal = self.traffic[~np.eye(p, dtype=bool)]
+        if off_diagonal.size and (off_diagonal == off_diagonal[0]).all():
+            return [("all_to_all", topo.uniform_all_to_all(group, p * off_diagonal[0]))]
+        return [("all_to_all", topo.all_to_all(group, self.traffic))]
 
 
 def run_expert(expert, rows):

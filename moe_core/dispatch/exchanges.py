@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_core.dispatch.base import Dispatcher, StudyGroups, capacity_rows, run_expert
+from moe_core.dispatch.base import Collective, Dispatcher, StudyGroups, capacity_rows, run_expert
 
 
 class Capacity(Dispatcher):
     name = "capacity"
+    two_phase = False  # whether its all-to-all runs in two phases (Hierarchical)
     step_keys = {"comm.a2a_algorithm": "flat", "moe.dropless": False}
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
@@ -28,14 +29,17 @@ class Capacity(Dispatcher):
     def routed(self, groups, workload):
         return capacity_rows(workload["buffer"], workload["capacity"])
 
-    def study_transfers(self, topo, counts, capacity, row_bytes):
+    def traffic(self, counts, capacity, row_bytes, study=None):
+        """Every expert's ``capacity`` slots to its rank and back, full or not: the same bytes
+        whatever the routing."""
         world = counts.shape[0]
-        transfer = topo.uniform_all_to_all(np.arange(world), world * capacity * row_bytes)
-        return [("all_to_all", transfer)] * 2
+        slots = np.full((world, world), float(capacity * row_bytes))  # a full buffer block to every rank
+        return [Collective("all_to_all", slots, self.two_phase)] * 2
 
 
 class Hierarchical(Capacity):
     name = "hierarchical"
+    two_phase = True
     step_keys = {"comm.a2a_algorithm": "hierarchical", "moe.dropless": False}
 
     def runs_on(self, world: int, devices_per_node: int) -> bool:
@@ -43,11 +47,6 @@ class Hierarchical(Capacity):
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         return _there_and_back(workload["buffer"], groups.hierarchical, groups.timer, expert)
-
-    def study_transfers(self, topo, counts, capacity, row_bytes):
-        world = counts.shape[0]
-        uniform = np.full((world, world), capacity * row_bytes, dtype=float)
-        return [("all_to_all", t) for t in topo.hierarchical_all_to_all(np.arange(world), uniform)] * 2
 
 
 class _RoutedRows(Dispatcher):
@@ -84,9 +83,11 @@ class Dropless(_RoutedRows):
         received = all_to_all(tokens, recv_splits, send_splits, groups.flat, groups.timer, "dispatch")
         return all_to_all(run_expert(expert, received), send_splits, recv_splits, groups.flat, groups.timer, "combine")
 
-    def study_transfers(self, topo, counts, capacity, row_bytes):
-        group, traffic = np.arange(counts.shape[0]), counts * float(row_bytes)  # (src, dst) bytes
-        return [("all_to_all", topo.all_to_all(group, traffic)), ("all_to_all", topo.all_to_all(group, traffic.T))]
+    def traffic(self, counts, capacity, row_bytes, study=None):
+        """Exactly the routed rows there and back (the per-expert counts' all-to-all, 8 bytes an
+        expert, is left out)."""
+        routed = counts * float(row_bytes)  # (src, dst) bytes: expert e on rank e
+        return [Collective("all_to_all", routed), Collective("all_to_all", routed.T)]
 
 
 class AllGather(_RoutedRows):
@@ -108,13 +109,12 @@ class AllGather(_RoutedRows):
         outputs = torch.zeros_like(gathered).index_copy(0, mine, run_expert(expert, received))
         return scatter_rows(outputs, groups.flat)[: tokens.shape[0]]
 
-    def study_transfers(self, topo, counts, capacity, row_bytes):
-        group = np.arange(counts.shape[0])
-        gathered = counts.shape[0] * counts.sum(axis=1).max() * row_bytes
-        return [
-            ("all_gather", topo.ring(group, gathered, "all_gather")),
-            ("reduce_scatter", topo.ring(group, gathered, "reduce_scatter")),
-        ]
+    def traffic(self, counts, capacity, row_bytes, study=None):
+        """Every rank's tokens, padded to the largest rank's, to every other rank, and the outputs
+        back the same way: world times the routed rows, whatever the routing."""
+        world = counts.shape[0]
+        chunk = np.full((world, world), float(counts.sum(axis=1).max() * row_bytes))
+        return [Collective("all_gather", chunk), Collective("reduce_scatter", chunk)]
 
 
 def _there_and_back(buffer, group, timer, expert=None):

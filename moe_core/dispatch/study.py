@@ -168,10 +168,53 @@ def routing_metrics(steps: list[np.ndarray], capacity: int, drops: bool, row_byt
     }
 
 
-def useful_rate(useful: float, exchange_ms: float) -> dict[str, float]:
-    """``useful_GBps``, the useful bytes over the round trip's time, where there were any (a cell
-    whose tokens all stay on their ranks has no rate)."""
-    return {"useful_GBps": useful / (exchange_ms * 1e-3) / 1e9} if useful > 0 and exchange_ms > 0 else {}
+def cell_metrics(
+    path: str,
+    steps: list[np.ndarray],
+    slots_per_expert: int,
+    row_bytes: int,
+    devices_per_node: int,
+    exchange_ms: float,
+    study: DictConfig | None = None,
+) -> dict[str, float]:
+    """A cell's metrics beside its round trip of ``exchange_ms``: its routing (:func:`routing_metrics`),
+    the mean ``bytes_moved`` between ranks and the bandwidths (:func:`bandwidths`). The bytes moved
+    are the dispatcher's own statement (moe_core.dispatch.base.Dispatcher.traffic, the description
+    the simulator prices) for each step's counts as the simulator takes them (:func:`rank_counts`),
+    with ranks on nodes of ``devices_per_node``; ``study``, the tensor-parallel dispatchers' layout."""
+    exchange = dispatcher(path)
+    metrics = routing_metrics(steps, slots_per_expert, exchange.drops, row_bytes)
+    traffic = [exchange.traffic(*rank_counts(counts, slots_per_expert), row_bytes, study) for counts in steps]
+    metrics["bytes_moved"] = float(np.mean([sum(c.bytes_moved(devices_per_node) for c in t) for t in traffic]))
+    ranks = len(traffic[0][0].traffic)
+    return {**metrics, **bandwidths(metrics["useful_bytes"], metrics["bytes_moved"], ranks, exchange_ms)}
+
+
+def bandwidths(useful: float, moved: float, ranks: int, exchange_ms: float) -> dict[str, float]:
+    """The rates of a round trip of ``exchange_ms`` on ``ranks`` ranks (none for a zero time):
+
+    * ``useful_GBps``: the useful bytes (what had to cross between ranks) over the time, all ranks';
+    * ``algbw_GBps``: the same per rank (nccl-tests' algbw is a rank's buffer over the time);
+    * ``busbw_GBps``: the bytes the path actually moves, per rank, over the time. For an
+      all-to-all, all-gather or reduce-scatter this is nccl-tests' busbw (algbw x (n-1)/n: a rank's
+      off-rank bytes over the time); here its base is what the path moves, not a fixed factor of
+      the useful bytes, so capacity padding, the all-gather's copies to every rank, duplicates or a
+      two-phase exchange's second crossing count, and busbw / algbw = bytes moved / useful bytes.
+
+    A rate whose bytes are zero (every token stays on its rank) is left out."""
+    if exchange_ms <= 0:
+        return {}
+    rate = 1 / (exchange_ms * 1e-3) / 1e9  # GB/s per byte moved in the round trip
+    rates = {"useful_GBps": useful * rate, "algbw_GBps": useful / ranks * rate} if useful > 0 else {}
+    return {**rates, "busbw_GBps": moved / ranks * rate} if moved > 0 else rates
+
+
+def rank_counts(counts: np.ndarray, slots_per_expert: int) -> tuple[np.ndarray, int]:
+    """(ranks, E) counts with E / ranks experts per rank (contiguous) as (ranks, ranks) counts and the
+    slots per rank: what a dispatcher's traffic reads (one expert per rank)."""
+    ranks, experts = counts.shape
+    per_rank = experts // ranks
+    return counts.reshape(ranks, ranks, per_rank).sum(axis=2), per_rank * slots_per_expert
 
 
 def measured_capacity(d: DictConfig, experts: int) -> int:
@@ -219,14 +262,7 @@ def simulated_exchange_ms(
     """A cell's simulated round trip in ms: the mean over its steps' (ranks, E) counts (the time per
     iteration of a long run), each priced rank to rank (experts contiguous on the ranks, each rank
     keeping ``slots_per_expert`` slots for each of its experts)."""
-    ranks, experts = steps[0].shape
-    per_rank = experts // ranks
-    seconds = [
-        simulated_round_trip_s(
-            hw, counts.reshape(ranks, ranks, per_rank).sum(axis=2), per_rank * slots_per_expert, row_bytes, path
-        )
-        for counts in steps
-    ]
+    seconds = [simulated_round_trip_s(hw, *rank_counts(counts, slots_per_expert), row_bytes, path) for counts in steps]
     return float(np.mean(seconds)) * 1e3
 
 
@@ -244,7 +280,8 @@ def rank_dispatchers(
 ) -> list[dict[str, float | str]]:
     """Every dispatcher the simulator prices alone that applies to ``ranks`` ranks of ``hw``, fastest
     first: one MoE layer's dispatch + combine of ``workload``'s routing (mean over its steps), its
-    drops, the useful bytes and their rate, and its time over the fastest one's. Experts sit on the
+    drops, the useful bytes and the bytes moved with their rates (:func:`cell_metrics`), and its time
+    over the fastest one's. Experts sit on the
     ranks contiguously; a capacity path keeps ``capacity`` slots per expert and source rank."""
     slots = capacity(tokens_per_rank, experts, top_k, capacity_factor, min_capacity=0)
     steps = step_counts(workload, ranks, tokens_per_rank, seed, experts, top_k)
@@ -252,9 +289,9 @@ def rank_dispatchers(
     for name, path in DISPATCHERS.items():
         if path.tensor_parallel or not path.runs_on(ranks, hw.devices_per_node):
             continue
-        row = {"dispatcher": name, "exchange_ms": simulated_exchange_ms(hw, steps, slots, row_bytes, name)}
-        row.update(routing_metrics(steps, slots, path.drops, row_bytes))
-        rows.append({**row, **useful_rate(row["useful_bytes"], row["exchange_ms"])})
+        exchange_ms = simulated_exchange_ms(hw, steps, slots, row_bytes, name)
+        metrics = cell_metrics(name, steps, slots, row_bytes, hw.devices_per_node, exchange_ms)
+        rows.append({"dispatcher": name, "exchange_ms": exchange_ms, **metrics})
     rows.sort(key=lambda r: r["exchange_ms"])
     for row in rows:
         row["vs_fastest"] = row["exchange_ms"] / rows[0]["exchange_ms"]

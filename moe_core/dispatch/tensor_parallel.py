@@ -13,7 +13,9 @@ moe_core.dispatch.step.DropAllGather in n chunks, which the measured and the sim
 
 from __future__ import annotations
 
-from moe_core.dispatch.base import Dispatcher, StudyGroups, capacity_rows, run_expert
+import numpy as np
+
+from moe_core.dispatch.base import Collective, Dispatcher, StudyGroups, capacity_rows, run_expert
 
 
 class TensorParallelDispatcher(Dispatcher):
@@ -33,6 +35,21 @@ class TensorParallelDispatcher(Dispatcher):
     def study_chunks(self, study) -> int | None:
         """The same decision in the dispatcher study (``study`` is the dispatch_study section)."""
         raise NotImplementedError
+
+    def traffic(self, counts, capacity, row_bytes, study=None):
+        """Over ranks r = source x tp + t (tp = ``study.tensor_parallel``): the all-to-all among the
+        expert-parallel peers (same t) carries each expert's ``capacity`` slots, all of them
+        (``study_chunks`` None) or the rank's 1/tp share, which an all-gather over "tp" then
+        completes; there and back. The chunk count pipelines these bytes, it does not change them."""
+        sources, tp = counts.shape[0], study.tensor_parallel
+        rank = np.arange(sources * tp)
+        same_t = rank[:, None] % tp == rank[None, :] % tp
+        same_group = rank[:, None] // tp == rank[None, :] // tp
+        if self.study_chunks(study) is None:
+            return [Collective("all_to_all", same_t * float(capacity * row_bytes))] * 2
+        exchange = Collective("all_to_all", same_t * float(capacity // tp * row_bytes))
+        gather = Collective("all_gather", same_group * float(sources * capacity // tp * row_bytes))
+        return [exchange, gather] * 2
 
     def study_transfers(self, topo, counts, capacity, row_bytes):
         raise ValueError(

@@ -225,25 +225,13 @@ class Cluster:
         of its nodes (a strided group qualifies, as in moe_core.comm.hierarchical_a2a); returns both
         phases (phase 2 starts when phase 1 ends).
         """
-        traffic = np.asarray(traffic, dtype=float)
-        node = self.node_of[group]
-        counts = np.bincount(node)
-        counts = counts[counts > 0]
-        if counts.min() != counts.max():
-            raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
-        m, n_nodes = int(counts[0]), len(counts)
-        order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
-        t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
-        phase1 = t.sum(axis=2)  # (n, l, l'): bytes (n, l) hands (n, l')
-        phase1 = phase1 * (1 - np.eye(m))[None]
-        ordered = group[order].reshape(n_nodes, m)
+        ordered, phase1, phase2 = two_phase_traffic(group, self.node_of[group], traffic)
+        n_nodes, m = ordered.shape
         loads1 = np.zeros(self.num_links)
         np.add.at(loads1, self.intra_out[ordered], phase1.sum(axis=2))
         np.add.at(loads1, self.intra_in[ordered], phase1.sum(axis=1))
         src, dst = np.broadcast_arrays(ordered[:, :, None], ordered[:, None, :])
         self._add_tree_flows(loads1, src.ravel(), dst.ravel(), phase1.ravel())
-        phase2 = t.sum(axis=1)  # (n, n2, l'): bytes (n, l') sends to (n2, l')
-        phase2 = phase2 * (1 - np.eye(n_nodes))[:, :, None]
         loads2 = np.zeros(self.num_links)
         send2 = phase2.sum(axis=1).reshape(-1)  # per (n, l') in ordered layout
         recv2 = phase2.sum(axis=0).reshape(-1)
@@ -431,6 +419,26 @@ class Torus2D:
 
     def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
         return alpha_s + transfer.steps * (alpha_step_s if alpha_step_s is not None else self.latency_hop_s)
+
+
+def two_phase_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The two phases of Tutel's 2DH all-to-all of ``traffic`` (bytes group[i] sends group[j]) over
+    members on ``node``: (ordered, phase1, phase2). ``ordered`` is the group as (nodes, m) by (node,
+    local index); ``phase1[n, l, l']``, the bytes (n, l) hands (n, l') inside its node; ``phase2[n,
+    n2, l']``, the bytes (n, l') sends (n2, l'). ValueError when the nodes hold unequal numbers of
+    members. The one statement of what the two phases move: the network model prices it
+    (:meth:`Cluster.hierarchical_all_to_all`) and the dispatchers count it (moe_core.dispatch.base)."""
+    traffic = np.asarray(traffic, dtype=float)
+    counts = np.bincount(node)
+    counts = counts[counts > 0]
+    if counts.min() != counts.max():
+        raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
+    m, n_nodes = int(counts[0]), len(counts)
+    order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
+    t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
+    phase1 = t.sum(axis=2) * (1 - np.eye(m))[None]  # (n, l, l'): bytes (n, l) hands (n, l')
+    phase2 = t.sum(axis=1) * (1 - np.eye(n_nodes))[:, :, None]  # (n, n2, l'): bytes (n, l') sends (n2, l')
+    return group[order].reshape(n_nodes, m), phase1, phase2
 
 
 def _spanned(node: np.ndarray) -> int:
