@@ -10,7 +10,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.config.load import load_config, to_container
 from moe_core.papers.aurora.study import (
     NETWORKS,
     PAPER,
@@ -20,14 +20,7 @@ from moe_core.papers.aurora.study import (
     token_workloads,
 )
 from moe_core.papers.aurora.study import run as run_study
-from moe_core.records.console import records_summary
-from moe_core.records.results import (
-    NonFiniteMetricError,
-    ResultsDirError,
-    check_writable,
-    write_records,
-)
-from moe_core.runtime.benchmark import sim_record
+from moe_core.runtime.benchmark import predictions_main, sim_record
 
 
 def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:
@@ -80,18 +73,4 @@ def run(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(f"aurora: {msg} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        check_writable(cfg.results_dir)  # before the work, not when the first record is written
-        records = make_records(cfg, args.config, args.overrides, progress)
-    except (ConfigError, ValueError, ResultsDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        paths = write_records(records, cfg.results_dir)
-    except (ResultsDirError, NonFiniteMetricError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    progress("done")
-    print(records_summary(records, paths))
-    return 0
+    return predictions_main(args, lambda cfg: make_records(cfg, args.config, args.overrides, progress))
