@@ -662,6 +662,7 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
             x="experts",
             y="speedup",
             hue="policy",
+            saturation=1,
             palette=palette("policy", df["policy"]),
             order=experts,
             hue_order=[p for p in LINA_POLICIES_SHOWN if p in set(df["policy"])],
@@ -713,7 +714,16 @@ def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
             ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
             continue
         experts = sorted(df["experts"].unique())
-        sns.barplot(df, x="experts", y="speedup", order=experts, color=colour("policy", "lina"), errorbar=None, ax=ax)
+        sns.barplot(
+            df,
+            x="experts",
+            y="speedup",
+            order=experts,
+            saturation=1,
+            color=colour("policy", "lina"),
+            errorbar=None,
+            ax=ax,
+        )
         for i, n in enumerate(experts):
             if f"{prefix}-{n}e" in registry:
                 label = "published: Lina over DeepSpeed"
@@ -857,6 +867,7 @@ def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
         x="layer",
         y="p95_ms",
         hue="policy",
+        saturation=1,
         palette=palette("policy", long["policy"]),
         hue_order=["static", "lina"],
         errorbar=None,
