@@ -61,15 +61,6 @@ MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
 VERDICTS = ("consistent", "explainable", "differs", "not-comparable", "not-reproduced")
-# Each verdict's fixed colour wherever the report shows it (the verdicts figure, the HTML tables):
-# Okabe-Ito's colour-blind safe palette, green to vermillion as agreement falls; greys for no verdict.
-VERDICT_COLOURS = {
-    "consistent": "#009E73",
-    "explainable": "#E69F00",
-    "differs": "#D55E00",
-    "not-comparable": "#999999",
-    "not-reproduced": "#666666",
-}
 
 
 def explainable(ratio_low: float, ratio_high: float, agrees) -> bool:

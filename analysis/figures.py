@@ -1,8 +1,10 @@
 """Figures from the tidy tables, each saved as PNG and PDF (same stem).
 
 Every figure is a function ``f(records, samples, fig)`` (or ``f(table, fig)`` for one drawn from the
-simulator's validation table or the comparison table) that draws into an empty matplotlib Figure and
-raises FigureDataError, before anything is written, when the tables lack its data. Each paper's figures
+simulator's validation table or the comparison table) that draws into an empty matplotlib Figure,
+returns the rows it drew, and raises FigureDataError, before anything is written, when the tables lack
+its data. render finishes each the same way (analysis/style.py: legends below the data, the setting
+line of the rows drawn, the width cap). Each paper's figures
 live in analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
 (experiments/rules/analysis.smk) makes one rule per registered figure, writing
 results/figures/<paper>/<name>.png.
@@ -24,6 +26,7 @@ import pandas as pd
 import seaborn as sns
 
 import analysis.papers  # noqa: F401  (registers every paper's figures)
+from analysis import style
 from analysis.collect import at_setting
 from analysis.files import read_tables
 from analysis.registry import FIGURE_REGISTRY
@@ -55,10 +58,10 @@ def render(
     fig = plt.figure(figsize=(7, 4.5))
     try:
         if registered.reads == "tables":
-            registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
+            drawn = registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
         else:
-            registered.draw(table, fig)
-        fig.tight_layout()
+            drawn = registered.draw(table, fig)
+        style.finish(fig, drawn)
         outputs = [out_png, out_png.with_suffix(".pdf")]
         with atomic_outputs(*outputs) as tmps:  # both new, or both old
             for path, tmp in zip(outputs, tmps):

@@ -98,27 +98,32 @@ def noting_used_points() -> Iterator[set[str]]:
 FIGURE_SOURCES = ("tables", "validation", "comparison")
 
 
+Draw = Callable[..., pd.DataFrame]  # draw(..., fig) -> the rows it drew
+
+
 @dataclass(frozen=True)
 class RegisteredFigure:
     """A figure function and where the workflow puts its output."""
 
     name: str  # the function's name: the figure's file stem and rule name (figure_<name>)
     paper: str  # the paper whose figure it mirrors, its folder results/figures/<paper>/; "common" if none
-    draw: Callable[..., None]  # draw(records, samples, fig), or draw(table, fig) for another source
+    # draw(records, samples, fig), or draw(table, fig) for another source; returns the rows it drew, whose
+    # setting analysis.style writes under the figure
+    draw: Draw
     reads: str  # one of FIGURE_SOURCES
 
 
 FIGURE_REGISTRY: dict[str, RegisteredFigure] = {}  # name -> figure; filled by @figure in analysis/papers/
 
 
-def figure(*, paper: str, reads: str = "tables") -> Callable[[Callable[..., None]], Callable[..., None]]:
+def figure(*, paper: str, reads: str = "tables") -> Callable[[Draw], Draw]:
     """Register the decorated function as the figure of its name, in ``paper``'s folder. It is called as
     ``draw(records, samples, fig)`` on the tidy tables, or with ``reads`` "validation" or "comparison"
-    as ``draw(table, fig)`` on that table."""
+    as ``draw(table, fig)`` on that table, and returns the rows it drew."""
     if reads not in FIGURE_SOURCES:
         raise ValueError(f"a figure reads one of {list(FIGURE_SOURCES)}, not {reads!r}")
 
-    def register(draw: Callable[..., None]) -> Callable[..., None]:
+    def register(draw: Draw) -> Draw:
         if draw.__name__ in FIGURE_REGISTRY:
             raise ValueError(f"two figures are named {draw.__name__!r}; figure names must be unique")
         FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads)

@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.explain import VERDICT_COLOURS, VERDICTS, verdict_kinds
+from analysis.explain import VERDICTS, verdict_kinds
+from analysis.style import VERDICT_COLOURS
 from moe_core.records.results import atomic_outputs, read_record
 
 # The comparison's columns a reader needs beside a verdict, the reason within a window's width (an id

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from analysis.collect import select
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer
+from analysis.style import mode_title, palette, published_band, published_line
 from analysis.units import span
 from moe_core.papers.aurora import deployment
 
@@ -206,48 +207,63 @@ def _published_band(ax, registry: dict, low_id: str | None, high_id: str, label:
     """Shade a published speedup range (from 1x for an "up to" number)."""
     low = published_value(registry, low_id) if low_id else 1.0
     high = published_value(registry, high_id)
-    ax.axhspan(low, high, color="0.85", zorder=0, label=f"published {label}: {low:g}–{high:g}×")
+    published_band(ax, low, high, "published: Aurora's speedup range (Fig 11)")
+    ax.set_title(f"{ax.get_title()}; published {label}: {low:g}–{high:g}×", fontsize="small")
 
 
 @figure(paper="aurora")
-def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Transmission orders over T*, then Aurora's speedup over each baseline in the four settings (Fig 11)."""
     order = _figure_rows(records, "aurora_order", "a2a_over_lower_bound")
-    order = order[order["workload"] != "fig4-toy"]
+    order = order[order["workload"] != "fig4-toy"].assign(testbed=lambda d: d["hardware"])
     speedup = _figure_rows(records, "aurora_deployment", "aurora_speedup")
     registry = load_registry()
     fig.set_size_inches(15, 8)
     axes = fig.subplots(2, 3).flat
     sns.boxplot(
-        order, x="policy", y="value", hue="network", order=["naive", "sjf", "rcs", "aurora", "exact"], ax=axes[0]
+        order,
+        x="policy",
+        y="value",
+        hue="testbed",
+        palette=palette("testbed", order["hardware"]),
+        order=["naive", "sjf", "rcs", "aurora", "exact"],
+        ax=axes[0],
     )
     axes[0].axhline(1.0, color="black", lw=0.8)
     axes[0].set(
         xlabel="transmission order (aurora = Algorithm 1, exact = BvN)",
         ylabel="dispatch all-to-all time / T*",
-        title="Orders vs the lower bound (all workloads, layers)",
+        title=mode_title("simulated", "orders vs the lower bound (all workloads, layers)"),
     )
     for ax, setting in zip(axes[1:], deployment.SETTINGS):
         label, low_id, high_id = AURORA_FIG11_PUBLISHED_RANGES[setting]
         panel = speedup[speedup["setting"] == setting]
+        ax.set_title(mode_title("simulated", setting))
         _published_band(ax, registry, low_id, high_id, label)
         if panel.empty:
             ax.set_title(f"{setting}: no data")
             continue
-        sns.barplot(panel, x="workload", y="value", hue="policy", errorbar=None, ax=ax)
+        sns.barplot(
+            panel,
+            x="workload",
+            y="value",
+            hue="policy",
+            saturation=1,
+            palette=palette("policy", panel["policy"]),
+            errorbar=None,
+            ax=ax,
+        )
         ax.axhline(1.0, color="black", lw=0.8)
         ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
-        ax.set(
-            xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (x, inference time)", title=setting
-        )
-        ax.set_ylim(0, 1.4 * max(panel["value"].max(), published_value(registry, high_id)))  # room for the legend
-        ax.legend(fontsize="x-small", title="baseline", title_fontsize="x-small", loc="upper left", ncol=2)
+        ax.set(xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (x, inference time)")
+        ax.legend(title="baseline")
     axes[5].set_axis_off()
     fig.suptitle("Aurora on the simulated big switch: transmission order and deployment speedups")
+    return pd.concat([order, speedup])
 
 
 @figure(paper="aurora")
-def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """GPU utilisation of Aurora's colocation vs Aurora exclusive vs Lina (Fig 12a/b)."""
     df = _figure_rows(records, "aurora_deployment", "gpu_utilisation")
     df = df[df["deployment"] == "colocated"].assign(pct=lambda d: 100 * d["value"])
@@ -260,6 +276,8 @@ def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
             x="workload",
             y="pct",
             hue="policy",
+            saturation=1,
+            palette=palette("policy", panel["policy"]),
             errorbar=None,
             ax=ax,
             hue_order=[
@@ -270,13 +288,13 @@ def aurora_gpu_utilisation(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
         ax.set(
             xlabel="models a+b",
             ylabel="GPU utilisation (%, compute / inference time)",
-            title=f"colocated, {net} (Fig 12{'a' if net == 'homogeneous' else 'b'})",
+            title=mode_title("simulated", f"colocated, {net} (Fig 12{'a' if net == 'homogeneous' else 'b'})"),
         )
-        ax.legend(fontsize="x-small")
+    return df
 
 
 @figure(paper="aurora")
-def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Section 7's colocation heuristic over the brute-force optimum of its objective, per instance
     (Fig 13), and the same two deployments' simulated inference times over each other."""
     heuristic = {"setting": "colocated-heterogeneous"}
@@ -288,9 +306,9 @@ def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
     ax = fig.subplots()
     sns.stripplot(df, x="workload", y="value", hue="measure", dodge=True, ax=ax, size=6, jitter=0.15)
     mean = objective["value"].mean()
-    ax.axhline(mean, color="black", ls="--", label=f"objective's mean here {mean:.3f}×")
+    ax.axhline(mean, color="C0", ls=":", label=f"objective's mean here {mean:.3f}×")
     published = published_value(load_registry(), "aurora-fig13-gap-to-optimum-mean")
-    ax.axhline(published, color="black", ls=":", label=f"published mean {published:g}×")
+    published_line(ax, published, f"published: Aurora Fig 13 mean, {published:g}×")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
     ax.set(
@@ -298,11 +316,12 @@ def aurora_gap_to_optimum(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         ylabel="heuristic / brute-force optimum",
         title=f"Gap to the brute-force optimum, colocated heterogeneous, {span(df['n_gpus'])} GPUs",
     )
-    ax.legend(fontsize="x-small", ncol=2)
+    ax.legend()
+    return df
 
 
 @figure(paper="aurora")
-def aurora_imprecision(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def aurora_imprecision(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Aurora's speedup over the random baselines when it plans on imprecise traffic (Fig 14)."""
     df = _figure_rows(records, "aurora_imprecision", "aurora_speedup").assign(pct=lambda d: 100 * d["imprecision"])
     axes = fig.subplots(1, 2, sharey=True)
@@ -313,18 +332,28 @@ def aurora_imprecision(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
         ax.set(
             xlabel="traffic imprecision (%): plan on (1-p) D_l + p D_l+1",
             ylabel="Aurora's speedup (x)",
-            title=f"{setting} vs {panel['baseline'].iloc[0].upper()}",
+            title=mode_title("simulated", f"{setting} vs {panel['baseline'].iloc[0].upper()}"),
         )
-        ax.legend(fontsize="x-small")
+    return df
 
 
 @figure(paper="aurora")
-def aurora_ordered_vs_library(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def aurora_ordered_vs_library(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Measured dispatch all-to-alls of a forward pass: all_to_all_single vs each Aurora order."""
     df = one_testbed(_figure_rows(records, "aurora_a2a", "a2a_ms", mode="measured"))
     ax = fig.subplots()
     order = [p for p in ("library", "aurora", "exact", "sjf", "rcs") if p in set(df["policy"])]
-    sns.barplot(df, x="workload", y="value", hue="policy", hue_order=order, errorbar=None, ax=ax)
+    sns.barplot(
+        df,
+        x="workload",
+        y="value",
+        hue="policy",
+        saturation=1,
+        palette=palette("policy", order),
+        hue_order=order,
+        errorbar=None,
+        ax=ax,
+    )
     workloads = list(dict.fromkeys(df["workload"]))
     width = 0.8 / len(order)
     for i, policy in enumerate(order):
@@ -335,6 +364,6 @@ def aurora_ordered_vs_library(records: pd.DataFrame, samples: pd.DataFrame, fig:
     ax.set(
         xlabel="gating trace",
         ylabel="dispatch all-to-alls per forward (ms, median, worst rank)",
-        title=f"Ordered all-to-all vs library, {int(ws)} ranks, {backend} on {hw}",
+        title=mode_title("measured", f"ordered all-to-all vs library, {int(ws)} ranks, {backend} on {hw}"),
     )
-    ax.legend(fontsize="small")
+    return df

@@ -23,6 +23,7 @@ from scipy.stats import spearmanr
 from analysis.collect import TESTBED_COLUMNS, wide_points
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
+from analysis.style import mode_title, published_point, published_segment
 from moe_core.papers.axonn.config import OVERLAP_VARIANTS
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER, PREDICTED
 from moe_core.parallel.grid import GRID_AXES
@@ -228,7 +229,7 @@ def _rank_agreement(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @figure(paper=PAPER)
-def axonn_model_validation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def axonn_model_validation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Predicted vs measured communication per step of every grid without overlap, one panel per testbed."""
     table = _required(
         axonn_grid_validation(records),
@@ -246,6 +247,7 @@ def axonn_model_validation(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
             fontsize="small",
         )
     fig.suptitle("AxoNN: communication model vs measurement, per grid (data x depth x row x col), no overlap")
+    return table
 
 
 def _validation_panel(ax: Axes, grids: pd.DataFrame) -> None:
@@ -264,7 +266,7 @@ def _validation_panel(ax: Axes, grids: pd.DataFrame) -> None:
         xlabel="measured communication (ms per step, median)",
         ylabel="predicted by AxoNN's model (ms per step)",
     )
-    ax.legend(fontsize="x-small", loc="lower right")
+    ax.legend()
 
 
 # ---- the overlap ablation -----------------------------------------------------------------------
@@ -289,33 +291,48 @@ def _breakdown_panel(ax: Axes, points: pd.DataFrame, title: str) -> None:
         ax.annotate(f"{total:.3g}", (i, total), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
     ax.set(xlabel="overlap variant", ylabel="ms per iteration (exposed parts)")
     ax.set_title(title, fontsize="small")
-    ax.tick_params(axis="x", labelsize="x-small")
-    ax.legend(fontsize="x-small")
+    ax.tick_params(axis="x", labelsize="x-small", labelrotation=25)
+    ax.legend()
 
 
 @figure(paper=PAPER)
-def axonn_overlap_ablation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def axonn_overlap_ablation(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Per-iteration breakdowns under every overlap variant: measured on one grid, simulated for the 2B model."""
     measured, simulated = _measured_ablation(records), _points(records, "axonn_ablation")
     _required(
         pd.concat([measured, simulated]), "overlap ablation", "run experiments/axonn_grids.py or experiments/axonn.py"
     )
-    panels = [(f"measured: {hw}, {df['world_size'].iloc[0]:.0f} ranks", df) for hw, df in _testbeds(measured)]
+    panels = [
+        (mode_title("measured", f"{hw}, {df['world_size'].iloc[0]:.0f} ranks"), df) for hw, df in _testbeds(measured)
+    ]
     panels += [
-        (f"simulated: {hw}, {df['model'].iloc[0]} GPT on {df['gpus'].iloc[0]:.0f} GPUs", df)
+        (mode_title("simulated", f"{hw}, {df['model'].iloc[0]} GPT on {df['gpus'].iloc[0]:.0f} GPUs"), df)
         for hw, df in _testbeds(simulated)
     ]
-    fig.set_size_inches(6.5 * len(panels), 4.5)
+    fig.set_size_inches(4.5 * len(panels), 4.5)
     for ax, (title, df) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         _breakdown_panel(ax, df.set_index("overlap_variant"), f"{title}, grid {_grid_labels(df).iloc[0]}")
+    if panels and panels[-1][1] is not measured:
+        _published_overlap_gain(fig.axes[-1], panels[-1][1].set_index("overlap_variant"))
     fig.suptitle("AxoNN: iteration time by exposed part under each overlap of the grid's collectives")
+    return pd.concat([measured, simulated])
+
+
+def _published_overlap_gain(ax: Axes, points: pd.DataFrame) -> None:
+    """The 2B model's published overlap gain, drawn as the step it gives with every overlap: the
+    simulated step without overlap over 1 + the gain, over the bar of all three overlaps."""
+    variants = list(_breakdown(points).index)
+    if {"none", "all"} <= set(variants):
+        gain = published_value(load_registry(), "axonn-2b-overlap-gain")
+        step = points.loc["none", "step_ms"] / (1 + gain)
+        published_segment(ax, variants.index("all"), step, f"published: all overlaps, none / {1 + gain:g}", 0.35)
 
 
 # ---- weak scaling -----------------------------------------------------------------------------
 
 
 @figure(paper=PAPER)
-def axonn_weak_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def axonn_weak_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Time per batch and share of peak vs GPUs (and model), AxoNN vs the Megatron-LM-style baseline,
     with the published 80B point."""
     df = one_testbed(_required(_points(records, "axonn_scaling"), "axonn_scaling points", "run experiments/axonn.py"))
@@ -323,8 +340,9 @@ def axonn_weak_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
     df = df.sort_values("gpus")
     fig.set_size_inches(12, 4.5)
     left, right = fig.subplots(1, 2)
-    sns.lineplot(df, x="gpus", y="batch_s", hue="system", marker="o", ax=left)
-    sns.lineplot(df, x="gpus", y="peak_pct", hue="system", marker="o", ax=right)
+    colours = {SYSTEMS["axonn"]: "C0", SYSTEMS["megatron"]: "0.45"}  # the baseline grey
+    sns.lineplot(df, x="gpus", y="batch_s", hue="system", palette=colours, marker="o", ax=left)
+    sns.lineplot(df, x="gpus", y="peak_pct", hue="system", palette=colours, marker="o", ax=right)
     _draw_published_80b(right)
     _label_layouts(left, df)
     ticks = df.drop_duplicates("gpus")
@@ -333,10 +351,10 @@ def axonn_weak_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
         ax.set_xticks(ticks["gpus"], [f"{g:.0f}\n{m}" for g, m in zip(ticks["gpus"], ticks["model"])])
         ax.minorticks_off()
         ax.set_xlabel("GPUs (A100) and GPT model (weak scaling)")
-        ax.legend(fontsize="x-small")
-    left.set(ylabel="time per batch (s)", ylim=(0, None), title="Time per batch (simulated)")
-    right.set(ylabel="% of peak bf16 FLOP/s", ylim=(0, 100), title="Achieved share of peak (simulated)")
+    left.set(ylabel="time per batch (s)", ylim=(0, None), title=mode_title("simulated", "time per batch"))
+    right.set(ylabel="% of peak bf16 FLOP/s", ylim=(0, 100), title=mode_title("simulated", "achieved share of peak"))
     fig.suptitle("AxoNN vs Megatron-LM-style on Perlmutter: weak scaling")
+    return df
 
 
 def _layouts(df: pd.DataFrame) -> pd.Series:
@@ -357,25 +375,16 @@ def _draw_published_80b(ax: Axes) -> None:
     registry = load_registry()
     share = 100 * published_value(registry, "axonn-80b-peak-share")
     speedup = published_value(registry, "axonn-80b-speedup-over-megatron")
-    label = f"published AxoNN, {HEADLINE_MODEL}: {share:.0f}%"
-    ax.scatter([HEADLINE_GPUS], [share], marker="*", s=160, color="black", zorder=3, label=label)
-    ax.scatter(
-        [HEADLINE_GPUS],
-        [share / (1 + speedup)],
-        marker="*",
-        s=160,
-        facecolors="none",
-        edgecolors="black",
-        zorder=3,
-        label=f"Megatron-LM implied: {share:.0f}% / {1 + speedup:g}",
-    )
+    published_point(ax, HEADLINE_GPUS, share, f"published: AxoNN, {HEADLINE_MODEL}, {share:.0f}%")
+    implied = f"published: Megatron-LM, {share:.0f}% / {1 + speedup:g} (implied)"
+    published_point(ax, HEADLINE_GPUS, share / (1 + speedup), implied)
 
 
 # ---- the model's grid ranking at scale ------------------------------------------------------------
 
 
 @figure(paper=PAPER)
-def axonn_grid_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def axonn_grid_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """The grids AxoNN's model ranks best for the largest model: predicted communication by collective,
     and the simulated step's communication where simulated."""
     ranked = _required(_points(records, "axonn_ranking"), "axonn_ranking points", "run experiments/axonn.py")
@@ -399,11 +408,6 @@ def axonn_grid_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
             fontsize="small",
         )
         ax.tick_params(axis="x", labelsize="x-small")
-        ax.legend(
-            fontsize="x-small",
-            title="predicted (model) / simulated",
-            title_fontsize="x-small",
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1),
-        )
+        ax.legend()
     fig.suptitle("AxoNN: its communication model's ranking of 4D grids")
+    return ranked

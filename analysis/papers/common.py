@@ -16,8 +16,9 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from analysis.collect import select
-from analysis.explain import VERDICT_COLOURS, verdict_kinds
+from analysis.explain import verdict_kinds
 from analysis.registry import FigureDataError, figure, one_testbed, table
+from analysis.style import MODE_MARKERS, PUBLISHED_MARKER, VERDICT_COLOURS, mode_title, palette
 from analysis.units import format_bytes
 
 
@@ -34,7 +35,7 @@ def _collectives(records: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 @figure(paper="common")
-def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Bus bandwidth vs message size per collective, measured alone (nccl-tests style)."""
     df = _collectives(records, "busbw_GBps")
     ax = fig.subplots()
@@ -59,11 +60,11 @@ def busbw_vs_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
     ticks = sizes[:: -(-len(sizes) // 8)]  # at most 8 labels
     ax.set_xticks(ticks, [format_bytes(n) for n in ticks])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.legend(fontsize="small")
+    return df
 
 
 @figure(paper="common", reads="validation")
-def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
+def sim_validation(validation: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Predicted vs measured time of every held-out point, with the +-10% target band; the title says
     when the points or the profile were measured on a noisy host."""
     if validation.empty:
@@ -85,7 +86,7 @@ def sim_validation(validation: pd.DataFrame, fig: Figure) -> None:
         ylabel="simulated (ms)",
         title="\n".join([title, *_noise_notes(validation)]),
     )
-    ax.legend(fontsize="small")
+    return validation
 
 
 def _noise_notes(validation: pd.DataFrame) -> list[str]:
@@ -113,16 +114,6 @@ def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:
     keys = ["experiment", "mode", "backend", "hardware", "world_size", "skew", "path"]
     wide = df.astype({"world_size": int}).pivot_table(index=keys, columns="metric", values="value").reset_index()
     return wide.dropna(subset=["exchange_ms"])
-
-
-def dispatcher_colours() -> dict[str, tuple]:
-    """One colour per registered dispatcher (moe_core.dispatch), the same in every panel and figure:
-    the palette in registration order, so the four paths of ranks holding their own tokens (the
-    core's first) get its most distinct hues."""
-    import moe_core.papers  # noqa: F401  (registers the papers' dispatchers)
-    from moe_core.dispatch import DISPATCHERS
-
-    return dict(zip(DISPATCHERS, sns.color_palette("colorblind", len(DISPATCHERS))))
 
 
 def _fastest(df: pd.DataFrame, keys: list[str]) -> pd.Series:
@@ -164,7 +155,7 @@ def dispatchers_against_the_model(records: pd.DataFrame) -> pd.DataFrame:
 
 
 @figure(paper="common")
-def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Round trip of one MoE layer per dispatch path vs routing imbalance, per testbed, and the tokens
     the capacity paths drop."""
     df = _dispatchers(records)
@@ -176,10 +167,12 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     largest = df.groupby(["mode", "hardware"])["world_size"].transform("max")
     df = df[(df["mode"] == "measured") | (df["world_size"] == largest)]
     testbeds = df[["mode", "backend", "hardware", "world_size"]].drop_duplicates().to_records(index=False)
-    colours = dispatcher_colours()
-    fig.set_size_inches(5 * (len(testbeds) + 1), 4.5)
-    axes = fig.subplots(1, len(testbeds) + 1)
-    for ax, (mode, backend, hardware, ranks) in zip(axes, testbeds):
+    colours = palette("dispatcher", df["path"])
+    columns = 2  # two panels a row: four side by side do not read at the report's width
+    rows = -(-(len(testbeds) + 1) // columns)
+    fig.set_size_inches(10, 3.8 * rows)
+    axes = fig.subplots(rows, columns, squeeze=False).flat
+    for (mode, backend, hardware, ranks), ax in zip(testbeds, axes):  # testbeds first: zip takes no spare axes
         panel = df[(df["mode"] == mode) & (df["hardware"] == hardware)].sort_values("imbalance")
         sns.lineplot(panel, x="imbalance", y="exchange_ms", hue="path", palette=colours, marker="o", ax=ax)
         if mode == "measured":  # the repeats' 95% interval
@@ -190,18 +183,30 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
         ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)", xscale="log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(ScalarFormatter())  # a panel within one decade labels its minor ticks
-        ax.set_title(f"{mode}: {hardware} {backend}, {ranks} ranks", fontsize="small")
-        ax.legend(fontsize="x-small")
-    drops = df[df["dropped_fraction"] > 0]
-    sns.scatterplot(drops, x="imbalance", y="dropped_fraction", hue="path", palette=colours, style="mode", ax=axes[-1])
-    axes[-1].set(xlabel="imbalance", ylabel="tokens dropped (fraction)", xscale="log")
-    axes[-1].set_title("Capacity paths drop tokens")
-    axes[-1].xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_title(mode_title(mode, f"{hardware} {backend}, {ranks} ranks"), fontsize="small")
+    drops, ax = df[df["dropped_fraction"] > 0], next(axes)
+    sns.scatterplot(
+        drops,
+        x="imbalance",
+        y="dropped_fraction",
+        hue="path",
+        palette=colours,
+        style="mode",
+        markers=MODE_MARKERS,
+        ax=ax,
+    )
+    ax.set(xlabel="imbalance", ylabel="tokens dropped (fraction)", xscale="log")
+    ax.set_title("Capacity paths drop tokens (measured and simulated)", fontsize="small")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    for unused in axes:
+        unused.set_axis_off()
     fig.suptitle("Which dispatcher when: round trip vs routing skew")
+    return df
 
 
 @figure(paper="common")
-def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Which dispatcher wins, per routing workload and expert-parallel size, on each simulated
     cluster: the fastest path's name, its margin over the runner-up (x) and the tokens it drops;
     colour by path."""
@@ -215,7 +220,7 @@ def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
     runner_up = ranked.nth(1).set_index(keys)["exchange_ms"]
     winners["margin"] = runner_up.reindex(winners.index) / winners["exchange_ms"]
     winners = winners.reset_index()
-    colours = dispatcher_colours()
+    colours = palette("dispatcher", winners["path"])
     clusters = sorted(winners["hardware"].unique())
     skews = sorted(winners["skew"].unique())
     sizes = sorted(winners["world_size"].unique())
@@ -236,6 +241,7 @@ def dispatcher_winner_map(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         ax.set_yticks(range(len(skews)), skews)
         ax.set_xlabel("expert-parallel ranks (one expert each)")
     fig.suptitle("Fastest dispatcher per workload and cluster size (simulated; margin over the runner-up)")
+    return df
 
 
 # ---- the simulator against published hardware measurements (experiments/external_validation.py) --------
@@ -273,7 +279,7 @@ def external_validation(records: pd.DataFrame) -> pd.DataFrame:
 
 
 @figure(paper="common")
-def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Predicted vs published bandwidth of each external measurement (the published range as an error bar), and
     each relative error against the 15% target."""
     df = _external(records)
@@ -286,8 +292,19 @@ def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig
     ax_bw, ax_err = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
     y = np.arange(len(df))
     spread = [df["published"] - df["published_low"], df["published_high"] - df["published"]]
-    ax_bw.errorbar(df["published"], y, xerr=spread, fmt="o", color="black", capsize=3, label="published (range)")
-    ax_bw.scatter(df["predicted"], y, marker="x", color="C3", zorder=3, label="simulated")
+    bars = ax_bw.errorbar(df["published"], y, xerr=spread, fmt="none", color="black", capsize=3)
+    for artist in bars.get_children():
+        artist.set_gid("published")
+    ax_bw.scatter(df["published"], y, label="published (its range as a bar)", **{**PUBLISHED_MARKER, "s": 90})
+    ax_bw.scatter(
+        df["predicted"],
+        y,
+        marker=MODE_MARKERS["simulated"],
+        facecolors="none",
+        edgecolors="C3",
+        zorder=3,
+        label="simulated",
+    )
     ax_bw.set_yticks(y, [f"{i} ({p})" for i, p in zip(df["id"], df["profile"])], fontsize="small")
     ax_bw.invert_yaxis()
     ax_bw.set(xscale="log", xlabel="bandwidth (GB/s, as each source defines it)")
@@ -295,19 +312,20 @@ def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig
     ticks = [t for t in (12.5, 25, 50, 100, 200, 400, 800) if shown.min() / 1.5 <= t <= 1.5 * shown.max()]
     ax_bw.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax_bw.xaxis.set_minor_locator(NullLocator())
-    ax_bw.legend(fontsize="small")
+    ax_bw.legend()
     within = df["rel_error"].abs() <= EXTERNAL_TARGET
     ax_err.axvspan(-EXTERNAL_TARGET, EXTERNAL_TARGET, color="0.85", label=f"±{EXTERNAL_TARGET:.0%} target")
     ax_err.barh(y, df["rel_error"], color=np.where(within, "C2", "C3"))
     ax_err.axvline(0, color="black", lw=0.8)
     ax_err.xaxis.set_major_formatter("{x:.0%}")
     ax_err.set(xlabel="predicted / published - 1")
-    ax_err.legend(fontsize="small")
+    ax_err.legend()
     median = df["rel_error"].abs().median()
     fig.suptitle(
         f"Simulator vs published hardware measurements: median |error| {median:.0%} "
         f"(target {EXTERNAL_TARGET:.0%}, {within.sum()} of {len(df)} within)"
     )
+    return df.assign(mode="simulated", hardware=df["profile"])
 
 
 # ---- the simulator against published GPU training steps (experiments/external_steps.py) ------------------
@@ -343,7 +361,7 @@ def external_steps(records: pd.DataFrame) -> pd.DataFrame:
 
 
 @figure(paper="common")
-def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """The step error of each published training step, dense and MoE apart, against the 15% median target."""
     df = _external_steps(records)
     if df.empty:
@@ -367,8 +385,9 @@ def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         ax.xaxis.set_major_formatter("{x:.0%}")
         median = rows["step_error"].abs().median()
         ax.set(xlabel="predicted step / published step - 1", title=f"{kind}: median |error| {median:.0%}")
-        ax.legend(fontsize="small")
+        ax.legend()
     fig.suptitle("Simulator vs published GPU training steps")
+    return df.assign(mode="simulated", hardware=df["profile"])
 
 
 # ---- published vs reproduced: every verdict at once (analysis.compare's comparison.csv) -----------------
@@ -421,7 +440,7 @@ def _log2(values: pd.Series) -> pd.Series:
 
 
 @figure(paper="common", reads="comparison")
-def verdicts(comparison: pd.DataFrame, fig: Figure) -> None:
+def verdicts(comparison: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Every published number with a verdict: reproduced / published on a log axis, the plausible range
     over the unstated parameters as a bar, the band where the verdict is consistent, one panel per paper."""
     df = verdict_points(comparison)
@@ -466,6 +485,7 @@ def verdicts(comparison: pd.DataFrame, fig: Figure) -> None:
         f"(not shown: {len(comparison) - len(df)} rows without a verdict, not comparable or not reproduced)",
         fontsize="small",
     )
+    return df
 
 
 def _verdict_panel(ax: Axes, rows: pd.DataFrame, lo: float, hi: float) -> None:

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from analysis.collect import select, wide_points
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, reproducer, table, train_step_rows
+from analysis.style import PUBLISHED
 from analysis.units import format_bytes
 from moe_core.papers.gshard.models import MODELS, core_years, training_days
 from moe_core.papers.gshard.study import COLLECTIVES, MEMORY, PAPER, SCALING
@@ -29,7 +30,7 @@ STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms
 
 
 @figure(paper="gshard")
-def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Stacked median phase times per step vs experts; one panel per policy × world size."""
     df = train_step_rows(records, [*STEP_COMPONENTS_MS, "step_ms"], shown=["policy", "world_size", "num_experts"])
     policies, sizes = sorted(df["policy"].unique()), sorted(df["world_size"].unique())
@@ -53,9 +54,9 @@ def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
             bottom += ms[name].to_numpy()
         ax.scatter(x, p95.reindex(ms.index), marker="_", s=300, color="black", zorder=3, label="step_ms p95")
         ax.set_xticks(x, [str(n) for n in ms.index])
+        ax.legend()
     fig.suptitle("Training step time by phase (GShard MoE layer)")
-    handles, labels = next(ax.get_legend_handles_labels() for ax in axes.flat if ax.axison)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), title="phase")
+    return df
 
 
 # ---- the simulated scaling study ----------------------------------------------------------------
@@ -210,7 +211,7 @@ def gshard_a2a_exponent(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[f
 
 
 @figure(paper=PAPER)
-def gshard_runtime_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def gshard_runtime_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Per MoE layer and its adjacent Transformer layer, simulated time by component against its
     roofline, from 128 to 2048 experts; one panel per depth (GShard Fig 8)."""
     df = _required(_scaling(records), "gshard_scaling points")
@@ -218,9 +219,8 @@ def gshard_runtime_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: 
     fig.set_size_inches(5.5 * len(depths), 4.5)
     for ax, depth in zip(fig.subplots(1, len(depths), squeeze=False)[0], depths):
         _breakdown_panel(ax, df[df["n_layers"] == depth].sort_values("num_experts"))
-    handles, labels = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     fig.suptitle("GShard on the TPU v3 torus (simulated): time per MoE layer + Transformer layer vs roofline")
+    return df
 
 
 def _breakdown_panel(ax: Axes, df: pd.DataFrame) -> None:
@@ -236,6 +236,7 @@ def _breakdown_panel(ax: Axes, df: pd.DataFrame) -> None:
         if bound is not None:
             ax.bar(x + 0.2, df[bound] / per_pair, 0.38, bottom=roofline, color=color, hatch="//", alpha=0.6)
             roofline += df[bound].to_numpy() / per_pair
+    ax.bar(0, 0, color="white", edgecolor="0.3", hatch="//", label="roofline (hatched)")
     tokens = df["tokens_per_rank"] * df["chips"] / df["cores"]  # a chip's tokens over its cores
     labels = [
         f"{e} experts, {t:.0f} tokens/core\n{h}\nsimulated | roofline"
@@ -243,10 +244,11 @@ def _breakdown_panel(ax: Axes, df: pd.DataFrame) -> None:
     ]
     ax.set_xticks(x, labels, fontsize="x-small")
     ax.set(ylabel="ms per layer pair (forward + backward)", title=f"{df['n_layers'].iloc[0]} layers")
+    ax.legend()
 
 
 @figure(paper=PAPER)
-def gshard_collective_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def gshard_collective_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """All-to-all and all-reduce time vs number of partitions on torus slices, per size per partition,
     log-log, with sqrt(D) for reference and each line's fitted exponent (GShard Fig 9)."""
     df = _required(_points(records, COLLECTIVES), "gshard_collectives points")
@@ -260,16 +262,18 @@ def gshard_collective_scaling(records: pd.DataFrame, samples: pd.DataFrame, fig:
     smallest = df[df["partitions"] == df["partitions"].min()]
     start = smallest.loc[smallest["collective"] == "all_to_all", "time_ms"].max()
     d = np.sort(df["partitions"].unique())
-    ax.plot(d, start * np.sqrt(d / d[0]), ":", color="gray", label="sqrt(D)")
+    exponent = published_value(load_registry(), "gshard-table4-a2a-exponent")
+    ax.plot(d, start * (d / d[0]) ** exponent, label=f"published all-to-all: D^{exponent:g} (Table 4)", **PUBLISHED)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(xlabel="partitions D (TPU v3 cores)", ylabel="time (ms)")
     ax.set_title("Collectives on the TPU v3 torus vs partitions (simulated)", fontsize="medium")
-    ax.legend(fontsize="small")
+    ax.legend()
+    return df
 
 
 @figure(paper=PAPER)
-def gshard_memory(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def gshard_memory(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Memory per core by kind for each depth and expert count, against the core's HBM (GShard Fig 7)."""
     df = _required(_points(records, MEMORY), "gshard_memory points").astype({"num_experts": int, "n_layers": int})
     df = df.sort_values(["n_layers", "num_experts"]).reset_index(drop=True)
@@ -287,4 +291,5 @@ def gshard_memory(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> 
         fontsize="medium",
     )
     ax.tick_params(axis="x", labelsize="x-small")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend()
+    return df

@@ -23,6 +23,7 @@ from analysis.registry import (
     reproducer,
     train_step_rows,
 )
+from analysis.style import colour, mode_title, palette, published_line, published_segment
 from analysis.units import format_bytes, span
 from moe_core.config.load import CommConfig
 from moe_core.records.units import MiB
@@ -500,7 +501,7 @@ def lina_s52_phase2_check_ms(records: pd.DataFrame, samples: pd.DataFrame) -> tu
 
 
 @figure(paper="lina")
-def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """All-to-all share of step time vs experts, with the all-to-all data per rank dashed (Lina Fig 4)."""
     df = train_step_rows(records, ["a2a_share", "a2a_bytes"], shown=["policy", "world_size", "num_experts"])
     share = df[df["metric"] == "a2a_share"].assign(a2a_share_pct=lambda d: 100 * d["value"])
@@ -510,6 +511,7 @@ def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         x="num_experts",
         y="a2a_share_pct",
         hue="policy",
+        palette=palette("policy", share["policy"]),
         style="world_size",
         markers=True,
         dashes=False,
@@ -522,7 +524,9 @@ def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         ylabel="all-to-all share of step time (%, median)",
         title="All-to-all share of step time vs number of experts",
     )
-    ax.legend(loc="upper left", fontsize="small")
+    table1 = published_value(load_registry(), "lina-table1-a2a-share-of-step")
+    published_line(ax, table1, f"published: Lina Table 1, {table1:g}% (mean of its models)")
+    ax.legend()
     data_mb = df[df["metric"] == "a2a_bytes"].groupby(["world_size", "num_experts"])["value"].median() / 1e6
     twin = ax.twinx()
     grays = sns.color_palette("Greys", data_mb.index.get_level_values("world_size").nunique() + 1)[1:]
@@ -537,15 +541,16 @@ def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         )
     twin.set_ylabel("all-to-all data sent per rank per step (MB)")
     twin.grid(False)
-    twin.legend(loc="lower right", fontsize="small")
+    twin.legend()
     experts = sorted(share["num_experts"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(experts, [str(n) for n in experts])
     ax.xaxis.set_minor_locator(NullLocator())
+    return df
 
 
 @figure(paper="lina")
-def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Empirical CDF of all-to-all slowdown next to an all-reduce, with Lina's Fig 3 numbers."""
     s = contended_slowdowns(samples)
     if s.empty:
@@ -554,17 +559,19 @@ def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
             ">= 1 MiB with a concurrent all_reduce; run the collectives sweep with "
             "concurrent: all_reduce and collect its records"
         )
+    s = one_testbed(s)
     _slowdown_cdf(
         fig.subplots(),
-        one_testbed(s),
+        s,
         "collective",
         "fraction of iterations (CDF)",
         "All-to-all slowdown under a concurrent all-reduce",
     )
+    return s
 
 
 @figure(paper="lina")
-def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Simulated backward all-to-all slowdown (overlap / sequential) on Lina's testbed, per cluster size."""
     s = select(samples, experiment="sim_train_step", metric="a2a_bwd_slowdown", hardware=LINA_TESTBED)
     if s.empty:
@@ -580,6 +587,7 @@ def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         "fraction of backward all-to-alls (CDF)",
         f"Simulated all-to-all slowdown under DDP all-reduce ({LINA_TESTBED})",
     )
+    return s
 
 
 def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> None:
@@ -587,15 +595,16 @@ def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> Non
     for key, group in s.groupby(hue):
         sns.ecdfplot(group, x="value", ax=ax, label=f"{hue} {key} (n={len(group)})")
     registry = load_registry()
-    for (name, entry_id), ls in zip(LINA_FIG3_ENTRY_IDS.items(), (":", "--")):
+    for name, entry_id in LINA_FIG3_ENTRY_IDS.items():
         value = published_value(registry, entry_id)
-        ax.axvline(value, color="black", ls=ls, label=f"Lina Fig 3 {name} ({value:g}×)")
+        published_line(ax, value, f"published: Lina Fig 3 {name}, {value:g}×", horizontal=False)
+        ax.annotate(f"Fig 3 {name}", (value, 0.02), xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7)
     ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)", ylabel=ylabel, title=title)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend()
 
 
 @figure(paper="lina")
-def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Simulated all-to-all share of step time vs GPUs (experts = GPUs), per cluster and policy."""
     df = select(records, experiment="sim_train_step", metric="a2a_share")
     df = df[df["policy"].isin(BASELINE_POLICIES)] if not df.empty else df
@@ -608,6 +617,7 @@ def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, 
         x="world_size",
         y="a2a_share_pct",
         hue="hardware",
+        palette=palette("testbed", df["hardware"]),
         style="policy",
         markers=True,
         estimator="median",
@@ -623,14 +633,14 @@ def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, 
         ylabel="all-to-all share of step time (%, simulated)",
         title="All-to-all share of step time vs cluster size (simulated)",
     )
-    ax.legend(fontsize="small")
+    return df
 
 
 # ---- figures: Lina's speedups (simulated on its testbed; measured on this machine) --------------
 
 
 @figure(paper="lina")
-def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Step-time speedup over DDP-style overlap per Lina policy vs experts (= GPUs): Lina's Fig 10
     (policy lina) and its cumulative ablation (Fig 14), one panel per testbed, with Fig 10's averages."""
     panels = [
@@ -644,6 +654,7 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
             "GPUs; run the lina sweeps (configs/default.yaml: lina) and collect them"
         )
     registry = load_registry()
+    fig.set_size_inches(4 + 2.5 * len(panels), 4.5)
     for ax, (testbed, df) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         experts = sorted(df["experts"].unique())
         sns.barplot(
@@ -651,6 +662,8 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
             x="experts",
             y="speedup",
             hue="policy",
+            saturation=1,
+            palette=palette("policy", df["policy"]),
             order=experts,
             hue_order=[p for p in LINA_POLICIES_SHOWN if p in set(df["policy"])],
             ax=ax,
@@ -658,20 +671,16 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
         for i, n in enumerate(experts):
             entry = f"lina-fig10-step-speedup-{n}e"
             if entry in registry:
-                ax.plot(
-                    [i - 0.4, i + 0.4],
-                    [published_value(registry, entry)] * 2,
-                    color="black",
-                    ls="--",
-                    label="Lina Fig 10: lina vs DeepSpeed" if i == 0 else None,
-                )
+                label = "published: Lina Fig 10, lina over DeepSpeed"
+                published_segment(ax, i, published_value(registry, entry), label)
         ax.axhline(1.0, color="0.5", lw=0.8)
         ax.set(
             xlabel="experts (= GPUs)",
             ylabel="step-time speedup over overlap (×)",
-            title=f"{testbed['mode']} on {testbed['hardware']}",
+            title=mode_title(testbed["mode"], testbed["hardware"]),
         )
-        ax.legend(fontsize="x-small")
+        ax.legend()
+    return pd.concat([df for _, df in panels])
 
 
 LINA_FIGS_11_TO_13_PANELS = [  # metric, panel title, registry ids "<prefix>-<n>e" of the published values
@@ -682,7 +691,7 @@ LINA_FIGS_11_TO_13_PANELS = [  # metric, panel title, registry ids "<prefix>-<n>
 
 
 @figure(paper="lina")
-def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Policy lina over overlap on Lina's testbed (simulated), per experts (= GPUs): the MoE layers'
     forward (Fig 11) and backward (Fig 12) wall time and the backward all-to-all time (Fig 13), with
     the published speedups where the paper gives them."""
@@ -706,27 +715,28 @@ def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
             continue
         experts = sorted(df["experts"].unique())
         sns.barplot(
-            df, x="experts", y="speedup", order=experts, color=sns.color_palette("colorblind")[0], errorbar=None, ax=ax
+            df,
+            x="experts",
+            y="speedup",
+            order=experts,
+            saturation=1,
+            color=colour("policy", "lina"),
+            errorbar=None,
+            ax=ax,
         )
         for i, n in enumerate(experts):
             if f"{prefix}-{n}e" in registry:
-                ax.plot(
-                    [i - 0.4, i + 0.4],
-                    [published_value(registry, f"{prefix}-{n}e")] * 2,
-                    color="black",
-                    ls="--",
-                    label="Lina vs DeepSpeed (published)",
-                )
+                label = "published: Lina over DeepSpeed"
+                published_segment(ax, i, published_value(registry, f"{prefix}-{n}e"), label)
         ax.axhline(1.0, color="0.5", lw=0.8)
         ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)")
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(handles[:1], labels[:1], fontsize="x-small")
+        ax.legend()
     fig.suptitle(f"Lina's MoE layers and backward all-to-all (simulated, {LINA_TESTBED})")
+    return pd.concat([df for *_, df in panels])
 
 
 @figure(paper="lina")
-def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Step time of policy lina vs micro-op (partition) size at the largest expert count (Lina Fig 15)."""
     df = select(records, experiment="sim_train_step", hardware=LINA_TESTBED, policy="lina", metric="step_ms")
     if df.empty:
@@ -736,12 +746,13 @@ def lina_partition_sweep(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         )
     df = df[df["num_experts"] == df["num_experts"].max()]
     ax = fig.subplots()
-    sns.lineplot(df, x="partition_mb", y="value", marker="o", ax=ax)
+    sns.lineplot(df, x="partition_mb", y="value", marker="o", color=colour("policy", "lina"), ax=ax)
     ax.set(
         xlabel="micro-op (partition) size (MB)",
         ylabel="step time (ms, simulated)",
         title=f"Lina step time vs partition size, {int(df['num_experts'].iloc[0])} experts ({LINA_TESTBED})",
     )
+    return df
 
 
 # ---- figures: Lina's inference (measured) --------------------------------------------------------
@@ -768,26 +779,29 @@ def _normalised_to_ideal(records: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 @figure(paper="lina")
-def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def lina_inference(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """Measured inference per placement policy, one row per expert count: whole inference time (Fig
     16) and the MoE layers' time (Fig 17), median and p95 normalised to a perfectly balanced gate's
     median; and each MoE layer's p95 all-to-all time, static vs lina (Fig 18)."""
-    _draw_inference(select(records, mode="measured"), fig, "experiments/inference.py (rule lina_inference)")
+    return _draw_inference(select(records, mode="measured"), fig, "experiments/inference.py (rule lina_inference)")
 
 
 @figure(paper="lina")
-def lina_inference_simulated(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def lina_inference_simulated(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """As lina_inference, simulated at the paper's scale (experts = GPUs of Lina's testbed, synthetic
     routing with the paper's skew and path following)."""
-    _draw_inference(
+    return _draw_inference(
         select(records, mode="simulated"),
         fig,
         "experiments/lina_inference_sim.py (rule lina_inference_simulated)",
     )
 
 
-def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> None:
-    """The inference figure of one testbed's records."""
+STATISTIC_GREYS = {"median": "0.35", "p95": "0.7"}  # greys: the bars' policy is on the axis, not in a colour
+
+
+def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> pd.DataFrame:
+    """The inference figure of one testbed's records; returns its rows."""
     rows = select(records, paper="lina", experiment="inference")
     if rows.empty or not {"forward_ms", "moe_layer_ms"} & set(rows["metric"]):
         raise FigureDataError(
@@ -809,7 +823,7 @@ def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> None:
             f"the lina inference records have no ideal policy at path length {LINA_PATH_LENGTH} "
             "to normalise to, nor per-layer all-to-all times"
         )
-    fig.set_size_inches(15, 0.8 + 3.6 * len(experts))
+    fig.set_size_inches(13, 0.8 + 3.6 * len(experts))
     axes = fig.subplots(len(experts), 3, squeeze=False)
     for row, n in zip(axes, experts):
         for ax, (df, what) in zip(row[:2], panels):
@@ -819,16 +833,25 @@ def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> None:
                 ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
                 continue
             order = [p for p in LINA_INFERENCE_POLICIES_SHOWN if p in set(df["policy"])]
-            sns.barplot(df, x="policy", y="normalised", hue="statistic", order=order, errorbar=None, ax=ax)
+            sns.barplot(
+                df,
+                x="policy",
+                y="normalised",
+                hue="statistic",
+                palette=STATISTIC_GREYS,
+                order=order,
+                errorbar=None,
+                ax=ax,
+            )
             ax.axhline(1.0, color="0.5", lw=0.8)
             ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
             ax.set(xlabel="placement policy", ylabel="time / ideal's median (×)")
-            ax.legend(fontsize="x-small")
         _tail_a2a_panel(row[2], tails[tails["num_experts"] == n] if not tails.empty else tails, n)
     fig.suptitle(
         f"Lina inference, path length {LINA_PATH_LENGTH}, {rows['backend'].iloc[0]} on "
         f"{rows['hardware'].iloc[0]}, {span(rows['world_size'])} ranks"
     )
+    return rows
 
 
 def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
@@ -839,7 +862,17 @@ def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
         return
     long = tails.melt(id_vars=["layer"], value_vars=["p95_static", "p95_lina"], var_name="policy", value_name="p95_ms")
     long["policy"] = long["policy"].str.removeprefix("p95_")
-    sns.barplot(long, x="layer", y="p95_ms", hue="policy", hue_order=["static", "lina"], errorbar=None, ax=ax)
+    sns.barplot(
+        long,
+        x="layer",
+        y="p95_ms",
+        hue="policy",
+        saturation=1,
+        palette=palette("policy", long["policy"]),
+        hue_order=["static", "lina"],
+        errorbar=None,
+        ax=ax,
+    )
     ax.set(
         xlabel="MoE layer",
         ylabel="p95 all-to-all time per batch (ms)",
@@ -847,4 +880,3 @@ def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
         f"mean {tails['reduction'].mean():.2f}×, max {tails['reduction'].max():.2f}×",
     )
     ax.title.set_fontsize("small")
-    ax.legend(fontsize="x-small")

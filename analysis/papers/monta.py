@@ -16,9 +16,13 @@ from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from analysis.collect import select
+from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
+from analysis.style import colour, mode_title, palette, published_line, published_point, published_segment
 
 PATHS = ["duplicate", "drop-gather", "monta"]
+SOURCE_COLOURS = {"model_exchange_ms": "0.6", "simulated_exchange_ms": "C0"}  # MoNTA's model grey
+PHASE_COLOURS = sns.color_palette("colorblind", 5)  # the iteration's phases (a2a, expert, gate, dense, all-reduce)
 EXCHANGES_PER_LAYER = 4  # dispatch and combine, forward and backward
 
 
@@ -112,7 +116,7 @@ def monta_model_chunks(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[fl
 
 
 @figure(paper="monta")
-def monta_a2a_vs_tp(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def monta_a2a_vs_tp(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """(a) One exchange per dispatch path vs tensor-parallel size: measured, and simulated at scale."""
     measured = select(records, paper="monta", experiment="monta_a2a", metric="exchange_ms")
     simulated = _steps(records, "simulated")
@@ -122,27 +126,56 @@ def monta_a2a_vs_tp(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -
     if not measured.empty:
         measured = one_testbed(measured).astype({"tensor_parallel": int})
         shown = measured[measured["path"].isin(["flat", "duplicate", "drop-gather", "monta-n4"])]
-        sns.barplot(shown, x="tensor_parallel", y="value", hue="path", errorbar=None, ax=left)
+        sns.barplot(
+            shown,
+            x="tensor_parallel",
+            y="value",
+            hue="path",
+            saturation=1,
+            palette=palette("dispatcher", shown["path"]),
+            errorbar=None,
+            ax=left,
+        )
         left.set(
             xlabel="tensor-parallel size",
             ylabel="one exchange (ms, median of worst rank)",
-            title=f"Measured: {_testbed_words(measured)}",
+            title=mode_title("measured", _testbed_words(measured)),
         )
     if not simulated.empty:
         paper = simulated[(simulated["expert_parallel"] == 2) & (simulated["tp_chunks"] == 0)]
-        sns.lineplot(paper, x="tensor_parallel", y="exchange_ms", hue="path", style="hardware", markers=True, ax=right)
+        sns.lineplot(
+            paper,
+            x="tensor_parallel",
+            y="exchange_ms",
+            hue="path",
+            palette=palette("dispatcher", paper["path"]),
+            style="hardware",
+            markers=True,
+            ax=right,
+        )
+        _published_tp8_speedup(right, _by_path(_at_paper_layout(paper, 8), "exchange_ms"))
         right.set(
             xlabel="tensor-parallel size (ep 2, the rest data parallel)",
             ylabel="one exchange (ms)",
-            title="Simulated: 2x70B-class, 16 A800 (the profile's 4 NICs per node)",
+            title=mode_title("simulated", "2x70B-class, 16 A800 (the profile's 4 NICs per node)"),
             yscale="log",
         )
         right.set_xticks(sorted(paper["tensor_parallel"].unique()))
     fig.suptitle("MoNTA (a): all-to-all + all-gather of one MoE exchange per dispatch path")
+    return pd.concat([measured, simulated])
+
+
+def _published_tp8_speedup(ax, exchange_ms: dict[str, float]) -> None:
+    """MoNTA's published all-to-all speedup at tp 8, drawn where it puts MoNTA's exchange: the
+    duplicates' simulated exchange over the published speedup."""
+    if "duplicate" in exchange_ms:
+        speedup = published_value(load_registry(), "monta-a2a-speedup-tp8")
+        label = f"published: monta at tp 8, duplicate / {speedup:g}"
+        published_point(ax, 8, exchange_ms["duplicate"] / speedup, label)
 
 
 @figure(paper="monta")
-def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """(b) The pipelined exchange vs chunk count: simulated, the model's curve and pick, and measured."""
     simulated = _steps(records, "simulated")
     simulated = simulated[(simulated["path"] == "monta") & (simulated["expert_parallel"] == 2)]
@@ -159,46 +192,80 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> N
     left, right = fig.subplots(1, 2)
     swept = simulated[simulated["tp_chunks"] > 0] if not simulated.empty else simulated
     if not swept.empty:
-        sns.lineplot(swept, x="tp_chunks", y="exchange_ms", hue="hardware", marker="o", ax=left)
+        for hardware, curve in swept.groupby("hardware"):
+            curve = curve.sort_values("tp_chunks")
+            left.plot(
+                curve["tp_chunks"],
+                curve["exchange_ms"],
+                marker="o",
+                color=colour("testbed", hardware),
+                label=f"simulated step, {hardware}",
+            )
     if swept.empty and model.empty:
         left.set_axis_off()
         left.set_title("no simulated or modelled chunk sweep in these tables")
     for hardware, curve in model.groupby("hardware"):
         curve = curve.sort_values("chunks")
-        left.plot(curve["chunks"], curve["value"], ls="--", label=f"model, {hardware}")
+        left.plot(
+            curve["chunks"], curve["value"], ls=":", color=colour("testbed", hardware), label=f"model, {hardware}"
+        )
         pick = chosen[(chosen["hardware"] == hardware) & (chosen["value"] == 1)]
         for n in pick["chunks"]:
-            left.axvline(n, ls=":", color="0.4")
-            left.annotate(f"model picks {int(n)}", (n, curve["value"].min()), fontsize="x-small", rotation=90)
+            left.annotate(
+                f"model picks {int(n)}",
+                (n, curve["value"].min()),
+                xytext=(0, -14),
+                textcoords="offset points",
+                ha="center",
+                fontsize="x-small",
+            )
     else:
-        left.set(xscale="log", yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
-        left.set_title("Simulated step (solid) vs model (dashed)")
-        left.legend(fontsize="x-small")
+        published_line(
+            left,
+            published_value(load_registry(), "monta-code-default-chunks"),
+            "published: MoNTA's code default chunks",
+            horizontal=False,
+        )
+        _chunk_axis(left, [*swept.get("tp_chunks", []), *model["chunks"]])
+        left.set(yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
+        left.set_title(mode_title("simulated", "step (solid) vs MoNTA's model (dotted)"))
     if not measured.empty:
         measured = one_testbed(measured).astype({"tensor_parallel": int})
         measured = measured[measured["tensor_parallel"] > 1].copy()
         measured["chunks"] = measured["path"].str.extract(r"monta-n(\d+)")[0].astype(float)
         measured.loc[measured["path"] == "drop-gather", "chunks"] = 1
         measured = measured.dropna(subset=["chunks"])
-        sns.lineplot(measured, x="chunks", y="value", hue="tensor_parallel", marker="o", ax=right)
+        measured["tp"] = measured["tensor_parallel"].astype(str)
+        tp_colours = dict(zip(sorted(measured["tp"].unique(), key=int), ("C0", "C3", "C2", "C4")))
+        sns.lineplot(measured, x="chunks", y="value", hue="tp", palette=tp_colours, marker="o", ax=right)
         model = select(records, experiment="monta_a2a", metric="model_ms", hardware=measured["hardware"].iloc[0])
         if not model.empty:  # the profile stated its links: the model's prediction of the same exchanges
             model = model.merge(measured[["point", "chunks"]], on="point")
             for tp, curve in model.groupby("tensor_parallel"):
                 curve = curve.sort_values("chunks")
-                right.plot(curve["chunks"], curve["value"], ls="--", color="0.4", label=f"model, tp {tp:g}")
-            right.legend(fontsize="x-small")
+                right.plot(
+                    curve["chunks"], curve["value"], ls=":", color=tp_colours[f"{tp:g}"], label=f"model, tp {tp:g}"
+                )
+        _chunk_axis(right, measured["chunks"])
         right.set(
-            xscale="log",
             xlabel="chunks (1 = drop-gather)",
             ylabel="one exchange (ms, median)",
-            title=f"Measured: {_testbed_words(measured)}",
+            title=mode_title("measured", _testbed_words(measured)),
         )
     fig.suptitle("MoNTA (b): pipelined all-to-all + all-gather vs chunk count")
+    return pd.concat([simulated, model, measured])
+
+
+def _chunk_axis(ax, chunks) -> None:
+    """A base-2 log axis of chunk counts, each count drawn written out (1, 2, 4, ...)."""
+    counts = sorted({int(c) for c in chunks})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
 
 
 @figure(paper="monta")
-def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """(c) Iteration time by phase, drop-gather vs MoNTA (and duplicates), simulated at tp 8 and measured."""
     phases = ["a2a_ms", "expert_ms", "gate_ms", "dense_ms", "allreduce_exposed_ms"]
     panels = []
@@ -211,16 +278,30 @@ def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig:
             panels.append((mode, df))
     if not panels:
         raise FigureDataError("the records table has no monta training steps; run the simulator or the measured sweep")
-    fig.set_size_inches(6 * len(panels), 4.5)
+    fig.set_size_inches(5 * len(panels), 4.5)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (mode, df) in zip(axes, panels):
         table = df.pivot_table(index=["hardware", "path"], columns="metric", values="value", aggfunc="median")
         table = table.reindex(columns=phases)
         table.index = [f"{hw}\n{path}" for hw, path in table.index]
-        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small")
-        ax.set(ylabel="ms per iteration (phases)", title=f"{mode}, tp {int(df['tensor_parallel'].max())}")
-        ax.legend(fontsize="x-small")
+        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small", color=PHASE_COLOURS)
+        ax.set(ylabel="ms per iteration (phases)", title=mode_title(mode, f"tp {int(df['tensor_parallel'].max())}"))
+        if mode == "simulated":
+            _published_iteration_gain(ax, table)
+        ax.legend()
     fig.suptitle("MoNTA (c): iteration latency, drop-gather vs pipelined (monta)")
+    return pd.concat([df for _, df in panels])
+
+
+def _published_iteration_gain(ax, table: pd.DataFrame) -> None:
+    """MoNTA's published iteration gain, drawn as the step it gives: drop-gather's simulated step less
+    the published share, over the monta bar of each testbed."""
+    gain = published_value(load_registry(), "monta-iteration-gain")
+    for i, label in enumerate(table.index):
+        hardware, path = label.split("\n")
+        if path == "monta" and f"{hardware}\ndrop-gather" in table.index:
+            step = table.loc[f"{hardware}\ndrop-gather"].sum() * (1 - gain / 100)
+            published_segment(ax, i, step, f"published: monta's iteration {gain:g}% under drop-gather's")
 
 
 @table(paper="monta", file="monta_strategies")
@@ -261,7 +342,7 @@ def strategy_ranking(records: pd.DataFrame) -> pd.DataFrame:
 
 
 @figure(paper="monta")
-def monta_strategy_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def monta_strategy_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """(d) MoNTA's ranking of (tp, ep, dp) layouts: predicted vs simulated exchange, layouts that fit marked."""
     table = _required(strategy_ranking(records), "monta_strategy records", "run experiments/monta.py")
     hardware = sorted(table["hardware"].unique())
@@ -274,7 +355,7 @@ def monta_strategy_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
             for t, e, d, f in zip(df["tensor_parallel"], df["expert_parallel"], df["data_parallel"], df["fits"])
         ]
         long = df.melt(id_vars="layout", value_vars=["model_exchange_ms", "simulated_exchange_ms"], var_name="source")
-        sns.barplot(long, x="layout", y="value", hue="source", ax=ax)
+        sns.barplot(long, x="layout", y="value", hue="source", palette=SOURCE_COLOURS, ax=ax)
         both = df.dropna(subset=["simulated_exchange_ms"])
         rho = (
             spearmanr(both["model_exchange_ms"], both["simulated_exchange_ms"]).statistic
@@ -288,10 +369,11 @@ def monta_strategy_ranking(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
             title=f"{hw}: Spearman rho {rho:.2f}",
         )
     fig.suptitle("MoNTA (d): network-traffic-aware strategy ranking, model vs simulated step")
+    return table.assign(mode="simulated")
 
 
 @figure(paper="monta")
-def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> None:
+def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     """(e) Flat vs hierarchical all-to-all vs cluster size (simulated), and measured where the group spans nodes."""
     df = select(records, paper="monta", experiment="sim_train_step", metric="a2a_ms", tensor_parallel=1)
     df = df[df["num_experts"] == df["world_size"]].copy()
@@ -303,17 +385,41 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
     left, right = fig.subplots(1, 2)
     if not df.empty:
         df["exchange_ms"] = df["value"] / (EXCHANGES_PER_LAYER * df["moe_layers"])
-        sns.lineplot(df, x="world_size", y="exchange_ms", hue="a2a_algorithm", marker="o", ax=left)
+        sns.lineplot(
+            df,
+            x="world_size",
+            y="exchange_ms",
+            hue="a2a_algorithm",
+            palette=palette("dispatcher", df["a2a_algorithm"]),
+            marker="o",
+            ax=left,
+        )
+        sizes = sorted(df["world_size"].astype(int).unique())
+        left.set_xscale("log", base=2)
+        left.set_xticks(sizes, [str(n) for n in sizes])
+        left.minorticks_off()
         left.set(
-            xscale="log",
             xlabel="GPUs (8 per node, one expert each)",
             ylabel="one exchange (ms)",
-            title=f"Simulated: {describe_testbeds(df)}",
+            title=mode_title("simulated", describe_testbeds(df)),
         )
     if not measured.empty:
         measured = one_testbed(measured)
-        sns.barplot(measured, x="path", y="value", ax=right, errorbar=None)
+        sns.barplot(
+            measured,
+            x="path",
+            y="value",
+            hue="path",
+            saturation=1,
+            palette=palette("dispatcher", measured["path"]),
+            ax=right,
+            errorbar=None,
+            legend=False,
+        )
         right.set(
-            xlabel="all-to-all", ylabel="one exchange (ms, median)", title=f"Measured: {_testbed_words(measured)}"
+            xlabel="all-to-all",
+            ylabel="one exchange (ms, median)",
+            title=mode_title("measured", _testbed_words(measured)),
         )
     fig.suptitle("MoNTA/Tutel (e): flat vs hierarchical all-to-all")
+    return pd.concat([df, measured])
