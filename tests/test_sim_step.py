@@ -172,6 +172,31 @@ def test_lina_partition_all_reduces_exactly_the_measured_micro_ops():
     np.testing.assert_allclose(loads / expected, 2 * 7 / 8, rtol=1e-9)  # a ring moves 2(p-1)/p of each
 
 
+@pytest.mark.parametrize(("backend", "in_flight"), [("nccl", 1), ("gloo", 2)])
+@pytest.mark.parametrize("policy", ["overlap", "sequential"])
+def test_queued_gradient_all_reduces_run_as_many_at_once_as_the_backend(backend, in_flight, policy):
+    """Units launched as their gradients are ready are queued without waiting: NCCL runs them in order
+    on its stream, gloo's two worker threads two at a time. Units launched after the backward pass
+    are each waited for, on any backend."""
+    cfg = load_config(
+        overrides=[
+            *LINA,
+            f"comm.policy={policy}",
+            "comm.bucket_mb=0.25",
+            "parallel.world_size=4",
+            "moe.num_experts=4",
+            f"hardware.backend={backend}",
+        ]
+    )
+    ops, _ = StepModel(cfg, build_topology(cfg.hardware)).build()
+    units = [i for i, op in enumerate(ops) if op.phase == "allreduce"]
+    assert len(units) > 4
+    waits = in_flight if policy == "overlap" else 1
+    for k, i in enumerate(units[waits:], start=waits):
+        earlier = [d for d in ops[i].deps if d in units]
+        assert earlier == [units[k - waits]], (k, ops[i].deps)
+
+
 def test_lina_pipelining_hides_expert_time_behind_the_exchange():
     _, partitioned = step([*LINA, "comm.policy=lina-partition", "comm.partition_mb=1"])
     _, pipelined = step([*LINA, "comm.policy=lina-pipeline", "comm.partition_mb=1"])

@@ -27,6 +27,16 @@ from moe_core.sim.engine import Op, Timeline, simulate
 from moe_core.sim.topology import Transfer
 
 EXCHANGES = ("all_to_all", "all_to_all_v")  # the collective kinds a size curve prices
+# Collectives one communicator runs at once when they are queued without waiting for each other
+# (``async_op=True``): gloo's ProcessGroupGloo hands queued work to a pool of worker threads, two by
+# default (ProcessGroupGloo.Options: threads=2); NCCL runs a communicator's collectives in order on
+# its stream.
+IN_FLIGHT = {"gloo": 2, "nccl": 1}
+
+
+def queued_in_flight(hw: DictConfig) -> int:
+    """How many queued collectives of one communicator run at once on ``hw``'s backend."""
+    return IN_FLIGHT[hw.backend]
 
 
 @dataclass(frozen=True)
