@@ -24,7 +24,6 @@ import yaml
 from omegaconf import DictConfig
 from scipy import stats
 
-from moe_core.config.cli import config_arg_parser
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.records.console import records_summary
 from moe_core.records.results import (
@@ -154,18 +153,6 @@ def measured_main(
         if env.rank == 0:
             print(f"error: {failure}", file=sys.stderr)
         sys.exit(1)
-
-
-def benchmark_main(
-    argv: list[str] | None,
-    doc: str,
-    world_size_key: str,
-    run: Callable[[DictConfig, Env], list[dict]],
-    check: Callable[[DictConfig], None] | None = None,
-) -> None:
-    """:func:`measured_main` of ``argv``, parsed here: for an entry point that imports its work before it
-    parses its command line (experiments/dispatchers.py), so whose ``--help`` waits for torch."""
-    measured_main(config_arg_parser(doc).parse_intermixed_args(argv), world_size_key, run, check)
 
 
 def published_entries(
