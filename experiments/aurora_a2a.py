@@ -26,7 +26,16 @@ from moe_core.config.cli import config_arg_parser
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "aurora.world_size"
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("aurora", "model", "train", "hardware_profile", "parallel.timeout_s", "results_dir")
+CONFIG_KEYS = (
+    "aurora",
+    "model",
+    "train",
+    "hardware_profile",
+    "parallel.timeout_s",
+    "results_dir",
+    "sweep.name",
+    "wandb",
+)
 
 
 def main(argv: list[str] | None = None) -> None:

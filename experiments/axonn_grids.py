@@ -24,7 +24,7 @@ from moe_core.config.cli import config_arg_parser
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "axonn.world_size"
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("axonn", "model", "train", "hardware_profile", "results_dir")
+CONFIG_KEYS = ("axonn", "model", "train", "hardware_profile", "results_dir", "sweep.name", "wandb")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,7 @@ from moe_core.config.cli import config_arg_parser
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "collectives.world_size"
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("collectives", "hardware_profile", "parallel.timeout_s", "sweep.name", "results_dir", "wandb")
+CONFIG_KEYS = ("collectives", "hardware_profile", "parallel.timeout_s", "results_dir", "sweep.name", "wandb")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import sys
 from moe_core.config.cli import config_arg_parser
 
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("results_dir",)
+CONFIG_KEYS = ("results_dir", "sweep.name", "wandb")
 
 
 def main(argv: list[str] | None = None) -> int:

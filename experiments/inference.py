@@ -41,7 +41,17 @@ from moe_core.config.cli import config_arg_parser
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("inference", "model", "moe", "train", "parallel", "hardware_profile", "results_dir", "wandb")
+CONFIG_KEYS = (
+    "inference",
+    "model",
+    "moe",
+    "train",
+    "parallel",
+    "hardware_profile",
+    "results_dir",
+    "sweep.name",
+    "wandb",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

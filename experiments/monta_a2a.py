@@ -31,7 +31,7 @@ from moe_core.config.cli import config_arg_parser
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "monta.world_size"
 # What it reads of the config (named by --help).
-CONFIG_KEYS = ("monta", "hardware_profile", "parallel.timeout_s", "results_dir")
+CONFIG_KEYS = ("monta", "hardware_profile", "parallel.timeout_s", "results_dir", "sweep.name", "wandb")
 
 
 def main(argv: list[str] | None = None) -> None:

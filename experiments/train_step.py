@@ -33,6 +33,7 @@ CONFIG_KEYS = (
     "train",
     "hardware_profile",
     "results_dir",
+    "sweep.name",
     "wandb",
 )
 

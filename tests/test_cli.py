@@ -15,9 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = (ROOT / "experiments").glob("*.py")
 ENTRY_POINTS = sorted(p.stem for p in COMMANDS if 'if __name__ == "__main__":' in p.read_text())
 HEAVY = ("torch", "scipy", "pandas")
-# experiments/dispatchers.py still imports its work (torch) before it parses: the dispatcher study is
-# being changed elsewhere, and gets its command line split from its work once that has landed.
-IMPORTS_ITS_WORK_FIRST = {"dispatchers"}
 
 
 def test_the_entry_points_are_found():
@@ -31,15 +28,7 @@ def imported_at_top(importtime: str) -> set[str]:
     return {name.split(".")[0] for name in names}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="imports torch before parsing"))
-        if n in IMPORTS_ITS_WORK_FIRST
-        else n
-        for n in ENTRY_POINTS
-    ],
-)
+@pytest.mark.parametrize("name", ENTRY_POINTS)
 def test_help_exits_0_before_torch_scipy_or_pandas_are_imported(name):
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", f"experiments.{name}", "--help"],

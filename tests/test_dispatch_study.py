@@ -10,7 +10,8 @@ import pytest
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from analysis.registry import TABLE_REGISTRY
-from experiments import dispatchers, dispatchers_predictions, dispatchers_sim
+from experiments import dispatchers_predictions, dispatchers_sim
+from experiments.impl import dispatchers
 from experiments.impl import dispatchers_sim as impl_dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, register_dispatcher

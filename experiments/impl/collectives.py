@@ -18,8 +18,6 @@ from tqdm import tqdm
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from moe_core.config.load import ConfigError
 from moe_core.records.console import RowPrinter
-from moe_core.records.results import write_records
-from moe_core.records.tracking import log_point
 from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record
 from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
@@ -331,23 +329,6 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
     return records
 
 
-def save(records: list[dict], cfg: DictConfig) -> None:
-    """Write every record (rank 0's; the others have none), then mirror a few to W&B.
-
-    One W&B run per record would be ~50 runs per benchmark, so only the pair records (the overlap
-    question) and the largest size of each collective alone (its peak bandwidth) are logged; the
-    JSON records hold everything.
-    """
-    paths = write_records(records, cfg.results_dir)
-    if paths:
-        print(f"wrote {len(paths)} records under {paths[0].parent}/", file=sys.stderr)
-    max_bytes = sizes_bytes(cfg)[-1]
-    for record in records:
-        p = record["params"]
-        if p["concurrent"] or p["size_bytes"] == max_bytes:
-            log_point(record, cfg, group=f"collectives-{cfg.sweep.name}")
-
-
 def run(args: argparse.Namespace, world_size_key: str) -> None:
     """The benchmark on every rank for ``args`` (experiments.collectives' command line)."""
-    measured_main(args, world_size_key, lambda cfg, env: run_benchmark(cfg, env, args.check), check_sizes, save)
+    measured_main(args, world_size_key, lambda cfg, env: run_benchmark(cfg, env, args.check), check_sizes)

@@ -8,7 +8,7 @@ from itertools import groupby
 
 from omegaconf import DictConfig
 
-from experiments.dispatchers import PAPER, slug
+from experiments.impl.dispatchers import PAPER, slug
 from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.dispatch import dispatcher

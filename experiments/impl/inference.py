@@ -20,8 +20,7 @@ from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
-from moe_core.records.results import atomic_output, exit_if_unwritable, record_path, write_record
-from moe_core.records.tracking import log_point
+from moe_core.records.results import atomic_output, exit_if_unwritable, write_records
 from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
@@ -233,12 +232,8 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
                     extra_metrics=extra,
                 )
                 with exit_if_unwritable():
-                    path = write_record(
-                        record,
-                        Path(args.out_dir) / f"{point}.json"
-                        if args.out_dir
-                        else record_path(cfg.results_dir, PAPER, EXPERIMENT, point),
-                    )
+                    out = [Path(args.out_dir) / f"{point}.json"] if args.out_dir else None
+                    (path,) = write_records([record], cfg.results_dir, out)
                 m = record["metrics"]
                 rates = (
                     f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate {extra['replan_rate']:.0%}"
@@ -251,7 +246,6 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
                     f"imbalance {m['load_imbalance']['median']:.2f}{rates}",
                     file=sys.stderr,
                 )
-                log_point(record, cfg, step_columns={k: samples[policy][k] for k in ("moe_layer_ms", "moe_layer_norm")})
         leave_together(env)
     finally:
         shutdown()

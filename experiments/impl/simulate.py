@@ -18,7 +18,6 @@ from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
     check_writable,
-    write_record,
     write_records,
 )
 from moe_core.runtime.benchmark import sim_record
@@ -112,10 +111,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for trace in traces:  # first: a trace that cannot be written leaves no record
             print(f"wrote {write_trace(trace, args.trace)}: open it in https://ui.perfetto.dev", file=sys.stderr)
-        if args.out:  # one point
-            paths = [write_record(*records.values(), args.out)]
-        else:
-            paths = write_records(records.values(), next(iter(configs.values())).results_dir)
+        out = [args.out] if args.out else None  # one point
+        paths = write_records(records.values(), next(iter(configs.values())).results_dir, out)
     except (ResultsDirError, NonFiniteMetricError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

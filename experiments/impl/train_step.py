@@ -22,9 +22,8 @@ from moe_core.model.transformer import MoETransformer, gradient_tensors
 from moe_core.parallel.grid import GRID_COLLECTIVES
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
-from moe_core.records.results import exit_if_unwritable, record_path, write_record
+from moe_core.records.results import exit_if_unwritable, write_records
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
-from moe_core.records.tracking import log_point
 from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, TIMED_STEP, step_profiler, write_profile
@@ -206,14 +205,11 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
                 extra_metrics=single_metrics,
             )
             with exit_if_unwritable():
-                path = write_record(record, args.out or record_path(cfg.results_dir, cfg.paper, cfg.experiment, point))
+                (path,) = write_records([record], cfg.results_dir, [args.out] if args.out else None)
             print(
                 f"wrote {path}: step {record['metrics']['step_ms']['median']:.2f} ms median, "
                 f"a2a share {record['metrics']['a2a_share']['median']:.1%}",
                 file=sys.stderr,
-            )
-            log_point(
-                record, cfg, step_columns={k: samples[k] for k in ("step_ms", "a2a_ms", "allreduce_exposed_ms", "loss")}
             )
         leave_together(env)
     finally:

@@ -3,7 +3,7 @@
 # on this testbed's calibrated profile (records of their own, so a new calibration re-measures
 # nothing), and simulated on the study's clusters (cheap local jobs); then the tables.
 
-from experiments.dispatchers import (
+from experiments.impl.dispatchers import (
     EXPERIMENT as DISPATCHERS,
     PAPER as DISPATCHERS_PAPER,
     measured_points as dispatcher_measured_points,

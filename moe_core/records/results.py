@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_core.records.tracking import mirror_records
 from moe_core.runtime.noise import WINDOW
 
 SCHEMA_VERSION = 1
@@ -335,12 +336,21 @@ def exit_if_unwritable() -> Iterator[None]:
         raise SystemExit(1) from None
 
 
-def write_records(records: Iterable[dict[str, Any]], results_dir: str | Path) -> list[Path]:
-    """Write each record to its :func:`record_path` under ``results_dir``, all or none
-    (:func:`staged_records`): a failure halfway (a full disk, a non-finite metric) leaves none of
-    them. Raises ResultsDirError or NonFiniteMetricError."""
+def write_records(
+    records: Iterable[dict[str, Any]], results_dir: str | Path, paths: Iterable[str | Path] | None = None
+) -> list[Path]:
+    """Write each record to its path in ``paths`` (default: its :func:`record_path` under
+    ``results_dir``), all or none (:func:`staged_records`): a failure halfway (a full disk, a
+    non-finite metric) leaves none of them; then mirror them to W&B under ``results_dir``
+    (moe_core.records.tracking, which never raises). Every record of the suite is written here.
+    Raises ResultsDirError or NonFiniteMetricError."""
+    records = list(records)
+    if paths is None:
+        paths = [record_path(results_dir, r["paper"], r["experiment"], r["point"]) for r in records]
     with staged_records(results_dir):
-        return [write_record(r, record_path(results_dir, r["paper"], r["experiment"], r["point"])) for r in records]
+        written = [write_record(r, path) for r, path in zip(records, paths, strict=True)]
+    mirror_records(records, results_dir)
+    return written
 
 
 def _refuse_constant(name: str) -> float:

@@ -24,7 +24,6 @@ import yaml
 from omegaconf import DictConfig
 from scipy import stats
 
-from moe_core.config.cli import config_arg_parser
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.records.console import records_summary
 from moe_core.records.results import (
@@ -120,14 +119,12 @@ def measured_main(
     world_size_key: str,
     run: Callable[[DictConfig, Env], list[dict]],
     check: Callable[[DictConfig], None] | None = None,
-    save: Callable[[list[dict], DictConfig], None] | None = None,
 ) -> None:
     """Load and check the config of ``args`` (``--config``/overrides; exit 2 on a bad one, before any
     process group), run ``run(cfg, env)`` on every rank, and write its records (rank 0's; the others
-    have none) once every rank finished, with ``save(records, cfg)`` where given (to mirror some to
-    W&B, say). A failing or hung rank makes every rank exit non-zero, naming it
-    (moe_core.runtime.distributed); cells that failed their check (CellsFailed) exit 1 once the
-    others are written."""
+    have none) once every rank finished (write_records also mirrors them to W&B). A failing or
+    hung rank makes every rank exit non-zero, naming it (moe_core.runtime.distributed); cells that
+    failed their check (CellsFailed) exit 1 once the others are written."""
     try:
         cfg = load_config(args.config, args.overrides)
         if check is not None:
@@ -144,10 +141,9 @@ def measured_main(
             except CellsFailed as err:
                 records, failure = err.records, err
         with exit_if_unwritable():
-            if save is None:
-                write_records(records, cfg.results_dir)
-            else:
-                save(records, cfg)
+            paths = write_records(records, cfg.results_dir)
+        if paths:
+            print(f"wrote {len(paths)} records under {paths[0].parent}/", file=sys.stderr)
         leave_together(env)
     finally:
         shutdown()
@@ -155,18 +151,6 @@ def measured_main(
         if env.rank == 0:
             print(f"error: {failure}", file=sys.stderr)
         sys.exit(1)
-
-
-def benchmark_main(
-    argv: list[str] | None,
-    doc: str,
-    world_size_key: str,
-    run: Callable[[DictConfig, Env], list[dict]],
-    check: Callable[[DictConfig], None] | None = None,
-) -> None:
-    """:func:`measured_main` of ``argv``, parsed here: for an entry point that imports its work before it
-    parses its command line (experiments/dispatchers.py), so whose ``--help`` waits for torch."""
-    measured_main(config_arg_parser(doc).parse_intermixed_args(argv), world_size_key, run, check)
 
 
 def published_entries(

@@ -1,0 +1,116 @@
+"""The W&B mirror of the records (moe_core.records.tracking), offline into a temporary folder: every
+measured record a run with its samples as history, a write's simulated records one run with a table
+of its points, nothing at all when disabled, and the records written when W&B cannot start."""
+
+import json
+import struct
+
+import pytest
+import wandb
+from wandb.proto import wandb_internal_pb2
+
+from moe_core.records.results import make_record, write_records
+
+# The offline run file (.wandb) is a LevelDB-style log: a 7-byte header, then 32 KiB blocks of
+# chunks (crc32c 4, length 2, type 1: full, first, middle, last), each record a protobuf Record.
+HEADER, BLOCK, CHUNK = 7, 32768, 7
+FULL, LAST = 1, 4
+
+
+def run_records(path) -> list:
+    """The protobuf records of an offline run file."""
+    data, records, pos, parts = path.read_bytes(), [], HEADER, []
+    while pos + CHUNK <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < CHUNK:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + CHUNK])
+        if kind == 0:  # zero padding
+            break
+        parts.append(data[pos + CHUNK : pos + CHUNK + length])
+        pos += CHUNK + length
+        if kind in (FULL, LAST):
+            records.append(wandb_internal_pb2.Record.FromString(b"".join(parts)))
+            parts = []
+    return records
+
+
+def offline_runs(results_dir) -> dict[str, dict]:
+    """Run name -> its group, history steps and history items (key -> value; a nested key's parts
+    joined by ``/``), from the run files (once W&B's service, which writes them, has stopped)."""
+    wandb.teardown()
+    runs = {}
+    for path in sorted((results_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        records = run_records(path)
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        history = [r.history for r in records if r.WhichOneof("record_type") == "history"]
+        items = [{_key(item): json.loads(item.value_json) for item in h.item} for h in history]
+        runs[run.display_name] = {"group": run.run_group, "steps": [h.step.num for h in history], "items": items}
+    return runs
+
+
+def _key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def record(mode: str, point: str, samples: dict, params: dict, wandb_mode: str = "offline") -> dict:
+    config = {"wandb": {"mode": wandb_mode, "project": "tests", "entity": None}, "sweep": {"name": "small"}}
+    return make_record(
+        paper="common",
+        experiment="bench" if mode == "measured" else "bench_sim",
+        point=point,
+        mode=mode,
+        backend="gloo" if mode == "measured" else "sim",
+        hardware="local-cpu",
+        params=params,
+        samples=samples,
+        config=config,
+    )
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def test_every_measured_record_is_a_run_with_its_samples_as_history(tmp_path, offline):
+    records = [
+        record("measured", f"p{n}", {"step_ms": [1.0 + i for i in range(n)], "loss": [2.0] * n}, {"n": n})
+        for n in (3, 5)
+    ]
+    write_records(records, tmp_path)
+    runs = offline_runs(tmp_path)
+    assert set(runs) == {"bench/p3", "bench/p5"}
+    for n in (3, 5):
+        run = runs[f"bench/p{n}"]
+        assert run["group"] == "small" and run["steps"] == list(range(n))
+        assert [step["step_ms"] for step in run["items"]] == [1.0 + i for i in range(n)]
+
+
+def test_the_simulated_records_of_a_write_are_one_run_with_a_table_of_its_points(tmp_path, offline):
+    records = [record("simulated", f"ws{w}", {"step_ms": [float(w)]}, {"world_size": w}) for w in (8, 16, 64)]
+    write_records(records, tmp_path)
+    runs = offline_runs(tmp_path)
+    assert list(runs) == ["common/bench_sim"] and runs["common/bench_sim"]["group"] == "small"
+    (logged,) = runs["common/bench_sim"]["items"]
+    assert logged["points/_type"] == "table-file" and logged["points/nrows"] == 3
+    (table,) = (tmp_path / "wandb").glob(f"offline-run-*/files/{logged['points/path']}")
+    table = json.loads(table.read_text())
+    assert table["columns"] == ["point", "world_size", "step_ms"]
+    assert table["data"] == [["ws8", 8, 8.0], ["ws16", 16, 16.0], ["ws64", 64, 64.0]]
+
+
+@pytest.mark.parametrize("where", ["environment", "config"])
+def test_disabled_writes_nothing(tmp_path, monkeypatch, where):
+    monkeypatch.setenv("WANDB_MODE", "disabled" if where == "environment" else "")
+    write_records([record("measured", "p", {"step_ms": [1.0]}, {}, wandb_mode="disabled")], tmp_path)
+    assert (tmp_path / "raw" / "common" / "bench" / "p.json").exists()
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_the_records_are_written_when_wandb_cannot_start(tmp_path, offline, capsys):
+    (tmp_path / "wandb").write_text("a file where W&B wants its folder")
+    write_records([record("measured", "p", {"step_ms": [1.0]}, {})], tmp_path)
+    assert (tmp_path / "raw" / "common" / "bench" / "p.json").exists()
+    assert "warning: W&B could not mirror 1 records" in capsys.readouterr().err
