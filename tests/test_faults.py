@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -468,6 +469,24 @@ def test_an_entry_point_under_a_staging_run_joins_its_stage(tmp_path):
         write_record(named_record("b"), tmp_path / "raw" / "x" / "y" / "b.json")
         failed.discard()
     assert records(tmp_path) == [path] and not (tmp_path / ".staging").exists()
+
+
+def test_runs_that_stage_beside_each_other_never_lose_the_shared_staging_root(tmp_path, monkeypatch):
+    """Two runs write into one results directory: when the other run publishes and removes the empty
+    .staging root between this run's mkdir and its mkdtemp, this run makes the root again. A rank
+    without records stages nothing (the ranks of one measured run all call write_records)."""
+    assert write_records([], tmp_path) == [] and not (tmp_path / ".staging").exists()
+    real_mkdtemp, removed = tempfile.mkdtemp, []
+
+    def mkdtemp_after_the_other_run_removed_the_root(dir, prefix):
+        if not removed:
+            Path(dir).rmdir()
+            removed.append(dir)
+        return real_mkdtemp(dir=dir, prefix=prefix)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_after_the_other_run_removed_the_root)
+    paths = write_records([named_record("a")], tmp_path)
+    assert removed and records(tmp_path) == paths
 
 
 @pytest.fixture

@@ -261,6 +261,9 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
 STAGING_ENV = "MOE_BENCH_STAGING_DIR"
 
 
+STAGE_ATTEMPTS = 10  # tries to create a stage while runs beside this one remove the shared root
+
+
 class RecordStage:
     """The staging folder of one run's records (under ``<results_dir>/.staging/``, so that publishing
     is a rename on the same file system): one ``<id>.json`` per record and ``<id>.target`` with the
@@ -268,8 +271,15 @@ class RecordStage:
 
     def __init__(self, results_dir: str | Path):
         root = check_writable(results_dir) / ".staging"
-        root.mkdir(exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(dir=root, prefix=f"{os.getpid()}-"))
+        for _ in range(STAGE_ATTEMPTS):
+            root.mkdir(exist_ok=True)
+            try:
+                self.path = Path(tempfile.mkdtemp(dir=root, prefix=f"{os.getpid()}-"))
+                break
+            except FileNotFoundError:  # a run beside this one published and removed the empty root
+                continue
+        else:
+            raise ResultsDirError(f"cannot create a staging folder under {root}: it keeps disappearing")
         self.discarded = False
 
     def publish(self) -> list[Path]:
@@ -345,6 +355,8 @@ def write_records(
     (moe_core.records.tracking, which never raises). Every record of the suite is written here.
     Raises ResultsDirError or NonFiniteMetricError."""
     records = list(records)
+    if not records:  # a rank without records (every measured rank but 0) stages nothing
+        return []
     if paths is None:
         paths = [record_path(results_dir, r["paper"], r["experiment"], r["point"]) for r in records]
     with staged_records(results_dir):
