@@ -229,11 +229,12 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
     chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that
     reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
+        chosen, chosen_samples = at_setting(recs), at_setting(samps)  # once: requote runs fn again and again
         with noting_used_points() as used:
-            result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
+            result = _run(fn, entry, testbed, chosen, chosen_samples)
 
-        def requote(changed: pd.DataFrame, testbed=testbed, samps=samps) -> float:
-            found = _run(fn, entry, testbed, changed, at_setting(samps))
+        def requote(changed: pd.DataFrame, testbed=testbed, chosen_samples=chosen_samples) -> float:
+            found = _run(fn, entry, testbed, changed, chosen_samples)
             return float("nan") if found is None else found[0]
 
         if result is None:
@@ -243,7 +244,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants, at_setting(recs), requote
+        yield testbed, *result, used, variants, chosen, requote
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:
