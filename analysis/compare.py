@@ -108,11 +108,12 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
     tables, so the counts a reproducer writes into its setting are of the points it used.
     """
     records, samples = _with_finite_values(records), _with_finite_values(samples)
+    testbeds = _split_by_testbed(records, samples)
     rows = []
     for entry in registry.values():
         published = {"published": entry["value"], **{k: entry[k] for k in COMPARISON_COLUMNS if k in entry}}
         fn = _reproducer_of(entry)
-        found = [] if fn is None else list(_reproductions(fn, entry, records, samples))
+        found = [] if fn is None else list(_reproductions(fn, entry, records, samples, testbeds))
         if not found:
             reason = entry["not_comparable"]
             rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
@@ -193,13 +194,24 @@ def _reproducer_of(entry: dict[str, Any]) -> Reproducer | None:
     return None if name is None else REPRODUCERS[name]
 
 
-def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
-    """(testbed, its records, its samples) for each testbed of the tables; for an entry that spans its
-    paper's testbeds (``across_testbeds``), one per mode and backend over the paper's hardware, named
-    by the profiles joined with "+"."""
+def _split_by_testbed(
+    records: pd.DataFrame, samples: pd.DataFrame
+) -> list[tuple[dict[str, str], pd.DataFrame, pd.DataFrame]]:
+    """(testbed, its records, its samples) for each testbed of the tables, in the order of the
+    records: split once, since every registry entry reads the same split (selecting them again per
+    entry took most of the comparison's time)."""
+    return [
+        (testbed, select(records, **testbed), select(samples, **testbed))
+        for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records")
+    ]
+
+
+def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame, testbeds: list):
+    """(testbed, its records, its samples) for each testbed of the tables (``testbeds``, from
+    :func:`_split_by_testbed`); for an entry that spans its paper's testbeds (``across_testbeds``),
+    one per mode and backend over the paper's hardware, named by the profiles joined with "+"."""
     if not entry["across_testbeds"]:
-        for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records"):
-            yield testbed, select(records, **testbed), select(samples, **testbed)
+        yield from testbeds
         return
     records, samples = (df[df["hardware"].isin(entry["testbed"])] for df in (records, samples))
     for (mode, backend), recs in records.groupby(["mode", "backend"]):
@@ -211,17 +223,18 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
         )
 
 
-def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame):
+def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame, testbeds: list):
     """(testbed, value, setting, points used, {unstated setting: value}, the testbed's chosen-value
     records, the reproducer's value on changed chosen-value records) for every testbed whose
     chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that
     reproduce it too."""
-    for testbed, recs, samps in _testbeds(entry, records, samples):
+    for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
+        chosen, chosen_samples = at_setting(recs), at_setting(samps)  # once: requote runs fn again and again
         with noting_used_points() as used:
-            result = _run(fn, entry, testbed, at_setting(recs), at_setting(samps))
+            result = _run(fn, entry, testbed, chosen, chosen_samples)
 
-        def requote(changed: pd.DataFrame, testbed=testbed, samps=samps) -> float:
-            found = _run(fn, entry, testbed, changed, at_setting(samps))
+        def requote(changed: pd.DataFrame, testbed=testbed, chosen_samples=chosen_samples) -> float:
+            found = _run(fn, entry, testbed, changed, chosen_samples)
             return float("nan") if found is None else found[0]
 
         if result is None:
@@ -231,7 +244,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants, at_setting(recs), requote
+        yield testbed, *result, used, variants, chosen, requote
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:

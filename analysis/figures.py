@@ -6,11 +6,12 @@ returns the rows it drew, and raises FigureDataError, before anything is written
 its data. render finishes each the same way (analysis/style.py: legends below the data, the setting
 line of the rows drawn, the width cap). Each paper's figures
 live in analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
-(experiments/rules/analysis.smk) makes one rule per registered figure, writing
-results/figures/<paper>/<name>.png.
+(experiments/rules/analysis.smk) makes one rule per paper and source table, which draws that paper's
+figures in one process (the plotting stack imported and the tables read once, not once a figure),
+writing results/figures/<paper>/<name>.png; each figure keeps its report caption.
 
     python -m analysis.figures --records results/tables/records.csv --samples results/tables/samples.csv \
-        --figure step_breakdown --out results/figures/gshard/step_breakdown.png
+        --figure step_breakdown --out results/figures/gshard/step_breakdown.png [--figure ... --out ...]
 """
 
 from __future__ import annotations
@@ -77,16 +78,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
     parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
-    parser.add_argument("--figure", required=True, choices=sorted(FIGURE_REGISTRY))
-    parser.add_argument("--out", type=Path, required=True, help="PNG to write; the PDF goes beside it")
+    parser.add_argument("--figure", required=True, action="append", choices=sorted(FIGURE_REGISTRY))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        action="append",
+        help="PNG to write, one per --figure (the PDF beside it)",
+    )
     args = parser.parse_args(argv)
+    if len(args.figure) != len(args.out):
+        parser.error(f"{len(args.figure)} --figure but {len(args.out)} --out: give one PNG per figure")
     try:
-        source = {"validation": args.validation, "comparison": args.comparison}.get(FIGURE_REGISTRY[args.figure].reads)
-        table = pd.read_csv(source) if source else None
-        outputs = render(args.figure, *read_tables(args.records, args.samples), args.out, table)
+        tables = read_tables(args.records, args.samples)
+        sources = {"validation": args.validation, "comparison": args.comparison}
+        for name, out in zip(args.figure, args.out):
+            source = sources.get(FIGURE_REGISTRY[name].reads)
+            print(" ".join(map(str, render(name, *tables, out, pd.read_csv(source) if source else None))))
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.figures: error: {err}")
-    print(" ".join(map(str, outputs)))
 
 
 if __name__ == "__main__":

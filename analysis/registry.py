@@ -105,7 +105,7 @@ Draw = Callable[..., pd.DataFrame]  # draw(..., fig) -> the rows it drew
 class RegisteredFigure:
     """A figure function and where the workflow puts its output."""
 
-    name: str  # the function's name: the figure's file stem and rule name (figure_<name>)
+    name: str  # the function's name: the figure's file stem (its paper's rule figures_<paper> draws it)
     paper: str  # the paper whose figure it mirrors, its folder results/figures/<paper>/; "common" if none
     # draw(records, samples, fig), or draw(table, fig) for another source; returns the rows it drew, whose
     # setting analysis.style writes under the figure

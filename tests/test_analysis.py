@@ -1038,8 +1038,12 @@ def test_cli_pipeline_through_csv(tmp_path):
     assert (
         fig3["verdict"] == NOT_COMPARABLE and "local-cpu, not on the paper's testbed (lina-a100-4x4)" in fig3["reason"]
     )
-    figures_mod.main([*tables, "--figure", "busbw_vs_size", "--out", str(tmp_path / "fig" / "busbw.png")])
-    assert (tmp_path / "fig" / "busbw.pdf").is_file()
+    # several figures in one call, as a paper's figures rule draws them: one --out per --figure
+    pairs = [["--figure", "busbw_vs_size", "--out", str(tmp_path / "fig" / f"busbw{i}.png")] for i in range(2)]
+    figures_mod.main([*tables, *pairs[0], *pairs[1]])
+    assert all((tmp_path / "fig" / f"busbw{i}.pdf").is_file() for i in range(2))
+    with pytest.raises(SystemExit):
+        figures_mod.main([*tables, *pairs[0], "--figure", "busbw_vs_size"])
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
         figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
     assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()

@@ -71,11 +71,15 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     assert counts["external_steps"] == 1
     assert counts["aurora_simulated"] == counts["aurora_a2a"] == 1
     assert counts["axonn_grids"] == counts["axonn_grid_predictions"] == counts["axonn_simulated"] == 1
-    # one rule per registered table and figure, generated from the analysis registries
+    # one rule per registered table, and per paper and source table for the figures, generated from
+    # the analysis registries
     tables = {f"table_{table.file}" for table in TABLE_REGISTRY.values()}
     assert {name for name in counts if name.startswith("table_")} == tables
-    assert {name for name in counts if name.startswith("figure_")} == {f"figure_{name}" for name in FIGURE_REGISTRY}
-    assert all(counts[name] == 1 for name in counts if name.startswith(("table_", "figure_")))
+    figures = {
+        f"figures_{fig.paper}" + ("" if fig.reads == "tables" else f"_{fig.reads}") for fig in FIGURE_REGISTRY.values()
+    }
+    assert {name for name in counts if name.startswith("figures_")} == figures
+    assert all(counts[name] == 1 for name in counts if name.startswith(("table_", "figures_")))
     assert point_name(points[0]) == "ws2_e4_epr2_sequential_s0"
 
 

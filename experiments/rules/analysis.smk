@@ -118,31 +118,38 @@ for _name, _table in TABLE_REGISTRY.items():
 
 
 
+# One rule per paper and source table draws all of that paper's figures in one process: the plotting
+# stack's import and the tables' read are most of a figure's time. Each figure keeps its own caption.
+FIGURE_GROUPS = {}  # rule name -> (paper, source table, the names of its figures)
 for _name, _figure in FIGURE_REGISTRY.items():
+    _rule = f"figures_{_figure.paper}" + ("" if _figure.reads == "tables" else f"_{_figure.reads}")
+    FIGURE_GROUPS.setdefault(_rule, (_figure.paper, _figure.reads, []))[2].append(_name)
+
+
+for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
+    _pngs = [f"{RESULTS}/figures/{_paper}/{name}.png" for name in _names]
 
     rule:
         name:
-            f"figure_{_name}"
+            _rule
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
-            table=FIGURE_TABLES.get(_figure.reads, []),
+            table=FIGURE_TABLES.get(_reads, []),
         output:
-            png=report(
-                f"{RESULTS}/figures/{_figure.paper}/{_name}.png",
-                caption=f"../../analysis/captions/{_name}.rst",
-                category="Figures",
-                subcategory=_figure.paper,
-            ),
-            pdf=f"{RESULTS}/figures/{_figure.paper}/{_name}.pdf",
+            png=[
+                report(png, caption=f"../../analysis/captions/{name}.rst", category="Figures", subcategory=_paper)
+                for name, png in zip(_names, _pngs)
+            ],
+            pdf=[png.removesuffix(".png") + ".pdf" for png in _pngs],
         params:
-            name=_name,
-            table=quoted([f"--{_figure.reads}", FIGURE_TABLES[_figure.reads]]) if _figure.reads != "tables" else "",
+            figures=quoted([arg for name, png in zip(_names, _pngs) for arg in ("--figure", name, "--out", png)]),
+            table=quoted([f"--{_reads}", FIGURE_TABLES[_reads]]) if _reads != "tables" else "",
         conda:
             "../../environment.yml"
         log:
-            f"{RESULTS}/logs/figure_{_name}.log",
+            f"{RESULTS}/logs/{_rule}.log",
         localrule: True
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.table} --figure {params.name:q} --out {output.png:q}"
+            "{params.table} {params.figures}"

@@ -47,14 +47,21 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     if profile != cfg.hardware_profile:  # the new profile's section replaces the old one's entirely,
         # then the layer's own hardware keys apply to it; the schema class is cfg's own
         # (``python -m moe_core.config`` imports this module twice)
-        hardware = [OmegaConf.structured(OmegaConf.get_type(cfg.hardware)), _load_hardware(profile)]
-        derived.hardware = _merge([*hardware, layer.get("hardware", {})])
+        section = _profile_section(OmegaConf.get_type(cfg.hardware), profile)
+        derived.hardware = _merge([section, layer.get("hardware", {})])  # merge copies the cached section
     expanded = expansion(derived, [layer])
     if expanded is not None:
         derived = _merge([derived, expanded])
     OmegaConf.set_readonly(derived, True)
     validate(derived)
     return derived
+
+
+@functools.cache
+def _profile_section(schema: type, profile: str) -> DictConfig:
+    """Profile ``profile`` merged onto the hardware schema ``schema``, unchecked: read once per
+    process, since the points a run derives by the hundred switch between a few profiles."""
+    return _merge([OmegaConf.structured(schema), _load_hardware(profile)])
 
 
 def _dotlist(overrides: list[str]) -> DictConfig:

@@ -22,7 +22,6 @@ import numpy as np
 import torch.distributed as dist
 import yaml
 from omegaconf import DictConfig
-from scipy import stats
 
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.records.console import records_summary
@@ -74,6 +73,8 @@ def confidence_interval(values: list[float], level: float = 0.95) -> tuple[float
     """Two-sided ``level`` interval of the mean of independent ``values`` (Student's t; two or more)."""
     if len(values) < 2:
         raise ValueError("a confidence interval needs at least two repeats")
+    from scipy import stats  # here: half a second to import, for every process of every entry point
+
     mean, sem = float(np.mean(values)), float(np.std(values, ddof=1)) / np.sqrt(len(values))
     half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * sem
     return mean - half, mean + half

@@ -78,6 +78,11 @@ class StepDag:
         self.grid = None if step.layout.grid.is_trivial else GridOps(step, self.add)
         self.shards = FullShardOps(step, self.add) if step.sharding == "full" else None
         self.moe_layers = set(moe_blocks(self.cfg.model.n_layers, self.cfg.model.moe_every))
+        # the keys the per-layer methods read, read once: a config lookup costs microseconds and a
+        # step appends tens of thousands of ops
+        self.dropless, self.gate_host_sync = self.cfg.moe.dropless, self.cfg.moe.gate_host_sync
+        self.recompute, self.recompute_layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
+        self.expert_allreduce_bytes = self.rows * self.cfg.model.d_model * step.elem
 
     def add(self, name: str, phase: str, after: int | list[int] | None, **kw) -> int:
         """Append an op after op(s) ``after``; its index."""
@@ -96,7 +101,7 @@ class StepDag:
             self.a2a_costs[nbytes, hierarchical] = self.step.all_to_all(nbytes, hierarchical)
         # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the host
         # sync of moe_core.model.layer, and of Megatron's dropless dispatcher)
-        sync = self.cfg.moe.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
+        sync = self.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
         for k, cost in enumerate(self.a2a_costs[nbytes, hierarchical]):
             after = self.add(name, phase, after, host_sync=sync and k == 0, **cost)
         return after
@@ -112,8 +117,7 @@ class StepDag:
         last = self.add(f"L{layer}.expert{suffix}.{pass_}", "expert", after, duration_s=self.op_seconds[key][pass_])
         if self.step.expert_tp == 1:
             return last
-        nbytes = self.rows * self.cfg.model.d_model * self.step.elem
-        return self.tp_all_reduce(f"L{layer}.expert_allreduce{suffix}.{pass_}", last, nbytes)
+        return self.tp_all_reduce(f"L{layer}.expert_allreduce{suffix}.{pass_}", last, self.expert_allreduce_bytes)
 
     def moe_exchange(self, layer: int, first: str, second: str, last: int, pass_: str) -> int:
         """copy -> the plan's exchange (``first`` all-to-all, experts, ``second``) -> copy."""
@@ -154,7 +158,7 @@ class StepDag:
         last = self.attention(i, "fwd", self.compute("norms", "fwd", last, i))
         if i not in self.moe_layers:
             return self.dense_ffn(i, "fwd", last)
-        sync = self.cfg.moe.gate_host_sync  # the host reads the gate's counts (DeepSpeed-MoE's gate)
+        sync = self.gate_host_sync  # the host reads the gate's counts (DeepSpeed-MoE's gate)
         last = self.add(f"L{i}.gate.fwd", "gate", last, duration_s=self.op_seconds["gate"]["fwd"], host_sync=sync)
         return self.moe_exchange(i, "dispatch", "combine", last, "fwd")
 
@@ -166,7 +170,7 @@ class StepDag:
 
     def block_backward(self, i: int, last) -> int:
         """Block ``i``'s backward ops, after its recomputation (named "recompute/...") if any."""
-        recompute, layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
+        recompute, layers = self.recompute, self.recompute_layers
         if recompute != "none" and (i < layers or not layers):
             pass_prefix, self.prefix = self.prefix, self.prefix + "recompute/"
             last = self.block_forward(i, last) if recompute == "full" else self.attention_core_forward(i, last)

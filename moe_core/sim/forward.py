@@ -215,7 +215,8 @@ class ForwardModel(StepModel):
 
     def experts_seconds(self, rows_per_expert: np.ndarray) -> float:
         """One device's experts, one after another: a GEMM pair per expert with rows."""
-        return sum(self.kernels.expert_ffn_seconds("fwd", r, 1, self.cfg.model.d_ff) for r in rows_per_expert if r > 0)
+        hidden = self.kernels.cfg.model.d_ff  # read once: a pass prices thousands of experts
+        return sum(self.kernels.expert_ffn_seconds("fwd", r, 1, hidden) for r in rows_per_expert if r > 0)
 
 
 def add_stages(

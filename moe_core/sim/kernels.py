@@ -20,9 +20,10 @@ parameters a rank updates); the step (moe_core.sim.step) says how its layout spl
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from moe_core.config.schema import head_dim, kv_heads
 from moe_core.model.activation import in_width
@@ -103,9 +104,11 @@ class StepKernels:
     """The prices of one rank's kernels in a pass of ``cfg`` (one micro-batch's config: its shapes):
     on ``compute`` in ``train.dtype`` (``elem`` bytes an element), the FP8 GEMMs on ``fp8`` (None
     without ``train.fp8``), the weights' FP8 cast spread over the step's ``step_passes`` passes.
-    Frozen: a variant (launch-free, another device's peak) is a copy with other compute models."""
+    Frozen: a variant (launch-free, another device's peak) is a copy with other compute models.
+    ``cfg`` is held as plain dataclasses (``OmegaConf.to_object``): every op's price reads it, and a
+    DictConfig lookup costs microseconds, most of a simulated pass's time."""
 
-    cfg: DictConfig
+    cfg: Any
     compute: ComputeModel
     fp8: ComputeModel | None
     elem: int
@@ -124,7 +127,7 @@ class StepKernels:
         # FP8 linear layers: the same GEMM curve at the device's FP8 peak, on 1-byte operands
         fp8_tflops = tflops * hw.fp8_peak_tflops / hw.peak_tflops if hw.peak_tflops else 0
         fp8 = ComputeModel.from_profile(hw, fp8_tflops, FP8_OPERAND_BYTES, share) if cfg.train.fp8 != "none" else None
-        return cls(cfg, compute, fp8, elem, step_passes)
+        return cls(OmegaConf.to_object(cfg), compute, fp8, elem, step_passes)
 
     def without_launches(self) -> StepKernels:
         """These kernels without their launches: the device's share of each op's time."""
