@@ -45,7 +45,7 @@ POLICY_COLOURS = {
     "lina-no-finetune": _CB[8],
     # transmission orders and deployments (Aurora Figs 11-14); exact is the optimum, a reference
     "aurora": _CB[1],
-    "aurora-exclusive": _CB[8],
+    "aurora-exclusive": _CB[0],
     "aurora-sjf": _CB[0],
     "aurora-rcs": _CB[9],
     "naive": _CB[5],
@@ -55,7 +55,7 @@ POLICY_COLOURS = {
     "rcs": _CB[9],
     "rga": _CB[2],
     "rec": _CB[4],
-    "rga+rec": _CB[6],
+    "rga+rec": _CB[5],
 }
 
 DISPATCHER_COLOURS = {  # moe_core.dispatch's paths, and the flat all-to-all they are compared with
@@ -226,5 +226,8 @@ def _gather_legends(fig: Figure) -> dict[str, object]:
 
 
 def _draws_nothing(handle) -> bool:
-    """A legend handle with neither a marker nor a line: a subtitle."""
-    return isinstance(handle, Line2D) and handle.get_marker() in ("", "None", None) and handle.get_linewidth() == 0
+    """A legend handle with neither a marker nor a line (seaborn's subtitles: a line of width 0, or,
+    in a scatter plot's legend, of no line style): a subtitle."""
+    if not isinstance(handle, Line2D) or handle.get_marker() not in ("", "None", None):
+        return False
+    return handle.get_linewidth() == 0 or handle.get_linestyle() in ("None", "none", "", " ")
