@@ -29,7 +29,7 @@ import seaborn as sns
 import analysis.papers  # noqa: F401  (registers every paper's figures)
 from analysis import style
 from analysis.collect import at_setting
-from analysis.files import read_tables
+from analysis.files import read_csv, read_tables
 from analysis.registry import FIGURE_REGISTRY
 from moe_core.records.results import atomic_outputs
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         sources = {"validation": args.validation, "comparison": args.comparison}
         for name, out in zip(args.figure, args.out):
             source = sources.get(FIGURE_REGISTRY[name].reads)
-            print(" ".join(map(str, render(name, *tables, out, pd.read_csv(source) if source else None))))
+            print(" ".join(map(str, render(name, *tables, out, read_csv(source) if source else None))))
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.figures: error: {err}")
 

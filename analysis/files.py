@@ -21,5 +21,11 @@ def read_tables(records_csv: str | Path, samples_csv: str | Path) -> tuple[pd.Da
     for path in (records_csv, samples_csv):
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such table; write it first with `python -m analysis.collect`")
-        tables.append(pd.read_csv(path))
+        tables.append(read_csv(path))
     return tables[0], tables[1]
+
+
+def read_csv(path: str | Path) -> pd.DataFrame:
+    """A tidy table: read whole before its column types are chosen (the records table mixes papers,
+    so a column empty for thousands of rows holds text further down)."""
+    return pd.read_csv(path, low_memory=False)

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.explain import VERDICTS, verdict_kinds
+from analysis.files import read_csv
 from analysis.style import VERDICT_COLOURS
 from moe_core.records.results import atomic_outputs, read_record
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("records", nargs="+", type=Path, help="the run's raw records")
     args = parser.parse_args(argv)
     try:
-        comparison, summary = pd.read_csv(args.comparison), pd.read_csv(args.summary)
+        comparison, summary = read_csv(args.comparison), read_csv(args.summary)
         pages = {
             args.out_comparison: html_table(
                 comparison,

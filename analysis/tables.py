@@ -14,11 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import at_setting
-from analysis.files import write_csv
+from analysis.files import read_csv, write_csv
 from analysis.registry import TABLE_REGISTRY
 
 
@@ -30,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.table not in TABLE_REGISTRY:
         sys.exit(f"analysis.tables: error: unknown table {args.table!r}; choose one of {sorted(TABLE_REGISTRY)}")
-    df = TABLE_REGISTRY[args.table].build(at_setting(pd.read_csv(args.records)))  # the chosen values' runs
+    df = TABLE_REGISTRY[args.table].build(at_setting(read_csv(args.records)))  # the chosen values' runs
     if df.empty:
         sys.exit(f"analysis.tables: error: the records table has no data for {args.table}; run its experiments first")
     write_csv(df, args.out)

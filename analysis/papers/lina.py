@@ -164,7 +164,9 @@ def lina_speedups(records: pd.DataFrame, metric: str) -> pd.DataFrame:
     df = df[df["policy"].isin(LINA_POLICIES_SHOWN) & df["num_experts"].isin(base.index)]
     return df.assign(
         experts=df["num_experts"].astype(int),
-        speedup=base.loc[df["num_experts"], "value"].to_numpy() / df["value"].to_numpy(),
+        # a policy that removes the metric's time altogether (packing every expert on each GPU leaves
+        # no all-to-all) has no speedup in it: NaN, not infinity
+        speedup=base.loc[df["num_experts"], "value"].to_numpy() / df["value"].where(df["value"] > 0).to_numpy(),
         baseline_point=base.loc[df["num_experts"], "point"].to_numpy(),
     )
 
@@ -388,7 +390,7 @@ def tail_a2a_reduction(records: pd.DataFrame, experts: int | None = None) -> pd.
     if static.empty or lina.empty:
         return static.iloc[0:0].assign(reduction=[])
     keys = [k for k in INFERENCE_RUN_KEYS if k in static] + ["layer"]
-    both = static.merge(lina, on=keys, suffixes=("_static", "_lina"))
+    both = static.merge(lina, on=keys, suffixes=("_static", "_lina")).copy()  # .copy(): one block, not fragments
     return both.assign(reduction=both["p95_static"] / both["p95_lina"])
 
 
