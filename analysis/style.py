@@ -19,6 +19,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
 from analysis.units import span
 from moe_core.config.sections import hardware_profiles
@@ -187,6 +188,8 @@ def finish(fig: Figure, drawn: pd.DataFrame | None) -> None:
     width, height = fig.get_size_inches()
     if width > MAX_WIDTH_IN:
         fig.set_size_inches(MAX_WIDTH_IN, height * MAX_WIDTH_IN / width)
+    for ax in fig.axes:
+        _plain_log_ticks(ax)
     handles = _gather_legends(fig)
     fig.tight_layout()
     bottom = min(ax.get_tightbbox().transformed(fig.transFigure.inverted()).y0 for ax in fig.axes if ax.axison)
@@ -204,6 +207,16 @@ def finish(fig: Figure, drawn: pd.DataFrame | None) -> None:
         fig.text(0.01, bottom - 0.01, wrapped, ha="left", va="top", fontsize="small", color="0.3", gid=SETTING_ID)
 
 
+def _plain_log_ticks(ax: Axes) -> None:
+    """A log axis left with matplotlib's default ticks reads 1, 2, 5, 10, 20, ... instead of 10^0 and
+    10^1 (a figure that chose its own ticks keeps them)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log" and isinstance(axis.get_major_formatter(), LogFormatterSciNotation):
+            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            axis.set_major_formatter("{x:g}")
+            axis.set_minor_formatter("")
+
+
 def _gather_legends(fig: Figure) -> dict[str, object]:
     """Every shown axes' labelled artists (its legend's entries, and any drawn after the legend was
     made), label -> handle, once each, published numbers last; the axes' own legends removed. A
@@ -219,7 +232,8 @@ def _gather_legends(fig: Figure) -> dict[str, object]:
             if _draws_nothing(handle):
                 group = label
             else:
-                entries.setdefault(f"{group}: {label}" if group else label, handle)
+                grouped = group and not label.startswith("published")  # a published mark is no subgroup's
+                entries.setdefault(f"{group}: {label}" if grouped else label, handle)
         if legend:
             legend.remove()
     return dict(sorted(entries.items(), key=lambda entry: entry[0].startswith("published")))

@@ -80,3 +80,22 @@ def test_a_policy_has_its_colour_in_every_figure(figure_tables):  # noqa: F811
             if policy in style.POLICY_COLOURS:
                 drawn = handle.get_facecolor() if hasattr(handle, "get_facecolor") else handle.get_color()
                 assert to_rgba(drawn) == to_rgba(style.colour("policy", policy)), (name, policy)
+
+
+def test_log_axes_read_plain_numbers_and_published_marks_stay_ungrouped():
+    """A log axis left with matplotlib's ticks reads 1, 2, 5, 10 after finish (not 10^0); chosen ticks
+    stay; a published mark drawn after a subtitled legend group is not put in that group."""
+    fig = Figure()
+    ax, chosen = fig.subplots(1, 2)
+    ax.plot([1, 2, 4], [0.9, 3.0, 9.0], label="a")
+    ax.set_yscale("log")
+    chosen.set_xscale("log", base=2)
+    chosen.set_xticks([1, 2, 4], ["one", "two", "four"])
+    ax.legend(title="path")
+    style.published_point(ax, 2, 2.0, "published: x")
+    style.finish(fig, None)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if 0.9 <= t.get_position()[1] <= 9.0]
+    assert labels == ["1", "2", "5"]
+    assert [t.get_text() for t in chosen.get_xticklabels()] == ["one", "two", "four"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["path: a", "published: x"]

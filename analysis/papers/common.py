@@ -371,7 +371,8 @@ def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         )
     kinds = sorted(df["kind"].unique())
     fig.set_size_inches(9, 2 + 0.4 * len(df))
-    axes = np.atleast_1d(fig.subplots(len(kinds), 1, squeeze=False)[:, 0])
+    heights = [(df["kind"] == kind).sum() for kind in kinds]  # one bar as tall in every panel
+    axes = np.atleast_1d(fig.subplots(len(kinds), 1, squeeze=False, height_ratios=heights)[:, 0])
     target = STEP_TARGETS["median"]
     for ax, kind in zip(axes, kinds):
         rows = df[df["kind"] == kind].sort_values("id")
@@ -380,7 +381,7 @@ def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
         ax.axvspan(-target, target, color="0.85", label=f"±{target:.0%}")
         ax.barh(y, rows["step_error"], color=np.where(within, "C2", "C3"))
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(y, [f"{i} ({g})" for i, g in zip(rows["id"], rows["gpus"])], fontsize="small")
+        ax.set_yticks(y, [f"{i} ({g:.0f} GPUs)" for i, g in zip(rows["id"], rows["gpus"])], fontsize="small")
         ax.invert_yaxis()
         ax.xaxis.set_major_formatter("{x:.0%}")
         median = rows["step_error"].abs().median()
