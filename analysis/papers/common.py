@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import NullLocator, ScalarFormatter
+from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
 from analysis.explain import verdict_kinds
@@ -181,8 +181,6 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
                 spread = [rows["exchange_ms"] - low, high - rows["exchange_ms"]]
                 ax.errorbar(rows["imbalance"], rows["exchange_ms"], yerr=spread, fmt="none", ecolor=colours[path])
         ax.set(xlabel="imbalance (max / mean tokens per expert)", ylabel="dispatch + combine (ms)", xscale="log")
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(ScalarFormatter())  # a panel within one decade labels its minor ticks
         ax.set_title(mode_title(mode, f"{hardware} {backend}, {ranks} ranks"), fontsize="small")
     drops, ax = df[df["dropped_fraction"] > 0], next(axes)
     sns.scatterplot(
@@ -197,8 +195,6 @@ def dispatchers_under_skew(records: pd.DataFrame, samples: pd.DataFrame, fig: Fi
     )
     ax.set(xlabel="imbalance", ylabel="tokens dropped (fraction)", xscale="log")
     ax.set_title("Capacity paths drop tokens (measured and simulated)", fontsize="small")
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ScalarFormatter())
     for unused in axes:
         unused.set_axis_off()
     fig.suptitle("Which dispatcher when: round trip vs routing skew")
