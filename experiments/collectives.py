@@ -7,6 +7,9 @@ Run under torchrun (every rank runs this file)::
 For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_factor``) it times
 
 * ``all_reduce``: an fp32 tensor of S bytes, summed in place;
+* ``all_gather``: every rank's S/n bytes gathered into an S-byte tensor on every rank, and
+  ``reduce_scatter``: an S-byte tensor summed over the ranks, each keeping its S/n bytes (the two
+  collectives of the dispatchers' all-gather path);
 * ``all_to_all``: ``all_to_all_single`` of an S-byte buffer per rank, equal splits;
 * ``all_to_all_v``: ``all_to_all_single`` with the uneven splits of
   :func:`moe_core.comm.workloads.zipf_traffic_matrix` (every rank sends S bytes, a few receive most);
@@ -20,7 +23,8 @@ one timed call (more iterations for latency-bound sizes: experiments.impl.collec
 (``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
 (experiments.impl.collectives.bus_bandwidth_factor); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
-before timing it (all-reduce: the sum of the rank ids; all-to-alls: from each peer exactly its
+before timing it (all-reduce, reduce-scatter: the sum of the rank ids; all-gather: each rank's
+chunk of its rank id, in rank order; all-to-alls: from each peer exactly its
 elements, of its rank id) and counts the wrong elements over all ranks: a point with any is not
 timed, and the run exits 1 naming it once the others are measured; a passed check leaves
 ``wrong_elements: 0`` in the record. Rank 0 prints a row of nccl-tests' table as each point

@@ -16,13 +16,12 @@ from experiments.impl.collectives import (
     TABLE_COLUMNS,
     Collective,
     bottleneck_bytes,
-    bus_bandwidth_factor,
     check_sizes,
     collective_point_name,
     collective_points,
     sizes_bytes,
 )
-from moe_core.comm.workloads import zipf_traffic_matrix
+from moe_core.comm.workloads import bus_bandwidth_factor, zipf_traffic_matrix
 from moe_core.config.load import REPO_ROOT, ConfigError, load_config
 from moe_core.records.results import read_record, record_path
 
@@ -107,6 +106,8 @@ def test_sizes_must_split_evenly_over_ranks():
         ("all_reduce", 2, 1.0),
         ("all_reduce", 4, 1.5),
         ("all_reduce", 8, 1.75),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 8, 0.875),
         ("all_to_all", 2, 0.5),
         ("all_to_all", 4, 0.75),
         ("all_to_all", 8, 0.875),
@@ -126,18 +127,25 @@ def test_wrong_elements_counts_the_elements_that_differ(tmp_path):
     """--check's #wrong: on one rank an all-to-all delivers its own 8 elements of value 0 (rank id)."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     try:
-        coll = Collective("all_to_all", torch.empty(8), torch.empty(8), [[8]], None, 0)
+        coll = Collective("all_to_all", 32, torch.empty(8), torch.empty(8), [[8]], None, 0)
         coll.fill()
         coll.launch()
         assert coll.wrong_elements() == 0
         coll.recv[:3] = 7.0
         assert coll.wrong_elements() == 3
-        reduced = Collective("all_reduce", torch.empty(5), torch.empty(0), None, None, 0)
+        reduced = Collective("all_reduce", 20, torch.empty(5), torch.empty(0), None, None, 0)
         reduced.fill()
         reduced.launch()
         assert reduced.wrong_elements() == 0
         reduced.send[0] = 1.0
         assert reduced.wrong_elements() == 1
+        for name in ("all_gather", "reduce_scatter"):  # one rank: its chunk is the whole buffer
+            ring = Collective(name, 24, torch.empty(6), torch.empty(6), None, None, 0)
+            ring.fill()
+            ring.launch()
+            assert ring.wrong_elements() == 0
+            ring.recv[1:3] = 5.0
+            assert ring.wrong_elements() == 2
     finally:
         dist.destroy_process_group()
 
@@ -239,9 +247,9 @@ def test_uneven_all_to_all_bandwidth_reduces_to_the_equal_one_on_uniform_traffic
     """On a uniform matrix the bottleneck's off-rank bytes are S(n-1)/n: busbw equals all_to_all's."""
     n, size = 4, 4096
     splits = [[size // 4 // n] * n for _ in range(n)]
-    coll = Collective("all_to_all_v", torch.empty(0), torch.empty(0), splits, None, 0)
-    algo = bottleneck_bytes(coll, size)
+    coll = Collective("all_to_all_v", size, torch.empty(0), torch.empty(0), splits, None, 0)
+    algo = bottleneck_bytes(coll)
     assert algo * bus_bandwidth_factor("all_to_all_v", n) == size * bus_bandwidth_factor("all_to_all", n)
     skewed = [[0, 10, 10, 10], [30, 0, 0, 0], [0, 0, 0, 30], [0, 0, 30, 0]]  # rank 2 receives 40 elements
-    coll = Collective("all_to_all_v", torch.empty(0), torch.empty(0), skewed, None, 0)
-    assert bottleneck_bytes(coll, 120) == 40 * 4
+    coll = Collective("all_to_all_v", 120, torch.empty(0), torch.empty(0), skewed, None, 0)
+    assert bottleneck_bytes(coll) == 40 * 4

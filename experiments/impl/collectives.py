@@ -15,7 +15,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
+from moe_core.comm.workloads import ELEMENT_BYTES, bus_bandwidth_factor, zipf_traffic_matrix
 from moe_core.config.load import ConfigError
 from moe_core.records.console import RowPrinter
 from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record
@@ -26,6 +26,8 @@ PAPER, EXPERIMENT = "common", "collectives"
 # (collective, concurrent): each collective alone, then each all-to-all next to an all-reduce.
 CASES = [
     ("all_reduce", None),
+    ("all_gather", None),
+    ("reduce_scatter", None),
     ("all_to_all", None),
     ("all_to_all_v", None),
     ("all_to_all", "all_reduce"),
@@ -35,23 +37,6 @@ CASES = [
 
 # ----------------------------------------------------------------------------------------------
 # What the run produces (pure; used by the Snakemake rule to declare outputs)
-
-
-def bus_bandwidth_factor(collective: str, n: int) -> float:
-    """nccl-tests busbw/algbw factor for ``n`` ranks (doc/PERFORMANCE.md).
-
-    all-reduce moves 2(n-1)/n of the buffer over each rank's link (reduce-scatter + all-gather);
-    all-to-all sends all but the local 1/n of it. For all_to_all_v the algorithm bytes are already
-    the bottleneck rank's off-rank bytes (:func:`bottleneck_bytes`), so busbw = algbw: the achieved
-    bandwidth of the busiest link (DeepEP's "bottleneck bandwidth").
-    """
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective == "all_to_all":
-        return (n - 1) / n
-    if collective == "all_to_all_v":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
 
 
 def sizes_bytes(cfg: DictConfig) -> list[int]:
@@ -88,7 +73,8 @@ def collective_points(cfg: DictConfig) -> list[str]:
 
 
 def check_sizes(cfg: DictConfig) -> None:
-    """Equal all-to-all splits need whole fp32 elements per peer; raise ConfigError otherwise.
+    """Equal all-to-all splits and all-gather / reduce-scatter chunks need whole fp32 elements per
+    rank; raise ConfigError otherwise.
 
     Every size is min_bytes times an integer power of step_factor, so checking min_bytes suffices.
     """
@@ -106,15 +92,19 @@ def check_sizes(cfg: DictConfig) -> None:
 
 @dataclass
 class Collective:
-    """One collective at one size, with its buffers filled with the caller's rank id.
+    """One collective at one size S (nccl-tests' size), with its buffers filled with the caller's
+    rank id.
 
-    ``splits`` is the traffic matrix in elements for the all-to-alls (None for all_reduce). Only
-    all_to_all_v passes it to all_to_all_single; all_to_all takes the equal-split path.
+    ``splits`` is the traffic matrix in elements for the all-to-alls (None for the ring
+    collectives). Only all_to_all_v passes it to all_to_all_single; all_to_all takes the equal-split
+    path. The all-gather and reduce-scatter are the calls the dispatchers' all-gather path makes
+    (moe_core.comm.all_to_all.gather_rows, scatter_rows).
     """
 
     name: str
-    send: torch.Tensor  # (S/4,) float32; for all_reduce also the result (in place)
-    recv: torch.Tensor  # (received elements,) float32
+    size_bytes: int  # S, as the point names it: the same on every rank, whatever its buffers hold
+    send: torch.Tensor  # float32: S bytes (S/n for all_gather); for all_reduce also the result (in place)
+    recv: torch.Tensor  # float32: the received elements (S/n for reduce_scatter, S for all_gather)
     splits: list[list[int]] | None  # [src][dst] elements
     group: dist.ProcessGroup | None
     rank: int
@@ -126,6 +116,10 @@ class Collective:
     def launch(self, async_op: bool = False):
         if self.name == "all_reduce":
             return dist.all_reduce(self.send, group=self.group, async_op=async_op)
+        if self.name == "all_gather":
+            return dist.all_gather_single(self.recv, self.send, group=self.group, async_op=async_op)
+        if self.name == "reduce_scatter":
+            return dist.reduce_scatter_single(self.recv, self.send, group=self.group, async_op=async_op)
         in_splits = self.splits[self.rank] if self.uneven else None
         out_splits = [row[self.rank] for row in self.splits] if self.uneven else None
         return dist.all_to_all_single(self.recv, self.send, out_splits, in_splits, group=self.group, async_op=async_op)
@@ -136,18 +130,24 @@ class Collective:
 
     def wrong_elements(self) -> int:
         """After fill() and one launch, this rank's elements that differ from the expected result:
-        all_reduce gives sum(ranks) everywhere; all-to-alls deliver, from each peer j, exactly
-        splits[j][rank] elements of value j."""
+        all_reduce and reduce_scatter give sum(ranks) everywhere; all_gather holds rank j's chunk,
+        of value j, at the j-th place; all-to-alls deliver, from each peer j, exactly splits[j][rank]
+        elements of value j."""
         n = dist.get_world_size(self.group)
         if self.name == "all_reduce":
             return int((self.send != n * (n - 1) / 2).sum())
+        if self.name == "reduce_scatter":
+            return int((self.recv != n * (n - 1) / 2).sum())
+        if self.name == "all_gather":
+            expected = torch.arange(n, device=self.recv.device).repeat_interleave(self.send.numel())
+            return int((self.recv != expected.to(self.recv.dtype)).sum())
         counts = torch.tensor([row[self.rank] for row in self.splits], device=self.recv.device)
         expected = torch.repeat_interleave(torch.arange(n, device=self.recv.device), counts)
         return int((self.recv != expected.to(self.recv.dtype)).sum())
 
 
 def make_collective(name: str, size_bytes: int, cfg: DictConfig, env: Env, group=None) -> Collective:
-    """Buffers and splits of ``name`` with an S = ``size_bytes`` buffer per rank."""
+    """Buffers and splits of ``name`` of size S = ``size_bytes`` (:class:`Collective`)."""
     n = env.world_size
     if name == "all_to_all_v":
         c = cfg.collectives
@@ -157,20 +157,25 @@ def make_collective(name: str, size_bytes: int, cfg: DictConfig, env: Env, group
         splits = [[size_bytes // ELEMENT_BYTES // n] * n for _ in range(n)]
     else:
         splits = None
-    recv_elements = sum(row[env.rank] for row in splits) if splits else 0
-    send = torch.empty(size_bytes // ELEMENT_BYTES, dtype=torch.float32, device=env.device)
+    elements = size_bytes // ELEMENT_BYTES
+    send_elements = elements // n if name == "all_gather" else elements
+    if splits:
+        recv_elements = sum(row[env.rank] for row in splits)
+    else:
+        recv_elements = {"all_gather": elements, "reduce_scatter": elements // n}.get(name, 0)
+    send = torch.empty(send_elements, dtype=torch.float32, device=env.device)
     recv = torch.empty(recv_elements, dtype=torch.float32, device=env.device)
-    coll = Collective(name, send, recv, splits, group, env.rank)
+    coll = Collective(name, size_bytes, send, recv, splits, group, env.rank)
     coll.fill()
     return coll
 
 
-def bottleneck_bytes(coll: Collective, size_bytes: int) -> int:
-    """Algorithm bytes: S for all_reduce and equal all-to-all; for all_to_all_v the busiest rank's
-    off-rank bytes, the larger of what it sends to or receives from other ranks (its own chunk is a
+def bottleneck_bytes(coll: Collective) -> int:
+    """Algorithm bytes: S for the ring collectives and the equal all-to-all; for all_to_all_v the
+    busiest rank's off-rank bytes, the larger of what it sends to or receives from other ranks (its own chunk is a
     local copy and crosses no link)."""
     if not coll.uneven:
-        return size_bytes
+        return coll.size_bytes
     n = len(coll.splits)
     sent = [sum(coll.splits[i][j] for j in range(n) if j != i) for i in range(n)]
     received = [sum(coll.splits[i][j] for i in range(n) if i != j) for j in range(n)]
@@ -235,7 +240,7 @@ def measure(op: Collective, side: Collective | None, cfg: DictConfig, timer: Pha
     local: dict[str, list[float]] = {"time_ms": []}
     if side:
         local.update(alone_ms=[], concurrent_ms=[])
-    for _ in range(timed_iterations(op.send.numel() * ELEMENT_BYTES, c)):
+    for _ in range(timed_iterations(op.size_bytes, c)):
         if side:
             local["alone_ms"].append(run_iteration(op, None, timer)["time_ms"])
             paired = run_iteration(op, side, timer)
@@ -305,7 +310,7 @@ def run_benchmark(cfg: DictConfig, env: Env, check: bool) -> list[dict]:
                 progress.write(table.row(table_row(case_label(name, concurrent), size, {}, wrong)), file=sys.stdout)
             continue
         samples = measure(op, side, cfg, timer)
-        algo_bytes = bottleneck_bytes(op, size)
+        algo_bytes = bottleneck_bytes(op)
         del op, side  # free this size's buffers before allocating the next
         bandwidth_samples(samples, name, env.world_size, algo_bytes)
         if env.rank != 0:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,24 +12,18 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from moe_core.comm.workloads import bus_bandwidth_factor
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
 from moe_core.records.units import GB
 from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
-from moe_core.sim.collectives import collective_op, simulate_on
+from moe_core.sim.collectives import collective_op, simulate_collective, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.topology import Transfer, build_topology
 
 PAPER, EXPERIMENT = "common", "external_validation"
 HARDWARE_FILE = REPO_ROOT / "analysis" / "external_hardware.yaml"
 
-# nccl-tests busbw / algbw for n ranks (doc/PERFORMANCE.md). experiments/collectives.py's bus_bandwidth_factor
-# covers only the collectives it measures (no all-gather, no reduce-scatter), so the factors are restated here.
-BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
+NCCL_TESTS_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")  # what an entry may name
 # Bytes per hidden element as DeepEP counts them: FP8 is 1 byte plus one fp32 scale per 128 channels (its
 # fp8_factor (1 + 4/128) / 2 of the BF16 bytes).
 DEEPEP_ELEMENT_BYTES = {"fp8": 1 + 4 / 128, "bf16": 2.0}
@@ -77,8 +70,10 @@ def _checked(entry: Any, where: str) -> dict[str, Any]:
 
 
 def _check_collective(entry: dict, where: str) -> None:
-    if entry["collective"] not in BUS_FACTOR:
-        raise ValueError(f"{where}: unknown collective {entry['collective']!r}; use one of {list(BUS_FACTOR)}")
+    if entry["collective"] not in NCCL_TESTS_COLLECTIVES:
+        raise ValueError(
+            f"{where}: unknown collective {entry['collective']!r}; use one of {list(NCCL_TESTS_COLLECTIVES)}"
+        )
     if entry["metric"] == "nic_GBps" and entry["collective"] != "all_to_all":
         raise ValueError(f"{where}: nic_GBps is defined for all_to_all only")
     if not _positive(entry["size_bytes"]):
@@ -132,19 +127,15 @@ def simulated_seconds(hw: DictConfig, topo, kind: str, footprint: Transfer) -> f
 
 
 def collective_seconds(hw: DictConfig, topo, collective: str, world_size: int, size_bytes: float) -> float:
-    """Simulated seconds of one nccl-tests collective of nccl-tests' ``size_bytes`` over ranks 0..world_size-1:
-    the per-rank buffer of an all-to-all (equal splits), the whole buffer of a ring collective."""
-    group = np.arange(world_size)
-    if collective == "all_to_all":
-        footprint = topo.uniform_all_to_all(group, size_bytes)
-    else:
-        footprint = topo.ring(group, size_bytes, collective)
-    return simulated_seconds(hw, topo, collective, footprint)
+    """Simulated seconds of one nccl-tests collective of nccl-tests' ``size_bytes`` over ranks
+    0..world_size-1 (moe_core.sim.collectives.footprint says which buffer that is)."""
+    point = {"collective": collective, "world_size": world_size, "size_bytes": size_bytes}
+    return simulate_collective(hw, topo, point) * 1e-3
 
 
 def bus_bandwidth_GBps(collective: str, world_size: int, size_bytes: float, seconds: float) -> float:
     """nccl-tests busbw: algbw = size / time, times the collective's bus factor."""
-    return size_bytes / seconds * BUS_FACTOR[collective](world_size) / GB
+    return size_bytes / seconds * bus_bandwidth_factor(collective, world_size) / GB
 
 
 def nic_GBps(hw: DictConfig, world_size: int, size_bytes: float, seconds: float) -> float:

@@ -20,6 +20,27 @@ import numpy as np
 ELEMENT_BYTES = 4
 
 
+def bus_bandwidth_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``n`` ranks (its doc/PERFORMANCE.md): the bytes each rank's link
+    carries per byte of the collective's size S.
+
+    An all-reduce moves 2(n-1)/n of S over each rank's link (a reduce-scatter, then an all-gather);
+    an all-gather (S: the gathered output), a reduce-scatter (S: the input) and an equal all-to-all
+    (S: the send buffer) move all but the rank's own 1/n of it. For all_to_all_v the size taken is
+    already the busiest rank's off-rank bytes (experiments.impl.collectives.bottleneck_bytes), so
+    busbw = algbw: the achieved bandwidth of the busiest link (DeepEP's "bottleneck bandwidth").
+    """
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective == "all_to_all_v":
+        return 1.0
+    raise ValueError(
+        f"unknown collective {collective!r}: use all_reduce, all_gather, reduce_scatter, all_to_all or all_to_all_v"
+    )
+
+
 def zipf_traffic_matrix(
     world_size: int, bytes_per_rank: int, zipf: float, seed: int, element_bytes: int = ELEMENT_BYTES
 ) -> np.ndarray:

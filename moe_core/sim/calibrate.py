@@ -39,7 +39,7 @@ from moe_core.sim.kernels import calibration_class
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 
-COLLECTIVES = ("all_reduce", "all_to_all", "all_to_all_v")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v")
 STATISTIC = "mean"  # of a metric's per-iteration samples: what calibration fits and validation compares
 MAX_EVALUATIONS = 60  # least-squares iterations (each also costs a finite-difference Jacobian)
 

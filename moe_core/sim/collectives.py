@@ -27,6 +27,7 @@ from moe_core.sim.engine import Op, Timeline, simulate
 from moe_core.sim.topology import Transfer
 
 EXCHANGES = ("all_to_all", "all_to_all_v")  # the collective kinds a size curve prices
+RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")  # priced by the topology's ring
 # Collectives one communicator runs at once when they are queued without waiting for each other
 # (``async_op=True``): gloo's ProcessGroupGloo hands queued work to a pool of worker threads, two by
 # default (ProcessGroupGloo.Options: threads=2); NCCL runs a communicator's collectives in order on
@@ -176,10 +177,12 @@ def simulate_on(hw: DictConfig, topo, ops: list[Op]) -> Timeline:
 def footprint(
     topo, collective: str, world_size: int, size_bytes: int, traffic_zipf: float = 0.0, seed: int = 0
 ) -> Transfer:
-    """The footprint of one microbenchmark collective over ranks 0..world_size-1."""
+    """The footprint of one microbenchmark collective over ranks 0..world_size-1, of nccl-tests' size:
+    the whole buffer of a ring collective (an all-gather's output, a reduce-scatter's input), the
+    per-rank send buffer of an all-to-all."""
     group = np.arange(world_size)
-    if collective == "all_reduce":
-        return topo.ring(group, size_bytes, "all_reduce")
+    if collective in RING_COLLECTIVES:
+        return topo.ring(group, size_bytes, collective)
     if collective == "all_to_all":
         return topo.uniform_all_to_all(group, size_bytes)
     if collective == "all_to_all_v":
