@@ -5,7 +5,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from moe_core.config.load import HardwareConfig, load_config, to_container
-from moe_core.sim.calibrate import alone_times, calibration_split, fit_compute, fit_in_step_wait, fit_network
+from moe_core.sim.calibrate import (
+    COLLECTIVES,
+    alone_times,
+    calibration_split,
+    fit_compute,
+    fit_in_step_wait,
+    fit_network,
+)
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -22,6 +29,8 @@ def truth():
             nic_GBps=0.125,
             collectives={
                 "all_reduce": {"alpha_step_us": 200.0, "efficiency": 1.0},  # the reference
+                "all_gather": {"alpha_step_us": 250.0, "efficiency": 0.6},
+                "reduce_scatter": {"alpha_step_us": 400.0, "efficiency": 0.35},  # gloo's: slower than all-reduce
                 "all_to_all": {"alpha_step_us": 150.0, "efficiency": 0.8},
                 "all_to_all_v": {"alpha_step_us": 300.0, "efficiency": 0.9},
             },
@@ -36,7 +45,7 @@ def test_fit_recovers_the_profile_that_produced_the_measurements(emulation):
     hw = OmegaConf.merge(truth(), {"emulation": emulation})
     topo = build_topology(hw)
     rows = []
-    for collective in ("all_reduce", "all_to_all", "all_to_all_v"):
+    for collective in COLLECTIVES:
         for size in (4096, 65536, 2**20, 2**24):
             params = dict(collective=collective, world_size=4, size_bytes=size, traffic_zipf=1.2)
             rows.append({**params, "measured": simulate_collective(hw, topo, {**params, "seed": 0})})
@@ -46,6 +55,9 @@ def test_fit_recovers_the_profile_that_produced_the_measurements(emulation):
     assert fitted.nic_GBps == pytest.approx(0.125, rel=0.02)
     assert fitted.collectives.all_to_all.efficiency == pytest.approx(0.8, rel=0.02)
     assert fitted.collectives.all_reduce.alpha_step_us == pytest.approx(200.0, rel=0.05)
+    assert fitted.collectives.all_gather.efficiency == pytest.approx(0.6, rel=0.02)
+    assert fitted.collectives.reduce_scatter.efficiency == pytest.approx(0.35, rel=0.02)
+    assert fitted.collectives.reduce_scatter.alpha_step_us == pytest.approx(400.0, rel=0.05)
 
 
 def test_split_holds_out_pairs_and_other_layouts():
