@@ -15,8 +15,9 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
   :func:`moe_core.comm.workloads.zipf_traffic_matrix` (every rank sends S bytes, a few receive most);
 * each all-to-all again while an S-byte all-reduce runs concurrently on its own process group (the
   gradient all-reduce of data parallelism overlapping the expert all-to-all; PARAM's
-  ``commsOverlapBench``). Paired and alone iterations alternate in the same loop, so ``slowdown``
-  compares numbers taken under the same conditions.
+  ``commsOverlapBench``), and the all-reduce next to another (the dense and the expert gradients
+  of an MoE, all-reduced over their two data-parallel groups at once). Paired and alone iterations
+  alternate in the same loop, so ``slowdown`` compares numbers taken under the same conditions.
 
 Methodology (reference/peers.md §4): warm-up iterations, then per timed iteration a barrier and
 one timed call (more iterations for latency-bound sizes: experiments.impl.collectives.timed_iterations)

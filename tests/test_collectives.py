@@ -84,7 +84,7 @@ def test_default_sizes_and_points():
     points = collective_points(cfg)
     assert len(points) == len(set(points)) == len(CASES) * 9
     assert points[0] == "all_reduce_ws4_1KiB"
-    assert points[-1] == "all_to_all_v+all_reduce_ws4_64MiB"
+    assert points[-1] == "all_reduce+all_reduce_ws4_64MiB"
 
 
 def test_sizes_stop_at_max_bytes():

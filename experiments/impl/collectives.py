@@ -23,7 +23,8 @@ from moe_core.runtime.distributed import Env
 from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 PAPER, EXPERIMENT = "common", "collectives"
-# (collective, concurrent): each collective alone, then each all-to-all next to an all-reduce.
+# (collective, concurrent): each collective alone, then each all-to-all and the all-reduce next to an
+# all-reduce on another process group.
 CASES = [
     ("all_reduce", None),
     ("all_gather", None),
@@ -32,6 +33,7 @@ CASES = [
     ("all_to_all_v", None),
     ("all_to_all", "all_reduce"),
     ("all_to_all_v", "all_reduce"),
+    ("all_reduce", "all_reduce"),
 ]
 
 
