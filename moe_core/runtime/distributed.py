@@ -38,6 +38,7 @@ work done and rank 0's records written, leaving the process group): ``SIGSTOP@wo
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -364,11 +365,20 @@ def leave_together(env: Env) -> None:
 
 def shutdown() -> None:
     """Stop the heartbeat and leave the process group (after a successful run). A rank that hangs
-    here is found by the launcher (experiments.rank_watch), not by the others, which have left."""
+    here is found by the launcher (experiments.rank_watch), not by the others, which have left.
+
+    Garbage is collected first. Queued collectives (``async_op=True``) leave gloo work objects that
+    hold tensors, often inside reference cycles of modules and hooks; left to the interpreter's
+    finalisation, their tensors are freed after Python has begun to shut down, and the process now
+    and then aborts at exit ("terminate called without an active exception", SIGABRT) after it
+    wrote its record (seen once in CI on a Lina policy; pytorch/pytorch#179291 describes the same
+    path). Collected here, they go while the interpreter and the process groups are whole.
+    """
     global _health
     if _health is not None:
         inject_fault("teardown", _health.rank)
         _health.stop()
         _health = None
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
