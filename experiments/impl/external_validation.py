@@ -16,14 +16,14 @@ from moe_core.comm.workloads import bus_bandwidth_factor
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
 from moe_core.records.units import GB
 from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
-from moe_core.sim.collectives import collective_op, simulate_collective, simulate_on
+from moe_core.sim.collectives import RING_COLLECTIVES, collective_op, simulate_collective, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.topology import Transfer, build_topology
 
 PAPER, EXPERIMENT = "common", "external_validation"
 HARDWARE_FILE = REPO_ROOT / "analysis" / "external_hardware.yaml"
 
-NCCL_TESTS_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")  # what an entry may name
+NCCL_TESTS_COLLECTIVES = (*RING_COLLECTIVES, "all_to_all")  # what an entry may name
 # Bytes per hidden element as DeepEP counts them: FP8 is 1 byte plus one fp32 scale per 128 channels (its
 # fp8_factor (1 + 4/128) / 2 of the BF16 bytes).
 DEEPEP_ELEMENT_BYTES = {"fp8": 1 + 4 / 128, "bf16": 2.0}
