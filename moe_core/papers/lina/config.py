@@ -25,9 +25,13 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 # Parameters the paper leaves unstated that its simulated studies depend on, each with the value chosen
 # (the verdict's) and its plausible range; moe_core.config.points.unstated_variants runs them one at a time
 # and jointly (the corners of the ranges).
-# * The intra-node link class, PCIe 4.0 x16 at 25 GB/s in a 2-socket PCIe tree:
-#   configs/hardware/lina-a100-4x4.yaml's header has the reasoning; the other end is NVLink3 as NCCL
-#   reaches it, 240 GB/s per GPU into an NVSwitch-class node (no PCIe tree in the GPUs' way).
+# * The intra-node link class, PCIe 4.0 x16 at 25 GB/s by P2P in a 2-socket PCIe tree:
+#   configs/hardware/lina-a100-4x4.yaml's header has the reasoning. One end is NVLink3 as NCCL
+#   reaches it, 240 GB/s per GPU into an NVSwitch-class node (no PCIe tree in the GPUs' way). The other
+#   is the same tree on an Intel host without PCIe switches, where NCCL 2.10 uses no P2P (none beyond
+#   a PXB path on Intel since 2.9.6) and stages every byte through host memory: 12.4 GB/s per GPU link
+#   and 15.8 across the sockets, a public PCIe 3.0 host's staged rates (a100-pcie-gen3-2socket.yaml)
+#   doubled for PCIe 4.0.
 # * Sequences per GPU, 8 of 512 tokens (4096 tokens per GPU and step): the paper gives no batch.
 #   Transformer-XL's own enwik8 script trains 22 segments of 512 per step on 4 GPUs (5.5 per GPU);
 #   range 4 to 64 (2048 to 32768 tokens). The top is what a 40 GB A100 holds: with one expert per GPU
@@ -41,8 +45,13 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 #   host keeps ahead of the GPU: 10 is the other end. The model is small (d_model 512), so its hundreds
 #   of kernels per layer make this the parameter that moves the step most.
 # * The inference batches' popularity drift, 400, in routing.py (100 to 1600).
+STAGED_SOCKET_LINK = ("hardware.pcie.socket_link_GBps=15.8", "hardware.pcie.switch_uplink_GBps=15.8")
 INTRA_NODE_LINK = Unstated(
-    "hardware.intra_node_GBps", chosen=25.0, low=25.0, high=240.0, implies={240.0: ("hardware.intra_node=switch",)}
+    "hardware.intra_node_GBps",
+    chosen=25.0,
+    low=12.4,
+    high=240.0,
+    implies={12.4: STAGED_SOCKET_LINK, 240.0: ("hardware.intra_node=switch",)},
 )
 TRAINING_UNSTATED = register_unstated(
     "lina",
