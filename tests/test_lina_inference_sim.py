@@ -149,9 +149,12 @@ def test_records_feed_the_measured_inference_reproducers(tmp_path):
     # policy in each
     variants = records.dropna(subset=["unstated"]).drop_duplicates("point")
     assert variants.groupby("unstated")["policy"].nunique().to_dict() == {
+        "hardware.intra_node_GBps=12.4": 5,
         "hardware.intra_node_GBps=240": 5,
         "lina.inference_drift=100": 5,
         "lina.inference_drift=1600": 5,
+        "hardware.intra_node_GBps=12.4,lina.inference_drift=100": 5,
+        "hardware.intra_node_GBps=12.4,lina.inference_drift=1600": 5,
         "hardware.intra_node_GBps=240,lina.inference_drift=100": 5,
         "hardware.intra_node_GBps=240,lina.inference_drift=1600": 5,
     }

@@ -123,9 +123,9 @@ def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
     args = ["--config", "configs/default.yaml", "--config", str(sweeps), f"results_dir={tmp_path}"]
     assert simulate_main([*args, "--sweep"]) == 0
     points = sim_points(load_config(["configs/default.yaml", str(sweeps)]))
-    # ws8 overlap; 2 experts x (overlap, lina), and both again at the 10 settings of Lina's unstated
-    # parameters' joint design; lina at 10 MB micro-ops
-    assert len(points) == 1 + 2 * (1 + 10) + 1
+    # ws8 overlap; 2 experts x (overlap, lina), and both again at the 13 settings of Lina's unstated
+    # parameters' joint design (5 ends one at a time, 8 corners); lina at 10 MB micro-ops
+    assert len(points) == 1 + 2 * (1 + 13) + 1
     for name, (paper, overrides) in points.items():
         record = json.loads((tmp_path / "raw" / paper / "sim_train_step" / f"{name}.json").read_text())
         assert record["point"] == name and record["mode"] == "simulated"

@@ -61,10 +61,10 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     counts = job_counts(default_dry_run.output)
     assert len(points) == 12 and len(lina_measured_points(cfg)) == 2 and len(monta_measured_points(cfg)) == 3
     assert counts["train_step"] == len(points) + len(lina_measured_points(cfg)) + len(monta_measured_points(cfg))
-    # 240: Lina's 4 x 6 points again at each of the 10 settings of its 3 unstated parameters' joint
-    # design (4 one at a time, 6 corners); MoNTA's 29 and its 3 tp-8 dispatches again at the other
-    # end of its unstated NIC count
-    assert counts["sim_train_step"] == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 240
+    # 312: Lina's 4 x 6 points again at each of the 13 settings of its 3 unstated parameters' joint
+    # design (5 ends one at a time: the link's two, the batch's two, the launch cost's one; the 8
+    # corners); MoNTA's 29 and its 3 tp-8 dispatches again at the other end of its unstated NIC count
+    assert counts["sim_train_step"] == 1 and len(sim_points(cfg)) == 45 + 29 + 3 + 312
     assert counts["lina_inference"] == counts["lina_inference_simulated"] == 1
     assert counts["monta_a2a"] == counts["monta_model"] == counts["collectives"] == 1
     assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["dispatchers_predictions"] == 1
