@@ -45,7 +45,10 @@ INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune"
 #   host keeps ahead of the GPU: 10 is the other end. The model is small (d_model 512), so its hundreds
 #   of kernels per layer make this the parameter that moves the step most.
 # * The inference batches' popularity drift, 400, in routing.py (100 to 1600).
-STAGED_SOCKET_LINK = ("hardware.pcie.socket_link_GBps=15.8", "hardware.pcie.switch_uplink_GBps=15.8")
+STAGED_SOCKET_GBPS = 15.8  # across the sockets when staged; the root complex's uplink takes the same rate
+STAGED_SOCKET_LINK = tuple(
+    f"hardware.pcie.{key}={STAGED_SOCKET_GBPS}" for key in ("socket_link_GBps", "switch_uplink_GBps")
+)
 INTRA_NODE_LINK = Unstated(
     "hardware.intra_node_GBps",
     chosen=25.0,
