@@ -20,6 +20,7 @@ calibrated profile), which the analysis joins to this one.
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
+from moe_core.runtime.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "axonn.world_size"
@@ -35,4 +36,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

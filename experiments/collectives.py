@@ -37,6 +37,7 @@ of them at the end, so a failed run leaves no partial set of new records.
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
+from moe_core.runtime.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "collectives.world_size"
@@ -58,4 +59,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

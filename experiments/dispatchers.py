@@ -37,6 +37,7 @@ the cells as a table in the manner of nccl-tests. Records:
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
+from moe_core.runtime.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "dispatch_study.world_size"
@@ -52,4 +53,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -34,9 +34,8 @@ experts run). ``parallel.timeout_s`` must exceed rank 0's time for HEARTBEAT_STE
 
 from __future__ import annotations
 
-import sys
-
 from moe_core.config.cli import config_arg_parser
+from moe_core.runtime.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"
@@ -65,4 +64,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

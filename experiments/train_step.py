@@ -16,9 +16,8 @@ rank exit non-zero within ``parallel.timeout_s``.
 
 from __future__ import annotations
 
-import sys
-
 from moe_core.config.cli import config_arg_parser
+from moe_core.runtime.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"
@@ -52,4 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

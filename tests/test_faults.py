@@ -422,6 +422,26 @@ def test_torchrun_with_the_wrong_world_size_exits_2_with_one_message_and_no_trac
     assert "RuntimeError" not in done.output and re.search(r"exitcode\s*:\s*2 ", done.output)
 
 
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3)])
+def test_an_entry_point_exits_with_its_code_after_its_exit_handlers_and_skips_finalisation(code, status):
+    """exit_process: the atexit handlers run and the streams are flushed (W&B's service, logging, a
+    last line), but nothing is freed at finalisation (where torch's C++ teardown aborted now and then)."""
+    program = (
+        "import atexit, sys\n"
+        "from moe_core.runtime.processes import exit_process\n"
+        "class Freed:\n"
+        "    def __del__(self): print('finalised', flush=True)\n"
+        "kept = Freed()\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        "sys.stdout.write('unflushed line')\n"
+        f"exit_process({code!r})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == status, done.stderr
+    assert "unflushed line" in done.stdout and "exit handler ran" in done.stdout
+    assert "finalised" not in done.stdout
+
+
 def test_check_writable_creates_the_directory(tmp_path):
     assert check_writable(tmp_path / "new" / "results").is_dir()
     assert list((tmp_path / "new" / "results").iterdir()) == []  # the probe file is gone

@@ -372,7 +372,9 @@ def shutdown() -> None:
     finalisation, their tensors are freed after Python has begun to shut down, and the process now
     and then aborts at exit ("terminate called without an active exception", SIGABRT) after it
     wrote its record (seen once in CI on a Lina policy; pytorch/pytorch#179291 describes the same
-    path). Collected here, they go while the interpreter and the process groups are whole.
+    path). Collected here, they go while the interpreter and the process groups are whole. The
+    entry points then skip finalisation altogether (moe_core.runtime.processes.exit_process), where
+    the abort still came now and then.
     """
     global _health
     if _health is not None:

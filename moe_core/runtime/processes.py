@@ -1,9 +1,15 @@
 """What the launcher (experiments/launch.py) and the ranks (moe_core.runtime.distributed) share about
-processes: the exit codes a rank ends with, and what the OS says of a process (psutil). It imports
-no torch, so the launcher starts in a fraction of a second.
+processes: the exit codes a rank ends with, how its process ends, and what the OS says of a process
+(psutil). It imports no torch, so the launcher and the entry points' ``--help`` start in a fraction of
+a second.
 """
 
 from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import NoReturn
 
 import psutil
 
@@ -37,3 +43,24 @@ def status_of(pid: int, start: str) -> str | None:
     except psutil.Error:
         return None
     return status if same and status not in ENDED else None
+
+
+def exit_process(code: int | None) -> NoReturn:
+    """End an entry point's process with ``code`` (None: 0, as ``sys.exit``) and skip the
+    interpreter's finalisation: the rank modules' ``__main__`` blocks pass it what ``main`` returned.
+
+    By then everything a run keeps is done: its records written (atomically), their W&B runs
+    finished, its process group left (moe_core.runtime.distributed.shutdown). Finalisation only
+    frees what is left, in an order nobody controls (Python's objects, then torch's and gloo's C++
+    statics), and there a rank now and then aborts ("terminate called without an active
+    exception", SIGABRT) after its record is written, failing a finished run: seen in CI, on the
+    two-agent SLURM path and in the default workflow (a GShard overlap point, 2026-12-05), each
+    time with the ranks leaving together and collecting their garbage before teardown (shutdown)
+    already in place. So the atexit handlers run (W&B's service, logging), the standard streams
+    are flushed, and the process ends. A failure that raises still ends the ordinary way, with its
+    traceback.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0 if code is None else code)
