@@ -14,12 +14,15 @@ COUNTS = np.array([[3, 1], [2, 4]])  # rank 0 routes 3 tokens to expert 0 (its o
 STUDY = OmegaConf.create({"tensor_parallel": 2, "chunks": 4})
 
 
-def matrices(path: str, counts=COUNTS, capacity: int = 3, row_bytes: int = 10, study=None):
-    return [(c.kind, c.traffic.tolist()) for c in dispatcher(path).traffic(counts, capacity, row_bytes, study)]
+def matrices(path: str, counts=COUNTS, capacity: int = 3, row_bytes: int = 10, study=None, top_k: int = 1):
+    collectives = dispatcher(path).traffic(counts, capacity, row_bytes, study, top_k=top_k)
+    return [(c.kind, c.traffic.tolist()) for c in collectives]
 
 
-def moved(path: str, counts=COUNTS, capacity: int = 3, row_bytes: int = 10, devices_per_node: int = 8, study=None):
-    collectives = dispatcher(path).traffic(counts, capacity, row_bytes, study)
+def moved(
+    path: str, counts=COUNTS, capacity: int = 3, row_bytes: int = 10, devices_per_node: int = 8, study=None, top_k=1
+):
+    collectives = dispatcher(path).traffic(counts, capacity, row_bytes, study, top_k=top_k)
     return sum(c.bytes_moved(devices_per_node) for c in collectives)
 
 
@@ -41,6 +44,22 @@ def test_allgather_moves_world_times_the_useful_bytes():
     assert matrices("allgather") == list(chunk)
     balanced = token_counts("balanced", 4, 64, seed=0)  # no padding: every rank routes 64 tokens
     assert moved("allgather", balanced, row_bytes=2) == 4 * useful_bytes(balanced, 2)
+
+
+def test_allgather_gathers_each_token_once_whatever_its_top_k():
+    """Each of 2 ranks has one token that chose both experts: 1 row to the other rank and 1 output
+    row back, 4 bytes (a row per choice was 8). Where both choices are the other rank's two experts,
+    dropless sends that rank a row per choice (8 bytes), the all-gather still one per token (4)."""
+    both = np.array([[1, 1], [1, 1]])
+    assert moved("allgather", both, capacity=1, row_bytes=1, top_k=2) == 4
+    other_rank = np.array([[0, 2], [2, 0]])  # 2 experts a rank: rank 0's token chose experts 2 and 3
+    assert moved("allgather", other_rank, capacity=1, row_bytes=1, top_k=2) == 4
+    assert moved("dropless", other_rank, capacity=1, row_bytes=1, top_k=2) == 8
+    for top_k in (1, 2, 8):  # 64 tokens a rank over 16 experts on 4 ranks: the gathered bytes do not grow
+        counts = token_counts("zipf:1.0", 4, 64, seed=0, experts=16, top_k=top_k).reshape(4, 4, 4).sum(axis=2)
+        assert moved("allgather", counts, row_bytes=1, top_k=top_k) == 2 * 4 * 3 * 64
+    with pytest.raises(ValueError, match="not whole tokens of top_k=2"):
+        moved("allgather", COUNTS + np.eye(2, dtype=int), top_k=2)
 
 
 def test_the_two_phase_exchange_moves_twice_the_tokens_for_another_nodes_other_local_rank():

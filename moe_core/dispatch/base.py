@@ -78,20 +78,26 @@ class Dispatcher:
         return groups.rank
 
     # -- the bytes it moves (both executors) -------------------------------------------------------
-    def traffic(self, counts: np.ndarray, capacity: int, row_bytes: int, study=None) -> list[Collective]:
+    def traffic(
+        self, counts: np.ndarray, capacity: int, row_bytes: int, study=None, top_k: int = 1
+    ) -> list[Collective]:
         """The round trip's collectives in order (dispatch, then combine), each with the bytes every
-        rank sends every other: ``counts`` (R, E) tokens each of R sources routes to each expert,
-        expert e on source e (E = R), ``capacity`` slots per expert and source, rows of
+        rank sends every other: ``counts`` (R, E) choices each of R sources routes to each expert,
+        expert e on source e (E = R), each of a source's tokens making ``top_k`` of them (so a source
+        holds ``counts[r].sum() / top_k`` tokens), ``capacity`` slots per expert and source, rows of
         ``row_bytes``. A source is a rank; for a tensor-parallel dispatcher, a "tp" group of
         contiguous ranks holding the same tokens, whose size and chunk decision it reads from
         ``study`` (the dispatch_study section)."""
         raise NotImplementedError
 
     # -- simulated (moe_core.sim) ----------------------------------------------------------------
-    def study_transfers(self, topo, counts: np.ndarray, capacity: int, row_bytes: int) -> list[tuple[str, Any]]:
+    def study_transfers(
+        self, topo, counts: np.ndarray, capacity: int, row_bytes: int, top_k: int = 1
+    ) -> list[tuple[str, Any]]:
         """The round trip's collectives (:meth:`traffic`) on ``topo`` in order, as (kind,
         moe_core.sim.topology.Transfer)."""
-        return [t for collective in self.traffic(counts, capacity, row_bytes) for t in collective.transfers(topo)]
+        collectives = self.traffic(counts, capacity, row_bytes, top_k=top_k)
+        return [t for collective in collectives for t in collective.transfers(topo)]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@
 * :class:`Dropless`: all-to-all(v) of exactly the routed tokens, after an all-to-all of the
   per-expert counts (MegaBlocks, Megatron's alltoall dispatcher): nothing dropped, but a hot
   expert's rank receives more than its share;
-* :class:`AllGather`: every rank all-gathers the group's tokens and keeps those routed to its
-  experts; the combine is a reduce-scatter (Megatron's allgather dispatcher).
+* :class:`AllGather`: every rank all-gathers the group's tokens, each token once whatever its top-k,
+  and keeps those routed to its experts; the combine reduce-scatters one row per token (Megatron's
+  allgather dispatcher).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Capacity(Dispatcher):
     def routed(self, groups, workload):
         return capacity_rows(workload["buffer"], workload["capacity"])
 
-    def traffic(self, counts, capacity, row_bytes, study=None):
+    def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
         """Every expert's ``capacity`` slots to its rank and back, full or not: the same bytes
         whatever the routing."""
         world = counts.shape[0]
@@ -83,7 +84,7 @@ class Dropless(_RoutedRows):
         received = all_to_all(tokens, recv_splits, send_splits, groups.flat, groups.timer, "dispatch")
         return all_to_all(run_expert(expert, received), send_splits, recv_splits, groups.flat, groups.timer, "combine")
 
-    def traffic(self, counts, capacity, row_bytes, study=None):
+    def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
         """Exactly the routed rows there and back (the per-expert counts' all-to-all, 8 bytes an
         expert, is left out)."""
         routed = counts * float(row_bytes)  # (src, dst) bytes: expert e on rank e
@@ -95,7 +96,9 @@ class AllGather(_RoutedRows):
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
-        expert's, reduce-scatter the outputs back."""
+        expert's, reduce-scatter the outputs back. The study routes top-1, so a rank's rows are its
+        tokens and each crosses once; a top-k round trip would gather the same rows with each token's
+        routing map, and combine the weighted sum of its k expert outputs in the reduce-scatter."""
         import torch
 
         from moe_core.comm.all_to_all import gather_rows, scatter_rows
@@ -109,11 +112,16 @@ class AllGather(_RoutedRows):
         outputs = torch.zeros_like(gathered).index_copy(0, mine, run_expert(expert, received))
         return scatter_rows(outputs, groups.flat)[: tokens.shape[0]]
 
-    def traffic(self, counts, capacity, row_bytes, study=None):
-        """Every rank's tokens, padded to the largest rank's, to every other rank, and the outputs
-        back the same way: world times the routed rows, whatever the routing."""
-        world = counts.shape[0]
-        chunk = np.full((world, world), float(counts.sum(axis=1).max() * row_bytes))
+    def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
+        """Every rank's tokens, padded to the largest rank's, to every other rank, and one output row
+        per token back the same way: world times the tokens, whatever the routing and the top-k (a
+        token is gathered once, not once per choice, as Megatron-Core's MoEAllGatherTokenDispatcher
+        does; its routing map and probabilities, E x 5 bytes a token, are left out as the dropless
+        path's counts are)."""
+        world, choices = counts.shape[0], counts.sum(axis=1)
+        if (choices % top_k).any():
+            raise ValueError(f"a source's choices {choices.tolist()} are not whole tokens of top_k={top_k} choices")
+        chunk = np.full((world, world), float((choices // top_k).max() * row_bytes))
         return [Collective("all_gather", chunk), Collective("reduce_scatter", chunk)]
 
 

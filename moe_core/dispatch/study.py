@@ -176,15 +176,19 @@ def cell_metrics(
     devices_per_node: int,
     exchange_ms: float,
     study: DictConfig | None = None,
+    top_k: int = 1,
 ) -> dict[str, float]:
     """A cell's metrics beside its round trip of ``exchange_ms``: its routing (:func:`routing_metrics`),
     the mean ``bytes_moved`` between ranks and the bandwidths (:func:`bandwidths`). The bytes moved
     are the dispatcher's own statement (moe_core.dispatch.base.Dispatcher.traffic, the description
     the simulator prices) for each step's counts as the simulator takes them (:func:`rank_counts`),
-    with ranks on nodes of ``devices_per_node``; ``study``, the tensor-parallel dispatchers' layout."""
+    ``top_k`` choices a token, with ranks on nodes of ``devices_per_node``; ``study``, the
+    tensor-parallel dispatchers' layout."""
     exchange = dispatcher(path)
     metrics = routing_metrics(steps, slots_per_expert, exchange.drops, row_bytes)
-    traffic = [exchange.traffic(*rank_counts(counts, slots_per_expert), row_bytes, study) for counts in steps]
+    traffic = [
+        exchange.traffic(*rank_counts(counts, slots_per_expert), row_bytes, study, top_k=top_k) for counts in steps
+    ]
     metrics["bytes_moved"] = float(np.mean([sum(c.bytes_moved(devices_per_node) for c in t) for t in traffic]))
     ranks = len(traffic[0][0].traffic)
     return {**metrics, **bandwidths(metrics["useful_bytes"], metrics["bytes_moved"], ranks, exchange_ms)}
@@ -237,16 +241,18 @@ def dropped_fraction(counts: np.ndarray, capacity: int) -> float:
     return float(np.maximum(counts - capacity, 0).sum() / routed) if routed else 0.0
 
 
-def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, row_bytes: int, path: str) -> float:
-    """Simulated dispatch + combine of one layer on ``hw`` (ranks 0..world-1, expert e on rank e):
-    the dispatcher's collectives (moe_core.dispatch: ``study_transfers``) on the topology, one after
-    the other."""
+def simulated_round_trip_s(
+    hw: DictConfig, counts: np.ndarray, capacity: int, row_bytes: int, path: str, top_k: int = 1
+) -> float:
+    """Simulated dispatch + combine of one layer on ``hw`` (ranks 0..world-1, expert e on rank e,
+    ``top_k`` choices a token): the dispatcher's collectives (moe_core.dispatch: ``study_transfers``)
+    on the topology, one after the other."""
     from moe_core.sim.collectives import collective_op, simulate_on
     from moe_core.sim.engine import Op
     from moe_core.sim.topology import build_topology
 
     topo = build_topology(hw)
-    steps = dispatcher(path).study_transfers(topo, counts, capacity, row_bytes)
+    steps = dispatcher(path).study_transfers(topo, counts, capacity, row_bytes, top_k)
     ops, previous = [], None
     for k, (kind, transfer) in enumerate(steps):
         ops.append(
@@ -257,12 +263,14 @@ def simulated_round_trip_s(hw: DictConfig, counts: np.ndarray, capacity: int, ro
 
 
 def simulated_exchange_ms(
-    hw: DictConfig, steps: list[np.ndarray], slots_per_expert: int, row_bytes: int, path: str
+    hw: DictConfig, steps: list[np.ndarray], slots_per_expert: int, row_bytes: int, path: str, top_k: int = 1
 ) -> float:
-    """A cell's simulated round trip in ms: the mean over its steps' (ranks, E) counts (the time per
-    iteration of a long run), each priced rank to rank (experts contiguous on the ranks, each rank
-    keeping ``slots_per_expert`` slots for each of its experts)."""
-    seconds = [simulated_round_trip_s(hw, *rank_counts(counts, slots_per_expert), row_bytes, path) for counts in steps]
+    """A cell's simulated round trip in ms: the mean over its steps' (ranks, E) counts of ``top_k``
+    choices a token (the time per iteration of a long run), each priced rank to rank (experts
+    contiguous on the ranks, each rank keeping ``slots_per_expert`` slots for each of its experts)."""
+    seconds = [
+        simulated_round_trip_s(hw, *rank_counts(counts, slots_per_expert), row_bytes, path, top_k) for counts in steps
+    ]
     return float(np.mean(seconds)) * 1e3
 
 
@@ -289,8 +297,8 @@ def rank_dispatchers(
     for name, path in DISPATCHERS.items():
         if path.tensor_parallel or not path.runs_on(ranks, hw.devices_per_node):
             continue
-        exchange_ms = simulated_exchange_ms(hw, steps, slots, row_bytes, name)
-        metrics = cell_metrics(name, steps, slots, row_bytes, hw.devices_per_node, exchange_ms)
+        exchange_ms = simulated_exchange_ms(hw, steps, slots, row_bytes, name, top_k)
+        metrics = cell_metrics(name, steps, slots, row_bytes, hw.devices_per_node, exchange_ms, top_k=top_k)
         rows.append({"dispatcher": name, "exchange_ms": exchange_ms, **metrics})
     rows.sort(key=lambda r: r["exchange_ms"])
     for row in rows:

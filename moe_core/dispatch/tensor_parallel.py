@@ -36,7 +36,7 @@ class TensorParallelDispatcher(Dispatcher):
         """The same decision in the dispatcher study (``study`` is the dispatch_study section)."""
         raise NotImplementedError
 
-    def traffic(self, counts, capacity, row_bytes, study=None):
+    def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
         """Over ranks r = source x tp + t (tp = ``study.tensor_parallel``): the all-to-all among the
         expert-parallel peers (same t) carries each expert's ``capacity`` slots, all of them
         (``study_chunks`` None) or the rank's 1/tp share, which an all-gather over "tp" then
@@ -51,7 +51,7 @@ class TensorParallelDispatcher(Dispatcher):
         gather = Collective("all_gather", same_group * float(sources * capacity // tp * row_bytes))
         return [exchange, gather] * 2
 
-    def study_transfers(self, topo, counts, capacity, row_bytes):
+    def study_transfers(self, topo, counts, capacity, row_bytes, top_k=1):
         raise ValueError(
             f"dispatcher '{self.name}' exchanges tokens its \"tp\" ranks share: it is simulated inside "
             "training steps (moe_core.sim.step), not on its own"
