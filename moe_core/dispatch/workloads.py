@@ -13,14 +13,13 @@ Popularity skews, one expert popularity every rank draws from:
 
 The load-imbalance workloads of Megatron-LM's token-imbalance benchmark (NVIDIA/Megatron-LM PR 7488,
 from its MoE roadmap issue 6757), W0 to W7. The names and the variable each isolates are Megatron's;
-the heat parameters are ours, stated here (``HOT_SHARE``, the hot set, ``BURST_PERIOD``, the ragged
-profile):
+the heat parameters are ours, stated here (``HOT_IMBALANCE``, the hot set, ``BURST_PERIOD``, the
+ragged profile):
 
 * ``balanced`` (W0): exact round robin; every expert receives the same choices from every rank
   when tokens x top_k is a multiple of the experts;
-* ``hot_expert_set`` (W1): the first ``max(1, E // 8)`` experts (contiguous) take ``HOT_SHARE`` of
-  the choices;
-* ``hot_rank`` (W2): the last rank's experts take ``HOT_SHARE``: per-rank heat at W1's level;
+* ``hot_expert_set`` (W1): the first ``max(1, E // 8)`` experts (contiguous) are hot;
+* ``hot_rank`` (W2): the last rank's experts are hot: per-rank heat;
 * ``spread_hot_experts`` (W3): W1's number of hot experts, spread at an even stride over the ranks;
 * ``source_ragged`` (W4): rank r holds tokens in proportion to r + 1 (the same total), routed
   uniformly: skew before the dispatch;
@@ -31,13 +30,18 @@ profile):
 * ``burst`` (W7): uniform, except that every ``BURST_PERIOD``-th step (step mod P = P - 1) is W2:
   a median over steps hides it.
 
+Heat is stated as an imbalance, not as a share: every hot expert expects ``HOT_IMBALANCE`` (2) times
+the mean load, the cold experts share the rest evenly, so a hot workload has the imbalance factor
+(max choices per expert / mean) 2 at every size it accepts, with top-1 routing: one hot expert of 4
+or of 64, the hot rank of 2 ranks or of 64. (A fixed share of the choices would not: half the choices
+on half the experts, one rank of two, is uniform routing.) Where the hot set is half of the experts
+the cold ones get nothing; where it is more than half, an imbalance of 2 cannot be had and the size
+is refused (:func:`why_not`: W2, W6 and W7 need two ranks, W1 and W3 two experts). With top-k > 1 a
+token picks k distinct experts (Gumbel top-k sampling without replacement), so a hot expert cannot
+take more than one choice per token and the imbalance is lower where k exceeds the hot set.
+
 Recorded routing, ``trace:<name>``: the choices of the suite's own trained gate, saved as a trace
 and replayed layer after layer (moe_core.dispatch.routing_trace, which says how it is replayed).
-
-The heat is the hot experts' share of the choices for top-1; with top-k > 1 a token picks k distinct
-experts (Gumbel top-k sampling without replacement), so the hot share is lower where k exceeds the
-hot set. The imbalance factor of a routing (max choices per expert / mean) is the study's
-``imbalance``; at ``HOT_SHARE`` 0.5 it is 0.5 E / H for H hot experts (2 for one hot expert of 4).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ IMBALANCE_WORKLOADS = (
     "rotating_hotspot",
     "burst",
 )
-HOT_SHARE = 0.5  # the hot experts' share of the choices (top-1)
+HOT_IMBALANCE = 2.0  # every hot expert's expected load over the mean load (top-1): the stated imbalance
 HOT_SET_DIVISOR = 8  # W1 and W3 heat max(1, E // 8) experts
 BURST_PERIOD = 4  # W7: one hot step in every four
 
@@ -118,13 +122,28 @@ def popularity_weights(kind: str, parameter: float, experts: int, seed: int) -> 
 
 
 def heat(experts: int, hot: np.ndarray) -> np.ndarray:
-    """(E,) weights giving the ``hot`` experts ``HOT_SHARE`` of the choices (top-1), the rest the
-    remainder; all experts hot is no heat at all."""
-    if hot.size == experts:
-        return np.ones(experts)
-    weights = np.full(experts, (1 - HOT_SHARE) / (experts - hot.size))
-    weights[hot] = HOT_SHARE / hot.size
+    """(E,) weights giving each of the ``hot`` experts ``HOT_IMBALANCE`` times the mean load (top-1)
+    and the other experts the rest evenly; the hot set is at most E / HOT_IMBALANCE experts
+    (:func:`why_not` refuses larger ones)."""
+    hot_share = HOT_IMBALANCE * hot.size / experts
+    assert hot_share <= 1, f"{hot.size} hot experts of {experts} cannot each take {HOT_IMBALANCE:g}x the mean"
+    weights = np.full(experts, (1 - hot_share) / (experts - hot.size))
+    weights[hot] = hot_share / hot.size
     return weights
+
+
+def hot_experts(kind: str, experts: int, ranks: int, step: int) -> np.ndarray | None:
+    """The experts a heat workload makes hot at ``step`` (None: ``kind`` heats none then)."""
+    if kind == "hot_expert_set":
+        return np.arange(max(1, experts // HOT_SET_DIVISOR))
+    if kind == "spread_hot_experts":
+        hot_set = max(1, experts // HOT_SET_DIVISOR)
+        return np.arange(hot_set) * (experts // hot_set)
+    if kind == "hot_rank" or (kind == "burst" and step % BURST_PERIOD == BURST_PERIOD - 1):
+        return experts_of_rank(ranks - 1, experts, ranks)
+    if kind == "rotating_hotspot":
+        return experts_of_rank(step % ranks, experts, ranks)
+    return None
 
 
 def experts_of_rank(rank: int, experts: int, ranks: int) -> np.ndarray:
@@ -135,17 +154,11 @@ def experts_of_rank(rank: int, experts: int, ranks: int) -> np.ndarray:
 
 def expert_weights(kind: str, parameter: float, experts: int, ranks: int, seed: int, step: int) -> np.ndarray:
     """(E,) unnormalised weights of the experts every source rank draws from at ``step``."""
-    hot_set = max(1, experts // HOT_SET_DIVISOR)
     if kind in POPULARITY_SKEWS:
         return popularity_weights(kind, parameter, experts, seed)
-    if kind == "hot_expert_set":
-        return heat(experts, np.arange(hot_set))
-    if kind == "spread_hot_experts":
-        return heat(experts, np.arange(hot_set) * (experts // hot_set))
-    if kind == "hot_rank" or (kind == "burst" and step % BURST_PERIOD == BURST_PERIOD - 1):
-        return heat(experts, experts_of_rank(ranks - 1, experts, ranks))
-    if kind == "rotating_hotspot":
-        return heat(experts, experts_of_rank(step % ranks, experts, ranks))
+    hot = hot_experts(kind, experts, ranks, step)
+    if hot is not None:
+        return heat(experts, hot)
     weights = np.ones(experts)
     if kind == "zero_expert_rank":
         weights[experts_of_rank(ranks - 1, experts, ranks)] = 0.0
@@ -185,8 +198,10 @@ def sample_top_k(weights: np.ndarray, tokens: int, top_k: int, rng: np.random.Ge
 
 def why_not(workload: str, *, experts: int, ranks: int, top_k: int) -> str | None:
     """Why ``workload`` cannot route ``top_k`` of ``experts`` experts on ``ranks`` ranks (None: it
-    can): experts that do not spread evenly, a top-k beyond the experts it routes to (W5 silences a
-    rank's), a trace recorded with experts the run's do not divide or with fewer choices."""
+    can): experts that do not spread evenly, a hot set too large for the stated imbalance (one rank's
+    experts are all of them; one hot expert of one), a top-k beyond the experts it routes to (W5
+    silences a rank's, a hot set of half the experts leaves the others none), a trace recorded with
+    experts the run's do not divide or with fewer choices."""
     kind, _ = split_name(workload)
     if ranks < 1 or experts % ranks:
         return f"{experts} experts do not spread evenly over {ranks} ranks"
@@ -194,6 +209,15 @@ def why_not(workload: str, *, experts: int, ranks: int, top_k: int) -> str | Non
         misfit = routing_trace.why_not_replayed(routing_trace.load(trace_name(workload)), experts, top_k)
         return misfit and f"{workload}: {misfit}"
     live = experts - (experts // ranks if kind == "zero_expert_rank" and ranks > 1 else 0)
+    hot = hot_experts(kind, experts, ranks, step=BURST_PERIOD - 1)  # one size at every step; burst's hot one
+    if hot is not None:
+        if HOT_IMBALANCE * hot.size > experts:
+            needs = "experts" if kind in ("hot_expert_set", "spread_hot_experts") else "ranks"
+            return (
+                f"{workload!r} heats {hot.size} of {experts} experts on {ranks} rank(s), so none can take "
+                f"{HOT_IMBALANCE:g}x the mean load; it needs at least 2 {needs}"
+            )
+        live = int(np.count_nonzero(heat(experts, hot)))  # a hot half leaves the others nothing
     if not 1 <= top_k <= live:
         return f"top_k={top_k} needs 1..{live} experts to route to under {workload!r}"
     return None
