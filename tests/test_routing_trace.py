@@ -98,3 +98,51 @@ def test_the_recording_command_writes_a_trace_and_compares_it_with_mock_tokens(t
     printed = capsys.readouterr().out
     assert "recorded, layer 1" in printed and "mock tokens, layer 0" in printed and "zipf:1.0" in printed
     assert record_routing.main(["--name", "../x"]) == 2
+
+
+COMMITTED_BYTES = (routing_trace.TRACES_DIR / f"{COMMITTED}.npz").read_bytes()
+
+
+def _committed_fields() -> tuple[np.ndarray, dict]:
+    with np.load(routing_trace.TRACES_DIR / f"{COMMITTED}.npz") as data:
+        return data["choices"], json.loads(str(data["meta"]))
+
+
+def _with(meta_change: dict) -> dict:
+    choices, meta = _committed_fields()
+    return {"choices": choices, "meta": json.dumps({**meta, **meta_change})}
+
+
+DAMAGED_TRACES = {
+    "truncated": lambda path: path.write_bytes(COMMITTED_BYTES[: len(COMMITTED_BYTES) // 2]),
+    "no meta": lambda path: np.savez(path, choices=_committed_fields()[0]),
+    "meta not json": lambda path: np.savez(path, choices=_committed_fields()[0], meta="{experts: 16"),
+    "meta a list": lambda path: np.savez(path, choices=_committed_fields()[0], meta="[16]"),
+    "experts missing": lambda path: np.savez(path, choices=_committed_fields()[0], meta="{}"),
+    "experts too many": lambda path: np.savez(path, **_with({"experts": 1024})),
+    "top_k disagrees": lambda path: np.savez(path, **_with({"top_k": 4})),
+    "choices float": lambda path: np.savez(path, choices=np.zeros((1, 2, 1)), meta='{"experts": 1}'),
+    "choices repeat": lambda path: np.savez(path, choices=np.zeros((1, 2, 2), np.int16), meta='{"experts": 1}'),
+}
+DAMAGE_MESSAGES = {
+    "truncated": "cannot read it",
+    "no meta": "cannot read it",
+    "meta not json": "cannot read it",
+    "meta a list": "field meta:",
+    "experts missing": "field meta:",
+    "experts too many": "field meta.experts: 1024 experts, but the choices name 16",
+    "top_k disagrees": "field meta.top_k",
+    "choices float": "field choices",
+    "choices repeat": "field choices: a token names one expert twice",
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_TRACES)
+def test_a_damaged_or_inconsistent_trace_is_refused_naming_the_file_and_field(tmp_path, damage):
+    path = tmp_path / "t.npz"
+    DAMAGED_TRACES[damage](path)
+    with pytest.raises(ValueError) as err:
+        routing_trace.read(path)
+    message = str(err.value)
+    assert message.startswith(f"routing trace {path}: ") and DAMAGE_MESSAGES[damage] in message, message
+    assert "record_routing" in message

@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,16 +86,41 @@ def save(trace: RoutingTrace, path: Path) -> None:
 
 
 def read(path: Path) -> RoutingTrace:
-    """The trace saved at ``path``; ValueError naming what is wrong with it."""
+    """The trace saved at ``path``; ValueError naming the file, the field that is wrong and how to fix
+    it (a damaged file, a missing field, choices or meta that disagree)."""
+    advice = "record it again with experiments/record_routing.py"
     try:
         with np.load(path) as data:
-            choices, meta = data["choices"].astype(np.int64), json.loads(str(data["meta"]))
-    except (OSError, KeyError, ValueError) as err:
-        advice = "record it with experiments/record_routing.py"
-        raise ValueError(f"routing trace {path}: cannot read it ({err}); {advice}") from None
-    if choices.ndim != 3 or not 0 <= choices.min() <= choices.max() < meta["experts"]:
-        raise ValueError(f"routing trace {path}: choices must be (layers, tokens, top_k) ids below meta.experts")
-    return RoutingTrace(choices, int(meta["experts"]), meta)
+            choices, meta = data["choices"], json.loads(str(data["meta"]))
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error) as err:
+        raise ValueError(f"routing trace {path}: cannot read it ({type(err).__name__}: {err}); {advice}") from None
+    why = trace_error(choices, meta)
+    if why:
+        raise ValueError(f"routing trace {path}: {why}; {advice}")
+    return RoutingTrace(choices.astype(np.int64), meta["experts"], meta)
+
+
+def trace_error(choices: np.ndarray, meta) -> str | None:
+    """Why ``choices`` and ``meta`` (a saved trace's fields) are not a trace (None: they are): meta
+    a JSON object whose ``experts`` is a count; choices (layers, tokens, top_k) integer ids, each
+    token's distinct, every one of meta.experts experts chosen somewhere (a meta.experts that
+    disagrees with the choices would merge them wrongly on replay), meta.top_k the choices' last axis."""
+    if not isinstance(meta, dict) or type(meta.get("experts")) is not int or meta["experts"] < 1:
+        return "field meta: must be a JSON object whose 'experts' is an integer >= 1"
+    experts = meta["experts"]
+    if choices.ndim != 3 or 0 in choices.shape or choices.dtype.kind not in "iu":
+        return f"field choices: must be non-empty (layers, tokens, top_k) integers, got {choices.dtype} {choices.shape}"
+    if not 0 <= choices.min() <= choices.max() < experts:
+        return f"field choices: must be (layers, tokens, top_k) ids below meta.experts={experts}"
+    if "top_k" in meta and meta["top_k"] != choices.shape[2]:
+        return f"field meta.top_k: {meta['top_k']!r} disagrees with the choices' {choices.shape[2]} per token"
+    ordered = np.sort(choices, axis=2)
+    if (ordered[..., 1:] == ordered[..., :-1]).any():
+        return "field choices: a token names one expert twice among its top_k"
+    chosen = np.unique(choices).size
+    if chosen != experts:
+        return f"field meta.experts: {experts} experts, but the choices name {chosen} distinct ones"
+    return None
 
 
 @functools.cache
