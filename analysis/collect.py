@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.records.record_schema import record_problem
+from moe_core.records.record_schema import digest_problem, record_problem
 
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
@@ -40,8 +40,9 @@ class RecordError(ValueError):
 
 def read_valid_record(path: str | Path) -> dict[str, Any]:
     """Parse ``path`` and check it against the record schema (moe_core/records/record_schema.py): its format
-    (keys, finite numbers) and its content (required metrics, units, summaries, params), so that no
-    NaN, text or wrong number reaches the tables, where it would silently move a mean or drop a point."""
+    (keys, finite numbers), its content (required metrics, units, summaries, params, the testbed it ran
+    on) and its digest (unchanged since its run wrote it), so that no NaN, text, wrong number or edited
+    record reaches the tables, where it would silently move a mean, a verdict or drop a point."""
     try:
         with open(path) as f:
             record = json.load(f)
@@ -55,6 +56,9 @@ def read_valid_record(path: str | Path) -> dict[str, Any]:
         raise RecordError(
             f"{path}: {problem}; rerun the experiment that wrote it (schema: moe_core/records/record_schema.py)"
         )
+    changed = digest_problem(record)
+    if changed:
+        raise RecordError(f"{path}: {changed}; delete it and rerun its point (snakemake runs a deleted point again)")
     return record
 
 

@@ -14,7 +14,7 @@ from analysis.registry import TABLE_REGISTRY
 from experiments.external_validation import main as external_validation_main
 from experiments.impl import external_validation as ev
 from moe_core.config.load import CONFIG_DIR, load_config
-from moe_core.records.results import record_path
+from moe_core.records.results import record_path, write_record
 from moe_core.sim.topology import build_topology
 
 
@@ -131,10 +131,9 @@ def test_malformed_entry_names_its_id(tmp_path, cfg, entries, edit, needle):
 def test_table_summarises_the_median_error(tmp_path, cfg):
     paths = []
     for record in ev.external_records(cfg):
-        path = record_path(tmp_path, record["paper"], record["experiment"], record["point"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
-        paths.append(path)
+        paths.append(
+            write_record(record, record_path(tmp_path, record["paper"], record["experiment"], record["point"]))
+        )
     table = TABLE_REGISTRY["external_validation"].build(collect(paths)[0])
     rows, summary = table.iloc[:-1], table.iloc[-1]
     assert len(rows) == len(paths) and summary["id"] == "median"

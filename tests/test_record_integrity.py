@@ -3,7 +3,8 @@
 One real run (Lina's simulated training steps of configs/ci.yaml, written by experiments.simulate's own
 record function) is collected and compared once; each test then damages one of its records the way a
 user's results folder gets damaged, reruns collect and compare through their command lines, and checks
-the error and that the tables are byte for byte the ones before.
+the error and that the tables are byte for byte the ones before. A record edited so that every rule
+still holds (rescaled samples, a relabelled testbed) is refused by its digest or its provenance.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from analysis.published import load_registry
 from experiments.impl.simulate import EXPERIMENT, simulated_record
 from moe_core.config.load import load_config
 from moe_core.config.points import sim_points
-from moe_core.records.record_schema import check_record, record_problem
-from moe_core.records.results import atomic_outputs, record_path, write_record
+from moe_core.records.record_schema import check_record, provenance, record_problem
+from moe_core.records.results import atomic_outputs, record_digest, record_path, summarize, write_record
+from moe_core.runtime.benchmark import measured_record
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TARGET = "lina-a100-4x4_ws4_e4_epr1_overlap_s0"  # the record the issue damaged
@@ -121,6 +123,22 @@ def _params_of_other_point(record, root):
     record["params"] = json.loads(_raw(root, OTHER).read_text())["params"]
 
 
+def _rescaled(record, root):
+    """Every sample of the step time and its summary scaled by 1000: every content rule still holds."""
+    record["samples"]["step_ms"] = [1000 * v for v in record["samples"]["step_ms"]]
+    record["metrics"]["step_ms"] = summarize(record["samples"]["step_ms"])
+
+
+def _digested(damage):
+    """``damage``, then the record digested again: as if its writer had written it so."""
+
+    def digested(record, root):
+        damage(record, root)
+        record["digest"] = record_digest(record)
+
+    return digested
+
+
 # The issue's table, and the format cases: case -> (damage, what the one-line error must say)
 CASES = {
     "one metric removed": (_drop_metric("step_ms"), r"metrics\.step_ms is missing: every sim_train_step record"),
@@ -145,7 +163,17 @@ CASES = {
         r"metrics\.step_ms\.median = [\d.]+: the record's own samples give [\d.]+",
     ),
     "text for a swept number": (_param("partition_mb", "30"), r"params\.partition_mb = '30': the record's config"),
-    "text for an unswept number": (_param("top_k", "2"), r"params\.top_k = '2': a text, but a number in"),
+    "text for an unswept number": (_digested(_param("top_k", "2")), r"params\.top_k = '2': a text, but a number in"),
+    "rescaled samples": (
+        _rescaled,
+        r"digest = 'sha256:[0-9a-f]{12}'…: the record has changed since its run wrote it \(records are never "
+        r"edited\); delete it and rerun its point",
+    ),
+    "relabelled testbed": (
+        lambda r, _: r.update(hardware="h100-ndr-cluster"),
+        r"digest = 'sha256:[0-9a-f]{12}'…: the record has changed since its run wrote it",
+    ),
+    "digest removed": (lambda r, _: r.pop("digest"), r"digest is missing: the record was not written by"),
     "truncated file": (_on_bytes(lambda b: b[: len(b) // 2]), "cannot read a JSON record"),
     "empty file": (_on_bytes(lambda b: b""), "cannot read a JSON record"),
     "NaN": (
@@ -190,7 +218,7 @@ def test_a_point_without_a_metric_its_reproducer_reads_stops_compare(run):
     """A record can lack a metric only some records have; the reproducer that reads it then fails naming
     the entry and the point, rather than averaging the other points."""
     before = _tables(run)
-    with _damaged(run, _drop_metric("a2a_share")):
+    with _damaged(run, _digested(_drop_metric("a2a_share"))):
         error = _analyse(run)
     assert _analyse(run) is None  # collect wrote the damaged record's tables: the intact run's again
     assert error is not None and re.search(r"registry entry 'lina-table1-a2a-share-of-step[a-z-]*'", error)
@@ -219,6 +247,86 @@ def test_generated_records_pass_every_rule(run):
     assert len(paths) == len(lina_points) > 0
     for path in paths:
         check_record(json.loads(path.read_text()), str(path))
+
+
+@pytest.fixture(scope="module")
+def measured_cpu_record():
+    """A measured record of this CPU (gloo, local-cpu), as experiments.collectives writes one."""
+    samples = {"time_ms": [1.0, 1.2, 1.1], "busbw_GBps": [0.5, 0.4, 0.45]}
+    params = {"collective": "all_reduce", "world_size": 2, "size_bytes": 1024, "concurrent": None}
+    cfg = load_config(CONFIGS)
+    return measured_record(
+        cfg, paper="common", experiment="collectives", point="all_reduce_ws2_1KiB", params=params, samples=samples
+    )
+
+
+def _relabelled(record, **changes):
+    """``record`` with ``changes`` (dotted keys: "environment.device"), digested again as a writer would."""
+    record = json.loads(json.dumps(record))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        section = record
+        for part in parents:
+            section = section[part]
+        section[key] = value
+    return {**record, "digest": record_digest(record)}
+
+
+# An edit that keeps the digest (a writer that claims a testbed) -> the first problem provenance names
+PROVENANCE_CASES = {
+    "CPU record claiming Lina's A100s": (
+        {"hardware": "lina-a100-4x4"},
+        "hardware = 'lina-a100-4x4': hardware profile lina-a100-4x4 runs nccl on cuda, "
+        "but this measured record ran gloo on cpu",
+    ),
+    "CPU record and its config claiming a GPU": (
+        {"hardware": "h200-single", "config.hardware.name": "h200-single"},
+        "hardware = 'h200-single': hardware profile h200-single runs nccl on cuda",
+    ),
+    "nccl on this CPU": (
+        {"backend": "nccl", "hardware": "my-gpus", "config.hardware.name": "my-gpus"},
+        "environment.device = 'cpu': a nccl run runs on cuda",
+    ),
+    "a GPU run without its GPU": (
+        {"backend": "nccl", "environment.device": "cuda", "hardware": "gpus", "config.hardware.name": "gpus"},
+        "environment.gpu is missing: a CUDA run records the GPU it ran on",
+    ),
+    "hardware other than its config's": (
+        {"hardware": "my-cluster"},
+        "hardware = 'my-cluster': its resolved config ran on hardware.name = 'local-cpu'",
+    ),
+    "a measured record of a model": ({"backend": "sim"}, "backend = 'sim': a measured record's backend is one of"),
+    "a simulated record on gloo": ({"mode": "simulated"}, "backend = 'gloo': a simulated record's backend is one of"),
+}
+
+
+@pytest.mark.parametrize("case", PROVENANCE_CASES)
+def test_a_record_claiming_a_testbed_it_did_not_run_on_is_refused(measured_cpu_record, case, tmp_path):
+    """Relabelling this CPU's record as Lina's testbed would turn its not-comparable rows into verdicts."""
+    changes, expected = PROVENANCE_CASES[case]
+    assert record_problem(measured_cpu_record) is None
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(_relabelled(measured_cpu_record, **changes)))
+    with pytest.raises(collect_mod.RecordError) as refused:
+        collect_mod.collect([path])
+    assert str(refused.value).startswith(f"{path}: {expected}"), refused.value
+
+
+def test_a_gpu_record_of_a_gpu_profile_has_its_provenance():
+    """A dated H200 record (results/reference/) names the profile, backend, device and GPU it ran on."""
+    record = json.loads(Path("results/reference/2026-12-04-h200/train_step_h200_sequential.json").read_text())
+    assert list(provenance(record)) == []
+
+
+def test_written_records_carry_the_digest_of_their_content(run):
+    record = json.loads(_raw(run).read_text())
+    assert record["digest"] == record_digest(record) and record["digest"].startswith("sha256:")
+    reformatted = _raw(run).with_name("reformatted.json")
+    reformatted.write_text(json.dumps(record, indent=4, sort_keys=True))  # the same content, other layout
+    try:
+        assert collect_mod.read_valid_record(reformatted) == record
+    finally:
+        reformatted.unlink()
 
 
 def test_noise_section_is_optional_and_checked(run):

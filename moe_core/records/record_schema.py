@@ -11,8 +11,11 @@ rule stops the analysis with one line naming the file, the field, its value and 
   positive integer, every parameter a scalar, and the optional ``noise`` section of measured runs.
 * Content (:data:`CONTENT_RULES`, one function each): the metrics the analysis reads from every
   record of an experiment (:data:`REQUIRED_METRICS`), units by name (times, shares, bandwidths,
-  counts), summaries equal to the samples they summarise, and a training-step record's params
-  matching its point name and its resolved config (records that carry one, as every writer's do).
+  counts), summaries equal to the samples they summarise, a training-step record's params
+  matching its point name and its resolved config (records that carry one, as every writer's do),
+  and its testbed matching what it ran on (:func:`provenance`).
+* Integrity (:func:`digest_problem`, not a content rule: a record is digested when it is written):
+  its content still matches the digest its writer gave it.
 
 Rules over several records (one record per point, one type per parameter) are analysis.collect's.
 """
@@ -27,8 +30,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from moe_core.config import load as _registry  # noqa: F401  (registers the papers' policies, which point names spell)
+from moe_core.config.derive import hardware_profile
 from moe_core.config.points import point_name, point_overrides
-from moe_core.records.results import MODES, SCHEMA_VERSION, summarize
+from moe_core.config.sections import hardware_profiles
+from moe_core.records.results import DIGEST_KEY, MODES, SCHEMA_VERSION, record_digest, summarize
 
 STAT_FIELDS = ("median", "p95", "mean", "min", "max")
 FiniteNumber = Annotated[float, AllowInfNan(False)]
@@ -100,6 +105,7 @@ class Record(BaseModel):
     environment: dict[str, Any] = {}
     config: dict[str, Any] = {}
     noise: Noise | None = None
+    digest: str | None = None  # moe_core.records.results.record_digest, added when the record is written
 
 
 # ---- content -------------------------------------------------------------------------------------
@@ -267,6 +273,45 @@ def _same(param: Any, configured: Any) -> bool:
     return param == configured
 
 
+# A measured record's backend -> the device it runs on; a simulated record's backends (the simulator, a paper's model).
+BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
+MODEL_BACKENDS = ("sim", "model")
+
+
+def provenance(record: dict[str, Any]) -> Iterator[Problem]:
+    """A record's testbed (backend, hardware) is the one it ran on, so that no record moves a verdict by
+    the testbed it claims: a simulated record's backend is a model's; a measured record's backend runs
+    on the device its environment names (a CUDA run also names its GPU), the hardware profile it names
+    runs that backend (where configs/hardware/ has the profile), and its resolved config ran on it."""
+    backend, name = record["backend"], record["hardware"]
+    if record["mode"] != "measured":
+        if backend not in MODEL_BACKENDS:
+            yield "backend", backend, f"a simulated record's backend is one of {list(MODEL_BACKENDS)}"
+        return
+    device = BACKEND_DEVICE.get(backend)
+    if device is None:
+        yield "backend", backend, f"a measured record's backend is one of {list(BACKEND_DEVICE)}"
+        return
+    if name in hardware_profiles():
+        profile = hardware_profile(name)
+        if (profile.backend, profile.device) != (backend, device):
+            ran = f"{profile.backend} on {profile.device}, but this measured record ran {backend} on {device}"
+            yield "hardware", name, f"hardware profile {name} runs {ran}"
+    environment = record.get("environment", {})
+    if environment.get("device", MISSING) != device:
+        yield "environment.device", environment.get("device", MISSING), f"a {backend} run runs on {device}"
+    elif device == "cuda" and "gpu" not in environment:
+        yield "environment.gpu", MISSING, "a CUDA run records the GPU it ran on"
+    configured = record.get("config", {}).get("hardware", {})
+    for key, value in (("name", name), ("backend", backend), ("device", device)):
+        if key in configured and configured[key] != value:
+            yield (
+                "hardware" if key == "name" else key,
+                value,
+                f"its resolved config ran on hardware.{key} = {configured[key]!r}",
+            )
+
+
 CONTENT_RULES: tuple[Callable[[dict[str, Any]], Iterator[Problem]], ...] = (
     required_metrics,
     times,
@@ -276,6 +321,7 @@ CONTENT_RULES: tuple[Callable[[dict[str, Any]], Iterator[Problem]], ...] = (
     summaries,
     named_point,
     params_match_config,
+    provenance,
 )
 
 
@@ -288,6 +334,17 @@ def record_problem(record: Any) -> str | None:
     for rule in CONTENT_RULES:
         for field, value, why in rule(record):
             return f"{field} is missing: {why}" if value is MISSING else f"{field} = {value!r}: {why}"
+    return None
+
+
+def digest_problem(record: dict[str, Any]) -> str | None:
+    """Why ``record`` is not as its run wrote it (moe_core.records.results.write_record digests every
+    record), or None: it has no digest, or its content no longer matches it (it was edited)."""
+    digest = record.get(DIGEST_KEY)
+    if digest is None:
+        return "digest is missing: the record was not written by moe_core.records.results.write_record"
+    if digest != record_digest(record):
+        return f"digest = {digest[:19]!r}…: the record has changed since its run wrote it (records are never edited)"
     return None
 
 

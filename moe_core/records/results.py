@@ -9,9 +9,10 @@ Schema (version 1)::
       "params":  {swept parameters: world_size, num_experts, experts_per_rank, policy, seed, ...},
       "metrics": {"step_ms": {"median": 12.3, "p95": 14.0, "mean": 12.5, "min": ..., "max": ..., "n": 10}, ...},
       "samples": {"step_ms": [per-iteration values, worst rank per iteration], ...},
-      "environment": {git_sha, torch, python, host, device, ...},
+      "environment": {git_sha, torch, python, host, hosts (every rank's), device, ...},
       "config": {the fully resolved config},
-      "noise": {"load_avg": [l1, l5, l15], "cpus": 2, "contention": 0.03 | null, "cv": {"step_ms": 0.05, ...}}
+      "noise": {"load_avg": [l1, l5, l15], "cpus": 2, "contention": 0.03 | null, "cv": {"step_ms": 0.05, ...}},
+      "digest": "sha256:..."
     }
 
 ``noise`` (measured records only) says how busy the host was while the point was timed
@@ -22,6 +23,13 @@ Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...), w
 (moe_core/records/record_schema.py checks every record the analysis reads against it). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
 
+``digest`` (:func:`record_digest`) is the SHA-256 of the rest of the record, added by
+:func:`write_record`: analysis.collect refuses a record whose content no longer matches it, i.e. one
+changed after its run wrote it (a relabelled testbed, rescaled samples). It sits in the record
+rather than in a manifest beside the records, so it is written in the same atomic rename, a rerun of
+one point replaces both, the jobs of a run running side by side share no file, and a record copied
+from another machine carries it. It detects edits, not forgery: anyone can compute a digest.
+
 Records are strict JSON: every number is finite. A metric or sample that is NaN or infinite (a
 diverged training run, a failed measurement) is refused with NonFiniteMetricError naming it,
 before anything is written, so the run fails instead of recording a success. experiments.launch
@@ -31,6 +39,7 @@ work starts (:func:`check_writable`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -50,6 +59,7 @@ import numpy as np
 
 from moe_core.records.tracking import mirror_records
 from moe_core.runtime.noise import WINDOW
+from moe_core.runtime.processes import RANK_HOSTS
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
@@ -188,6 +198,18 @@ def make_record(
     return record
 
 
+DIGEST_KEY = "digest"
+DIGEST_PREFIX = "sha256:"
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of ``record`` without its own digest, as canonical JSON (sorted keys, no
+    spaces): equal for the record written and the record read back, whatever its indentation."""
+    content = {key: value for key, value in record.items() if key != DIGEST_KEY}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return DIGEST_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
 def record_path(results_dir: str | Path, paper: str, experiment: str, point: str) -> Path:
     return Path(results_dir) / "raw" / paper / experiment / f"{point}.json"
 
@@ -223,8 +245,8 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 
 def write_record(record: dict[str, Any], path: str | Path) -> Path:
-    """Write ``record`` as strict JSON atomically; a NaN or infinite number anywhere in it raises
-    NonFiniteMetricError, naming its key path, before anything is written. Inside
+    """Write ``record`` as strict JSON atomically, with its :func:`record_digest`; a NaN or infinite
+    number anywhere in it raises NonFiniteMetricError, naming its key path, before anything is written. Inside
     :func:`staged_records` the file goes to the staging folder and reaches ``path`` only when the
     whole run succeeded; the returned path is ``path`` either way. A failed write (a full disk)
     raises ResultsDirError naming the file."""
@@ -237,7 +259,7 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
         raise NonFiniteMetricError(
             f"record field '{where}' is {value}, which strict JSON cannot hold; no record is written"
         )
-    text = json.dumps(record, indent=1, allow_nan=False)
+    text = json.dumps({**record, DIGEST_KEY: record_digest(record)}, indent=1, allow_nan=False)
     staging = os.environ.get(STAGING_ENV)
     target = Path(staging) / f"{uuid.uuid4().hex}.json" if staging else Path(path)
     try:
@@ -382,7 +404,8 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """What the numbers were measured on: versions, host, device, git commit."""
+    """What the numbers were measured on: versions, host (rank 0's) and hosts (every rank's), device,
+    git commit."""
     import torch
 
     env = {
@@ -390,6 +413,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "host": socket.gethostname(),
+        "hosts": list(RANK_HOSTS) or [socket.gethostname()],  # every rank's, by rank: the nodes a run spanned
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "device": device,
