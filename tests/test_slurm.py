@@ -1,13 +1,9 @@
 """The SLURM path on a real one-node SLURM cluster: profile, per-rule resources, launcher.
 
-The fixture installs Debian's ``slurm-wlm`` and ``munge`` when they are missing, then starts its own
-munged, slurmctld and slurmd from a temporary directory (own key, socket, ports, state) and stops
-them afterwards, failed test or not. The one file outside that directory is the configuration, at
-the default path /etc/slurm/slurm.conf: Snakemake's SLURM jobstep removes SLURM_CONF (with every
-other SLURM_* variable but SLURM_JOB_ID) from a rule's environment, so ``srun`` and ``scontrol``
-inside a job only find the default. The fixture never overwrites a configuration it did not write.
-The CI sweep (configs/ci.yaml), cut to two training-step points and three message sizes, then
-runs through ``snakemake --executor slurm --profile configs/profiles/slurm``.
+The fixture (tests/slurm_cluster.py) installs Debian's ``slurm-wlm`` and ``munge`` when they are
+missing, then starts its own munged, slurmctld and slurmd, this host as the one node, and stops
+them afterwards, failed test or not. The CI sweep (configs/ci.yaml), cut to two training-step
+points and three message sizes, then runs through ``snakemake --executor slurm --profile configs/profiles/slurm``.
 
 Multi-task jobs on one node: the sweep runs on a 2-node x 1-device hardware description
 (``hardware.nodes=2``, ``hardware.devices_per_node=1``), so every 2-rank measured job is a
@@ -20,18 +16,14 @@ the cluster has a single node.
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import re
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from slurm_cluster import Cluster, run, started_cluster
 
 from experiments.impl.collectives import collective_points
 from moe_core.config.load import load_config
@@ -47,160 +39,12 @@ MEASURED_RULES = ("train_step", "collectives")
 # 2 cores, so every point left out saves about a minute. As Snakemake --config values, which
 # load_config merges into the config files the same way.
 SWEEP = ["sweep={num_experts: [2], policy: [sequential, overlap]}", "collectives={max_bytes: 4096}"]
-SLURM_CONF = Path("/etc/slurm/slurm.conf")
-CONF_MARKER = "# one-node test cluster of tests/test_slurm.py, removed when the test ends"
-DAEMON_START_S = 60
-STOP_S = 10
-
-
-def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run a command to completion, capturing its output as text."""
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
-
-
-def install_slurm() -> None:
-    """apt-get the SLURM daemons and munge when missing (about 15 s on a fresh Debian machine)."""
-    if all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "sbatch", "munged")):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"]):
-        proc = run(*argv, env=env, timeout=600)
-        assert proc.returncode == 0, f"{' '.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-class Cluster:
-    """One-node SLURM cluster with its state, logs and munge socket in ``root``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.env = {key: value for key, value in os.environ.items() if key != "SLURM_CONF"}
-        self.daemons: dict[str, subprocess.Popen] = {}
-
-    def start(self) -> None:
-        munge_dir = self.root / "munge"
-        munge_dir.mkdir(mode=0o755)
-        key = munge_dir / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        munge_user = pwd.getpwnam("munge")
-        for path in (munge_dir, key):
-            os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
-        socket_path = munge_dir / "munge.socket"
-        self._spawn(
-            "munged",
-            [
-                "runuser",
-                "-u",
-                "munge",
-                "--",
-                "munged",
-                "--foreground",
-                f"--socket={socket_path}",
-                f"--key-file={key}",
-                f"--pid-file={munge_dir / 'munged.pid'}",
-                f"--log-file={munge_dir / 'munged.log'}",
-                f"--seed-file={munge_dir / 'munged.seed'}",
-            ],
-        )
-        self._wait(lambda: socket_path.exists(), "munged socket")
-
-        # The node exactly as slurmd sees it (CPUs, sockets, cores, threads, RealMemory), so it is
-        # not drained for a mismatch.
-        node = run("slurmd", "-C").stdout.splitlines()[0]
-        host = node.split()[0].split("=", 1)[1]
-        for sub in ("state", "spool", "log"):
-            (self.root / sub).mkdir()
-        SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
-        SLURM_CONF.write_text(f"""\
-{CONF_MARKER}
-ClusterName=moetest
-SlurmctldHost={host}
-SlurmUser=root
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={socket_path}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-# squeue must still list a finished job when snakemake's plugin asks for its state.
-MinJobAge=300
-KillWait=5
-ReturnToService=2
-StateSaveLocation={self.root / "state"}
-SlurmdSpoolDir={self.root / "spool"}
-SlurmctldPidFile={self.root / "slurmctld.pid"}
-SlurmdPidFile={self.root / "slurmd.pid"}
-SlurmctldLogFile={self.root / "log" / "slurmctld.log"}
-SlurmdLogFile={self.root / "log" / "slurmd.log"}
-{node}
-PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
-""")
-        self._spawn("slurmctld", ["slurmctld", "-D"])
-        self._spawn("slurmd", ["slurmd", "-D"])
-        self._wait(lambda: run("sinfo", "-h", "-o", "%t", env=self.env).stdout.strip() == "idle", "node idle in sinfo")
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        with open(self.root / f"{name}.out", "w") as log:
-            self.daemons[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-
-    def _wait(self, ready, what: str) -> None:
-        deadline = time.monotonic() + DAEMON_START_S
-        while not ready():
-            dead = {name: p.returncode for name, p in self.daemons.items() if p.poll() is not None}
-            assert not dead and time.monotonic() < deadline, f"waiting for {what}: exited {dead}\n{self.logs()}"
-            time.sleep(0.2)
-
-    def logs(self) -> str:
-        files = [*self.root.glob("*.out"), *(self.root / "log").glob("*.log"), *self.root.glob("munge/*.log")]
-        return "\n".join(f"== {f.name}\n{f.read_text()[-3000:]}" for f in files if f.exists())
-
-    def stop(self) -> None:
-        """Cancel every job of this cluster, then stop the daemons this fixture started."""
-        if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
-            run("scancel", "--user", "root", env=self.env)
-            deadline = time.monotonic() + 3 * STOP_S
-            while run("squeue", "-h", env=self.env).stdout.strip() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        for proc in reversed(list(self.daemons.values())):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=STOP_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        if SLURM_CONF.is_file() and SLURM_CONF.read_text().startswith(CONF_MARKER):
-            SLURM_CONF.unlink()
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: installs slurm-wlm and munge with apt-get and starts munged, slurmctld, slurmd")
-    if SLURM_CONF.exists() and not SLURM_CONF.read_text().startswith(CONF_MARKER):
-        pytest.skip(f"{SLURM_CONF} exists: this host already belongs to a SLURM cluster, which the test leaves alone")
-    install_slurm()
-    # Not pytest's tmp_path: munged needs every directory above its socket searchable by all.
-    root = Path(tempfile.mkdtemp(prefix="moe-slurm-"))
-    root.chmod(0o755)
-    cluster = Cluster(root)
-    try:
-        cluster.start()
+    with started_cluster(nodes=1) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def sweep_config():
