@@ -58,7 +58,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.records.results import ResultsDirError, check_writable
-from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, started_at, status_of
+from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, RANK_HOSTS, started_at, status_of
 
 HEARTBEAT_S = 0.5  # a rank's heartbeat period
 HEALTH_WINDOW_S = 3.0  # how long a rank that saw a failure watches the heartbeats (6 beats)
@@ -128,6 +128,7 @@ def init_distributed(cfg: DictConfig, world_size_key: str = "parallel.world_size
     except RuntimeError as err:  # DistStoreError: some rank never registered before the deadline
         health.exit_naming_failed_ranks("could not start", err)
     store.set_timeout(timeout)
+    RANK_HOSTS[:] = health.hosts()
     health.set_state("running")
     return Env(rank, world_size, local_rank, device, backend, health, timeout_s)
 
@@ -275,6 +276,11 @@ class Health:
             with suppress(ProcessLookupError):  # another rank may have killed it first
                 os.kill(pid, signal.SIGKILL)
         os._exit(FAILED_RANK_EXIT_CODE)
+
+    def hosts(self) -> list[str]:
+        """The host of every rank, by rank, as each published it (``proc/<rank>``) before joining the
+        group: once the group exists, every rank has."""
+        return [self.store.get(f"proc/{k}").decode().split()[0] for k in range(self.world_size)]
 
     def _beats(self) -> list[int]:
         return [self.store.add(f"beat/{k}", 0) for k in range(self.world_size)]

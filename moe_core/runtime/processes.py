@@ -16,6 +16,10 @@ import psutil
 FAILED_RANK_EXIT_CODE = 3  # a rank that named the ranks that stopped, and exited
 BAD_LAUNCH_EXIT_CODE = 2  # as for a bad config: nothing was started
 ENDED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # a process that has exited, not yet reaped or gone
+# The host name of every rank of this process's group, by rank: filled at start-up by
+# moe_core.runtime.distributed.init_distributed, so that a record (moe_core.records.results.environment)
+# names every node a run spanned, not only rank 0's. Empty outside a process group.
+RANK_HOSTS: list[str] = []
 
 
 def start_stamp(create_time: float) -> str:
