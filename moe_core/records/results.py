@@ -9,7 +9,7 @@ Schema (version 1)::
       "params":  {swept parameters: world_size, num_experts, experts_per_rank, policy, seed, ...},
       "metrics": {"step_ms": {"median": 12.3, "p95": 14.0, "mean": 12.5, "min": ..., "max": ..., "n": 10}, ...},
       "samples": {"step_ms": [per-iteration values, worst rank per iteration], ...},
-      "environment": {git_sha, torch, python, host, device, ...},
+      "environment": {git_sha, torch, python, host, hosts (every rank's), device, ...},
       "config": {the fully resolved config},
       "noise": {"load_avg": [l1, l5, l15], "cpus": 2, "contention": 0.03 | null, "cv": {"step_ms": 0.05, ...}},
       "digest": "sha256:..."
@@ -59,6 +59,7 @@ import numpy as np
 
 from moe_core.records.tracking import mirror_records
 from moe_core.runtime.noise import WINDOW
+from moe_core.runtime.processes import RANK_HOSTS
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
@@ -403,7 +404,8 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """What the numbers were measured on: versions, host, device, git commit."""
+    """What the numbers were measured on: versions, host (rank 0's) and hosts (every rank's), device,
+    git commit."""
     import torch
 
     env = {
@@ -411,6 +413,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "host": socket.gethostname(),
+        "hosts": list(RANK_HOSTS) or [socket.gethostname()],  # every rank's, by rank: the nodes a run spanned
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "device": device,
