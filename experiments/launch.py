@@ -68,6 +68,14 @@ summary and the ranks' own reports, moe_core.runtime.distributed): ``error: rank
   agents and, once any rank has ended, kills a stopped one at once and an idle one after
   ``parallel.timeout_s`` (experiments.rank_watch), naming it.
 
+* a node lost under SLURM (its slurmd and the job's processes there killed, or the node cut off): the
+  ranks elsewhere lose their peers at once and name them with their host (``rank 2 stopped
+  responding: its heartbeat stopped: its process 4711 runs on node2``); srun reports its first failed
+  task and, with ``--kill-on-bad-exit``, stops the others, but would wait for the lost node's tasks
+  until SLURM declares the node down (``SlurmdTimeout``, minutes). So the launcher kills an srun that
+  has not ended SRUN_EXIT_S after it reported a failed task; the job then ends, and SLURM removes
+  what is left of it.
+
 When one node fails, the others get ``parallel.timeout_s`` to notice and report, then are stopped
 (srun's ``--kill-on-bad-exit`` does the same for SLURM tasks).
 
@@ -117,6 +125,10 @@ TORCHRUN_SHUTDOWN_S = 3
 RENDEZVOUS_PORT = 29500
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long srun may take to end after it reported a failed task: --kill-on-bad-exit has SLURM stop the
+# step's other tasks (SIGTERM; each torchrun stops its ranks within TORCHRUN_SHUTDOWN_S), which takes
+# seconds on every node it can reach.
+SRUN_EXIT_S = 10.0
 # SLURM c10d rendezvous port: derived from the job id, so two jobs sharing a first node do not
 # collide; below Linux's ephemeral range (32768-) so outgoing connections do not take it first.
 SLURM_RENDEZVOUS_PORT_BASE, SLURM_RENDEZVOUS_PORTS = 20000, 10000
@@ -187,7 +199,7 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], grace_s: float) ->
             procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True))
             relays.append(StderrRelay(procs[-1].stderr))
             watch.agents.append(procs[-1].pid)
-        code = _wait(procs, grace_s, watch)
+        code = _wait(procs, relays, grace_s, watch)
     except _Interrupted as stop:
         code, interrupted = 128 + stop.signum, True
         print(
@@ -218,14 +230,16 @@ def _interrupt(signum, frame):
     raise _Interrupted(signum)
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float, watch: RankWatch) -> int:
+def _wait(procs: list[subprocess.Popen], relays: list[StderrRelay], grace_s: float, watch: RankWatch) -> int:
     """Wait for every process, watching their ranks (``watch``: a rank that cannot finish once
-    another has ended is killed); once one process fails, the others get ``grace_s``. The first
-    failure's code."""
-    first_failure, deadline = 0, None
+    another has ended is killed) and killing an srun stuck on a lost node (:func:`_kill_stuck_srun`);
+    once one process fails, the others get ``grace_s``. The first failure's code."""
+    first_failure, deadline, srun_failed_at = 0, None, {}
     while True:
         for line in watch.poll():
             print(line, file=sys.stderr, flush=True)
+        for proc, relay in zip(procs, relays):
+            _kill_stuck_srun(proc, relay, srun_failed_at)
         codes = [p.poll() for p in procs]
         failed = [_exit_code(code) for code in codes if code not in (None, 0)]
         if failed and deadline is None:
@@ -240,6 +254,25 @@ def _wait(procs: list[subprocess.Popen], grace_s: float, watch: RankWatch) -> in
             )
             return first_failure
         time.sleep(0.2)
+
+
+def _kill_stuck_srun(proc: subprocess.Popen, relay: StderrRelay, failed_at: dict[int, float]) -> None:
+    """SIGKILL ``proc`` (and its process group) when it is an srun that reported a failed task
+    (``srun: error: node1: task 0: Exited with exit code 3``) more than SRUN_EXIT_S ago and still runs:
+    it waits for a node it cannot reach. ``failed_at``: pid -> when its report was first seen."""
+    report = relay.find(_SRUN_TASK_FAILED) if proc.poll() is None else None
+    if report is None:
+        return
+    since = failed_at.setdefault(proc.pid, time.monotonic())
+    if time.monotonic() - since > SRUN_EXIT_S:
+        print(
+            f"error: srun has not ended {SRUN_EXIT_S:g} s after `{report}`: it waits for a node it cannot "
+            f"reach (dead, or its slurmd is); killing it",
+            file=sys.stderr,
+            flush=True,
+        )
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _exit_code(returncode: int) -> int:
@@ -299,12 +332,19 @@ class StderrRelay:
                 pass
         stream.close()
 
+    def find(self, pattern: re.Pattern) -> str | None:
+        """The first match of ``pattern`` in the tail so far, or None."""
+        match = pattern.search(bytes(self._tail).decode(errors="replace"))
+        return match.group(0) if match else None
+
     def text(self, timeout_s: float) -> str:
         """The tail, once the child's stderr is closed (or after ``timeout_s``)."""
         self._thread.join(timeout_s)
         return bytes(self._tail).decode(errors="replace")
 
 
+# srun's report of a task that ended badly (it then stops the step's other tasks: --kill-on-bad-exit).
+_SRUN_TASK_FAILED = re.compile(r"srun: error: \S+: tasks? [\d,-]+: [^\n]+")
 # torchrun's failure summary (torch.distributed.elastic's ChildFailedError): one entry per failed rank.
 _TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
@@ -312,6 +352,10 @@ _ROOT_CAUSE = "Root Cause (first observed failure):"
 _RANK_REPORT = re.compile(r"error: rank (\d+) (?:stopped|could not start): .*? \| (.*)")
 _UNRESPONSIVE = re.compile(r"rank (\d+) did not respond: ([^;]*)")
 _KILLED_BY_A_RANK = re.compile(r"so rank \d+ kills it")
+# A rank's own one-line error (``error: ...``, moe_core.records.results.exit_if_unwritable) or the last
+# line of an uncaught exception's traceback (``OSError: [Errno 28] No space left on device``).
+_ERROR_LINE = re.compile(r"^error: (.+)$|^((?:\w+\.)*\w*(?:Error|Exception): .+)$")
+_TORCHRUN_ERROR = "ChildFailedError"  # torchrun's own exception, which says only that a rank failed
 
 
 def failure_summary(outputs: list[str], killed: dict[int, str] | None = None) -> str | None:
@@ -323,7 +367,9 @@ def failure_summary(outputs: list[str], killed: dict[int, str] | None = None) ->
     such a rank or the launcher killed; else the ranks that the others found unresponsive (a hung
     rank, which never fails by itself); else the ranks the launcher killed (stopped or hung after
     another rank had ended, e.g. at teardown); else torchrun's other failures that are neither such
-    reports nor the SIGTERMs it stops ranks with. None when nothing is known.
+    reports nor the SIGTERMs it stops ranks with. None when nothing is known. A rank that exited with
+    a code comes with the last error line the ranks printed (:func:`last_error`): its cause (a full
+    disk) is otherwise only in the job's log.
     """
     killed = killed or {}
     roots, others, reported = [], [], {}
@@ -340,13 +386,33 @@ def failure_summary(outputs: list[str], killed: dict[int, str] | None = None) ->
     killed_by_a_rank = {r for r, why in reported.items() if _KILLED_BY_A_RANK.search(why)}
     first = [(r, c) for r, c in roots if c != FAILED_RANK_EXIT_CODE and r not in killed_by_a_rank | killed.keys()]
     if first:
-        return "; ".join(f"rank {r} {_how(c)}" for r, c in first)
+        return _with_last_error("; ".join(f"rank {r} {_how(c)}" for r, c in first), first, outputs)
     if reported:
         return "; ".join(f"rank {r} stopped responding: {why}" for r, why in sorted(reported.items()))
     if killed:
         return "; ".join(f"rank {r} {why}; the launcher killed it" for r, why in sorted(killed.items()))
     rest = [(r, c) for r, c in roots + others if c not in (FAILED_RANK_EXIT_CODE, -signal.SIGTERM)]
-    return "; ".join(f"rank {r} {_how(c)}" for r, c in rest) or None
+    return _with_last_error("; ".join(f"rank {r} {_how(c)}" for r, c in rest), rest, outputs) or None
+
+
+def _with_last_error(summary: str, failed: list[tuple[int, int]], outputs: list[str]) -> str:
+    """``summary`` of the ``failed`` (rank, exit code) pairs, with the ranks' last error line when one
+    of them exited with a code rather than a signal."""
+    error = last_error(outputs) if any(code > 0 for _, code in failed) else None
+    return f"{summary} (last error: {error})" if error else summary
+
+
+def last_error(outputs: list[str]) -> str | None:
+    """The last error line in the ranks' stderr (one text per torchrun): a rank's own ``error: ...``
+    line, not a report of a failed peer (failure_summary reads those), or an exception's last
+    traceback line, not torchrun's own ChildFailedError. None when there is none."""
+    found = None
+    for text in outputs:
+        for line in text.replace("\r", "\n").splitlines():
+            match = _ERROR_LINE.match(line.strip())
+            if match and not _RANK_REPORT.search(line) and _TORCHRUN_ERROR not in line:
+                found = match.group(1) or match.group(2)
+    return found
 
 
 def _how(exitcode: int) -> str:

@@ -165,3 +165,26 @@ def test_a_missing_command_is_refused_saying_what_to_add(capsys):
     with pytest.raises(SystemExit) as exit_:
         launch.parse_args(["--nproc", "2"])
     assert exit_.value.code == 2 and "missing `-- -m <module> [args]`" in capsys.readouterr().err
+
+
+def fake_srun(then: str) -> tuple[list[str], dict[str, str]]:
+    """A command that reports a failed task as srun does, then runs ``then`` (shell)."""
+    script = f"echo 'srun: error: node1: task 0: Exited with exit code 3' >&2; {then}"
+    return ["sh", "-c", script], {}
+
+
+def test_an_srun_stuck_after_a_failed_task_is_killed(monkeypatch, capsys):
+    """A lost node keeps srun waiting for SLURM to declare it down (minutes): the launcher kills it."""
+    monkeypatch.setattr(launch, "SRUN_EXIT_S", 0.5)
+    start = launch.time.monotonic()
+    code = launch.run_all([fake_srun("exec sleep 600")], grace_s=600)
+    assert code == 128 + 9 and launch.time.monotonic() - start < 30
+    assert "srun has not ended 0.5 s after `srun: error: node1: task 0: Exited with exit code 3`" in (
+        capsys.readouterr().err
+    )
+
+
+def test_an_srun_that_ends_after_a_failed_task_keeps_its_exit_code(monkeypatch, capsys):
+    monkeypatch.setattr(launch, "SRUN_EXIT_S", 5)
+    assert launch.run_all([fake_srun("sleep 1; exit 3")], grace_s=600) == 3
+    assert "srun has not ended" not in capsys.readouterr().err
