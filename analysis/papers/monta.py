@@ -219,16 +219,15 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> p
                 ha="center",
                 fontsize="x-small",
             )
-    else:
-        published_line(
-            left,
-            published_value(load_registry(), "monta-code-default-chunks"),
-            "published: MoNTA's code default chunks",
-            horizontal=False,
-        )
-        _chunk_axis(left, [*swept.get("tp_chunks", []), *model["chunks"]])
-        left.set(yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
-        left.set_title(mode_title("simulated", "step (solid) vs MoNTA's model (dotted)"))
+    published_line(
+        left,
+        published_value(load_registry(), "monta-code-default-chunks"),
+        "published: MoNTA's code default chunks",
+        horizontal=False,
+    )
+    _chunk_axis(left, [*swept.get("tp_chunks", []), *model["chunks"]])
+    left.set(yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
+    left.set_title(mode_title("simulated", "step (solid) vs MoNTA's model (dotted)"))
     if not measured.empty:
         measured = one_testbed(measured).astype({"tensor_parallel": int})
         measured = measured[measured["tensor_parallel"] > 1].copy()
