@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,8 +35,9 @@ from moe_core.records.results import (
     write_record,
     write_records,
 )
+from moe_core.records.run_lock import ResultsDirInUse, lock_results_dir
 from moe_core.runtime.distributed import FAULT_ENV, check_launch
-from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE
+from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, started_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20  # parallel.timeout_s of the fault runs: large enough that the bound below
@@ -293,6 +295,8 @@ def torchrun_summary(*failures: tuple[int, int], root: tuple[int, int]) -> str:
 
 
 REPORT = "error: rank 0 stopped: Timed out | rank 1 did not respond: its heartbeat stopped: its process 5 {}"
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"  # torchrun's, before its summary
+FAILED_WITH_1 = torchrun_summary(root=(0, 1))
 
 
 @pytest.mark.parametrize(
@@ -318,6 +322,19 @@ REPORT = "error: rank 0 stopped: Timed out | rank 1 did not respond: its heartbe
         # one torchrun per node: node 1's rank 3 died
         ([torchrun_summary(root=(0, 3)), torchrun_summary(root=(3, -6))], "rank 3 was killed by signal 6 (SIGABRT)"),
         (["Traceback ... ValueError\n"], None),
+        # a rank that exited with a code: the ranks' last error line, not torchrun's own exception
+        (
+            [f"error: cannot write record /r/a.json (No space left on device)\n{CHILD_FAILED}{FAILED_WITH_1}"],
+            "rank 0 exited with code 1 (last error: cannot write record /r/a.json (No space left on device))",
+        ),
+        (
+            [f"Traceback ...\nOSError: [Errno 28] No space left on device\n{torchrun_summary((1, -15), root=(0, 1))}"],
+            "rank 0 exited with code 1 (last error: OSError: [Errno 28] No space left on device)",
+        ),
+        (
+            ["RuntimeError: Connection closed by peer\n" + torchrun_summary(root=(2, -9))],
+            "rank 2 was killed by signal 9 (SIGKILL)",
+        ),
     ],
 )
 def test_the_launcher_names_the_rank_that_failed_first(outputs, summary):
@@ -509,6 +526,78 @@ def test_runs_that_stage_beside_each_other_never_lose_the_shared_staging_root(tm
     assert removed and records(tmp_path) == paths
 
 
+def _process_that_ends_by_sigkill(code: str) -> subprocess.Popen:
+    """A Python process that runs ``code``, says "ready" and waits to be killed."""
+    script = f"{code}\nimport sys, time\nprint('ready', flush=True)\ntime.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _staging_in(results_dir: Path) -> str:
+    """Code that creates a stage of records in ``results_dir``, as a run's launcher does."""
+    return f"from moe_core.records.results import RecordStage; stage = RecordStage({str(results_dir)!r})"
+
+
+def _sigkill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("owner", ["none", "ended", "other results_dir"])
+def test_an_inherited_staging_dir_is_refused_rather_than_swallowing_the_records(tmp_path, monkeypatch, owner):
+    """MOE_BENCH_STAGING_DIR is the launcher's for its ranks; a value inherited from elsewhere (an
+    exported variable, a run killed since, a run on another results_dir) would take this run's records
+    into a folder that nobody publishes, and the run would end well without them."""
+    stage = tmp_path / "other" / ".staging" / "1-stage"
+    if owner == "ended":
+        _sigkill(_process_that_ends_by_sigkill(_staging_in(tmp_path / "r")))
+        (stage,) = (tmp_path / "r" / ".staging").iterdir()
+    elif owner == "other results_dir":
+        stage.parent.mkdir(parents=True)
+        stage = Path(tempfile.mkdtemp(dir=stage.parent))
+        (stage / "owner").write_text(f"{socket.gethostname()} {os.getpid()} {started_at(os.getpid())}")
+    monkeypatch.setenv("MOE_BENCH_STAGING_DIR", str(stage))
+    why = "is not a staging folder of results_dir" if owner == "other results_dir" else "is no staging folder of a run"
+    with pytest.raises(ResultsDirError, match=f"MOE_BENCH_STAGING_DIR={stage} {why}.*unset it"):
+        write_records([named_record("a")], tmp_path / "r")
+    assert records(tmp_path / "r") == [] and not list(stage.glob("*.json"))
+
+
+def test_the_stage_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
+    """A run killed with SIGKILL never publishes or removes its stage; the next run on the results
+    directory removes it, and leaves alone a stage whose owner still runs or is on another host."""
+    live = _process_that_ends_by_sigkill(_staging_in(tmp_path))
+    killed = _process_that_ends_by_sigkill(_staging_in(tmp_path))
+    _sigkill(killed)
+    elsewhere = Path(tempfile.mkdtemp(dir=tmp_path / ".staging", prefix=f"{killed.pid}-"))
+    (elsewhere / "owner").write_text(f"another-host {killed.pid} 1.000")
+    stages = {p.name.split("-")[0]: p for p in (tmp_path / ".staging").iterdir() if p != elsewhere}
+    assert set(stages) == {str(live.pid), str(killed.pid)}
+    paths = write_records([named_record("a")], tmp_path)
+    try:
+        assert records(tmp_path) == paths
+        assert sorted((tmp_path / ".staging").iterdir()) == sorted([stages[str(live.pid)], elsewhere])
+    finally:
+        _sigkill(live)
+
+
+def test_a_second_run_on_a_results_dir_is_refused_naming_the_first_and_a_killed_ones_is_taken_over(tmp_path):
+    """Two workflow runs (say, of two checkouts) on one results_dir would measure the same points at
+    once; the second stops naming the first. The kernel releases the lock of a killed run."""
+    first = _process_that_ends_by_sigkill(
+        f"from moe_core.records.run_lock import lock_results_dir; lock_results_dir({str(tmp_path)!r})"
+    )
+    holder = f"the workflow run of pid {first.pid} on {socket.gethostname()}"
+    try:
+        with pytest.raises(ResultsDirInUse, match=rf"'{tmp_path}' is in use by {holder} .*: wait for that run to end"):
+            lock_results_dir(tmp_path)
+    finally:
+        _sigkill(first)
+    lock_results_dir(tmp_path)
+    assert f"pid {os.getpid()} on" in (tmp_path / ".run.lock").read_text()
+
+
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB file system: a few records fit, a whole study does not (needs root to mount)."""
@@ -541,7 +630,10 @@ def test_a_full_disk_under_the_launcher_names_the_file_and_leaves_no_record(full
     done = run(launcher(f"results_dir={full_disk}", "collectives.max_bytes=65536"))
     assert done.returncode != 0
     assert re.search(r"error: cannot write record \S+\.json \(No space left on device\)", done.output), done.output
-    assert last_line(done.output) == "error: rank 0 exited with code 1", done.output[-3000:]
+    assert re.fullmatch(
+        r"error: rank 0 exited with code 1 \(last error: cannot write record \S+\.json \(No space left on device\).*\)",
+        last_line(done.output),
+    ), done.output[-3000:]
     assert records(full_disk) == []
 
 

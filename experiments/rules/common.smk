@@ -5,6 +5,16 @@ import shlex
 
 from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
 from moe_core.config.load import config_digest
+from moe_core.records.run_lock import lock_results_dir
+
+
+# One workflow run per results_dir (moe_core/records/run_lock.py): a second run on it, from another
+# checkout or working directory, stops here naming the first. Taken when the run starts its jobs,
+# not when the workflow is parsed, so dry runs, --summary and --lint, and the Snakemake a job runs
+# in on a cluster (started with --no-hooks), never take it.
+onstart:
+    lock_results_dir(RESULTS)
+
 
 # The validated, fully resolved config every job of this run reads, named by its content and
 # written by a job, never when the workflow is parsed. So a dry run, --summary or --lint writes

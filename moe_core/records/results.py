@@ -59,7 +59,7 @@ import numpy as np
 
 from moe_core.records.tracking import mirror_records
 from moe_core.runtime.noise import WINDOW
-from moe_core.runtime.processes import RANK_HOSTS
+from moe_core.runtime.processes import RANK_HOSTS, started_at, status_of
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
@@ -260,7 +260,7 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
             f"record field '{where}' is {value}, which strict JSON cannot hold; no record is written"
         )
     text = json.dumps({**record, DIGEST_KEY: record_digest(record)}, indent=1, allow_nan=False)
-    staging = os.environ.get(STAGING_ENV)
+    staging = joined_stage()
     target = Path(staging) / f"{uuid.uuid4().hex}.json" if staging else Path(path)
     try:
         with atomic_output(target) as tmp, open(tmp, "w") as f:
@@ -281,6 +281,8 @@ def write_record(record: dict[str, Any], path: str | Path) -> Path:
 # launcher's ranks inherit it), it names the folder write_record writes into; staged_records moves
 # the files into place when the run ends well.
 STAGING_ENV = "MOE_BENCH_STAGING_DIR"
+STAGING_ROOT = ".staging"  # under results_dir
+STAGE_OWNER = "owner"  # in a stage: "<host> <pid> <start stamp>" of the process that publishes it
 
 
 STAGE_ATTEMPTS = 10  # tries to create a stage while runs beside this one remove the shared root
@@ -288,11 +290,12 @@ STAGE_ATTEMPTS = 10  # tries to create a stage while runs beside this one remove
 
 class RecordStage:
     """The staging folder of one run's records (under ``<results_dir>/.staging/``, so that publishing
-    is a rename on the same file system): one ``<id>.json`` per record and ``<id>.target`` with the
-    path it is published to."""
+    is a rename on the same file system): one ``<id>.json`` per record, ``<id>.target`` with the
+    path it is published to, and ``owner``, the process that publishes it (:func:`stage_owner_ended`)."""
 
     def __init__(self, results_dir: str | Path):
-        root = check_writable(results_dir) / ".staging"
+        root = check_writable(results_dir) / STAGING_ROOT
+        remove_stale_stages(root)
         for _ in range(STAGE_ATTEMPTS):
             root.mkdir(exist_ok=True)
             try:
@@ -302,6 +305,7 @@ class RecordStage:
                 continue
         else:
             raise ResultsDirError(f"cannot create a staging folder under {root}: it keeps disappearing")
+        (self.path / STAGE_OWNER).write_text(f"{socket.gethostname()} {os.getpid()} {started_at(os.getpid())}")
         self.discarded = False
 
     def publish(self) -> list[Path]:
@@ -326,6 +330,50 @@ class RecordStage:
             self.path.parent.rmdir()
 
 
+def stage_owner_ended(stage: Path) -> bool:
+    """Whether the process that publishes ``stage`` has ended: its owner file names a process of this
+    host that no longer runs (a pid now naming another process counts as ended). A stage of another
+    host (a multi-node job's, on a shared file system) or without an owner yet (being created) is
+    taken as live: nothing here can tell."""
+    try:
+        host, pid, start = (stage / STAGE_OWNER).read_text().split()
+    except (OSError, ValueError):
+        return False
+    return host == socket.gethostname() and status_of(int(pid), start) is None
+
+
+def remove_stale_stages(root: Path) -> None:
+    """Remove the stages under ``root`` whose owner has ended (:func:`stage_owner_ended`): a run killed
+    with SIGKILL (or a crashed host) never publishes or removes its stage, and its records are no
+    run's to publish."""
+    for stage in root.glob("*/"):
+        if stage_owner_ended(stage):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def joined_stage(results_dir: str | Path | None = None) -> Path | None:
+    """The stage this process writes its records into: ``STAGING_ENV``'s, set by the run it belongs to
+    (:func:`staged_records`, e.g. in experiments.launch for its ranks), or None when it is unset.
+
+    Only a live stage is joined, and given ``results_dir`` only one of that results directory: a
+    value inherited from elsewhere (an exported shell variable, a finished or killed run, a run on
+    another results_dir) would take this run's records into a folder nobody publishes, and the run
+    would end well with no record written. Such a value raises ResultsDirError."""
+    value = os.environ.get(STAGING_ENV)
+    if not value:
+        return None
+    stage = Path(value)
+    if not stage.is_dir() or stage_owner_ended(stage):
+        why = "is no staging folder of a running run"
+    elif results_dir is not None and stage.parent.resolve() != (Path(results_dir) / STAGING_ROOT).resolve():
+        why = f"is not a staging folder of results_dir '{results_dir}'"
+    else:
+        return stage
+    raise ResultsDirError(
+        f"{STAGING_ENV}={value} {why}: a run sets it for its own processes only; unset it (`unset {STAGING_ENV}`)"
+    )
+
+
 @contextmanager
 def staged_records(results_dir: str | Path) -> Iterator[RecordStage | None]:
     """Stage every record written inside the block; publish them when it ends without an error and
@@ -333,9 +381,10 @@ def staged_records(results_dir: str | Path) -> Iterator[RecordStage | None]:
     halfway, a W&B error after the last record, a rank hung at teardown) leaves no record it claims.
 
     Inside a run that already stages (``STAGING_ENV`` set, e.g. an entry point under
-    experiments.launch) it joins that stage and yields None: the outer run publishes.
+    experiments.launch) it joins that stage and yields None: the outer run publishes. A
+    ``STAGING_ENV`` that names no live stage of ``results_dir`` raises ResultsDirError (:func:`joined_stage`).
     """
-    if os.environ.get(STAGING_ENV):
+    if joined_stage(results_dir):
         yield None
         return
     stage = RecordStage(results_dir)
