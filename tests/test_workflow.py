@@ -187,6 +187,24 @@ def test_a_dry_run_writes_nothing_and_leaves_planned_jobs_their_config(ci_record
     assert not default_dry_run.wrote_results
 
 
+def test_a_second_run_on_a_results_dir_stops_before_its_first_job(ci_record):
+    """Two checkouts running the workflow on one results_dir would measure the same points at once,
+    contending, and the last writer would win: while one run holds it (moe_core/records/run_lock.py),
+    another stops when it starts, naming the first, and leaves the record it would remake as it was."""
+    hold = f"from moe_core.records.run_lock import lock_results_dir; lock_results_dir({str(ci_record.results)!r})"
+    script = f"{hold}; print('ready', flush=True); input()"
+    first = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline() == "ready\n"
+    record = Path(ci_record.target).read_bytes()
+    try:
+        second = snakemake(ci_record.target, "--force", *ci_record.args)  # its job, planned again
+    finally:
+        first.communicate("\n", timeout=30)
+    assert second.returncode != 0
+    assert f"is in use by the workflow run of pid {first.pid} on " in second.stderr, second.stderr[-3000:]
+    assert Path(ci_record.target).read_bytes() == record
+
+
 def commands_of_every_rule(output: str) -> dict[str, list[str]]:
     """Rule -> the shell commands a dry run (``-n -p``) of the whole workflow prints for its jobs."""
     commands, rule = {}, None
