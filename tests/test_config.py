@@ -174,6 +174,16 @@ BAD_INPUTS = [
     (["train.batch_size=1000000000"], "train.batch_size"),
     (["collectives.max_bytes=1000000000000"], "collectives.max_bytes"),
     (["sim_sweep.world_size=[10000]"], "sim_sweep.world_size"),
+    # every section's rank counts through the same bound, every measured job's through this host's memory
+    (["dispatch_study.world_size=100000"], "dispatch_study.world_size"),
+    (["dispatch_study.world_size=64"], "dispatch_study.world_size"),
+    (["dispatch_study.sim_world_sizes=[10000000]"], "dispatch_study.sim_world_sizes"),
+    (["dispatch_study.sim_tokens_per_rank=1000000000"], "dispatch_study.sim_tokens_per_rank"),
+    (["lina.experts=[8192]"], "lina.experts"),
+    (["monta.hierarchical_nodes=[1024]"], "monta.hierarchical_nodes"),
+    (["gshard.collective_partitions=[8192]"], "gshard.collective_partitions"),
+    (["inference.world_size=8192"], "inference.world_size"),
+    (["hardware.nodes=100000"], "hardware.nodes"),
     ([f"sweep.seed=[{','.join(map(str, range(100)))}]"], "sweep"),
     # the key the user set, not the one a check derives
     (["moe.num_experts=3"], "moe.num_experts"),
@@ -215,6 +225,8 @@ def test_messages_lead_with_the_key_the_user_set(overrides, key):
 def test_force_runs_what_only_a_size_check_refuses():
     cfg = load_config(["configs/default.yaml"], ["model.d_model=1000000", "force=true"])
     assert cfg.model.d_model == 1000000
+    cfg = load_config(["configs/default.yaml"], ["dispatch_study.sim_world_sizes=[10000000]", "force=true"])
+    assert list(cfg.dispatch_study.sim_world_sizes) == [10000000]
     with pytest.raises(ConfigError, match="train.seed"):  # a wrong value stays wrong
         load_config(["configs/default.yaml"], ["train.seed=-1", "force=true"])
 

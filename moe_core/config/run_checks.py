@@ -10,10 +10,12 @@ point, the launcher and the workflow:
   list, and the list applied to the run's config, in every context it is used in, a valid config;
 * every measured training-step point (moe_core.config.points.measured_points): its config valid, and none
   of the settings only the simulator models (moe_core.config.validation.validate_measured);
-* sizes: simulated clusters within MAX_SIM_WORLD_SIZE ranks; each measured run's memory estimate
-  on this host (a CPU testbed: every rank's parameters, gradients, Adam state and activations,
-  estimate_bytes) within the host's memory; the measured and simulated point counts within
-  MAX_MEASURED_POINTS and MAX_SIM_POINTS;
+* sizes (:func:`check_sizes`): every rank count a key sets, measured or simulated (:func:`rank_counts`,
+  :func:`measured_jobs`: the run's, the sweeps', every section's jobs and studies, a profile's nodes),
+  within MAX_SIM_WORLD_SIZE ranks (:func:`too_many_ranks`); each measured job's memory on this host
+  (a CPU testbed: every rank's process, RANK_PROCESS_BYTES, and what its config sizes, e.g. a training
+  step's parameters, gradients, Adam state and activations, estimate_bytes) within the host's memory;
+  the measured and simulated point counts within MAX_MEASURED_POINTS and MAX_SIM_POINTS;
 * settings only the simulator runs (pipeline parallelism) off the measured run's config;
 * settings a run would ignore (``comm.tp_chunks`` where nothing is tensor-parallel);
 * the papers' own checks of what they derive (moe_core.config.points.RUN_CHECKS).
@@ -31,7 +33,7 @@ import socket
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.derive import config_digest, derive_config
+from moe_core.config.derive import config_digest, derive_config, hardware_profile
 from moe_core.config.points import (
     MEASURED_POINTS,
     OVERRIDE_LISTS,
@@ -51,9 +53,13 @@ from moe_core.model.capacity import moe_blocks
 RECORD_KEYS = ("results_dir", "paper", "experiment")
 MAX_MEASURED_POINTS = 256  # each a torchrun job of seconds to minutes: more is a typo in a sweep's axes
 MAX_SIM_POINTS = 4096  # each a step simulation of up to seconds
-# Simulated ranks: the largest cluster a paper of the suite simulates (GShard's 2048 TPU cores) twice;
-# the step simulator's cost grows with the ranks squared (its traffic matrices).
+# Ranks of any run, simulated or measured: the largest cluster a paper of the suite simulates (GShard's
+# 2048 TPU cores) twice; the step simulator's cost grows with the ranks squared (its traffic matrices),
+# and a measured job of more ranks is a typo on any cluster the suite runs on.
 MAX_SIM_WORLD_SIZE = 4096
+# A measured rank's process before its config sizes anything: Python, torch and the suite imported
+# (about 260 MB resident on CPU).
+RANK_PROCESS_BYTES = 2**28
 # A measured sweep point's swept value -> the sweep axis that set it (a message names the axis).
 SWEEP_AXES = {
     "parallel.world_size": "sweep.world_size",
@@ -88,7 +94,8 @@ def _check_run(cfg: DictConfig) -> None:
     validate_measured(cfg)  # first: every list and point below derives from the measured run's config
     for key, uses in OVERRIDE_LISTS.items():
         check_override_list(cfg, key, uses(cfg))
-    check_point_counts(cfg)  # before the points: a sweep of a million points is refused before each is validated
+    check_sizes(cfg)  # before the points: a sweep of a million ranks or points is refused before each is validated
+    check_point_counts(cfg)
     check_measured_points(cfg)
     check_ignored(cfg)
     for check in RUN_CHECKS:
@@ -195,25 +202,115 @@ def estimate_bytes(cfg: DictConfig) -> dict[str, int]:
 
 
 def check_memory(cfg: DictConfig, where: str) -> None:
-    """A measured run on CPU ranks (all on this host) fits this host's memory, unless ``force``. On a
-    GPU the device's memory bounds it, which the load cannot see."""
+    """A measured training-step run fits this host (:func:`check_measured_job`), its ranks sized by
+    :func:`estimate_bytes`."""
+    check_measured_job(cfg, "parallel.world_size", cfg.parallel.world_size, estimate_bytes(cfg), where)
+
+
+def too_many_ranks(ranks: int) -> str | None:
+    """The bound on every rank count, measured or simulated (a config's keys, advise's --ranks): None,
+    or why ``ranks`` is over it."""
+    if ranks <= MAX_SIM_WORLD_SIZE:
+        return None
+    return f"{ranks} ranks, over the bound of {MAX_SIM_WORLD_SIZE} on any run, measured or simulated"
+
+
+def check_ranks(cfg: DictConfig, key: str, ranks: int) -> None:
+    """``ranks`` (set by ``key``) within :func:`too_many_ranks`'s bound, unless ``force``."""
+    why = None if cfg.force else too_many_ranks(ranks)
+    require(why is None, key, f"{why}; use fewer, or set force=true")
+
+
+def check_measured_job(cfg: DictConfig, key: str, ranks: int, rank_bytes: dict[str, int], where: str = "") -> None:
+    """A measured job of ``ranks`` ranks (set by ``key``), unless ``force``: within the rank bound
+    (:func:`check_ranks`) and, on CPU ranks (all on this host), within this host's memory: each rank's
+    process (RANK_PROCESS_BYTES) and ``rank_bytes`` (its bytes by the key that sizes them). On a GPU
+    the device's memory bounds a rank, which the load cannot see."""
+    check_ranks(cfg, key, ranks)
     if cfg.force or cfg.hardware.device != "cpu":
         return
-    parts = estimate_bytes(cfg)
-    total, host = sum(parts.values()) * cfg.parallel.world_size, host_memory_bytes()
+    parts = {key: RANK_PROCESS_BYTES, **rank_bytes}
+    total, host = sum(parts.values()) * ranks, host_memory_bytes()
     largest = max(parts, key=parts.get)
     require(
         total <= host,
         largest,
-        f"the measured run {where} needs about {total / 2**30:.0f} GiB on this host ({cfg.parallel.world_size} "
-        f"ranks; {largest} sizes most of it), over its {host / 2**30:.0f} GiB; make the model or batch "
-        "smaller, or set force=true to run it anyway",
+        f"the measured run {where or f'of {key}'} needs about {total / 2**30:.0f} GiB on this host ({ranks} "
+        f"ranks; {largest} sizes most of it), over its {host / 2**30:.0f} GiB; use fewer ranks or smaller sizes, "
+        "or set force=true to run it anyway",
+    )
+
+
+def measured_jobs(cfg: DictConfig) -> list[tuple[str, int, dict[str, int]]]:
+    """Every measured job besides the training-step points (check_measured_points): the key of its
+    ranks, their count, and each rank's bytes by the key that sizes them (the buffers it exchanges)."""
+    c, d, a, m = cfg.collectives, cfg.dispatch_study, cfg.aurora, cfg.monta
+    return [
+        # input and output of two concurrent collectives
+        ("collectives.world_size", c.world_size, {"collectives.max_bytes": 4 * c.max_bytes}),
+        # the all-gather dispatcher's: every rank's float32 tokens, dispatched and combined
+        (
+            "dispatch_study.world_size",
+            d.world_size,
+            {"dispatch_study.tokens_per_rank": 8 * d.world_size * d.tokens_per_rank * d.d_model},
+        ),
+        ("aurora.world_size", a.world_size, {"aurora.bytes_per_rank": 2 * a.bytes_per_rank}),
+        ("monta.world_size", m.world_size, {"monta.bytes_per_rank": 2 * m.bytes_per_rank}),
+        ("axonn.world_size", cfg.axonn.world_size, {}),
+        ("inference.world_size", cfg.inference.world_size, {}),
+    ]
+
+
+def rank_counts(cfg: DictConfig) -> list[tuple[str, int]]:
+    """Every rank count a key sets besides the measured jobs' (:func:`measured_jobs`): the key and
+    its ranks (a list's largest). The simulator's clusters, the run's and the measured sweep's ranks
+    (measured or simulated; their memory: check_measured_points)."""
+    hw, monta_node = cfg.hardware, hardware_profile(cfg.monta.hardware).devices_per_node
+    largest = {
+        key: max(OmegaConf.select(cfg, key), default=1)
+        for key in (
+            "sweep.world_size",
+            "sim_sweep.world_size",
+            "dispatch_study.sim_world_sizes",
+            "lina.experts",  # experts = GPUs
+            "lina.inference_experts",
+            "gshard.collective_partitions",
+        )
+    }
+    return [
+        ("parallel.world_size", cfg.parallel.world_size),
+        ("hardware.nodes", hw.nodes * hw.devices_per_node),
+        *largest.items(),
+        ("monta.hierarchical_nodes", max(cfg.monta.hierarchical_nodes, default=1) * monta_node),
+        ("aurora.num_experts", cfg.aurora.num_experts),  # GPUs per served model
+    ]
+
+
+# The simulated dispatcher study's routing, per token of every simulated rank: its int64 expert id.
+SIM_ROUTE_BYTES = 8
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """The size checks of every key that sets ranks, unless ``force``: each rank count within the bound
+    (:func:`rank_counts`), each measured job within this host's memory (:func:`measured_jobs`), the
+    simulated dispatcher study's routing too."""
+    for key, ranks in rank_counts(cfg):
+        check_ranks(cfg, key, ranks)
+    for key, ranks, rank_bytes in measured_jobs(cfg):
+        check_measured_job(cfg, key, ranks, rank_bytes)
+    d = cfg.dispatch_study
+    routes = SIM_ROUTE_BYTES * d.sim_tokens_per_rank * max(d.sim_world_sizes)
+    require(
+        cfg.force or routes <= host_memory_bytes(),
+        "dispatch_study.sim_tokens_per_rank",
+        f"the simulated study's routing takes {routes / 2**30:.0f} GiB, over this host's "
+        f"{host_memory_bytes() / 2**30:.0f} GiB; use fewer tokens, or set force=true",
     )
 
 
 def check_point_counts(cfg: DictConfig) -> None:
     """The measured and simulated points stay within their bounds (a typo in a sweep's axes), unless
-    ``force``; the collectives' buffers fit this host."""
+    ``force``."""
     if cfg.force:
         return
     measured = len(sweep_points(cfg)[0]) + sum(len(fn(cfg)) for fn in MEASURED_POINTS)
@@ -222,26 +319,11 @@ def check_point_counts(cfg: DictConfig) -> None:
         "sweep",
         f"{measured} measured points, over the bound of {MAX_MEASURED_POINTS}; shorten the axes, or set force=true",
     )
-    largest = max(cfg.sim_sweep.world_size, default=1)
-    require(
-        largest <= MAX_SIM_WORLD_SIZE,
-        "sim_sweep.world_size",
-        f"{largest} simulated ranks, over the bound of {MAX_SIM_WORLD_SIZE} (the profile {cfg.sim_sweep.hardware[0]!r} "
-        "grown with more nodes of its kind); use fewer, or set force=true",
-    )
     simulated = len(sim_points(cfg))
     require(
         simulated <= MAX_SIM_POINTS,
         "sim_sweep",
         f"{simulated} simulated points, over the bound of {MAX_SIM_POINTS}; shorten the axes, or set force=true",
-    )
-    c = cfg.collectives
-    buffers = 4 * c.max_bytes * c.world_size  # input and output, of two concurrent collectives, per rank
-    require(
-        buffers <= host_memory_bytes(),
-        "collectives.max_bytes",
-        f"{c.world_size} ranks x 4 buffers of {c.max_bytes} bytes exceed this host's memory; lower it, "
-        "or set force=true",
     )
 
 
