@@ -184,6 +184,12 @@ BAD_INPUTS = [
     (["gshard.collective_partitions=[8192]"], "gshard.collective_partitions"),
     (["inference.world_size=8192"], "inference.world_size"),
     (["hardware.nodes=100000"], "hardware.nodes"),
+    # a profile's rates and times within a plausible range, whatever loads the profile
+    (["hardware.nic_GBps=1e308"], "hardware.nic_GBps"),
+    (["hardware.intra_node_GBps=1e-300"], "hardware.intra_node_GBps"),
+    (["hardware.peak_tflops=1e-300"], "hardware.peak_tflops"),
+    (["hardware.inter_node_latency_us=1e300"], "hardware.inter_node_latency_us"),
+    (["hardware.pcie.switch_uplink_GBps=1e308"], "hardware.pcie.switch_uplink_GBps"),
     ([f"sweep.seed=[{','.join(map(str, range(100)))}]"], "sweep"),
     # the key the user set, not the one a check derives
     (["moe.num_experts=3"], "moe.num_experts"),

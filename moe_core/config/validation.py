@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from moe_core.config.points import sweep_points
 from moe_core.config.sections import (
@@ -83,9 +83,49 @@ UNSTATED_SETTING = re.compile(rf"^{_SETTING}(,{_SETTING})*\Z")
 
 
 def validate_hardware(hw: DictConfig) -> None:
-    """A hardware section (a run's, or a profile read alone): its shape, then its rates."""
+    """A hardware section (a run's, or a profile read alone): its shape, then its rates, then that
+    every rate is physically plausible."""
     _validate_shape(hw)
     _validate_rates(hw)
+    validate_plausible_rates(hw)
+
+
+# The range a profile's nonzero rate or time must lie in, by its key's unit suffix (0 is "unknown"
+# where a key allows it). Wide: rates up to a million times today's fastest (NVLink 5, 900 GB/s per
+# direction; 2,000 dense FP8 TFLOP/s) and down to 1e-4 (calibration's own lower bound on a link,
+# moe_core.sim.calibrate, a thousandth of a 1 Gb/s emulated link); times up to a second of latency, a
+# minute of host time slice. Outside them a value is a typo in units, and the simulator's times
+# overflow to inf (1e308 GB/s) or print hundreds of digits (1e-300 GB/s).
+PLAUSIBLE_RANGES = {"_GBps": (1e-4, 1e9), "_tflops": (1e-4, 2e9), "_us": (0.0, 1e6), "_ms": (0.0, 6e4)}
+
+
+def validate_plausible_rates(hw: DictConfig, prefix: str = "hardware") -> None:
+    """Every rate and time of a hardware section (its nested parts too: pcie, gpu_classes,
+    collectives) is 0 or within PLAUSIBLE_RANGES for its unit; ConfigError naming the full key."""
+    for key, value in hw.items():
+        where = f"{prefix}.{key}"
+        if isinstance(value, DictConfig):
+            validate_plausible_rates(value, where)
+        elif isinstance(value, ListConfig):
+            for i, item in enumerate(value):
+                if isinstance(item, DictConfig):
+                    validate_plausible_rates(item, f"{where}[{i}]")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            _require_plausible(key, value, where)
+
+
+def _require_plausible(key: str, value: float, where: str) -> None:
+    """``value`` of ``key`` (full key ``where``) is 0 or within the range of its unit, if it has one."""
+    unit = next((u for u in PLAUSIBLE_RANGES if key.endswith(u)), None)
+    if unit is None or value == 0:
+        return
+    low, high = PLAUSIBLE_RANGES[unit]
+    require(
+        math.isfinite(value) and low <= value <= high,
+        where,
+        f"{value:g} is not a plausible value in {unit.lstrip('_')} (0 for unknown, else {low:g} to {high:g}); "
+        "check the profile's units",
+    )
 
 
 def _validate_shape(hw: DictConfig) -> None:
