@@ -60,6 +60,19 @@ def test_the_command_names_the_winners_and_its_assumptions(capsys):
         (["--hardware", "monta-a800-2x8", *LAYER, "--workload", "lognormal:500"], "overflows"),
         (["--hardware", "monta-a800-2x8", *LAYER, "--capacity-factor", "0"], "--capacity-factor"),
         (["--hardware", "monta-a800-2x8", *LAYER[:4], "--top-k", "33", *LAYER[6:]], "--top-k"),
+        # every option checked at parse, the message naming it
+        (["--hardware", "monta-a800-2x8", *LAYER, "--capacity-factor", "inf"], "argument --capacity-factor"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--capacity-factor", "nan"], "argument --capacity-factor"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--seed", "-1"], "argument --seed"),
+        (["--hardware", "monta-a800-2x8", *LAYER[:6], "--tokens", "1000000000000", *LAYER[8:]], "--tokens"),
+        (["--hardware", "monta-a800-2x8", *LAYER[:8], "--d-model", "10000000"], "argument --d-model"),
+        (["--hardware", "monta-a800-2x8", "--ranks", "10000000", "--experts", "10000000", *LAYER[4:]], "4096"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--workload", "zipf:inf"], "--workload"),
+        (["--hardware", "monta-a800-2x8", *LAYER, "--workload", "trace:no-such-trace"], "--workload"),
+        (
+            ["--hardware", "monta-a800-2x8", *LAYER[:4], "--top-k", "32", *LAYER[6:], "--workload", "zero_expert_rank"],
+            "--workload",
+        ),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(args, needle, capsys):
@@ -68,7 +81,24 @@ def test_bad_options_exit_2_naming_the_option(args, needle, capsys):
     assert exit_.value.code == 2 and needle in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("hardware, needle", [("no-such-cluster", "hardware_profile"), ("local-cpu", "calibrate")])
-def test_a_profile_it_cannot_read_or_price_exits_2_saying_why(hardware, needle, capsys):
+PROFILE = "devices_per_node: 8\nintra_node_GBps: 100\nnic_GBps: {nic}\nnodes: {nodes}\n"
+
+
+@pytest.mark.parametrize(
+    "hardware, needle",
+    [
+        ("no-such-cluster", "--hardware no-such-cluster: config key 'hardware_profile'"),
+        ("local-cpu", "--hardware local-cpu: hardware 'local-cpu': intra_node_GBps is unknown"),
+        ("gshard-tpuv3-torus", "--hardware gshard-tpuv3-torus: a torus2d profile"),
+        ("aurora-bigswitch-hetero", "--ranks 16: 16 exceeds the 8 devices"),
+        (PROFILE.format(nic=1e308, nodes=2), "config key 'hardware.nic_GBps': 1e+308 is not a plausible value"),
+        (PROFILE.format(nic=1e-300, nodes=2), "config key 'hardware.nic_GBps': 1e-300 is not a plausible value"),
+        (PROFILE.format(nic=50, nodes=10**7), "hardware.nodes x devices_per_node: 80000000 ranks, over the bound"),
+    ],
+)
+def test_a_profile_it_cannot_read_or_price_exits_2_saying_why(hardware, needle, capsys, tmp_path):
+    if hardware.startswith("devices_per_node"):  # a profile of the user's own
+        (tmp_path / "mine.yaml").write_text(f"name: mine\n{hardware}")
+        hardware = str(tmp_path / "mine.yaml")
     assert main(["--hardware", hardware, *LAYER]) == 2
     assert needle in capsys.readouterr().err

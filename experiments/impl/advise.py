@@ -7,21 +7,48 @@ import argparse
 import json
 import sys
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.impl.simulate import sized_hardware
-from moe_core.config.load import ConfigError, hardware_profile
+from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
+from moe_core.config.run_checks import too_many_ranks
 from moe_core.dispatch import DISPATCHERS
 from moe_core.dispatch.study import rank_dispatchers, study_steps
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.records.console import table
+from moe_core.sim.topology import build_topology
 
 
-def advice(args: argparse.Namespace) -> dict:
-    """The ranking, the winners and the assumptions, as one JSON-able object."""
-    hw = sized_hardware(
-        OmegaConf.create({"hardware": hardware_profile(args.hardware), "parallel": {"world_size": args.ranks}})
-    )
+def priced_profile(args: argparse.Namespace) -> DictConfig:
+    """``--hardware`` grown to ``--ranks`` (moe_core.config.load.hardware_profile checks its rates; its
+    devices within the bound on ranks), once the network model can price it; ValueError whose message
+    starts with the option at fault."""
+    try:
+        profile = hardware_profile(args.hardware)
+    except ConfigError as err:
+        raise ValueError(f"--hardware {args.hardware}: {err}") from None
+    why = too_many_ranks(profile.nodes * profile.devices_per_node)
+    if why:
+        raise ValueError(f"--hardware {args.hardware}: hardware.nodes x devices_per_node: {why}")
+    if profile.topology != "cluster":
+        raise ValueError(
+            f"--hardware {args.hardware}: a {profile.topology} profile; the dispatchers are ranked on cluster "
+            "profiles (hardware.topology: cluster)"
+        )
+    try:
+        hw = sized_hardware(OmegaConf.create({"hardware": profile, "parallel": {"world_size": args.ranks}}))
+    except ConfigError as err:
+        raise ValueError(f"--ranks {args.ranks}: {ERROR_KEY.sub('', str(err))}") from None
+    try:
+        build_topology(hw)
+    except ValueError as err:  # a rate the network model needs that the profile leaves unknown
+        raise ValueError(f"--hardware {args.hardware}: {err}") from None
+    return hw
+
+
+def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
+    """The ranking on ``hw`` (:func:`priced_profile`), the winners and the assumptions, as one
+    JSON-able object."""
     ranking = rank_dispatchers(
         hw,
         ranks=args.ranks,
@@ -119,12 +146,14 @@ def report(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The advice for ``args`` (experiments.advise's command line), as text or JSON; exit code 2 for
-    a profile that does not load or lacks a rate the model needs."""
+    """The advice for ``args`` (experiments.advise's command line, every option checked), as text or
+    JSON; exit code 2, naming the option, for a profile that does not load, cannot be priced or
+    grown to --ranks."""
     try:
-        result = advice(args)
-    except (ConfigError, ValueError) as err:  # a profile that does not load, or lacks a rate the model needs
-        print(f"error: --hardware {args.hardware}: {err}", file=sys.stderr)
+        hw = priced_profile(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
+    result = advice(args, hw)
     print(json.dumps(result, indent=1) if args.json else report(result))
     return 0
