@@ -7,7 +7,7 @@
 
 from pathlib import Path
 
-from moe_core.config.load import ConfigError, load_config, refuse_templates, save_config
+from moe_core.config.load import ConfigError, load_config, load_yaml, refuse_templates, save_config
 from moe_core.papers import PAPERS, RECORD_FOLDERS
 from moe_core.config.points import POINT_NAME_PATTERN
 from moe_core.records.results import ResultsDirError, check_results_dir
@@ -25,6 +25,11 @@ report: "analysis/captions/landing.rst"
 
 
 try:
+    # Snakemake has parsed its config files before this line runs, without the loader's limits (a
+    # file's size, its nesting, what its aliases expand to): read each again as the loader reads one,
+    # before anything walks `config`, which a file over them would hang or overflow the stack of.
+    for _configfile in workflow.configfiles:
+        load_yaml(Path(_configfile))
     # Config files are trusted code: Snakemake evaluates a YTE template (`__use_yte__: true`) as
     # Python when it reads the file, before this line runs. Refuse to go on with one.
     refuse_templates(workflow.overwrite_configfiles)

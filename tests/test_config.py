@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from moe_core.config.load import ConfigError, load_config
+from moe_core.config.load import MAX_CONFIG_BYTES, ConfigError, load_config
 from moe_core.config.points import point_name, sweep_points
 from moe_core.dispatch.step import AllToAll
 from moe_core.parallel.layout import layout_error
@@ -291,6 +291,24 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: config file '{bad}' line 4")
+
+
+def test_a_config_file_over_the_size_limit_is_refused_unread(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("train: {iters: 3}\n#" + "x" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigError, match=r"big.yaml' is 1.0 MiB, over the 1 MiB a config file may hold"):
+        load_config([big])
+
+
+def test_a_deeply_nested_config_file_is_refused_before_anything_recurses(tmp_path):
+    """Nested far past Python's recursion limit, which libyaml's composer overflows the C stack of."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train: " + "[" * 200_000 + "]" * 200_000 + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.config", "--config", str(deep)], capture_output=True, text=True, timeout=120
+    )
+    message = f"error: config file '{deep}' line 1: nests lists and mappings deeper than 32 levels"
+    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr[-2000:]
 
 
 def test_missing_config_file_is_an_error(tmp_path):

@@ -275,6 +275,31 @@ def test_a_yte_template_config_file_is_refused(tmp_path):
     assert "invalid configuration" in out and "YTE template" in out, out[-2000:]
 
 
+# Config files Snakemake's own reading survives but the loader refuses: (content, what the error says).
+# Each hung the workflow (a billion values, from 9 lines of aliases) or overflowed its stack at parse.
+OVER_LIMIT_CONFIG_FILES = {
+    "alias bomb": (
+        "l0: &l0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n"
+        + "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9)),
+        "YAML node expansion exceeds the configured limit",
+    ),
+    "nesting": ("train: " + "[" * 100 + "]" * 100 + "\n", "nests lists and mappings deeper than 32 levels"),
+    "size": ("train: {iters: 3}\n#" + "x" * 2**20 + "\n", "over the 1 MiB a config file may hold"),
+}
+
+
+@pytest.mark.parametrize("content,problem", OVER_LIMIT_CONFIG_FILES.values(), ids=OVER_LIMIT_CONFIG_FILES)
+def test_a_config_file_over_the_loaders_limits_is_refused_at_parse(tmp_path, content, problem):
+    configfile = tmp_path / "over.yaml"
+    configfile.write_text(content)
+    results = tmp_path / "results"
+    args = ["-n", "--cores", "1", "--configfile", str(configfile), "--config", f"results_dir={results}"]
+    proc = snakemake(*args, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"invalid configuration: config file '{configfile}'" in out, out[-2000:]
+    assert problem in out and not results.exists(), out[-2000:]
+
+
 def test_a_results_dir_that_cannot_be_written_is_one_line_naming_it(tmp_path):
     (tmp_path / "a_file").write_text("")
     proc = snakemake("-n", "--cores", "1", "--config", f"results_dir={tmp_path}/a_file/results")

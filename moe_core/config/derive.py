@@ -75,11 +75,46 @@ def _dotlist(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
 
 
-def _load_yaml(path: Path) -> DictConfig:
-    """A YAML config file; ConfigError naming the file (and line) if it is missing or malformed."""
+# What a config file may hold, checked before it is parsed into objects (_check_size_and_depth): the
+# largest file of configs/ (a resolved config included) is under 10 KB and 4 levels deep, while parsing
+# and merging are recursive pure Python at about 10 s per MB. Aliases are OmegaConf's to limit:
+# OmegaConf.load refuses a document they expand past 10,000 nodes or 100 times the nodes written.
+MAX_CONFIG_BYTES = 2**20
+MAX_CONFIG_DEPTH = 32  # nested collections; OmegaConf's recursion overflows Python's stack at about 75
+# libyaml's event parser where PyYAML has it (a C state machine: no recursion, whatever the nesting)
+_YAML_EVENTS_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _check_size_and_depth(path: Path) -> None:
+    """Raise ConfigError naming YAML file ``path`` if it is over MAX_CONFIG_BYTES or nests collections
+    deeper than MAX_CONFIG_DEPTH. Reads its size, then its event stream, never building its objects:
+    every reader that builds them (the YAML composer, OmegaConf) recurses per level, and a deep
+    enough nesting overflows the stack (a segmentation fault in libyaml's composer)."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file '{path}' is {size / 2**20:.1f} MiB, over the {MAX_CONFIG_BYTES // 2**20} MiB a "
+            f"config file may hold; pass the keys you set, not data"
+        )
+    depth = 0
+    with open(path, "rb") as f:
+        for event in yaml.parse(f, Loader=_YAML_EVENTS_LOADER):
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_CONFIG_DEPTH:
+                raise ConfigError(
+                    f"config file '{path}' line {event.start_mark.line + 1}: nests lists and mappings deeper "
+                    f"than {MAX_CONFIG_DEPTH} levels; a config is sections of keys, a few levels deep"
+                )
+
+
+def load_yaml(path: Path) -> DictConfig:
+    """A YAML config file; ConfigError naming the file (and line) if it is missing, malformed or
+    over the loader's limits: its size and nesting (checked first, _check_size_and_depth) and the
+    values its aliases expand to (OmegaConf's own limits)."""
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
     try:
+        _check_size_and_depth(path)
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -124,7 +159,7 @@ def _load_hardware(profile: str) -> DictConfig:
             f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
             f"in configs/hardware/; allowed: {known} or a path to a .yaml file"
         )
-    return _load_yaml(path)
+    return load_yaml(path)
 
 
 def config_digest(cfg: DictConfig) -> str:

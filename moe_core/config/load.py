@@ -30,13 +30,14 @@ from moe_core import papers  # noqa: F401  (the registry: every paper registers 
 from moe_core.config.aliases import expansion
 from moe_core.config.cli import config_arg_parser
 from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
+    MAX_CONFIG_BYTES,
     _dotlist,
     _load_hardware,
-    _load_yaml,
     _merge,
     config_digest,
     derive_config,
     hardware_profile,
+    load_yaml,
     to_container,
 )
 from moe_core.config.run_checks import check_run
@@ -63,7 +64,7 @@ def load_config(
     workflow) also what the run derives from the config: its override lists, every measured point and
     its size (moe_core.config.run_checks); a config derived from a checked one (a point's) passes False.
     """
-    saved_layers = [_load_yaml(Path(path)) for path in files]
+    saved_layers = [load_yaml(Path(path)) for path in files]
     if data:
         saved_layers.append(OmegaConf.create(data))
     user_layers = list(saved_layers)
