@@ -5,7 +5,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from moe_core.config.load import CONFIG_DIR, load_config
+from moe_core.config.load import CONFIG_DIR, ConfigError, hardware_profile, load_config
 
 PROFILES = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
 
@@ -33,6 +33,22 @@ def test_profile_loads_and_is_consistent(name):
     if hw.gpu_classes:
         assert sum(c.count for c in hw.gpu_classes) == devices
         assert all(c.nic_GBps > 0 and c.peak_tflops > 0 for c in hw.gpu_classes)
+
+
+@pytest.mark.parametrize("header", ["", "name:\n", "name: ''\n"], ids=["no name", "null name", "empty name"])
+def test_a_profile_without_a_name_is_named_after_its_file(tmp_path, header):
+    """Never the schema's default (this machine's local-cpu): its records would be filed under it."""
+    path = tmp_path / "my-cluster.yaml"
+    path.write_text(f"{header}nodes: 2\ndevices_per_node: 8\n")
+    assert load_config(overrides=[f"hardware_profile={path}"]).hardware.name == "my-cluster"
+    assert hardware_profile(str(path)).name == "my-cluster"
+
+
+def test_an_unnamed_profile_whose_file_name_is_no_name_is_refused(tmp_path):
+    path = tmp_path / "my cluster.yaml"
+    path.write_text("nodes: 2\n")
+    with pytest.raises(ConfigError, match=r"key 'hardware.name': profile '.*my cluster.yaml' sets none.*add one"):
+        load_config(overrides=[f"hardware_profile={path}"])
 
 
 def test_paper_testbed_values():

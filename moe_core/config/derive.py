@@ -18,7 +18,9 @@ from moe_core.config.aliases import expansion
 from moe_core.config.schema import HardwareConfig
 from moe_core.config.sections import (
     CONFIG_DIR,
+    SAFE_NAME,
     ConfigError,
+    require,
     require_name,
 )
 from moe_core.config.validation import validate, validate_hardware
@@ -151,7 +153,9 @@ def _root_key(layers: list) -> str:
 
 
 def _load_hardware(profile: str) -> DictConfig:
-    """A profile name from configs/hardware/, or the path of a YAML file (e.g. a calibrated profile)."""
+    """A profile name from configs/hardware/, or the path of a YAML file (e.g. a calibrated profile).
+    A profile names itself (``name:``); one that does not, or names itself "", is named after its
+    file: records of a cluster are filed under the profile's name, never under the schema's default."""
     path = Path(profile) if profile.endswith((".yaml", ".yml")) else CONFIG_DIR / "hardware" / f"{profile}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))
@@ -159,7 +163,16 @@ def _load_hardware(profile: str) -> DictConfig:
             f"config key 'hardware_profile': '{profile}' is neither a YAML file nor a profile "
             f"in configs/hardware/; allowed: {known} or a path to a .yaml file"
         )
-    return load_yaml(path)
+    layer = load_yaml(path)
+    if not layer.get("name"):
+        require(
+            bool(SAFE_NAME.match(path.stem)),
+            "hardware.name",
+            f"profile '{path}' sets none and its file name {path.stem!r} is not a plain name; "
+            f"add one to the profile (name: <letters, digits, '_', '-', '.', '+'>)",
+        )
+        layer.name = path.stem
+    return layer
 
 
 def config_digest(cfg: DictConfig) -> str:

@@ -79,7 +79,7 @@ class HardwareConfig:
     the YAML, with a comment. 0 means unknown (a measured-only profile).
     """
 
-    name: str = "local-cpu"
+    name: str = ""  # the profile's own, or its file's name (moe_core.config.derive._load_hardware)
     description: str = ""
     device: Literal["cpu", "cuda"] = "cpu"
     backend: Literal["gloo", "nccl"] = "gloo"
