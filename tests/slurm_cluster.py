@@ -272,7 +272,7 @@ PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Sta
 
     def _slurmd_argv(self, k: int, node: str) -> list[str]:
         """slurmd of node ``node`` (the ``k``-th): on this host, or in its namespaces (module docstring)."""
-        (self.root / "spool" / node).mkdir()
+        (self.root / "spool" / node).mkdir(exist_ok=True)
         if not self.net:
             return ["slurmd", "-D", "-N", node]
         hosts = self.root / "etc" / "hosts"
@@ -287,6 +287,17 @@ PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Sta
         # nsenter, not `ip netns exec`, which remounts /sys without the cgroup file system slurmd needs.
         netns = f"--net=/run/netns/{self.net.netns(k)}"
         return ["nsenter", netns, "unshare", "--uts", "--mount", "sh", "-c", inside]
+
+    def kill_node(self, node: str) -> None:
+        """A node lost mid-job: SIGKILL its slurmd, then everything else on it (job steps, ranks)."""
+        self.daemons[f"slurmd-{node}"].kill()
+        self.daemons[f"slurmd-{node}"].wait()
+        kill_all(run("ip", "netns", "pids", self.net.netns(self.nodes.index(node) + 1)).stdout.split())
+
+    def revive_node(self, node: str) -> None:
+        """Start a lost node's slurmd again; until every node is idle (ReturnToService=2 takes it back)."""
+        self._spawn(f"slurmd-{node}", self._slurmd_argv(self.nodes.index(node) + 1, node))
+        self._wait(self._all_idle, f"node {node} back, idle in sinfo")
 
     def _all_idle(self) -> bool:
         states = run("sinfo", "-h", "-N", "-o", "%t", env=self.env).stdout.split()
