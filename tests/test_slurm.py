@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from slurm_cluster import Cluster, run, started_cluster
+from slurm_cluster import SNAKEMAKE_SLURM, Cluster, run, started_cluster
 
 from experiments.impl.collectives import collective_points
 from moe_core.config.load import load_config
@@ -67,24 +67,13 @@ def measured_targets(results: Path) -> list[str]:
 def snakemake(results: Path, *extra: str) -> list[str]:
     """The sweep's measured points as SLURM jobs on the test cluster."""
     return [
-        "snakemake",
-        "--executor",
-        "slurm",
-        "--profile",
-        "configs/profiles/slurm",
-        "--configfile",
-        "configs/ci.yaml",
+        *SNAKEMAKE_SLURM,
         "--config",
         f"results_dir={results}",
         "hardware={nodes: 2, devices_per_node: 1}",
         *SWEEP,
         "--set-resources",
         *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
-        # No slurmdbd: no account to guess; poll soon and often, the jobs take seconds.
-        "--slurm-no-account",
-        "--slurm-init-seconds-before-status-checks=2",
-        "--seconds-between-status-checks=2",
-        "--latency-wait=5",
         *extra,
         *measured_targets(results),
     ]

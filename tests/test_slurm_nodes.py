@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from slurm_cluster import Cluster, started_cluster
+from slurm_cluster import SNAKEMAKE_SLURM, Cluster, started_cluster
 
 from moe_core.config.load import load_config
 from moe_core.config.points import point_name, point_overrides, sweep_points
@@ -85,13 +85,7 @@ def snakemake(cluster: Cluster, results: Path, seed: int, *targets: Path | str) 
     env = {**cluster.env, "WANDB_MODE": "disabled"}
     settings = [target for target in targets if isinstance(target, str)]
     argv = [
-        "snakemake",
-        "--executor",
-        "slurm",
-        "--profile",
-        "configs/profiles/slurm",
-        "--configfile",
-        "configs/ci.yaml",
+        *SNAKEMAKE_SLURM,
         "--config",
         f"results_dir={results}",
         *SETTINGS,
@@ -100,11 +94,6 @@ def snakemake(cluster: Cluster, results: Path, seed: int, *targets: Path | str) 
         "--set-resources",
         "train_step:cpus_per_task=1",
         "collectives:cpus_per_task=1",
-        # No slurmdbd: no account to guess; poll soon and often, the jobs take seconds.
-        "--slurm-no-account",
-        "--slurm-init-seconds-before-status-checks=2",
-        "--seconds-between-status-checks=2",
-        "--latency-wait=5",
         *(str(target) for target in targets if isinstance(target, Path)),
     ]
     results.mkdir(parents=True, exist_ok=True)
