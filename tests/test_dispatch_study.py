@@ -14,7 +14,7 @@ from experiments import dispatchers_predictions, dispatchers_sim
 from experiments.impl import dispatchers
 from experiments.impl import dispatchers_sim as impl_dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
-from moe_core.dispatch import DISPATCHERS, register_dispatcher
+from moe_core.dispatch import DISPATCHERS, dispatcher, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
 from moe_core.dispatch.study import (
     capacity_slots,
@@ -61,6 +61,15 @@ def test_a_cell_of_several_steps_reports_its_worst_imbalance_and_its_mean_drops(
 def test_bad_skews_name_the_key(skew):
     with pytest.raises(ConfigError, match=r"dispatch_study\.skews"):
         load_config(overrides=[f"dispatch_study.skews=[{skew}]"])
+
+
+def test_a_torus_profile_is_refused_and_the_two_phase_exchange_never_claims_one():
+    """A torus prices ring collectives over the whole torus only, and has no nodes to go between."""
+    with pytest.raises(ConfigError, match=r"dispatch_study\.hardware.*torus2d profile"):
+        load_config(overrides=["dispatch_study.hardware=[gshard-tpuv3-torus]"])
+    torus = load_config(overrides=["hardware_profile=gshard-tpuv3-torus"]).hardware
+    assert not dispatcher("hierarchical").runs_on(64, torus)
+    assert dispatcher("hierarchical").runs_on(16, load_config(overrides=["hardware_profile=monta-a800-2x8"]).hardware)
 
 
 def test_simulated_round_trips_react_to_skew_as_their_mechanisms_do():

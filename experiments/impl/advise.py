@@ -13,7 +13,7 @@ from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
 from moe_core.config.run_checks import too_many_ranks
 from moe_core.dispatch import DISPATCHERS
-from moe_core.dispatch.study import rank_dispatchers, study_steps
+from moe_core.dispatch.study import rank_dispatchers, study_steps, why_not_priced
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.records.console import table
 from moe_core.sim.topology import build_topology
@@ -30,11 +30,9 @@ def priced_profile(args: argparse.Namespace) -> DictConfig:
     why = too_many_ranks(profile.nodes * profile.devices_per_node)
     if why:
         raise ValueError(f"--hardware {args.hardware}: hardware.nodes x devices_per_node: {why}")
-    if profile.topology != "cluster":
-        raise ValueError(
-            f"--hardware {args.hardware}: a {profile.topology} profile; the dispatchers are ranked on cluster "
-            "profiles (hardware.topology: cluster)"
-        )
+    unpriced = why_not_priced(profile)
+    if unpriced:
+        raise ValueError(f"--hardware {args.hardware}: {unpriced}")
     try:
         hw = sized_hardware(OmegaConf.create({"hardware": profile, "parallel": {"world_size": args.ranks}}))
     except ConfigError as err:

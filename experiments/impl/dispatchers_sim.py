@@ -31,7 +31,7 @@ def sim_cells(cfg: DictConfig) -> list[tuple[str, int, str, str]]:
     can route there (moe_core.dispatch.workloads.why_not: a trace of fewer experts cannot), every
     simulated path that applies (the hierarchical exchange only across nodes)."""
     d = cfg.dispatch_study
-    per_node = {profile: hardware_profile(profile).devices_per_node for profile in d.hardware}
+    profiles = {profile: hardware_profile(profile) for profile in d.hardware}
     return [
         (profile, ranks, skew, path)
         for profile in d.hardware
@@ -39,7 +39,7 @@ def sim_cells(cfg: DictConfig) -> list[tuple[str, int, str, str]]:
         for skew in d.skews
         if why_not(skew, experts=ranks, ranks=ranks, top_k=1) is None
         for path in simulated_paths()
-        if dispatcher(path).runs_on(ranks, per_node[profile])
+        if dispatcher(path).runs_on(ranks, profiles[profile])
     ]
 
 

@@ -48,7 +48,7 @@ class Dispatcher:
     * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped;
     * ``step_keys``: the config keys a training step runs it by (``moe.dispatcher`` sets them,
       moe_core.config.aliases); None for an exchange only the dispatcher study runs;
-    * ``runs_on``: whether it applies to a group of ``world`` ranks, ``devices_per_node`` a node.
+    * ``runs_on``: whether it applies to a group of ``world`` ranks of the hardware section ``hw``.
     """
 
     name: str = ""
@@ -56,7 +56,7 @@ class Dispatcher:
     drops: bool = True
     step_keys: dict[str, Any] | None = None
 
-    def runs_on(self, world: int, devices_per_node: int) -> bool:
+    def runs_on(self, world: int, hw) -> bool:
         return True
 
     # -- measured (torch.distributed) -----------------------------------------------------------

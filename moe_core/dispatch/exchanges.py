@@ -43,8 +43,10 @@ class Hierarchical(Capacity):
     two_phase = True
     step_keys = {"comm.a2a_algorithm": "hierarchical", "moe.dropless": False}
 
-    def runs_on(self, world: int, devices_per_node: int) -> bool:
-        return world > devices_per_node  # within one node it is the flat all-to-all
+    def runs_on(self, world: int, hw) -> bool:
+        """Across nodes of a cluster: within one node it is the flat all-to-all, and a torus has no
+        nodes to go between."""
+        return hw.topology != "torus2d" and world > hw.devices_per_node
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         return _there_and_back(workload["buffer"], groups.hierarchical, groups.timer, expert)

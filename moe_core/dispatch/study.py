@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
+from moe_core.config.derive import hardware_profile
 from moe_core.config.sections import (
     SAFE_NAME,
     ConfigError,
@@ -295,7 +296,7 @@ def rank_dispatchers(
     steps = step_counts(workload, ranks, tokens_per_rank, seed, experts, top_k)
     rows = []
     for name, path in DISPATCHERS.items():
-        if path.tensor_parallel or not path.runs_on(ranks, hw.devices_per_node):
+        if path.tensor_parallel or not path.runs_on(ranks, hw):
             continue
         exchange_ms = simulated_exchange_ms(hw, steps, slots, row_bytes, name, top_k)
         metrics = cell_metrics(name, steps, slots, row_bytes, hw.devices_per_node, exchange_ms, top_k=top_k)
@@ -306,11 +307,20 @@ def rank_dispatchers(
     return rows
 
 
+def why_not_priced(hw: DictConfig) -> str | None:
+    """Why the simulator cannot price the dispatchers alone on the profile ``hw`` (None: it can): a
+    torus prices its ring collectives over the whole torus only (moe_core.sim.topology.Torus2D), and
+    the dispatchers' all-gathers run over their expert-parallel group."""
+    if hw.topology != "cluster":
+        return f"a {hw.topology} profile; dispatchers are priced alone on cluster profiles (hardware.topology: cluster)"
+    return None
+
+
 def measured_paths(cfg: DictConfig) -> list[str]:
     """The dispatchers the measured study runs on ``dispatch_study.world_size`` ranks: every registered
     one that applies there (the hierarchical exchange only where the ranks span nodes)."""
-    world, per_node = cfg.dispatch_study.world_size, cfg.hardware.devices_per_node
-    return [name for name, d in DISPATCHERS.items() if d.runs_on(world, per_node)]
+    world = cfg.dispatch_study.world_size
+    return [name for name, d in DISPATCHERS.items() if d.runs_on(world, cfg.hardware)]
 
 
 def simulated_paths() -> list[str]:
@@ -341,6 +351,8 @@ def validate_dispatch_study(cfg: DictConfig) -> None:
     require(len(d.hardware) > 0, "dispatch_study.hardware", "must name at least one profile to simulate on")
     for profile in d.hardware:
         require_profile(profile, "dispatch_study.hardware")
+        unpriced = why_not_priced(hardware_profile(profile))
+        require(unpriced is None, "dispatch_study.hardware", f"'{profile}': {unpriced}")
     require_model_profile(d.model_profile, "dispatch_study.model_profile")
 
 
