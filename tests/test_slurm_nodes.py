@@ -229,14 +229,15 @@ def test_a_node_lost_mid_job_ends_the_job_naming_its_ranks_and_the_node(cluster,
 PRESET = "configs/clusters/h100-8x-nodes.yaml"
 # What the preset's 1-node (8 GPUs) and 2-node (16 GPUs) points ask of SLURM (slurm_resources).
 PREVIEW = {
-    "ws8_e256_epr32_overlap_s0": ["--nodes=1", "--ntasks=1", "--cpus-per-task=32", "--mem 64000", "--gpus=8"],
+    "ws8_e256_epr32_overlap_s0": ["--nodes=1", "--cpus-per-task=32", "--mem 64000", "--gpus=8"],
     "ws16_e256_epr16_overlap_s0": ["--nodes=2", "--ntasks=2", "--cpus-per-task=32", "--mem 64000", "--gres=gpu:8"],
 }
 
 
-def test_the_sbatch_lines_of_a_gpu_preset_ask_what_the_preset_needs(tmp_path):
+def test_the_sbatch_lines_of_a_gpu_preset_ask_what_the_preset_needs(cluster, tmp_path):
     """The plugin's sbatch lines for configs/clusters/h100-8x-nodes.yaml, previewed without GPUs: an
-    ``sbatch`` on PATH that only writes down its command line and refuses the job."""
+    ``sbatch`` on PATH that only writes down its command line and refuses the job (the plugin asks
+    the cluster for its partitions first, with sinfo)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "sbatch-calls"
@@ -246,7 +247,7 @@ def test_the_sbatch_lines_of_a_gpu_preset_ask_what_the_preset_needs(tmp_path):
     argv = ["snakemake", "--executor", "slurm", "--profile", "configs/profiles/slurm", "--configfile", PRESET]
     argv += ["--config", f"results_dir={results}", "--slurm-no-account", "--keep-going"]
     argv += [str(results / "raw" / "gshard" / "train_step" / f"{point}.json") for point in PREVIEW]
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WANDB_MODE": "disabled"}
+    env = {**cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WANDB_MODE": "disabled"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=SNAKEMAKE_S)
     lines = calls.read_text().splitlines() if calls.exists() else []
     assert proc.returncode != 0 and len(lines) == len(PREVIEW), proc.stdout[-4000:] + proc.stderr[-4000:]
