@@ -40,6 +40,8 @@ BAD_INPUTS = [
     (["sweep={polcy: [overlap]}"], "sweep.polcy"),
     (["sweep=[1, 2]"], "sweep"),
     (["noequals"], "noequals"),
+    (["sweep.world_size=[[4]]"], "sweep.world_size"),  # OmegaConf merges a nested list into list[int]
+    (["dispatch_study.skews=[{a: 1}]"], "dispatch_study.skews"),
     # names that become paths or shell words
     (["paper=../../escaped"], "paper"),
     (["paper=a$(touch PWNED)"], "paper"),

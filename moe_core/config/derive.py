@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from moe_core.config.aliases import expansion
@@ -130,7 +130,7 @@ def load_yaml(path: Path) -> DictConfig:
 
 def _merge(layers: list) -> DictConfig:
     try:
-        return OmegaConf.merge(*layers)
+        merged = OmegaConf.merge(*layers)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None) or _root_key(layers)
         msg = str(err).splitlines()[0]
@@ -140,6 +140,32 @@ def _merge(layers: list) -> DictConfig:
             if isinstance(node, DictConfig):
                 msg += f"; valid keys{' of ' + repr(parent) if parent else ''}: {sorted(node.keys())}"
         raise ConfigError(f"config key '{key}': {msg}") from None
+    nested = _nested_in_scalar_list(merged)
+    if nested:
+        raise ConfigError(f"config key '{nested}': a list of values, not of lists or mappings")
+    return merged
+
+
+def _nested_in_scalar_list(node: DictConfig | ListConfig, key: str = "") -> str | None:
+    """The first key under ``node`` whose schema types it as a list of values (``list[int]``) but that
+    holds a list or a mapping: OmegaConf merges ``[[4]]`` into ``list[int]`` unchecked, and a check
+    comparing its values with numbers then fails with a TypeError."""
+    if node._is_none() or node._is_missing():
+        return None
+    if isinstance(node, ListConfig):
+        children = [(f"{key}[{i}]", node._get_node(i)) for i in range(len(node))]
+        if node._metadata.element_type in (int, float, str, bool) and any(
+            isinstance(child, DictConfig | ListConfig) for _, child in children
+        ):
+            return key
+    else:
+        children = [(f"{key}.{k}" if key else str(k), node._get_node(k)) for k in node]
+    for child_key, child in children:
+        if isinstance(child, DictConfig | ListConfig):
+            found = _nested_in_scalar_list(child, child_key)
+            if found:
+                return found
+    return None
 
 
 def _root_key(layers: list) -> str:
