@@ -1221,32 +1221,64 @@ def test_aurora_fig2_counts_the_settings_whose_decisions_met_their_optimum(figur
     assert REPRODUCERS["aurora_fig2_optimal_settings"](homogeneous, samples) is None
 
 
+def _write_lina_step(root, policy, partition_mb, samples, experts=16):
+    """A simulated training step of ``policy`` on Lina's testbed, ``experts`` experts = GPUs, micro-ops
+    of ``partition_mb``."""
+    params = {"world_size": experts, "num_experts": experts, "experts_per_rank": 1, "policy": policy, "seed": 0}
+    return _write(
+        root,
+        paper="lina",
+        experiment="sim_train_step",
+        point=f"{policy}_e{experts}_part{partition_mb:g}",
+        mode="simulated",
+        backend="sim",
+        hardware="lina-a100-4x4",
+        params={**params, "partition_mb": partition_mb},
+        samples=samples,
+    )
+
+
 def test_lina_fig15_overheads_read_lina_at_16_experts(tmp_path):
-    """Partition copies over the step at the default 30 MB micro-ops; the all-reduces alone at 30 MB
-    over the sweep's largest micro-ops (whole tensors)."""
-    paths = []
+    """Partition copies over the step at the run's 30 MB micro-ops (the size overlap ran at, too); the
+    all-reduces alone at 30 MB over the sweep's largest micro-ops (whole tensors)."""
+    paths = [_write_lina_step(tmp_path, "overlap", 30, {"step_ms": [500.0]})]
     for partition_mb, (copies, alone) in {10: (9.0, 130.0), 30: (4.0, 102.0), 100: (0.0, 100.0)}.items():
-        params = {"world_size": 16, "num_experts": 16, "experts_per_rank": 1, "policy": "lina", "seed": 0}
         samples = {"step_ms": [400.0], "partition_ms": [copies], "allreduce_alone_ms": [alone]}
-        paths.append(
-            _write(
-                tmp_path,
-                paper="lina",
-                experiment="sim_train_step",
-                point=f"lina_part{partition_mb}",
-                mode="simulated",
-                backend="sim",
-                hardware="lina-a100-4x4",
-                params={**params, "partition_mb": partition_mb},
-                samples=samples,
-            )
-        )
+        paths.append(_write_lina_step(tmp_path, "lina", partition_mb, samples))
     records, samples = collect(paths)
     assert REPRODUCERS["lina_fig15_partition_overhead"](records, samples)[0] == pytest.approx(1.0)
     value, setting = REPRODUCERS["lina_fig15_transmission_overhead"](records, samples)
     assert value == pytest.approx(2.0) and "30 MB micro-ops over 100 MB ones" in setting
     without_whole = records[records["partition_mb"] != 100]
     assert REPRODUCERS["lina_fig15_transmission_overhead"](without_whole, samples) is None  # no reference
+    only_lina = records[records["policy"] == "lina"]  # one expert count at three sizes: none is the run's
+    assert REPRODUCERS["lina_fig15_partition_overhead"](only_lina, samples) is None
+
+
+def test_lina_reads_the_runs_partition_size_from_its_records(tmp_path):
+    """A run with ``comm.partition_mb: 20``, as its sweep writes it: overlap and lina at every expert
+    count at 20 MB micro-ops, and Fig 15's sweep of lina at the largest count. Lina's step is 320 ms at
+    20 MB and 400 ms (overlap's) at the sweep's sizes; its speedup and Fig 15's overheads are read at
+    20 MB, not at the schema's default."""
+    cfg = load_config(overrides=["comm.partition_mb=20"], whole_run=False)
+    run_mb, largest = cfg.comm.partition_mb, max(cfg.lina.experts)
+    assert run_mb == 20 and run_mb not in cfg.lina.partition_mb and max(cfg.lina.partition_mb) == 100
+    run = {"step_ms": [320.0], "partition_ms": [8.0], "allreduce_alone_ms": [104.0]}
+    paths = []
+    for experts in cfg.lina.experts:
+        paths.append(_write_lina_step(tmp_path, "overlap", run_mb, {"step_ms": [400.0]}, experts))
+        paths.append(_write_lina_step(tmp_path, "lina", run_mb, run, experts))
+    for partition_mb in cfg.lina.partition_mb:
+        alone = 100.0 if partition_mb == 100 else 102.0
+        samples = {"step_ms": [400.0], "partition_ms": [4.0], "allreduce_alone_ms": [alone]}
+        paths.append(_write_lina_step(tmp_path, "lina", partition_mb, samples, largest))
+    records, samples = collect(paths)
+    value, setting = REPRODUCERS[f"lina_fig10_step_speedup_{largest}e"](records, samples)
+    assert value == pytest.approx(1.25) and "micro-ops 20 MB" in setting
+    value, setting = REPRODUCERS["lina_fig15_partition_overhead"](records, samples)
+    assert value == pytest.approx(2.5) and "20 MB micro-ops" in setting
+    value, setting = REPRODUCERS["lina_fig15_transmission_overhead"](records, samples)
+    assert value == pytest.approx(4.0) and "20 MB micro-ops over 100 MB ones" in setting
 
 
 def test_every_lina_number_is_registered_with_its_reproducer_or_honestly_none():

@@ -1,7 +1,7 @@
 """GShard (arXiv 2006.16668): its figures (results/figures/gshard/), table and reproducers.
 
 * Measured: the MoE layer's training step broken down by phase (``step_breakdown``; the published
-  numbers it is compared with are Lina's, analysis/papers/lina.py).
+  numbers it is compared with are Lina's, analysis/papers/lina/).
 * Simulated scaling study on the TPU v3 torus (experiments/gshard.py): Table 1's models at 128, 512
   and 2048 experts (table ``gshard_scaling``; the runtime breakdown against its roofline, Fig 8),
   memory per core (Fig 7), the collectives against the number of partitions (Fig 9); reproducers of

@@ -1,0 +1,155 @@
+"""Lina's figures of the training all-to-all's share and slowdown (Figs 3-4), measured on this machine
+and simulated on Lina's testbed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from analysis.collect import select
+from analysis.papers.lina.contention import contended_slowdowns
+from analysis.papers.lina.testbed import LINA_TESTBED
+from analysis.published import load_registry, published_value
+from analysis.registry import FigureDataError, figure, one_testbed, train_step_rows
+from analysis.style import palette, published_line
+
+BASELINE_POLICIES = ["sequential", "overlap"]  # the paper-scale sweep's policies (Lina's are figures of their own)
+LINA_FIG3_ENTRY_IDS = {"median": "lina-fig3-a2a-slowdown-median", "worst": "lina-fig3-a2a-slowdown-worst"}
+
+
+@figure(paper="lina")
+def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """All-to-all share of step time vs experts, with the all-to-all data per rank dashed (Lina Fig 4)."""
+    df = train_step_rows(records, ["a2a_share", "a2a_bytes"], shown=["policy", "world_size", "num_experts"])
+    share = df[df["metric"] == "a2a_share"].assign(a2a_share_pct=lambda d: 100 * d["value"])
+    ax = fig.subplots()
+    sns.lineplot(
+        share,
+        x="num_experts",
+        y="a2a_share_pct",
+        hue="policy",
+        palette=palette("policy", share["policy"]),
+        style="world_size",
+        markers=True,
+        dashes=False,
+        estimator="median",
+        errorbar=None,
+        ax=ax,
+    )
+    ax.set(
+        xlabel="experts (total)",
+        ylabel="all-to-all share of step time (%, median)",
+        title="All-to-all share of step time vs number of experts",
+    )
+    table1 = published_value(load_registry(), "lina-table1-a2a-share-of-step")
+    published_line(ax, table1, f"published: Lina Table 1, {table1:g}% (mean of its models)")
+    ax.legend()
+    data_mb = df[df["metric"] == "a2a_bytes"].groupby(["world_size", "num_experts"])["value"].median() / 1e6
+    twin = ax.twinx()
+    grays = sns.color_palette("Greys", data_mb.index.get_level_values("world_size").nunique() + 1)[1:]
+    for (world_size, line), color in zip(data_mb.groupby(level="world_size"), grays):
+        twin.plot(
+            line.index.get_level_values("num_experts"),
+            line.to_numpy(),
+            ls="--",
+            marker=".",
+            color=color,
+            label=f"a2a data, {world_size} ranks",
+        )
+    twin.set_ylabel("all-to-all data sent per rank per step (MB)")
+    twin.grid(False)
+    twin.legend()
+    experts = sorted(share["num_experts"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(experts, [str(n) for n in experts])
+    ax.xaxis.set_minor_locator(NullLocator())
+    return df
+
+
+@figure(paper="lina")
+def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Empirical CDF of all-to-all slowdown next to an all-reduce, with Lina's Fig 3 numbers."""
+    s = contended_slowdowns(samples)
+    if s.empty:
+        raise FigureDataError(
+            "the samples table has no slowdown samples of all_to_all/all_to_all_v "
+            ">= 1 MiB with a concurrent all_reduce; run the collectives sweep with "
+            "concurrent: all_reduce and collect its records"
+        )
+    s = one_testbed(s)
+    _slowdown_cdf(
+        fig.subplots(),
+        s,
+        "collective",
+        "fraction of iterations (CDF)",
+        "All-to-all slowdown under a concurrent all-reduce",
+    )
+    return s
+
+
+@figure(paper="lina")
+def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Simulated backward all-to-all slowdown (overlap / sequential) on Lina's testbed, per cluster size."""
+    s = select(samples, experiment="sim_train_step", metric="a2a_bwd_slowdown", hardware=LINA_TESTBED)
+    if s.empty:
+        raise FigureDataError(
+            f"the samples table has no a2a_bwd_slowdown samples of sim_train_step on "
+            f"{LINA_TESTBED}; run the simulated sweep with policy overlap and collect it"
+        )
+    s = s.astype({"world_size": int})
+    _slowdown_cdf(
+        fig.subplots(),
+        s,
+        "world_size",
+        "fraction of backward all-to-alls (CDF)",
+        f"Simulated all-to-all slowdown under DDP all-reduce ({LINA_TESTBED})",
+    )
+    return s
+
+
+def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> None:
+    """Empirical CDF of the slowdown samples ``s``, one line per ``hue``, with Lina's Fig 3 median and worst."""
+    for key, group in s.groupby(hue):
+        sns.ecdfplot(group, x="value", ax=ax, label=f"{hue} {key} (n={len(group)})")
+    registry = load_registry()
+    for name, entry_id in LINA_FIG3_ENTRY_IDS.items():
+        value = published_value(registry, entry_id)
+        published_line(ax, value, f"published: Lina Fig 3 {name}, {value:g}×", horizontal=False)
+        ax.annotate(f"Fig 3 {name}", (value, 0.02), xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7)
+    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)", ylabel=ylabel, title=title)
+    ax.legend()
+
+
+@figure(paper="lina")
+def sim_a2a_share_vs_cluster_size(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Simulated all-to-all share of step time vs GPUs (experts = GPUs), per cluster and policy."""
+    df = select(records, experiment="sim_train_step", metric="a2a_share")
+    df = df[df["policy"].isin(BASELINE_POLICIES)] if not df.empty else df
+    if df.empty:
+        raise FigureDataError("the records table has no sim_train_step a2a_share rows; run the simulated sweep")
+    df = df.astype({"world_size": int}).assign(a2a_share_pct=lambda d: 100 * d["value"])
+    ax = fig.subplots()
+    sns.lineplot(
+        df,
+        x="world_size",
+        y="a2a_share_pct",
+        hue="hardware",
+        palette=palette("testbed", df["hardware"]),
+        style="policy",
+        markers=True,
+        estimator="median",
+        errorbar=None,
+        ax=ax,
+    )
+    sizes = sorted(df["world_size"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set(
+        xlabel="GPUs (= experts)",
+        ylabel="all-to-all share of step time (%, simulated)",
+        title="All-to-all share of step time vs cluster size (simulated)",
+    )
+    return df

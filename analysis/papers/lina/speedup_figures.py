@@ -1,0 +1,111 @@
+"""Lina's figures of its policies' training speedups: the step per policy and testbed (Figs 10, 14)
+and the MoE layers and backward all-to-all on Lina's testbed (Figs 11-13)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from analysis.collect import TESTBED_COLUMNS, select
+from analysis.papers.lina.speedups import LINA_POLICIES_SHOWN, lina_speedups
+from analysis.papers.lina.testbed import LINA_TESTBED
+from analysis.published import load_registry, published_value
+from analysis.registry import FigureDataError, figure
+from analysis.style import colour, mode_title, palette, published_segment
+
+
+@figure(paper="lina")
+def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Step-time speedup over DDP-style overlap per Lina policy vs experts (= GPUs): Lina's Fig 10
+    (policy lina) and its cumulative ablation (Fig 14), one panel per testbed, with Fig 10's averages."""
+    panels = [
+        (testbed, lina_speedups(select(records, **testbed), "step_ms"))
+        for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records")
+    ]
+    panels = [(testbed, df) for testbed, df in panels if not df.empty]
+    if not panels:
+        raise FigureDataError(
+            "the records table has no step_ms of Lina policies next to overlap with experts = "
+            "GPUs; run the lina sweeps (configs/default.yaml: lina) and collect them"
+        )
+    registry = load_registry()
+    fig.set_size_inches(4 + 2.5 * len(panels), 4.5)
+    for ax, (testbed, df) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        experts = sorted(df["experts"].unique())
+        sns.barplot(
+            df,
+            x="experts",
+            y="speedup",
+            hue="policy",
+            saturation=1,
+            palette=palette("policy", df["policy"]),
+            order=experts,
+            hue_order=[p for p in LINA_POLICIES_SHOWN if p in set(df["policy"])],
+            ax=ax,
+        )
+        for i, n in enumerate(experts):
+            entry = f"lina-fig10-step-speedup-{n}e"
+            if entry in registry:
+                label = "published: Lina Fig 10, lina over DeepSpeed"
+                published_segment(ax, i, published_value(registry, entry), label)
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.set(
+            xlabel="experts (= GPUs)",
+            ylabel="step-time speedup over overlap (×)",
+            title=mode_title(testbed["mode"], testbed["hardware"]),
+        )
+        ax.legend()
+    return pd.concat([df for _, df in panels])
+
+
+LINA_FIGS_11_TO_13_PANELS = [  # metric, panel title, registry ids "<prefix>-<n>e" of the published values
+    ("moe_layer_fwd_ms", "MoE layers, forward (Fig 11)", "lina-fig11-moe-fwd-speedup"),
+    ("moe_layer_bwd_ms", "MoE layers, backward (Fig 12)", "lina-fig12-moe-bwd-speedup"),
+    ("a2a_bwd_ms", "backward all-to-all (Fig 13)", "lina-fig13-bwd-a2a-speedup"),
+]
+
+
+@figure(paper="lina")
+def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Policy lina over overlap on Lina's testbed (simulated), per experts (= GPUs): the MoE layers'
+    forward (Fig 11) and backward (Fig 12) wall time and the backward all-to-all time (Fig 13), with
+    the published speedups where the paper gives them."""
+    sim = select(records, experiment="sim_train_step", hardware=LINA_TESTBED)
+    panels = []
+    for metric, title, prefix in LINA_FIGS_11_TO_13_PANELS:
+        df = lina_speedups(sim, metric)
+        panels.append((metric, title, prefix, df[df["policy"] == "lina"] if not df.empty else df))
+    if all(df.empty for *_, df in panels):
+        raise FigureDataError(
+            f"the records table has no simulated {'/'.join(m for m, *_ in LINA_FIGS_11_TO_13_PANELS)} of "
+            f"policy lina next to overlap on {LINA_TESTBED}; run the lina sweep and collect it"
+        )
+    registry = load_registry()
+    fig.set_size_inches(12, 4)
+    axes = fig.subplots(1, len(panels))  # own scales: packing can all but remove an all-to-all
+    for ax, (metric, title, prefix, df) in zip(axes, panels):
+        ax.set_title(title)
+        if df.empty:  # records from before the metric existed
+            ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
+            continue
+        experts = sorted(df["experts"].unique())
+        sns.barplot(
+            df,
+            x="experts",
+            y="speedup",
+            order=experts,
+            saturation=1,
+            color=colour("policy", "lina"),
+            errorbar=None,
+            ax=ax,
+        )
+        for i, n in enumerate(experts):
+            if f"{prefix}-{n}e" in registry:
+                label = "published: Lina over DeepSpeed"
+                published_segment(ax, i, published_value(registry, f"{prefix}-{n}e"), label)
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)")
+        ax.legend()
+    fig.suptitle(f"Lina's MoE layers and backward all-to-all (simulated, {LINA_TESTBED})")
+    return pd.concat([df for *_, df in panels])
