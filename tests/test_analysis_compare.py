@@ -1,0 +1,190 @@
+"""analysis.published and analysis.compare: the published-numbers registry and the verdicts beside our
+numbers, on synthetic records."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from analysis_records import SHARE, write_point, write_train_step
+
+from analysis.collect import collect
+from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
+from analysis.published import RegistryError, load_registry
+from analysis.registry import REPRODUCERS, reproducer
+from moe_core.records.units import MiB
+
+
+def test_shipped_registry_is_valid():
+    registry = load_registry()
+    assert registry["lina-fig3-a2a-slowdown-median"]["value"] == 1.83
+    assert registry["lina-table1-a2a-share-of-step-secondary"]["status"] == "DER"
+    named = {e["reproducer"] for e in registry.values()} - {None}
+    assert named <= set(REPRODUCERS)
+
+
+def _registry_file(tmp_path, entries, testbeds=("local-cpu", "a100-ib")):
+    path = tmp_path / "published.yaml"
+    path.write_text(yaml.safe_dump({"testbeds": {"lina": list(testbeds)}, "numbers": entries}))
+    return path
+
+
+def _entry(entry_id, value, reproducer):
+    return {
+        "id": entry_id,
+        "paper": "lina",
+        "figure": "Fig 3",
+        "metric": "m",
+        "setting": "s",
+        "value": value,
+        "unit": "x",
+        "source": "url",
+        "status": "FT",
+        "reproducer": reproducer,
+    }
+
+
+def test_registry_validation(tmp_path):
+    with pytest.raises(RegistryError, match="duplicate id 'a'"):
+        load_registry(_registry_file(tmp_path, [_entry("a", 1.0, None), _entry("a", 2.0, None)]))
+    no_status = _entry("b", 1.0, None)
+    del no_status["status"]
+    with pytest.raises(RegistryError, match=r"'b'.*missing key 'status'"):
+        load_registry(_registry_file(tmp_path, [no_status]))
+    with pytest.raises(RegistryError, match="'status'"):
+        load_registry(_registry_file(tmp_path, [{**_entry("c", 1.0, None), "status": "maybe"}]))
+
+
+def test_compare_verdicts(tmp_path, tables):
+    registry = load_registry(
+        _registry_file(
+            tmp_path,
+            [
+                _entry("near", 1.83, "lina_fig3_slowdown_median"),  # 1.9 / 1.83 = 1.04
+                _entry("far", 4.14, "lina_fig3_slowdown_worst"),  # 2.5 / 4.14 = 0.60
+                _entry("share", 34.1, "lina_table1_training_a2a_share"),
+                _entry("none", 1.71, None),
+            ],
+        )
+    )
+    table = compare(registry, *tables).set_index("id")
+    assert table.loc["near", "verdict"] == CONSISTENT and table.loc["near", "reproduced"] == 1.9
+    assert table.loc["near", "reproduced_setting"] == "local-cpu gloo, 4 ranks, 1 MiB–64 MiB, 15 samples"
+    assert table.loc["far", "verdict"] == DIFFERS and table.loc["far", "ratio"] == pytest.approx(2.5 / 4.14)
+    assert table.loc["share", "verdict"] == CONSISTENT
+    assert table.loc["share", "reproduced"] == pytest.approx(34.1) and table.loc["share", "mode"] == "measured"
+    assert table.loc["none", "verdict"] == NOT_REPRODUCED
+    assert table.loc[["none"], ["reproduced", "ratio", "mode"]].isna().all(axis=None)
+
+
+@functools.partial(reproducer, name="test_mean_a2a_share")
+def _mean_a2a_share(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str]:
+    """Every point's a2a_share, pooled: what compare() lets a reproducer see."""
+    rows = records[records["metric"] == "a2a_share"]
+    return 100 * float(rows["value"].mean()), f"{len(rows)} points"
+
+
+def test_registry_rejects_bad_like_for_like_keys(tmp_path):
+    with pytest.raises(RegistryError, match="'bound' is 'above'"):
+        load_registry(_registry_file(tmp_path, [{**_entry("a", 1.0, None), "bound": "above"}]))
+    with pytest.raises(RegistryError, match="'not_comparable' must say why"):
+        load_registry(_registry_file(tmp_path, [{**_entry("a", 1.0, None), "not_comparable": ""}]))
+    with pytest.raises(RegistryError, match=r"'a'.*no testbed.*testbeds: \{aurora"):
+        load_registry(_registry_file(tmp_path, [{**_entry("a", 1.0, None), "paper": "aurora"}]))
+    own = load_registry(_registry_file(tmp_path, [{**_entry("a", 1.0, None), "testbed": ["x"]}]))
+    assert own["a"]["testbed"] == ["x"]  # the entry's own testbed over its paper's
+
+
+def test_compare_judges_only_like_for_like(tmp_path, tables):
+    """A reproduction off the paper's testbed, or of an entry no run matches, keeps its value but gets
+    no verdict; a published bound is met by anything beyond it."""
+    entries = [
+        _entry("elsewhere", 1.83, "lina_fig3_slowdown_median"),
+        {**_entry("unlike", 1.83, "lina_fig3_slowdown_median"), "not_comparable": "another model"},
+        {**_entry("unlike-none", 1.83, None), "not_comparable": "a GPU counter"},
+        {**_entry("at-least", 1.0, "lina_fig3_slowdown_median"), "bound": "lower"},  # 1.9 is above 1
+        {**_entry("at-most", 1.0, "lina_fig3_slowdown_median"), "bound": "upper"},
+    ]
+    registry = load_registry(_registry_file(tmp_path, entries, testbeds=["lina-a100-4x4"]))
+    registry["at-least"]["testbed"] = registry["at-most"]["testbed"] = ["local-cpu"]
+    table = compare(registry, *tables).set_index("id")
+    assert table.loc["elsewhere", "verdict"] == NOT_COMPARABLE and table.loc["elsewhere", "reproduced"] == 1.9
+    assert table.loc["elsewhere", "reason"].startswith("measured on local-cpu, not on the paper's testbed")
+    assert table.loc["unlike", "verdict"] == NOT_COMPARABLE and table.loc["unlike", "reason"] == "another model"
+    assert table.loc["unlike-none", "verdict"] == NOT_COMPARABLE and pd.isna(table.loc["unlike-none", "reproduced"])
+    assert table.loc["at-least", "verdict"] == CONSISTENT and pd.isna(table.loc["at-least", "reason"])
+    assert table.loc["at-most", "verdict"] == DIFFERS  # 1.9 > 1.0 x (1 + 0.25)
+
+
+def test_compare_counts_the_points_it_used(tmp_path, tables):
+    """Points whose value is missing or not finite are not used, and the reproduced setting's count says so."""
+    records, samples = tables
+    registry = load_registry(
+        _registry_file(
+            tmp_path,
+            [_entry("share", 34.1, "test_mean_a2a_share"), _entry("slow", 1.83, "lina_fig3_slowdown_median")],
+        )
+    )
+    nan_row, inf_row, missing_row, high_row = records.index[records["metric"] == "a2a_share"][:4]
+    records = records.copy()
+    records.loc[nan_row, "value"] = np.nan  # an empty cell of records.csv
+    records.loc[inf_row, "value"] = np.inf
+    records = records.drop(missing_row)  # a point without the metric
+    records.loc[high_row, "value"] = 0.5  # used: 4 points of 0.341, one of 0.5
+    slowdowns = samples[
+        (samples["metric"] == "slowdown") & (samples["size_bytes"] >= MiB) & (samples["collective"] == "all_to_all")
+    ].index
+    samples = samples.copy()
+    samples.loc[slowdowns[:2], "value"] = np.nan
+    table = compare(registry, records, samples).set_index("id")
+    assert table.loc["share", "reproduced"] == pytest.approx(100 * (4 * SHARE + 0.5) / 5)
+    assert table.loc["share", "reproduced_setting"] == "5 points"
+    assert table.loc["slow", "reproduced_setting"].endswith(", 13 samples")
+
+
+def test_compare_keeps_testbeds_apart(tmp_path):
+    measured = write_train_step(tmp_path / "m")
+    simulated = write_train_step(tmp_path / "s", mode="simulated", backend="sim", hardware="a100-ib")
+    registry = load_registry(_registry_file(tmp_path, [_entry("share", 34.1, "lina_table1_training_a2a_share")]))
+    table = compare(registry, *collect(measured + simulated))
+    assert sorted(table["mode"]) == ["measured", "simulated"]
+    assert (table["verdict"] == CONSISTENT).all()
+
+
+def test_compare_verdicts_the_chosen_values_and_ranges_the_unstated_ones(tmp_path):
+    """Records of sensitivity runs (param ``unstated``) never enter the verdict; the same reproducer on
+    each run gives the reproduced range beside it."""
+    paths = []
+    for setting, share in ((None, 0.34), ("hardware.intra_node_GBps=240", 0.10), ("lina.x=1", 0.50)):
+        params = {"world_size": 4, "num_experts": 4, "experts_per_rank": 1, "policy": "overlap", "seed": 0}
+        params |= {"unstated": setting} if setting else {}
+        paths.append(
+            write_point(
+                tmp_path,
+                paper="gshard",
+                experiment="sim_train_step",
+                point=f"p_{share}",
+                mode="simulated",
+                backend="sim",
+                hardware="a100-ib",
+                params=params,
+                samples={"a2a_share": [share], "step_ms": [100.0]},
+            )
+        )
+    registry = load_registry(_registry_file(tmp_path, [_entry("share", 34.0, "lina_table1_training_a2a_share")]))
+    row = compare(registry, *collect(paths)).iloc[0]
+    assert row["reproduced"] == pytest.approx(34.0) and row["verdict"] == CONSISTENT
+    assert (row["reproduced_low"], row["reproduced_high"]) == pytest.approx((10.0, 50.0))
+    assert row["unstated"] == "hardware.intra_node_GBps=240; lina.x=1"
+    chosen = compare(registry, *collect(paths[:1])).iloc[0]
+    assert chosen["reproduced_low"] == chosen["reproduced_high"] == chosen["reproduced"]
+    assert pd.isna(chosen["unstated"])
+
+
+def test_compare_rejects_unknown_reproducer(tmp_path, tables):
+    registry = load_registry(_registry_file(tmp_path, [_entry("x", 1.0, "no_such_function")]))
+    with pytest.raises(ValueError, match="no_such_function"):
+        compare(registry, *tables)
