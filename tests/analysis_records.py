@@ -345,86 +345,17 @@ def write_monta(root):
     return paths
 
 
+AURORA_WORKLOADS = ("gating-z1", "zipf-1")  # one model's workload each
+AURORA_PAIRS = ("gating-z1+zipf-1", "zipf-1+gating-z1")  # two colocated models' workloads
+AURORA_SIMULATED = {"paper": "aurora", "mode": "simulated", "backend": "sim"}  # a simulated record's fields
+AURORA_HARDWARE = {"homogeneous": "aurora-bigswitch-100g", "heterogeneous": "aurora-bigswitch-hetero"}
+
+
 def write_aurora(root):
     """Aurora's simulated experiments (two workloads, two networks) and its measured ordered all-to-all."""
-    paths, workloads, pairs = [], ("gating-z1", "zipf-1"), ("gating-z1+zipf-1", "zipf-1+gating-z1")
-    sim = {"paper": "aurora", "mode": "simulated", "backend": "sim"}
-    hardware = {"homogeneous": "aurora-bigswitch-100g", "heterogeneous": "aurora-bigswitch-hetero"}
-    for net, hw in hardware.items():
-        for w in workloads:
-            for policy in ("naive", "sjf", "aurora", "exact"):
-                paths.append(
-                    write_point(
-                        root,
-                        **sim,
-                        experiment="aurora_order",
-                        point=f"{net}_{w}_{policy}",
-                        hardware=hw,
-                        params={"network": net, "workload": w, "layer": 1, "policy": policy},
-                        samples={"a2a_over_lower_bound": [1.0 if policy == "exact" else 1.2]},
-                    )
-                )
-        for deployment in ("exclusive", "colocated"):
-            setting = f"{deployment}-{net}"
-            for w in workloads if deployment == "exclusive" else pairs:
-                for policy in ("aurora", "lina", "aurora-exclusive"):
-                    samples = {"inference_ms": [1.0], "gpu_utilisation": [0.1]}
-                    if policy == "lina":
-                        samples["aurora_speedup"] = [1.3, 1.5]
-                    params = {
-                        "setting": setting,
-                        "deployment": deployment,
-                        "network": net,
-                        "workload": w,
-                        "policy": policy,
-                    }
-                    paths.append(
-                        write_point(
-                            root,
-                            **sim,
-                            experiment="aurora_deployment",
-                            point=f"{setting}_{w}_{policy}",
-                            hardware=hw,
-                            params=params,
-                            samples=samples,
-                        )
-                    )
-                for level in (0.0, 0.5):
-                    params = {
-                        "setting": setting,
-                        "workload": w,
-                        "imprecision": level,
-                        "baseline": "rga",
-                        "policy": "aurora",
-                    }
-                    paths.append(
-                        write_point(
-                            root,
-                            **sim,
-                            experiment="aurora_imprecision",
-                            point=f"{setting}_{w}_p{level}",
-                            hardware=hw,
-                            params=params,
-                            samples={"aurora_speedup": [1.4 - level / 2]},
-                        )
-                    )
-    gaps = {"exclusive-heterogeneous": 1.0, "colocated-homogeneous": 1.0, "colocated-heterogeneous": 1.05}
-    for setting, gap in gaps.items():
-        net = setting.split("-")[1]
-        for w in workloads if setting.startswith("exclusive") else pairs:
-            params = {"workload": w, "layer": 1, "n_gpus": 4, "network": net, "policy": "aurora", "setting": setting}
-            paths.append(
-                write_point(
-                    root,
-                    **sim,
-                    experiment="aurora_gap",
-                    point=f"{setting}_{w}",
-                    hardware=hardware[net],
-                    params=params,
-                    samples={"gap_to_optimum": [gap], "simulated_gap": [1.02]},
-                )
-            )
-    for w in pairs:
+    paths = [path for net, hw in AURORA_HARDWARE.items() for path in _write_aurora_network(root, net, hw)]
+    paths += _write_aurora_gaps(root)
+    for w in AURORA_PAIRS:
         for policy in ("library", "aurora"):
             paths.append(
                 write_point(
@@ -437,6 +368,97 @@ def write_aurora(root):
                     hardware="local-cpu",
                     params={"workload": w, "policy": policy, "world_size": 4},
                     samples={"a2a_ms": _spread(5.0)},
+                )
+            )
+    return paths
+
+
+def _write_aurora_network(root, net, hw):
+    """Aurora's order, deployment and imprecision experiments simulated on network ``net`` (profile ``hw``)."""
+    paths = []
+    for w in AURORA_WORKLOADS:
+        for policy in ("naive", "sjf", "aurora", "exact"):
+            paths.append(
+                write_point(
+                    root,
+                    **AURORA_SIMULATED,
+                    experiment="aurora_order",
+                    point=f"{net}_{w}_{policy}",
+                    hardware=hw,
+                    params={"network": net, "workload": w, "layer": 1, "policy": policy},
+                    samples={"a2a_over_lower_bound": [1.0 if policy == "exact" else 1.2]},
+                )
+            )
+    return paths + _write_aurora_deployments(root, net, hw)
+
+
+def _write_aurora_deployments(root, net, hw):
+    """Aurora's deployment and imprecision experiments on network ``net``: each model alone and two colocated."""
+    paths, workloads, pairs = [], AURORA_WORKLOADS, AURORA_PAIRS
+    for deployment in ("exclusive", "colocated"):
+        setting = f"{deployment}-{net}"
+        for w in workloads if deployment == "exclusive" else pairs:
+            for policy in ("aurora", "lina", "aurora-exclusive"):
+                samples = {"inference_ms": [1.0], "gpu_utilisation": [0.1]}
+                if policy == "lina":
+                    samples["aurora_speedup"] = [1.3, 1.5]
+                params = {
+                    "setting": setting,
+                    "deployment": deployment,
+                    "network": net,
+                    "workload": w,
+                    "policy": policy,
+                }
+                paths.append(
+                    write_point(
+                        root,
+                        **AURORA_SIMULATED,
+                        experiment="aurora_deployment",
+                        point=f"{setting}_{w}_{policy}",
+                        hardware=hw,
+                        params=params,
+                        samples=samples,
+                    )
+                )
+            for level in (0.0, 0.5):
+                params = {
+                    "setting": setting,
+                    "workload": w,
+                    "imprecision": level,
+                    "baseline": "rga",
+                    "policy": "aurora",
+                }
+                paths.append(
+                    write_point(
+                        root,
+                        **AURORA_SIMULATED,
+                        experiment="aurora_imprecision",
+                        point=f"{setting}_{w}_p{level}",
+                        hardware=hw,
+                        params=params,
+                        samples={"aurora_speedup": [1.4 - level / 2]},
+                    )
+                )
+    return paths
+
+
+def _write_aurora_gaps(root):
+    """Aurora's gap to the optimum per setting: at it but in the colocated heterogeneous one (1.05x)."""
+    paths, workloads, pairs, hardware = [], AURORA_WORKLOADS, AURORA_PAIRS, AURORA_HARDWARE
+    gaps = {"exclusive-heterogeneous": 1.0, "colocated-homogeneous": 1.0, "colocated-heterogeneous": 1.05}
+    for setting, gap in gaps.items():
+        net = setting.split("-")[1]
+        for w in workloads if setting.startswith("exclusive") else pairs:
+            params = {"workload": w, "layer": 1, "n_gpus": 4, "network": net, "policy": "aurora", "setting": setting}
+            paths.append(
+                write_point(
+                    root,
+                    **AURORA_SIMULATED,
+                    experiment="aurora_gap",
+                    point=f"{setting}_{w}",
+                    hardware=hardware[net],
+                    params=params,
+                    samples={"gap_to_optimum": [gap], "simulated_gap": [1.02]},
                 )
             )
     return paths
