@@ -75,6 +75,7 @@ def snakemake(results: Path, *extra: str) -> list[str]:
         "--set-resources",
         *(f"{rule}:nodes=1" for rule in MEASURED_RULES),
         *extra,
+        "--",  # the targets: not more --set-resources values
         *measured_targets(results),
     ]
 

@@ -94,6 +94,7 @@ def snakemake(cluster: Cluster, results: Path, seed: int, *targets: Path | str) 
         "--set-resources",
         "train_step:cpus_per_task=1",
         "collectives:cpus_per_task=1",
+        "--",  # the targets: not more --set-resources values
         *(str(target) for target in targets if isinstance(target, Path)),
     ]
     results.mkdir(parents=True, exist_ok=True)
