@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from analysis_records import write_collectives, write_train_step
+from analysis_records import TABLE_FIGURES, write_collectives, write_train_step
 from matplotlib.figure import Figure
 
 from analysis import collect as collect_mod
@@ -19,8 +19,6 @@ from analysis.collect import collect
 from analysis.compare import NOT_COMPARABLE
 from analysis.figures import render
 from analysis.registry import FIGURE_REGISTRY, FigureDataError
-
-TABLE_FIGURES = sorted(name for name, fig in FIGURE_REGISTRY.items() if fig.reads == "tables")
 
 
 def test_figures_register_with_their_paper():

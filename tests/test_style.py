@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib
 import pandas as pd
 import pytest
+from analysis_records import TABLE_FIGURES
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
@@ -14,7 +15,6 @@ from analysis.registry import FIGURE_REGISTRY
 from moe_core.config.sections import hardware_profiles
 from moe_core.dispatch import DISPATCHERS
 from moe_core.schedule.policies import POLICIES
-from tests.test_analysis import TABLE_FIGURES, figure_tables  # noqa: F401  (the fixture)
 
 matplotlib.use("Agg")
 
