@@ -46,21 +46,28 @@ STOP_S = 10
 # The nodes' network: the switch's address on this host first, node k at .k+1. Private (RFC 1918)
 # addresses, created only on interfaces of these namespaces and on the one host interface into them.
 SUBNET = ipaddress.IPv4Network("10.99.0.0/24")
-# Snakemake through the suite's SLURM profile on a test cluster, before its --config values and
-# targets: no slurmdbd, so no account to guess; poll soon and often, the jobs take seconds.
-SNAKEMAKE_SLURM = [
-    "snakemake",
-    "--executor",
-    "slurm",
-    "--profile",
-    "configs/profiles/slurm",
-    "--slurm-no-account",
-    "--slurm-init-seconds-before-status-checks=2",
-    "--seconds-between-status-checks=2",
-    "--latency-wait=5",
-    "--configfile",
-    "configs/ci.yaml",
-]
+
+
+def snakemake_slurm(results: Path) -> list[str]:
+    """Snakemake through the suite's SLURM profile on a test cluster, before its --config values and
+    targets: no slurmdbd, so no account to guess; poll soon and often, the jobs take seconds. The
+    SLURM job logs go under ``results``: the plugin removes the empty folders of its log directory
+    when a run ends, which pulls a just-submitted job's log folder from under another run sharing
+    the checkout's default one (the job then fails before it starts)."""
+    return [
+        "snakemake",
+        "--executor",
+        "slurm",
+        "--profile",
+        "configs/profiles/slurm",
+        "--slurm-no-account",
+        f"--slurm-logdir={results / 'slurm_logs'}",
+        "--slurm-init-seconds-before-status-checks=2",
+        "--seconds-between-status-checks=2",
+        "--latency-wait=5",
+        "--configfile",
+        "configs/ci.yaml",
+    ]
 
 
 def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

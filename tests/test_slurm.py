@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SNAKEMAKE_SLURM, Cluster, run, started_cluster
+from slurm_cluster import Cluster, run, snakemake_slurm, started_cluster
 
 from experiments.impl.collectives import collective_points
 from moe_core.config.load import load_config
@@ -67,7 +67,7 @@ def measured_targets(results: Path) -> list[str]:
 def snakemake(results: Path, *extra: str) -> list[str]:
     """The sweep's measured points as SLURM jobs on the test cluster."""
     return [
-        *SNAKEMAKE_SLURM,
+        *snakemake_slurm(results),
         "--config",
         f"results_dir={results}",
         "hardware={nodes: 2, devices_per_node: 1}",

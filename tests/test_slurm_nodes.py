@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from slurm_cluster import SNAKEMAKE_SLURM, Cluster, started_cluster
+from slurm_cluster import Cluster, snakemake_slurm, started_cluster
 
 from moe_core.config.load import load_config
 from moe_core.config.points import point_name, point_overrides, sweep_points
@@ -85,7 +85,7 @@ def snakemake(cluster: Cluster, results: Path, seed: int, *targets: Path | str) 
     env = {**cluster.env, "WANDB_MODE": "disabled"}
     settings = [target for target in targets if isinstance(target, str)]
     argv = [
-        *SNAKEMAKE_SLURM,
+        *snakemake_slurm(results),
         "--config",
         f"results_dir={results}",
         *SETTINGS,
