@@ -169,10 +169,10 @@ class Paths:
 
 def run_measured(cfg: DictConfig, env: Env) -> list[dict]:
     paths, records, failed = Paths(cfg, env), [], []
-    d = cfg.dispatch_study
+    d, cells = cfg.dispatch_study, measured_cells(cfg)
     for skew in d.skews:
         steps = [paths.workload(skew, step) for step in range(study_steps(skew, d.world_size))]
-        for name in (path for cell_skew, path, _ in measured_cells(cfg) if cell_skew == skew):
+        for name in (path for cell_skew, path, _ in cells if cell_skew == skew):
             wrong = sum(paths.wrong_rows(name, w) for w in steps)
             if wrong:
                 failed.append(f"{name} under {skew}: #wrong {wrong} rows")
