@@ -263,12 +263,14 @@ def test_under_snakemake_a_stopped_rank_ends_each_job_within_the_timeout_and_is_
     ]
     done = run(cmd, fault="SIGSTOP@work:1", timeout_s=900)
     assert done.returncode != 0
-    after_fault_s = []
+    after_fault_s, texts = [], []
     for point in points:
         log = tmp_path / "logs" / "train_step" / "gshard" / f"{point}.log"
-        fault_time = float(re.search(r"fault injection .* time (\d+\.\d+)", log.read_text()).group(1))
+        texts.append(log.read_text())
+        fault_time = float(re.search(r"fault injection .* time (\d+\.\d+)", texts[-1]).group(1))
         after_fault_s.append(log.stat().st_mtime - fault_time)  # its last line is the launcher's last word
-    assert max(after_fault_s) < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S, after_fault_s
+    slowest = texts[after_fault_s.index(max(after_fault_s))]
+    assert max(after_fault_s) < TIMEOUT_S + HUNG_MARGIN_S + LOAD_SLACK_S, (after_fault_s, slowest[-6000:])
     assert done.output.count("error: rank 1 stopped responding: its heartbeat stopped") == len(points), done.output
     assert records(tmp_path) == []
 
