@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.files import write_csv
-from moe_core.records.record_schema import digest_problem, record_problem
+from analysis.record_schema import digest_problem, record_problem
 
 ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
@@ -39,7 +39,7 @@ class RecordError(ValueError):
 
 
 def read_valid_record(path: str | Path) -> dict[str, Any]:
-    """Parse ``path`` and check it against the record schema (moe_core/records/record_schema.py): its format
+    """Parse ``path`` and check it against the record schema (analysis/record_schema.py): its format
     (keys, finite numbers), its content (required metrics, units, summaries, params, the testbed it ran
     on) and its digest (unchanged since its run wrote it), so that no NaN, text, wrong number or edited
     record reaches the tables, where it would silently move a mean, a verdict or drop a point."""
@@ -53,9 +53,7 @@ def read_valid_record(path: str | Path) -> dict[str, Any]:
         ) from err
     problem = record_problem(record) or _column_clash(record)
     if problem:
-        raise RecordError(
-            f"{path}: {problem}; rerun the experiment that wrote it (schema: moe_core/records/record_schema.py)"
-        )
+        raise RecordError(f"{path}: {problem}; rerun the experiment that wrote it (schema: analysis/record_schema.py)")
     changed = digest_problem(record)
     if changed:
         raise RecordError(f"{path}: {changed}; delete it and rerun its point (snakemake runs a deleted point again)")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from moe_core.records.units import GiB, KiB, MiB
+from moe_core.units import GiB, KiB, MiB
 
 
 def format_bytes(n_bytes: float) -> str:

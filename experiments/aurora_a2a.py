@@ -22,7 +22,7 @@ of them at the end.
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
-from moe_core.runtime.processes import exit_process
+from moe_core.host.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "aurora.world_size"

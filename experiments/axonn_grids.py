@@ -2,7 +2,7 @@
 and the overlap ablation on one grid, in one torchrun job of ``axonn.world_size`` ranks.
 
     python -m experiments.launch --config configs/default.yaml --nproc 4 -- -m experiments.axonn_grids
-    # the emulated two-node testbed (root; moe_core.runtime.testbed), eight ranks:
+    # the emulated two-node testbed (root; moe_core.host.testbed), eight ranks:
     python -m experiments.launch --config configs/default.yaml hardware_profile=emulated-2x4 \\
         axonn.world_size=8 axonn.global_sequences=16 results_dir=results/emulated-2x4 --nproc 8 \\
         -- -m experiments.axonn_grids
@@ -20,7 +20,7 @@ calibrated profile), which the analysis joins to this one.
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
-from moe_core.runtime.processes import exit_process
+from moe_core.host.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "axonn.world_size"

@@ -6,13 +6,13 @@
 Fits the network on collectives measured alone, and the compute rate per op class and the in-step
 all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split);
 on a CPU testbed it also measures how this host time-slices ranks that outnumber its cores
-(moe_core.runtime.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
+(moe_core.host.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
 ``<profile>-calibrated``: a hardware YAML that any config can use with ``hardware_profile=<path>``.
 
-Host noise (moe_core.runtime.noise): the profile records how many of its records were taken on a noisy host
+Host noise (moe_core.host.noise): the profile records how many of its records were taken on a noisy host
 (``calibration_noise``), and a warning says so. A fit on quiet records is also kept as the last good
 profile, ``<out dir>/last-good/<out name>`` (outside the workflow's output, which Snakemake deletes
-before a rerun). A fit on noisy records (more than moe_core.runtime.noise.NOISY_SHARE of them) does not
+before a rerun). A fit on noisy records (more than moe_core.host.noise.NOISY_SHARE of them) does not
 replace it: the last good profile of the same hardware is written as ``--out`` and the noisy fit
 beside it (``<out stem>.noisy-fit.yaml``), unless ``calibration.accept_noisy=true``. With no good
 profile yet the noisy fit is written, flagged. A noisy host never fails the run.

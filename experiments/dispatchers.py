@@ -37,7 +37,7 @@ the cells as a table in the manner of nccl-tests. Records:
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
-from moe_core.runtime.processes import exit_process
+from moe_core.host.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "dispatch_study.world_size"

@@ -13,7 +13,7 @@
 batch, and every policy
    runs on the same tokens, in an order rotated per batch so that machine drift hits all alike.
    Each forward starts after a barrier; the MoE layers' phases are timed per rank, the worst rank
-   kept per batch (moe_core.runtime.timing).
+   kept per batch (moe_core.host.timing).
 4. Rank 0 writes one record per policy (paper ``lina``, experiment ``inference``): per batch, the
    whole forward's time ``forward_ms`` (Lina Fig 16's inference time), the MoE layers' time
    ``moe_layer_ms`` (Fig 17) and the same normalised to the median of ``ideal``, per-phase times,
@@ -35,7 +35,7 @@ experts run). ``parallel.timeout_s`` must exceed rank 0's time for HEARTBEAT_STE
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
-from moe_core.runtime.processes import exit_process
+from moe_core.host.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"

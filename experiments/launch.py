@@ -17,7 +17,7 @@ belong before ``--``; entry-point flags such as ``--out`` after it.
 Three cases, by ``cfg.hardware.emulation``:
 
 * disabled: ``torchrun --standalone --nproc-per-node=N <entry>``, all ranks on this host's loopback.
-* enabled, and the host can build it (root, iproute2): a :class:`moe_core.runtime.testbed.EmulatedTestbed`
+* enabled, and the host can build it (root, iproute2): a :class:`moe_core.host.testbed.EmulatedTestbed`
   with ``hardware.nodes`` nodes, one torchrun per node inside its namespace, ranks
   ``k * devices_per_node ...`` on node k.
 * enabled but unavailable: one line on stderr and the standalone launch, with
@@ -112,9 +112,9 @@ from omegaconf import OmegaConf
 from experiments.rank_watch import RankWatch, descendants
 from moe_core.config.cli import config_arg_parser
 from moe_core.config.sections import ConfigError
+from moe_core.host.processes import FAILED_RANK_EXIT_CODE, status_of
+from moe_core.host.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.records.results import ResultsDirError, check_writable, staged_records
-from moe_core.runtime.processes import FAILED_RANK_EXIT_CODE, status_of
-from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # torchrun's wait for its ranks after it passes on a stop signal (SIGTERM, SIGINT: the launcher

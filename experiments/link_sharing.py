@@ -3,7 +3,7 @@ the simulator's sharing rule (moe_core.sim.engine).
 
     python -m experiments.link_sharing --out results/link_sharing.json    # as root, with iproute2
 
-Three emulated nodes (moe_core.runtime.testbed); nodes 0 and 2 have links of ``rate`` per direction, node 1
+Three emulated nodes (moe_core.host.testbed); nodes 0 and 2 have links of ``rate`` per direction, node 1
 of half that. Two TCP flows of the same size leave node 0 together: A to node 1, B to node 2. Both
 cross node 0's uplink; A also node 1's slower downlink. Two rules predict different things:
 
@@ -33,9 +33,9 @@ import time
 
 import numpy as np
 
+from moe_core.host.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.records.console import table
 from moe_core.records.results import ResultsDirError, check_writable
-from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.sim.engine import Op, simulate
 from moe_core.sim.topology import Transfer
 

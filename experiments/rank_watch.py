@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from moe_core.runtime.processes import start_stamp, status_of
+from moe_core.host.processes import start_stamp, status_of
 
 IDLE_CPU_SHARE = 0.01  # below this share of one core a rank's process tree is idle, not finishing
 

@@ -6,7 +6,7 @@
 Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
 step; a plan with a re-layout hook (moe_core.schedule.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
 experts) re-decides the expert layout between steps and moves the experts when it changes.
-Phases are timed per rank (moe_core.runtime.timing); per iteration the worst rank is kept; the record holds
+Phases are timed per rank (moe_core.host.timing); per iteration the worst rank is kept; the record holds
 median and p95 over the timed iterations. Rank 0 writes the record atomically once every rank has
 finished, then mirrors it to W&B. ``--profile DIR`` runs a few more steps after the timed ones under
 torch.profiler and writes each rank's trace and kernel summary there (moe_core.runtime.profiling). A bad
@@ -17,7 +17,7 @@ rank exit non-zero within ``parallel.timeout_s``.
 from __future__ import annotations
 
 from moe_core.config.cli import config_arg_parser
-from moe_core.runtime.processes import exit_process
+from moe_core.host.processes import exit_process
 
 # The config key of this entry point's world size: experiments.launch checks --nproc against it.
 WORLD_SIZE_KEY = "parallel.world_size"

@@ -8,7 +8,7 @@ concurrent all-reduce (contention is predicted by the fluid model, never fitted)
 step at a world size calibration did not see. One row per point: experiment, setting, measured_ms
 (the mean of its samples, moe_core.sim.calibrate.STATISTIC, as calibration uses), predicted_ms,
 rel_error = predicted / measured - 1, and the host noise: ``noisy`` (this record was measured on a
-noisy host, moe_core.runtime.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
+noisy host, moe_core.host.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
 where unknown) and ``profile_noisy`` (the calibrated profile was fitted on noisy records, from its
 ``calibration_noise``). A warning names how many were noisy.
 """

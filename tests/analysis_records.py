@@ -10,7 +10,7 @@ from analysis.registry import FIGURE_REGISTRY
 from experiments.impl.gshard import records as gshard_records
 from moe_core.config.load import load_config
 from moe_core.records.results import make_record, record_path, write_record
-from moe_core.records.units import KiB, MiB
+from moe_core.units import KiB, MiB
 
 TABLE_FIGURES = sorted(name for name, fig in FIGURE_REGISTRY.items() if fig.reads == "tables")  # figures of tables
 SHARE = 0.341  # Lina Table 1's 34.1 %: every synthetic point has this a2a share

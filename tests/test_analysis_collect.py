@@ -11,7 +11,7 @@ from analysis_records import SLOWDOWNS, write_collectives, write_train_step
 
 from analysis import collect as collect_mod
 from analysis.collect import RecordError, collect
-from moe_core.records.units import MiB
+from moe_core.units import MiB
 
 
 def test_collect_is_tidy(tables):

@@ -15,7 +15,7 @@ from analysis.collect import collect
 from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
 from analysis.published import RegistryError, load_registry
 from analysis.registry import REPRODUCERS, reproducer
-from moe_core.records.units import MiB
+from moe_core.units import MiB
 
 
 def test_shipped_registry_is_valid():

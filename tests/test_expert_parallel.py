@@ -14,14 +14,15 @@ import torch.multiprocessing as mp
 
 from moe_core.comm import all_to_all as comm
 from moe_core.config.load import load_config
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.data import MarkovTokens
-from moe_core.model.transformer import MoETransformer, gradient_tensors
+from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.packing import repack
 from moe_core.papers.lina.policy import LinaPriority
 from moe_core.parallel.layout import expert_layout, layout_of
 from moe_core.parallel.parallelize import build_groups, is_expert_param, parallelize_model
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.executor import make_policy
+from moe_core.schedule.gradients import gradient_tensors
 from moe_core.schedule.policies import POLICIES, build_plan
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up

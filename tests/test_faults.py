@@ -25,6 +25,7 @@ import pytest
 
 from experiments import launch
 from moe_core.config.load import load_config
+from moe_core.host.processes import BAD_LAUNCH_EXIT_CODE, started_at
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -37,7 +38,6 @@ from moe_core.records.results import (
 )
 from moe_core.records.run_lock import ResultsDirInUse, lock_results_dir
 from moe_core.runtime.distributed import FAULT_ENV, check_launch
-from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, started_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20  # parallel.timeout_s of the fault runs: large enough that the bound below
@@ -447,7 +447,7 @@ def test_an_entry_point_exits_with_its_code_after_its_exit_handlers_and_skips_fi
     last line), but nothing is freed at finalisation (where torch's C++ teardown aborted now and then)."""
     program = (
         "import atexit, sys\n"
-        "from moe_core.runtime.processes import exit_process\n"
+        "from moe_core.host.processes import exit_process\n"
         "class Freed:\n"
         "    def __del__(self): print('finalised', flush=True)\n"
         "kept = Freed()\n"

@@ -17,13 +17,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core.config.load import load_config
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import moe_blocks
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.grid import GridOverlaps, block_collectives
 from moe_core.parallel.grid_parallel import GridGroups, shard_grid
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.executor import make_policy
 from tests.test_expert_parallel import SMALL, assert_run_equals, reference_as_rank, run_reference, sgd_steps
 

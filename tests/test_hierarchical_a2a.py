@@ -16,10 +16,10 @@ import torch.multiprocessing as mp
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.hierarchical_a2a import hierarchical_all_to_all_single, hierarchical_groups, node_grid
 from moe_core.config.load import load_config
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.executor import make_policy
 from tests.test_expert_parallel import SMALL, _batches, assert_matches_reference, run_reference
 

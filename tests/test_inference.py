@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core.config.load import load_config
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import (
@@ -31,7 +32,6 @@ from moe_core.papers.lina.inference import (
     use_inference_gating,
 )
 from moe_core.papers.lina.placement import Placement, profile_paths
-from moe_core.runtime.timing import PhaseTimer
 
 SMALL = [
     "model.vocab_size=64",

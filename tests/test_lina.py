@@ -6,10 +6,11 @@ import pytest
 import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.registry import REPRODUCERS
 from moe_core.config.load import derive_config, load_config
-from moe_core.model.transformer import gradient_tensors
+from moe_core.dispatch.step import a2a_micro_ops, chunk_count
 from moe_core.papers.lina.decisions import packing_due, packing_factor
 from moe_core.parallel.layout import layout_of
-from moe_core.schedule.plan import a2a_micro_ops, chunk_count, gradient_micro_ops
+from moe_core.schedule.gradients import gradient_tensors
+from moe_core.schedule.plan import gradient_micro_ops
 
 
 def test_gradient_micro_ops_cut_each_tensor_into_equal_chunks_never_fused():

@@ -19,8 +19,7 @@ import analysis.papers  # noqa: F401  (registers the figures)
 from analysis.registry import FIGURE_REGISTRY
 from experiments import calibrate, validate
 from experiments.impl import calibrate as calibration
-from moe_core.records.results import make_record, read_record
-from moe_core.runtime.noise import (
+from moe_core.host.noise import (
     MIN_WINDOW_S,
     NOISY_CONTENTION,
     NOISY_CV,
@@ -31,6 +30,7 @@ from moe_core.runtime.noise import (
     noise_summary,
     sample_host,
 )
+from moe_core.records.results import make_record, read_record
 from moe_core.sim.calibrate import calibration_split
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

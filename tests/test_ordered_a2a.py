@@ -18,7 +18,7 @@ from test_expert_parallel import SMALL, run_parallel_each
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.ordered_a2a import gather_traffic_matrix, ordered_all_to_all_single
 from moe_core.comm.transmission import ORDERS, make_schedule
-from moe_core.runtime.timing import PhaseTimer
+from moe_core.host.timing import PhaseTimer
 from moe_core.schedule.executor import executor_class
 from moe_core.schedule.policies import POLICIES, PlanInputs
 

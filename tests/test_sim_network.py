@@ -6,10 +6,10 @@ from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
 from moe_core.config.load import ConfigError, HardwareConfig, load_config
-from moe_core.records.units import GB
 from moe_core.sim.collectives import SizeCurve, collective_op, simulate_on
 from moe_core.sim.engine import Op, _footprint, fair_rates, simulate
 from moe_core.sim.topology import Cluster, Torus2D, Transfer, achieved_GBps
+from moe_core.units import GB
 
 pytestmark = []
 

@@ -9,10 +9,10 @@ import moe_core.papers.aurora.transmission_order  # noqa: F401  (registers the o
 from moe_core.comm.transmission import lower_bound, make_schedule
 from moe_core.comm.workloads import FIG4_TOY_TOKENS
 from moe_core.config.load import HardwareConfig
-from moe_core.records.units import GB
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange
 from moe_core.sim.engine import Op, simulate
 from moe_core.sim.topology import Cluster
+from moe_core.units import GB
 
 ORDERS = ("naive", "sjf", "rcs", "aurora", "exact")
 

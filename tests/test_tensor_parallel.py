@@ -15,13 +15,13 @@ import torch.multiprocessing as mp
 
 from moe_core.comm import all_to_all as comm
 from moe_core.config.load import load_config
+from moe_core.dispatch.step import even_ranges
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.executor import make_policy
-from moe_core.schedule.plan import even_ranges
 from tests.test_expert_parallel import (
     SMALL,
     _force_uniform_gate,

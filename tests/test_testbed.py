@@ -1,4 +1,4 @@
-"""The emulated multi-node testbed (moe_core.runtime.testbed) and the launcher of measured jobs (experiments.launch)."""
+"""The emulated multi-node testbed (moe_core.host.testbed) and the launcher of measured jobs (experiments.launch)."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from experiments import launch
+from moe_core.host.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.runtime import testbed as tb
-from moe_core.runtime.testbed import EmulatedTestbed, emulation_unavailable
 
 UNAVAILABLE = emulation_unavailable()
 needs_testbed = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"emulated testbed unavailable: {UNAVAILABLE}")
@@ -267,7 +267,7 @@ def test_a_failing_body_leaves_nothing_behind(error):
 
 TESTBED_HOLDER = """
 import sys, time
-from moe_core.runtime.testbed import EmulatedTestbed
+from moe_core.host.testbed import EmulatedTestbed
 with EmulatedTestbed(nodes=2, rate_mbit=100) as testbed:
     print(testbed.prefix, flush=True)
     time.sleep(60)

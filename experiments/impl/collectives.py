@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from moe_core.comm.workloads import ELEMENT_BYTES, bus_bandwidth_factor, zipf_traffic_matrix
 from moe_core.config.load import ConfigError
+from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.records.console import RowPrinter
 from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record
 from moe_core.runtime.distributed import Env
-from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 PAPER, EXPERIMENT = "common", "collectives"
 # (collective, concurrent): each collective alone, then each all-to-all and the all-reduce next to an

@@ -24,13 +24,13 @@ from moe_core.dispatch.study import (
     token_counts,
 )
 from moe_core.dispatch.workloads import why_not
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
 from moe_core.records.console import table
 from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record, repeated_iterations
 from moe_core.runtime.distributed import Env
-from moe_core.runtime.timing import PhaseTimer
 
 PAPER, EXPERIMENT = "common", "dispatchers"
 # The gate's loss weights are drawn from seed + this + rank: a stream apart from the tokens' (seed + rank).

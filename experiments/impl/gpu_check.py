@@ -16,12 +16,12 @@ import torch.distributed as dist
 
 from experiments.impl.op_sweep import measure_ops
 from moe_core.config.load import load_config
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import capacity
 from moe_core.model.layer import MoELayer
 from moe_core.model.transformer import DenseFFN
 from moe_core.records.console import table
 from moe_core.records.results import environment, write_record
-from moe_core.runtime.timing import PhaseTimer
 
 # Dense bf16 tensor-core peak of an H200 SXM, as torchtitan's get_peak_flops (torchtitan/tools/utils.py).
 H200_BF16_PEAK_TFLOPS = 989.0

@@ -36,11 +36,11 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.records.units import GB
 from moe_core.runtime.benchmark import predicted_record, predictions_main
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
+from moe_core.units import GB
 
 
 def profiles_by_cores(cfg: DictConfig) -> dict[int, str]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
@@ -23,7 +24,6 @@ from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, pr
 from moe_core.records.results import atomic_output, exit_if_unwritable, write_records
 from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
-from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 PAPER, EXPERIMENT = "lina", "inference"
 

@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
+from moe_core.dispatch.step import even_ranges
+from moe_core.host.timing import PhaseTimer
 from moe_core.papers.monta.config import exchange_buffer_shape
 from moe_core.papers.monta.decisions import knows_links
 from moe_core.papers.monta.performance_model import (
@@ -27,8 +29,6 @@ from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
 from moe_core.runtime.benchmark import measured_main, measured_record, timed_iterations
 from moe_core.runtime.distributed import Env
-from moe_core.runtime.timing import PhaseTimer
-from moe_core.schedule.plan import even_ranges
 
 EXPERIMENT = "monta_a2a"
 

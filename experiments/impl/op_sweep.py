@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import least_squares
 
+from moe_core.host.timing import PhaseTimer
 from moe_core.records.results import atomic_output, environment, write_record
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.sim.compute import ComputeModel
 
 ROW = 1024  # row width of the row-wise ops (softmax, layer norm), a d_model

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from moe_core.comm.hierarchical_a2a import HierarchicalGroups, hierarchical_all_to_all_single
 from moe_core.comm.ordered_a2a import ordered_all_to_all_single
 from moe_core.comm.transmission import Schedule, transpose
-from moe_core.runtime.timing import PhaseTimer
+from moe_core.host.timing import PhaseTimer
 
 
 def all_to_all(

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from moe_core.config.registry import Registry
+from moe_core.registry import Registry
 
 Transfer = tuple[int, int, float]  # (src, dst, bytes)
 Schedule = list[list[Transfer]]

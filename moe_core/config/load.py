@@ -41,7 +41,7 @@ from moe_core.config.derive import (  # noqa: F401  (the names every entry point
     to_container,
 )
 from moe_core.config.run_checks import check_run
-from moe_core.config.schema import CommConfig, HardwareConfig, _root_schema, head_dim, kv_heads  # noqa: F401
+from moe_core.config.schema import CommConfig, HardwareConfig, _root_schema  # noqa: F401
 from moe_core.config.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError, layer_sets  # noqa: F401  (re-exported)
 from moe_core.config.validation import (  # noqa: F401
     COMPUTE_PHASES,

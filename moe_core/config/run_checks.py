@@ -43,11 +43,11 @@ from moe_core.config.points import (
     sim_points,
     sweep_points,
 )
-from moe_core.config.schema import head_dim, kv_heads
 from moe_core.config.sections import ERROR_KEY, ConfigError, require
 from moe_core.config.validation import validate_measured, validate_point
 from moe_core.model.activation import in_width
 from moe_core.model.capacity import moe_blocks
+from moe_core.model.heads import head_dim, kv_heads
 
 # Keys that decide where a run's records go: set for the whole run, never inside an override list.
 RECORD_KEYS = ("results_dir", "paper", "experiment")

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass
 from typing import Literal
 
-from omegaconf import DictConfig
-
 from moe_core.config.sections import (
     SECTIONS,
 )
@@ -42,7 +40,7 @@ class CollectiveFit:
 
 @dataclass
 class EmulationConfig:
-    """Emulated multi-node testbed on one Linux host (measured runs, moe_core.runtime.testbed).
+    """Emulated multi-node testbed on one Linux host (measured runs, moe_core.host.testbed).
 
     One network namespace per node, joined through a bridge by veth pairs shaped with ``tc tbf``
     in both directions; ranks of a node run inside its namespace.
@@ -147,7 +145,7 @@ class HardwareConfig:
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     # A calibrated profile's quality: how many of the records it was fitted on were taken on a noisy
-    # host (moe_core.runtime.noise.noise_summary; experiments/calibrate.py writes it); empty otherwise.
+    # host (moe_core.host.noise.noise_summary; experiments/calibrate.py writes it); empty otherwise.
     calibration_noise: dict[str, float] = field(default_factory=dict)
 
 
@@ -165,16 +163,6 @@ class ModelConfig:
     ffn_activation: str = "relu"  # relu (GShard's FFN) | swiglu (Llama's, Mixtral's: silu(gate) * up, 3 GEMMs)
     seq_len: int = 64
     moe_every: int = 2  # layers 1, 3, 5... (0-based odd) are MoE when 2, as in GShard Fig 3; 0: a dense GPT
-
-
-def kv_heads(model: DictConfig) -> int:
-    """Key/value heads: ``model.n_kv_heads``, or n_heads (multi-head attention) when it is 0."""
-    return model.n_kv_heads or model.n_heads
-
-
-def head_dim(model: DictConfig) -> int:
-    """Features per attention head: ``model.head_dim``, or d_model / n_heads when it is 0."""
-    return model.head_dim or model.d_model // model.n_heads
 
 
 @dataclass
@@ -376,7 +364,7 @@ class SimSweepConfig:
 class CalibrationConfig:
     """experiments/calibrate.py."""
 
-    # A fit on records from a noisy host (moe_core.runtime.noise) replaces the last good profile only if true.
+    # A fit on records from a noisy host (moe_core.host.noise) replaces the last good profile only if true.
     accept_noisy: bool = False
 
 

@@ -4,7 +4,7 @@ registry through which papers add their sections to the schema (moe_core.config.
 A section is a dataclass of typed defaults (OmegaConf checks keys and types against it) plus a
 ``validate(cfg)`` function for what a type cannot express (ranges, names that must exist). Papers
 register theirs from moe_core/papers/<paper>/config.py with :func:`register_section`; this module
-imports nothing of the suite but moe_core.config.registry, so a paper's section can be imported anywhere
+imports nothing of the suite but moe_core.registry, so a paper's section can be imported anywhere
 without a cycle.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from moe_core.config.registry import Registry
+from moe_core.registry import Registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"

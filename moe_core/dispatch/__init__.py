@@ -7,17 +7,17 @@ study's measured and simulated paths (moe_core.dispatch.study), the allowed valu
 exchange is a class and one :func:`register_dispatcher` line.
 
 A training step's plan carries its exchange as one object with its parameters (``step``:
-moe_core.schedule.plan.StepExchange's classes): the library's all-to-all (the ``capacity``, ``hierarchical``
+moe_core.dispatch.step.StepExchange's classes): the library's all-to-all (the ``capacity``, ``hierarchical``
 and ``duplicate`` dispatchers' exchange, optionally in a transmission order), Lina's pipelined
 micro-ops, and the drop-and-all-gather the tensor-parallel dispatchers' chunk decision builds.
 """
 
 from __future__ import annotations
 
-from moe_core.config.registry import Registry
 from moe_core.dispatch.base import Dispatcher, StudyGroups
 from moe_core.dispatch.exchanges import AllGather, Capacity, Dropless, Hierarchical
 from moe_core.dispatch.tensor_parallel import DropGather, Duplicate, TensorParallelDispatcher
+from moe_core.registry import Registry
 
 DISPATCHERS: Registry[Dispatcher] = Registry("token dispatcher")
 

@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from moe_core.sim.topology import two_phase_traffic
-
 
 @dataclass
 class StudyGroups:
@@ -109,7 +107,7 @@ class Collective:
       whose ranks each send every other rank one equal chunk (a ring forwards it in p - 1 steps:
       the same bytes in all);
     * ``two_phase``: an all-to-all run in two phases, inside the nodes and then between
-      same-local-rank peers (moe_core.sim.topology.two_phase_traffic): a token for another node's
+      same-local-rank peers (:func:`two_phase_traffic`): a token for another node's
       other local rank crosses twice, so it moves more bytes than ``traffic`` sums to.
     """
 
@@ -153,3 +151,23 @@ def capacity_rows(buffer, capacity: int):
 
     experts = torch.arange(buffer.shape[0] // capacity, device=buffer.device).repeat_interleave(capacity)
     return buffer, experts
+
+
+def two_phase_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The two phases of Tutel's 2DH all-to-all of ``traffic`` (bytes group[i] sends group[j]) over
+    members on ``node``: (ordered, phase1, phase2). ``ordered`` is the group as (nodes, m) by (node,
+    local index); ``phase1[n, l, l']``, the bytes (n, l) hands (n, l') inside its node; ``phase2[n,
+    n2, l']``, the bytes (n, l') sends (n2, l'). ValueError when the nodes hold unequal numbers of
+    members. The one statement of what the two phases move: the network model prices it
+    (moe_core.sim.topology.Cluster.hierarchical_all_to_all) and the dispatchers count it (here)."""
+    traffic = np.asarray(traffic, dtype=float)
+    counts = np.bincount(node)
+    counts = counts[counts > 0]
+    if counts.min() != counts.max():
+        raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
+    m, n_nodes = int(counts[0]), len(counts)
+    order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
+    t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
+    phase1 = t.sum(axis=2) * (1 - np.eye(m))[None]  # (n, l, l'): bytes (n, l) hands (n, l')
+    phase2 = t.sum(axis=1) * (1 - np.eye(n_nodes))[:, :, None]  # (n, n2, l'): bytes (n, l') sends (n2, l')
+    return group[order].reshape(n_nodes, m), phase1, phase2

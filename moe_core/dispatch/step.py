@@ -1,4 +1,5 @@
-"""The token exchanges of a training step: what a plan's ``exchange`` (moe_core.schedule.plan.StepExchange) is.
+"""The token exchanges of a training step: :class:`StepExchange`, what a plan's ``exchange`` is
+(moe_core.schedule.plan.CommPlan), and its mechanisms.
 
 One frozen dataclass per mechanism, with its own parameters; each runs its exchange-compute-exchange
 on torch.distributed (the measured executor, moe_core.schedule.executor.CommPolicy, calls it with the
@@ -26,10 +27,75 @@ them too); the measured methods import torch inside, so that validating a config
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from moe_core.parallel.layout import grid_config
-from moe_core.schedule.plan import StepExchange, a2a_micro_ops, even_ranges, one_dimensional_refusal
+from moe_core.parallel.layout import grid_config, one_dimensional_refusal
+
+
+class StepExchange:
+    """How a training step's MoE layers exchange their tokens with the experts' ranks: dispatch
+    all-to-all, the experts, combine all-to-all. One frozen dataclass per mechanism, with its own
+    parameters (moe_core.dispatch.step); both executors call these methods and never ask which
+    mechanism it is.
+
+    * ``hierarchical``: its all-to-alls run in two phases over the nodes (the measured run then
+      creates the "ep" groups' node subgroups, moe_core.parallel.parallelize.build_groups);
+    * ``refusal``: what it needs of the config's layout, its own compatibility check (config
+      validation raises it, moe_core.schedule.policies.step_refusal).
+    """
+
+    hierarchical = False
+
+    def refusal(self, cfg) -> str | None:
+        """Why this exchange cannot run a step of ``cfg`` (None where it can)."""
+        return None
+
+    def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
+        """The (start, stop) row ranges of every expert's ``rows_per_expert`` rows that travel as one
+        all-to-all each (``row_bytes``: one row for every expert); the whole exchange by default."""
+        return [(0, rows_per_expert)]
+
+    # -- measured (torch.distributed; ``policy`` is the moe_core.schedule.executor.CommPolicy running it) --
+    def all_to_all(self, policy, x, output_splits, input_splits, name: str):
+        """One all-to-all of ``x``'s rows over the policy's "ep" group (None splits: equal), its time in
+        ``<name>.fwd`` / ``<name>.bwd``: the dropless layer's exchanges, whose splits vary."""
+        raise NotImplementedError
+
+    def exchange_compute_exchange(self, policy, buf, rows_per_expert: int, compute, params):
+        """One MoE layer's equal-split exchange of ``buf`` (E*R, M), R = ``rows_per_expert`` rows per
+        expert in expert order: dispatch, ``compute(received, rows)`` on the expert weights ``params``,
+        combine; returns the experts' outputs in ``buf``'s layout. Every span in which its all-to-alls
+        are in flight runs through ``policy.blocking`` (Lina's priority rule schedules around it)."""
+        raise NotImplementedError
+
+    # -- simulated (``dag``: the step's DAG under construction, moe_core.sim.dag.StepDag) ---------
+    def simulate(self, dag, layer: int, first: str, second: str, after, pass_: str) -> int:
+        """Append MoE layer ``layer``'s exchange in ``pass_`` to ``dag`` after op(s) ``after``: the
+        ``first`` exchange ("dispatch" forward, "combine" backward), the experts (``dag.experts``),
+        the ``second``; returns the op the layer's next op waits for."""
+        raise NotImplementedError
+
+
+def chunk_count(nbytes: float, micro_op_bytes: float) -> int:
+    """Equal micro-ops of at most ``micro_op_bytes`` that ``nbytes`` is cut into (at least one)."""
+    if micro_op_bytes <= 0:
+        raise ValueError(f"micro-op size must be > 0 bytes, got {micro_op_bytes}")
+    return max(1, math.ceil(nbytes / micro_op_bytes))
+
+
+def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:
+    """An all-to-all of ``rows`` token rows (per destination) cut along the token dimension into
+    micro-ops of at most ``micro_op_bytes``: (start, stop) row ranges, at most one per row."""
+    if rows <= 0:
+        return [(0, 0)]
+    return even_ranges(rows, min(rows, chunk_count(rows * row_bytes, micro_op_bytes)))
+
+
+def even_ranges(rows: int, count: int) -> list[tuple[int, int]]:
+    """``rows`` cut into ``count`` consecutive (start, stop) ranges whose lengths differ by at most one."""
+    bounds = [round(k * rows / count) for k in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from moe_core.dispatch.base import Collective, Dispatcher, StudyGroups, capacity_rows, run_expert
+from moe_core.dispatch.step import even_ranges
 
 
 class TensorParallelDispatcher(Dispatcher):
@@ -59,7 +60,6 @@ class TensorParallelDispatcher(Dispatcher):
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         from moe_core.comm.all_to_all import all_to_all, tp_exchange
-        from moe_core.schedule.plan import even_ranges
 
         buffer, rows = workload["buffer_tp"], workload["capacity_tp"]
         chunks = self.study_chunks(workload["study"])

@@ -1,3 +1,3 @@
 """The MoE model: ``gating`` (GShard routing by sorting), ``capacity`` (buffer sizes, no torch),
-``experts``, ``layer`` (the MoE layer), ``transformer`` (a small decoder transformer), ``activation``,
-``data`` (synthetic learnable tokens)."""
+``heads`` (attention head counts, no torch), ``experts``, ``layer`` (the MoE layer),
+``transformer`` (a small decoder transformer), ``activation``, ``data`` (synthetic learnable tokens)."""

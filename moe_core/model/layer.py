@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import capacity
 from moe_core.model.experts import Experts
 from moe_core.model.gating import GatingResult, gshard_gating
-from moe_core.runtime.timing import PhaseTimer
 
 
 class MoELayer(nn.Module):

@@ -9,19 +9,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
-from moe_core.config.schema import head_dim, kv_heads
 from moe_core.model.activation import in_width
-from moe_core.model.capacity import expert_tensor_parallel, moe_blocks
+from moe_core.model.capacity import moe_blocks
 from moe_core.model.experts import ffn_activation
+from moe_core.model.heads import head_dim, kv_heads
 from moe_core.model.layer import MoELayer
-from moe_core.parallel.grid_parallel import GridGroups, grid_linears, shard_grid
-from moe_core.parallel.layout import Layout
-from moe_core.parallel.parallelize import is_expert_param
-from moe_core.parallel.tensor_parallel import shard_tensor_parallel
-from moe_core.schedule.plan import GradientTensor
 
 
 class CausalSelfAttention(nn.Module):
@@ -154,38 +149,3 @@ def shape_only_model(cfg: DictConfig) -> MoETransformer:
 def backward_ordered_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """Named parameters in the order backward produces their gradients (reverse definition order)."""
     return list(reversed(list(model.named_parameters())))
-
-
-# gradient_tensors' results by what they depend on: the model's and the MoE's sections, the layout
-# and the experts' tensor parallelism. Building the model on the meta device takes a tenth of a
-# second, and a simulated study asks for the same shapes hundreds of times.
-_GRADIENT_TENSORS: dict[tuple, tuple[GradientTensor, ...]] = {}
-
-
-def gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
-    """One rank's gradient tensors under ``layout``, in backward order, from the model's shapes
-    (meta device, split over "tp" or the grid as moe_core.parallel.tensor_parallel and moe_core.parallel.grid_parallel
-    split it): dense tensors whole or their tensor-parallel shard, a grid's weights their depth shard,
-    expert tensors the rank's share of the expert stack. What a communication plan is decided from
-    (moe_core.schedule.policies.build_plan), in both executors."""
-    key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.moe), layout, expert_tensor_parallel(cfg))
-    if key not in _GRADIENT_TENSORS:
-        _GRADIENT_TENSORS[key] = tuple(_gradient_tensors(cfg, layout))
-    return list(_GRADIENT_TENSORS[key])
-
-
-def _gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
-    """What :func:`gradient_tensors` returns, read off a newly built shape-only model."""
-    share = layout.experts_per_rank / cfg.moe.num_experts
-    model = shape_only_model(cfg)
-    shard_tensor_parallel(model, 0, layout.tensor_parallel, group=None, experts=expert_tensor_parallel(cfg) > 1)
-    no_groups = dict.fromkeys(("depth", "row", "col"))
-    shard_grid(model, GridGroups(layout.grid, dict.fromkeys(no_groups, 0), no_groups))
-    depth_sharded = {id(layer.weight) for layer in grid_linears(model)}
-    tensors = []
-    for name, p in backward_ordered_params(model):
-        if is_expert_param(name):
-            tensors.append(GradientTensor(name, round(p.numel() * share), "expert"))
-        else:
-            tensors.append(GradientTensor(name, p.numel(), "data" if id(p) in depth_sharded else "dense"))
-    return tensors

@@ -31,9 +31,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.layer import MoELayer
 from moe_core.parallel.grid import Grid, GridOverlaps, LinearSpec, block_linears
-from moe_core.runtime.timing import PhaseTimer
 
 
 @dataclass
@@ -237,7 +237,7 @@ def grid_linears(model: nn.Module) -> list[GridLinear]:
 def shard_grid(model: nn.Module, groups: GridGroups) -> None:
     """Replace every attention and dense-FFN linear of ``model`` by its :class:`GridLinear` shard on
     this rank (no-op on a grid without tensor axes). Works on the meta device too (groups None):
-    moe_core.model.transformer.gradient_tensors reads a rank's gradient shapes from a meta model sharded alike.
+    moe_core.schedule.gradients.gradient_tensors reads a rank's gradient shapes from a meta model sharded alike.
     Weights are split after the full model is initialised with the run's seed, so a grid model
     starts as the single-process one."""
     if groups.grid.is_trivial:

@@ -200,3 +200,13 @@ def layout_of(cfg) -> Layout:
         cfg.parallel.tensor_parallel,
         grid_config(cfg),
     )
+
+
+def one_dimensional_refusal(cfg, mechanism: str) -> str | None:
+    """Why ``mechanism``, built for whole experts on a one-dimensional expert-parallel layout, cannot
+    run on ``cfg``'s (tensor parallelism or a 3D grid); None where it can."""
+    if cfg.parallel.tensor_parallel > 1:
+        return f"{mechanism} is not supported with tensor parallelism; use parallel.tensor_parallel=1"
+    if not grid_config(cfg).is_trivial:
+        return f"{mechanism} is not supported on the 3D grid yet; use parallel.grid's default 1 x 1 x 1"
+    return None

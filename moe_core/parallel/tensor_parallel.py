@@ -126,7 +126,7 @@ def shard_experts_hidden(layer: MoELayer, index: int, parts: int) -> None:
 def shard_tensor_parallel(model: nn.Module, index: int, parts: int, group, experts: bool = True) -> None:
     """Split ``model``'s blocks over a "tp" group of ``parts`` ranks; this rank is ``index``.
 
-    Works on any device, the meta device included (moe_core.model.transformer.gradient_tensors reads a rank's
+    Works on any device, the meta device included (moe_core.schedule.gradients.gradient_tensors reads a rank's
     gradient shapes from a meta model sharded the same way). Weights are split after the full
     model is initialised with the run's seed, so a tensor-parallel model starts as the
     single-process one.

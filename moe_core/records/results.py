@@ -16,11 +16,11 @@ Schema (version 1)::
     }
 
 ``noise`` (measured records only) says how busy the host was while the point was timed
-(moe_core.runtime.noise: load average, the share of CPU others used, each metric's coefficient of
-variation); moe_core.runtime.noise.is_noisy decides from it whether the record was taken on a noisy host.
+(moe_core.host.noise: load average, the share of CPU others used, each metric's coefficient of
+variation); moe_core.host.noise.is_noisy decides from it whether the record was taken on a noisy host.
 
 Metric names carry their unit (``_ms``, ``_GBps``, ``_bytes``, ``_share``...), which sets their range
-(moe_core/records/record_schema.py checks every record the analysis reads against it). Records are written
+(analysis/record_schema.py checks every record the analysis reads against it). Records are written
 atomically (temporary file + ``os.replace``) so a crashed run never leaves a partial record.
 
 ``digest`` (:func:`record_digest`) is the SHA-256 of the rest of the record, added by
@@ -57,9 +57,9 @@ from typing import Any
 
 import numpy as np
 
+from moe_core.host.noise import WINDOW
+from moe_core.host.processes import RANK_HOSTS, started_at, status_of
 from moe_core.records.tracking import mirror_records
-from moe_core.runtime.noise import WINDOW
-from moe_core.runtime.processes import RANK_HOSTS, started_at, status_of
 
 SCHEMA_VERSION = 1
 MODES = ("measured", "simulated")
@@ -170,7 +170,7 @@ def make_record(
     """Assemble a record; ``samples`` are per-iteration values (worst rank), summarized here.
 
     ``extra_metrics`` are single values (e.g. a final loss) stored as {"value": x}. A measured
-    record gets the host's noise during its last timed window (moe_core.runtime.noise). Raises
+    record gets the host's noise during its last timed window (moe_core.host.noise). Raises
     NonFiniteMetricError when a sample or metric is NaN or infinite.
     """
     if mode not in MODES:

@@ -24,6 +24,7 @@ import yaml
 from omegaconf import DictConfig
 
 from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
@@ -34,7 +35,6 @@ from moe_core.records.results import (
     write_records,
 )
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
-from moe_core.runtime.timing import PhaseTimer, gather_worst_rank
 
 
 def timed_iterations(run: Callable[[], Any], warmup: int, iters: int, timer: PhaseTimer, metric: str) -> dict:

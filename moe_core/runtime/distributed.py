@@ -57,8 +57,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from moe_core.host.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, RANK_HOSTS, started_at, status_of
 from moe_core.records.results import ResultsDirError, check_writable
-from moe_core.runtime.processes import BAD_LAUNCH_EXIT_CODE, FAILED_RANK_EXIT_CODE, RANK_HOSTS, started_at, status_of
 
 HEARTBEAT_S = 0.5  # a rank's heartbeat period
 HEALTH_WINDOW_S = 3.0  # how long a rank that saw a failure watches the heartbeats (6 beats)
@@ -379,7 +379,7 @@ def shutdown() -> None:
     and then aborts at exit ("terminate called without an active exception", SIGABRT) after it
     wrote its record (seen once in CI on a Lina policy; pytorch/pytorch#179291 describes the same
     path). Collected here, they go while the interpreter and the process groups are whole. The
-    entry points then skip finalisation altogether (moe_core.runtime.processes.exit_process), where
+    entry points then skip finalisation altogether (moe_core.host.processes.exit_process), where
     the abort still came now and then.
     """
     global _health

@@ -2,7 +2,7 @@
 
 :class:`CommPolicy` executes every plan feature that needs no scheduling of its own: gradient
 buckets or in-place micro-ops, launched after the backward pass or as soon as ready; the MoE
-layers' token exchanges, which it hands to the plan's exchange object (moe_core.schedule.plan.StepExchange,
+layers' token exchanges, which it hands to the plan's exchange object (moe_core.dispatch.step.StepExchange,
 moe_core.dispatch.step: whole, two-phase or ordered all-to-alls, Lina's pipelined micro-ops, the
 tensor-parallel drop-and-all-gather) without asking which mechanism it is. Every span in which an
 exchange's all-to-alls are in flight runs through :meth:`CommPolicy.blocking`, the hook a policy
@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from moe_core.model.transformer import backward_ordered_params, gradient_tensors
+from moe_core.host.timing import PhaseTimer
+from moe_core.model.transformer import backward_ordered_params
 from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.grid_parallel import GridLinear, attach_grid_plan, finish_reduce_scatters
 from moe_core.parallel.parallelize import ParallelGroups, is_expert_param
 from moe_core.parallel.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
-from moe_core.runtime.timing import PhaseTimer
+from moe_core.schedule.gradients import gradient_tensors
 from moe_core.schedule.plan import CommPlan, GradientUnit
 from moe_core.schedule.policies import PolicySpec, build_plan, policy_spec
 

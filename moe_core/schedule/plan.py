@@ -3,19 +3,20 @@
 A policy's decision functions (moe_core.schedule.policies for the baselines, moe_core/papers/<paper> for
 the papers' policies) turn the step's shapes into a :class:`CommPlan`: the gradient all-reduce
 units and their launch rule, their priority against the token all-to-alls, the MoE layers' token
-exchange (one :class:`StepExchange` object), the 3D grid's overlaps, and what re-lays out the
+exchange (one moe_core.dispatch.step.StepExchange object), the 3D grid's overlaps, and what re-lays out the
 experts between steps. The measured policy executes the plan on torch.distributed; the step
 simulator (moe_core.sim.step) reads the same plan and only models how time passes. A new mechanism
 adds a plan builder (and, where it needs one, a measured executor or a step exchange), not flags in
 either executor.
 
-:class:`StepExchange` is the interface of the token exchange, as Megatron-Core's
-``MoETokenDispatcher`` and torchtitan's token dispatchers are: each mechanism is one class
-(moe_core.dispatch.step) that runs its exchange on torch.distributed and emits its simulated ops,
-so neither executor branches on which mechanism a plan holds.
+:class:`moe_core.dispatch.step.StepExchange` is the interface of the token exchange, as
+Megatron-Core's ``MoETokenDispatcher`` and torchtitan's token dispatchers are: each mechanism is one
+class that runs its exchange on torch.distributed and emits its simulated ops, so neither executor
+branches on which mechanism a plan holds.
 
-The cutting functions here are the shared vocabulary of plans: gradient buckets (DDP's fusion of
-whole tensors) and micro-ops (equal slices of one tensor, or row ranges of one all-to-all).
+The cutting functions here are the shared vocabulary of gradient plans: buckets (DDP's fusion of
+whole tensors) and micro-ops (equal slices of one tensor); an all-to-all's row ranges are cut in
+moe_core.dispatch.step.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moe_core.dispatch.step import StepExchange, chunk_count
 from moe_core.parallel.grid import GridOverlaps
-from moe_core.parallel.layout import Layout, grid_config
+from moe_core.parallel.layout import Layout, one_dimensional_refusal
 
 # (candidate layout) -> (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on it
 MicroOpCosts = Callable[[Layout], tuple[float, float]]
@@ -52,16 +54,6 @@ class Relayout:
         if exchange.hierarchical:
             return "moving experts between steps keeps no node groups; use comm.a2a_algorithm=flat"
         return one_dimensional_refusal(cfg, "moving experts between steps")
-
-
-def one_dimensional_refusal(cfg, mechanism: str) -> str | None:
-    """Why ``mechanism``, built for whole experts on a one-dimensional expert-parallel layout, cannot
-    run on ``cfg``'s (tensor parallelism or a 3D grid); None where it can."""
-    if cfg.parallel.tensor_parallel > 1:
-        return f"{mechanism} is not supported with tensor parallelism; use parallel.tensor_parallel=1"
-    if not grid_config(cfg).is_trivial:
-        return f"{mechanism} is not supported on the 3D grid yet; use parallel.grid's default 1 x 1 x 1"
-    return None
 
 
 # The groups a gradient is summed over (moe_core.parallel.layout.Layout.gradient_groups):
@@ -102,50 +94,6 @@ class GradientUnit:
     def last_tensor(self) -> int:
         """The tensor whose gradient completes the unit (the last one backward produces)."""
         return self.pieces[-1][0]
-
-
-class StepExchange:
-    """How a training step's MoE layers exchange their tokens with the experts' ranks: dispatch
-    all-to-all, the experts, combine all-to-all. One frozen dataclass per mechanism, with its own
-    parameters (moe_core.dispatch.step); both executors call these methods and never ask which
-    mechanism it is.
-
-    * ``hierarchical``: its all-to-alls run in two phases over the nodes (the measured run then
-      creates the "ep" groups' node subgroups, moe_core.parallel.parallelize.build_groups);
-    * ``refusal``: what it needs of the config's layout, its own compatibility check (config
-      validation raises it, moe_core.schedule.policies.step_refusal).
-    """
-
-    hierarchical = False
-
-    def refusal(self, cfg) -> str | None:
-        """Why this exchange cannot run a step of ``cfg`` (None where it can)."""
-        return None
-
-    def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
-        """The (start, stop) row ranges of every expert's ``rows_per_expert`` rows that travel as one
-        all-to-all each (``row_bytes``: one row for every expert); the whole exchange by default."""
-        return [(0, rows_per_expert)]
-
-    # -- measured (torch.distributed; ``policy`` is the moe_core.schedule.executor.CommPolicy running it) --
-    def all_to_all(self, policy, x, output_splits, input_splits, name: str):
-        """One all-to-all of ``x``'s rows over the policy's "ep" group (None splits: equal), its time in
-        ``<name>.fwd`` / ``<name>.bwd``: the dropless layer's exchanges, whose splits vary."""
-        raise NotImplementedError
-
-    def exchange_compute_exchange(self, policy, buf, rows_per_expert: int, compute, params):
-        """One MoE layer's equal-split exchange of ``buf`` (E*R, M), R = ``rows_per_expert`` rows per
-        expert in expert order: dispatch, ``compute(received, rows)`` on the expert weights ``params``,
-        combine; returns the experts' outputs in ``buf``'s layout. Every span in which its all-to-alls
-        are in flight runs through ``policy.blocking`` (Lina's priority rule schedules around it)."""
-        raise NotImplementedError
-
-    # -- simulated (``dag``: the step's DAG under construction, moe_core.sim.dag.StepDag) ---------
-    def simulate(self, dag, layer: int, first: str, second: str, after, pass_: str) -> int:
-        """Append MoE layer ``layer``'s exchange in ``pass_`` to ``dag`` after op(s) ``after``: the
-        ``first`` exchange ("dispatch" forward, "combine" backward), the experts (``dag.experts``),
-        the ``second``; returns the op the layer's next op waits for."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -206,13 +154,6 @@ def bucket_units(tensors: list[GradientTensor], element_bytes: int, bucket_bytes
     )
 
 
-def chunk_count(nbytes: float, micro_op_bytes: float) -> int:
-    """Equal micro-ops of at most ``micro_op_bytes`` that ``nbytes`` is cut into (at least one)."""
-    if micro_op_bytes <= 0:
-        raise ValueError(f"micro-op size must be > 0 bytes, got {micro_op_bytes}")
-    return max(1, math.ceil(nbytes / micro_op_bytes))
-
-
 def gradient_micro_ops(numels: list[int], element_bytes: int, micro_op_bytes: float) -> list[tuple[int, int, int]]:
     """All-reduce micro-ops of gradient tensors: (tensor index, start, stop) element ranges.
 
@@ -237,17 +178,3 @@ def micro_op_units(
     """Gradient units as per-tensor micro-ops (:func:`gradient_micro_ops`), reduced in place."""
     ops = gradient_micro_ops([t.numel for t in tensors], element_bytes, micro_op_bytes)
     return tuple(GradientUnit(((i, start, stop),), tensors[i].group, fused=False) for i, start, stop in ops)
-
-
-def a2a_micro_ops(rows: int, row_bytes: int, micro_op_bytes: float) -> list[tuple[int, int]]:
-    """An all-to-all of ``rows`` token rows (per destination) cut along the token dimension into
-    micro-ops of at most ``micro_op_bytes``: (start, stop) row ranges, at most one per row."""
-    if rows <= 0:
-        return [(0, 0)]
-    return even_ranges(rows, min(rows, chunk_count(rows * row_bytes, micro_op_bytes)))
-
-
-def even_ranges(rows: int, count: int) -> list[tuple[int, int]]:
-    """``rows`` cut into ``count`` consecutive (start, stop) ranges whose lengths differ by at most one."""
-    bounds = [round(k * rows / count) for k in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))

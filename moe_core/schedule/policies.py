@@ -18,7 +18,7 @@ Baselines:
 moe_core.schedule.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
 these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
 
-A policy decides its plan's token exchange (moe_core.schedule.plan.StepExchange; the baselines: the
+A policy decides its plan's token exchange (moe_core.dispatch.step.StepExchange; the baselines: the
 library's all-to-all); the config chooses it where it names the mechanism (:func:`step_exchange`):
 the tensor-parallel dispatcher (``comm.tp_dispatch``, a token dispatcher of moe_core.dispatch,
 whose chunk decision builds the drop-and-all-gather exchange) and ``comm.a2a_algorithm``.
@@ -29,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from moe_core.config.registry import Registry
 from moe_core.dispatch import tensor_parallel_dispatchers
-from moe_core.dispatch.step import AllToAll, DropAllGather
+from moe_core.dispatch.step import AllToAll, DropAllGather, StepExchange
 from moe_core.model.capacity import expert_tensor_parallel
 from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.layout import grid_config
-from moe_core.schedule.plan import CommPlan, GradientTensor, StepExchange, bucket_units
+from moe_core.registry import Registry
+from moe_core.schedule.plan import CommPlan, GradientTensor, bucket_units
 
 DEFAULT_EXECUTOR = "moe_core.schedule.executor:CommPolicy"
 
@@ -110,7 +110,7 @@ def step_exchange(cfg, decided: StepExchange) -> StepExchange:
 
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
     """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
-    (moe_core.model.transformer.gradient_tensors): the one decision both executors follow (``element_bytes``: a
+    (moe_core.schedule.gradients.gradient_tensors): the one decision both executors follow (``element_bytes``: a
     gradient element's size as that executor reduces it)."""
     inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
     plan = policy_spec(cfg.comm.policy).decide(inputs)

@@ -13,7 +13,7 @@
 * In-step wait: what the measured steps' all-to-alls take beyond the fitted model, per call (peers
   arriving late), as ``collectives.all_to_all.in_step_us``.
 * Time slicing (CPU testbeds): what ranks that outnumber the host's cores wait at a barrier beyond
-  their share of the cores, measured on the host (moe_core.runtime.time_slicing), as
+  their share of the cores, measured on the host (moe_core.host.time_slicing), as
   ``host_wake_ms`` and ``host_slice_ms`` (:func:`fit_time_slicing`, moe_core.sim.time_slicing).
 
 Which measured points are used is the caller's choice; the rest validate (experiments/validate.py).
@@ -161,7 +161,7 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
 
 
 def fit_time_slicing(hw: DictConfig, samples: pd.DataFrame) -> tuple[DictConfig, dict]:
-    """``host_wake_ms`` and ``host_slice_ms`` from ``samples`` (moe_core.runtime.time_slicing.measure:
+    """``host_wake_ms`` and ``host_slice_ms`` from ``samples`` (moe_core.host.time_slicing.measure:
     ``compute_ms``, each rank's compute between barriers on a core of its own, and ``wait_ms``, what
     an iteration took beyond the ranks' share of the cores): the least-squares fit of
     moe_core.sim.time_slicing's ``wake + slice * (1 - exp(-c / slice))``."""

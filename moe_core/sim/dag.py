@@ -5,7 +5,7 @@ gate -> dispatch all-to-all -> experts -> combine all-to-all): forward ops in or
 ops in reverse order, then gradient all-reduces per plan unit: after the whole backward or as soon
 as a unit's last gradient is ready, one unit after another on one communicator, then the
 optimizer. An MoE layer's exchange between its two copies is the plan's exchange object's own ops
-(moe_core.schedule.plan.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
+(moe_core.dispatch.step.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
 experts behind them, the tensor-parallel drop-and-all-gather chunks), so the builder never asks
 which mechanism it is. Under a 3D tensor-parallel grid the attention and dense FFN are its linear
 layers with their collectives and overlaps (moe_core.sim.grid_ops). Compute ops take the step's
@@ -44,7 +44,7 @@ class StepDag:
     ops in order, and the methods that append a block's parts to them, named
     ``[mb<j>/][recompute/]L<i>.<part>.<pass>``; ops are priced by the step's ``kernels`` and costs.
 
-    The plan's exchange (moe_core.schedule.plan.StepExchange.simulate) appends each MoE layer's exchange
+    The plan's exchange (moe_core.dispatch.step.StepExchange.simulate) appends each MoE layer's exchange
     through ``add``, ``all_to_all``, ``tp_all_gather`` and ``experts``, sized by ``a2a_bytes`` (what a
     rank sends per whole all-to-all), ``micro_ops`` (the micro-ops it cuts a capacity buffer into),
     ``partition_s`` (cutting the buffer into them, or joining them) and ``tp``.

@@ -153,7 +153,7 @@ def simulate(
     about twice their latency, which a network-only model misses for small messages.
 
     ``burst_bytes``: token buckets per link (0 where a link has none; ``tc tbf`` on an emulated
-    testbed's links, moe_core.runtime.testbed). A link holding tokens does not limit what crosses it (the
+    testbed's links, moe_core.host.testbed). A link holding tokens does not limit what crosses it (the
     transfers' other links do) and its tokens drain by what passes beyond its rate; an empty bucket
     holds the link to its rate; a link used below its rate refills at the difference, up to the
     bucket's size. Buckets start full. So a message within the bucket crosses at host speed and a

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.schema import head_dim, kv_heads
 from moe_core.model.activation import in_width
 from moe_core.model.capacity import moe_tokens
+from moe_core.model.heads import head_dim, kv_heads
 from moe_core.sim.compute import ComputeModel
 
 # The memory-bound ops beside the GEMMs (moe_core.model.transformer), per pass: (kernels, passes over their

@@ -9,7 +9,7 @@ and levels off near one scheduler slice::
 
     wait(c) = host_wake_ms + host_slice_ms * (1 - exp(-c / host_slice_ms))
 
-Calibration measures both terms on the host (moe_core.runtime.time_slicing, fitted by
+Calibration measures both terms on the host (moe_core.host.time_slicing, fitted by
 moe_core.sim.calibrate.fit_time_slicing). On a 2-core VM (Linux 6.18) 4 processes meeting at a
 barrier after 0.23, 0.92, 3.6 and 14 ms of compute each waited 0.54, 1.0, 2.4 and 4.3 ms beyond
 their fair share of the cores; the same happens with a gloo all-to-all in place of the barrier.

@@ -6,7 +6,7 @@ sequential algorithm steps (for the latency term) and the link class it crosses.
 ``max over links of bytes / capacity`` plus its latency, which is the worst-rank (bottleneck) rule
 of peers.md §5 for all-to-all(v) and the ring formula ``2(p-1)/p * S / B`` for all-reduce.
 
-On an emulated testbed (moe_core.runtime.testbed) the NIC links are ``tc tbf`` token buckets; the topology
+On an emulated testbed (moe_core.host.testbed) the NIC links are ``tc tbf`` token buckets; the topology
 gives their sizes (``burst_bytes``) and the engine models them.
 
 Two topologies:
@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.records.units import GB
+from moe_core.dispatch.base import two_phase_traffic
+from moe_core.units import GB
 
 
 @dataclass
@@ -419,26 +420,6 @@ class Torus2D:
 
     def latency_s(self, transfer: Transfer, alpha_s: float = 0.0, alpha_step_s: float | None = None) -> float:
         return alpha_s + transfer.steps * (alpha_step_s if alpha_step_s is not None else self.latency_hop_s)
-
-
-def two_phase_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The two phases of Tutel's 2DH all-to-all of ``traffic`` (bytes group[i] sends group[j]) over
-    members on ``node``: (ordered, phase1, phase2). ``ordered`` is the group as (nodes, m) by (node,
-    local index); ``phase1[n, l, l']``, the bytes (n, l) hands (n, l') inside its node; ``phase2[n,
-    n2, l']``, the bytes (n, l') sends (n2, l'). ValueError when the nodes hold unequal numbers of
-    members. The one statement of what the two phases move: the network model prices it
-    (:meth:`Cluster.hierarchical_all_to_all`) and the dispatchers count it (moe_core.dispatch.base)."""
-    traffic = np.asarray(traffic, dtype=float)
-    counts = np.bincount(node)
-    counts = counts[counts > 0]
-    if counts.min() != counts.max():
-        raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
-    m, n_nodes = int(counts[0]), len(counts)
-    order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
-    t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
-    phase1 = t.sum(axis=2) * (1 - np.eye(m))[None]  # (n, l, l'): bytes (n, l) hands (n, l')
-    phase2 = t.sum(axis=1) * (1 - np.eye(n_nodes))[:, :, None]  # (n, n2, l'): bytes (n, l') sends (n2, l')
-    return group[order].reshape(n_nodes, m), phase1, phase2
 
 
 def _spanned(node: np.ndarray) -> int:

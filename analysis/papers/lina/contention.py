@@ -10,7 +10,7 @@ from analysis.collect import select
 from analysis.papers.lina.testbed import LINA_GPUS, LINA_XL_EXPERTS
 from analysis.registry import complete_points, describe_testbeds, reproducer
 from analysis.units import format_bytes, span
-from moe_core.records.units import MiB
+from moe_core.units import MiB
 
 
 def contended_slowdowns(samples: pd.DataFrame, collectives=("all_to_all", "all_to_all_v")) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from moe_core.papers.axonn.comm_model import stored_activation_bytes
 from moe_core.papers.axonn.models import GptModel, parameters
-from moe_core.records.units import GB
+from moe_core.units import GB
 
 
 def megatron_memory_bytes(

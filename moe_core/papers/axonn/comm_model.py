@@ -38,8 +38,8 @@ import pandas as pd
 
 from moe_core.model.capacity import moe_blocks
 from moe_core.parallel.grid import Grid, GridOverlaps, block_collectives, block_linears, grid_split_error
-from moe_core.records.units import GB
 from moe_core.sim.topology import achieved_GBps
+from moe_core.units import GB
 
 AXONN_ORDER = ("col", "row", "depth")  # innermost first: moe_core.parallel.grid's rank order
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}  # ring steps per (p - 1)

@@ -21,8 +21,8 @@ from moe_core.config.sections import (
     require_profile,
 )
 from moe_core.papers.gshard.models import MODELS, tokens_per_core, tokens_per_side
-from moe_core.records.units import MiB
 from moe_core.schedule.policies import POLICIES
+from moe_core.units import MiB
 
 # Unstated hardware parameters of the TPU v3 profiles (configs/hardware/gshard-tpuv3-*.yaml headers):
 # config key -> the other ends of the plausible range, each run as a sensitivity run of the scaling

@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from moe_core.comm.all_to_all import exchange
 from moe_core.comm.transmission import Schedule, make_schedule
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.gating import gshard_gating
 from moe_core.model.layer import MoELayer, _block_transpose_index  # same (source, expert) -> (expert, source) reorder
 from moe_core.papers.lina.config import INFERENCE_POLICIES
@@ -52,7 +53,6 @@ from moe_core.papers.lina.placement import (
     route_rows,
     static_placement,
 )
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.policies import policy_spec
 
 SCHEDULER_POLICIES = (*INFERENCE_POLICIES, "ideal")

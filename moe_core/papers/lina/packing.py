@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from moe_core.dispatch.step import a2a_micro_ops
+from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import dispatch_rows_per_expert
 from moe_core.model.layer import MoELayer
 from moe_core.papers.lina.decisions import packing_due
 from moe_core.parallel.layout import Layout
 from moe_core.parallel.parallelize import ParallelGroups, build_groups, local_experts
 from moe_core.runtime.distributed import Env
-from moe_core.runtime.timing import PhaseTimer
 from moe_core.schedule.executor import CommPolicy, make_policy
-from moe_core.schedule.plan import a2a_micro_ops
 
 
 def exchange_experts(

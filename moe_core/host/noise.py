@@ -14,7 +14,7 @@ Every measured record carries (moe_core.records.results.make_record)::
 
 The window is opened on rank 0 by the first ``PhaseTimer.reset()`` after the previous window
 closed (the first warm-up iteration of a point) and closed by ``gather_worst_rank`` (the end of
-the timed iterations); see moe_core.runtime.timing. Two reads per window, no polling; a window shorter
+the timed iterations); see moe_core.host.timing. Two reads per window, no polling; a window shorter
 than :data:`MIN_WINDOW_S` is widened back over the job's earlier points (:class:`NoiseWindow`).
 """
 
@@ -165,7 +165,7 @@ class NoiseWindow:
         }
 
 
-WINDOW = NoiseWindow()  # this process's; moe_core.runtime.timing opens and closes it on rank 0
+WINDOW = NoiseWindow()  # this process's; moe_core.host.timing opens and closes it on rank 0
 
 
 def is_noisy(noise: dict | None) -> bool:

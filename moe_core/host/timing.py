@@ -8,7 +8,7 @@
   time between the two is the segment's backward time.
 * Per iteration, every rank's phase times are gathered and the **worst rank** is kept
   (:func:`worst_rank`); records then report median and p95 over iterations.
-* Host noise (moe_core.runtime.noise): on rank 0 the first :meth:`PhaseTimer.reset` after a gather opens a
+* Host noise (moe_core.host.noise): on rank 0 the first :meth:`PhaseTimer.reset` after a gather opens a
   noise window (one reading of the host's and this job's CPU time, in the first warm-up iteration,
   outside any timed span) and :func:`gather_worst_rank` closes it, so each point's record can say
   how much of the host others used while it was timed.
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from moe_core.runtime.noise import WINDOW
+from moe_core.host.noise import WINDOW
 
 
 class PhaseTimer:
@@ -124,7 +124,7 @@ def worst_rank(per_rank_iters: list[dict[str, list[float]]]) -> dict[str, list[f
 def gather_worst_rank(local: dict[str, list[float]], group=None) -> dict[str, list[float]]:
     """All-gather every rank's per-iteration values and keep the worst rank per iteration.
 
-    Called once the timed iterations are done, so it also closes the noise window (moe_core.runtime.noise)."""
+    Called once the timed iterations are done, so it also closes the noise window (moe_core.host.noise)."""
     if _rank0():
         WINDOW.close()
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
