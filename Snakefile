@@ -2,14 +2,14 @@
 
     snakemake --cores 2                                  # embedded default (configs/default.yaml)
     snakemake --cores 2 --configfile configs/ci.yaml     # smallest smoke run
-    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/config/schema.py (YAML)
+    snakemake --cores 2 --config 'train={iters: 20}'     # any key of moe_core/schema/core.py (YAML)
 """
 
 from pathlib import Path
 
 from moe_core.config.load import ConfigError, load_config, load_yaml, refuse_templates, save_config
 from moe_core.papers import PAPERS, RECORD_FOLDERS
-from moe_core.config.points import POINT_NAME_PATTERN
+from moe_core.schema.points import POINT_NAME_PATTERN
 from moe_core.records.results import ResultsDirError, check_results_dir
 
 from snakemake.utils import min_version

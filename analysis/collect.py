@@ -145,7 +145,7 @@ def param_columns(df: pd.DataFrame) -> list[str]:
 def at_setting(df: pd.DataFrame, setting: str | None = None) -> pd.DataFrame:
     """The rows of a records or samples table at one setting of a paper's unstated parameters: None,
     the chosen values (what figures, tables and verdicts show); "key=value", that sensitivity run's
-    (moe_core.config.points.unstated_variants; records carry it as the param ``unstated``)."""
+    (moe_core.schema.points.unstated_variants; records carry it as the param ``unstated``)."""
     if UNSTATED not in df:
         return df if setting is None else df.iloc[0:0]
     return df[df[UNSTATED].isna()] if setting is None else df[df[UNSTATED] == setting]

@@ -13,7 +13,7 @@ verdict ``not-comparable`` and the reason. A published bound (``bound: lower`` f
 anything above it, within the tolerance. A number that spans several of the paper's testbeds (a claim
 over all its settings, ``across_testbeds``) is reproduced once over the records of all of them.
 
-A paper's unstated parameters (moe_core.config.points.Unstated, run by moe_core.config.points.unstated_variants):
+A paper's unstated parameters (moe_core.schema.points.Unstated, run by moe_core.schema.points.unstated_variants):
 records of a sensitivity run carry the param ``unstated`` ("key=value" pairs joined by ","). The verdict
 compares the chosen values' number (records without it); the same reproducer on each sensitivity run's
 records (one parameter at a time, and the corners of the ranges jointly) gives ``reproduced_low`` and

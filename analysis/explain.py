@@ -1,9 +1,9 @@
 """Why a verdict: what the unstated parameters' sweep says about a published number, and a reason for
 every ``differs`` row, computed from the records.
 
-A paper's unstated parameters (moe_core.config.points.Unstated: a chosen value and a plausible range each) are
+A paper's unstated parameters (moe_core.schema.points.Unstated: a chosen value and a plausible range each) are
 simulated one at a time at each end of their range and jointly at the corners of the ranges
-(moe_core.config.points.sensitivity_settings). For one reproduced number, analysis.compare hands this module
+(moe_core.schema.points.sensitivity_settings). For one reproduced number, analysis.compare hands this module
 the chosen run's value and each sensitivity run's (``{setting: value}``, settings as recorded):
 
 * **explainable**: some setting inside the plausible ranges reproduces the published number (within
@@ -35,8 +35,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from moe_core.config.points import UNSTATED_PARAMS, parse_setting
 from moe_core.records.step_metrics import MOE_TERMS, a2a_shares
+from moe_core.schema.points import UNSTATED_PARAMS, parse_setting
 
 # The additive terms of a simulated or measured training step (moe_core.sim.timeline metrics; their sum is
 # step_ms), in words.

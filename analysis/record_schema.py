@@ -30,10 +30,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from moe_core.config import load as _registry  # noqa: F401  (registers the papers' policies, which point names spell)
-from moe_core.config.derive import hardware_profile
-from moe_core.config.points import point_name, point_overrides
-from moe_core.config.sections import hardware_profiles
 from moe_core.records.results import DIGEST_KEY, MODES, SCHEMA_VERSION, record_digest, summarize
+from moe_core.schema.derive import hardware_profile
+from moe_core.schema.points import point_name, point_overrides
+from moe_core.schema.sections import hardware_profiles
 
 STAT_FIELDS = ("median", "p95", "mean", "min", "max")
 FiniteNumber = Annotated[float, AllowInfNan(False)]
@@ -139,7 +139,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "monta_chunk_model": ("model_exchange_ms", "chosen"),
     "monta_strategy": ("model_exchange_ms", "model_rank"),
 }
-TRAIN_STEP_EXPERIMENTS = ("train_step", "sim_train_step")  # named by moe_core.config.points.point_name
+TRAIN_STEP_EXPERIMENTS = ("train_step", "sim_train_step")  # named by moe_core.schema.points.point_name
 
 ONE_DAY_S = 86400.0  # no step, collective or batch the suite times lasts a day: a larger time is corrupt
 TIME_UNITS = {"_ms": 1e-3, "_s": 1.0, "_us": 1e-6}  # metric name suffix -> seconds per unit
@@ -220,7 +220,7 @@ def summaries(record: dict[str, Any]) -> Iterator[Problem]:
 
 
 def named_point(record: dict[str, Any]) -> Iterator[Problem]:
-    """A training-step record's point name holds the name its params give (moe_core.config.points.point_name)."""
+    """A training-step record's point name holds the name its params give (moe_core.schema.points.point_name)."""
     params = record["params"]
     if record["experiment"] not in TRAIN_STEP_EXPERIMENTS or not record.get("config"):
         return
@@ -248,7 +248,7 @@ def params_match_config(record: dict[str, Any]) -> Iterator[Problem]:
 
 
 def _override(name: str, value: Any) -> str | None:
-    """The ``key=value`` override of param ``name`` (moe_core.config.points.point_overrides), None if unswept."""
+    """The ``key=value`` override of param ``name`` (moe_core.schema.points.point_overrides), None if unswept."""
     try:
         return point_overrides({name: value})[0]
     except KeyError:

@@ -22,7 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
 from analysis.units import span
-from moe_core.config.sections import hardware_profiles
+from moe_core.schema.sections import hardware_profiles
 
 # ---- colours --------------------------------------------------------------------------------------
 

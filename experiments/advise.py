@@ -9,13 +9,13 @@ Given a hardware profile (a name of configs/hardware/ or your YAML), an MoE laye
 over ``--ranks`` expert-parallel ranks, top-k, tokens per rank, hidden size and dtype) and a routing
 workload (moe_core.dispatch.workloads: uniform, zipf:<s>, lognormal:<sigma>, or one of Megatron-LM's
 imbalance workloads such as hot_rank or source_ragged), every registered dispatcher that applies is
-priced by the network model (moe_core.dispatch.study.rank_dispatchers): dispatch then combine,
+priced by the network model (moe_core.dispatch_study.rank_dispatchers): dispatch then combine,
 the tokens each capacity path drops, the part of the exchange left exposed (all of it: none of the
 ranked exchanges overlaps compute), the useful bytes, the bytes each path moves and their rates
 (busbw: bytes moved per rank over the time). It says which wins and by how
 much, which wins among those that drop nothing, and the assumptions. Exit 2 on bad input, naming
 the option: every option is checked at parse (ranks within the bound every run has,
-moe_core.config.run_checks.too_many_ranks; a routing draw that fits this host's memory), the
+moe_core.schema.run_checks.too_many_ranks; a routing draw that fits this host's memory), the
 profile's rates where it loads. No processes; seconds of CPU for tens of ranks, but at top-k > 1
 the routing draw grows with ranks x tokens x experts (README.md, "Which dispatcher on my cluster?").
 """
@@ -26,11 +26,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from moe_core.config.run_checks import host_memory_bytes, too_many_ranks
-from moe_core.config.sections import MAX_SEED
-from moe_core.dispatch.study import MAX_LOGNORMAL_SIGMA
 from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS, split_name, why_not
+from moe_core.dispatch_study import MAX_LOGNORMAL_SIGMA
 from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.schema.run_checks import host_memory_bytes, too_many_ranks
+from moe_core.schema.sections import MAX_SEED
 
 # The widest hidden size a question may ask about: a hundred times the widest of today's MoE models
 # (DeepSeek-V3's 7168); beyond, row bytes overflow the model's arithmetic.
@@ -66,7 +66,7 @@ def capacity_factor(text: str) -> float:
 
 
 def ranks(text: str) -> int:
-    """An argparse type: expert-parallel ranks within the bound every run has (moe_core.config.run_checks)."""
+    """An argparse type: expert-parallel ranks within the bound every run has (moe_core.schema.run_checks)."""
     value = bounded_int(1, sys.maxsize)(text)
     why = too_many_ranks(value)
     if why:

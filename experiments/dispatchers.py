@@ -1,4 +1,4 @@
-"""Which dispatcher when: every dispatch path's round trip under routing skew (moe_core.dispatch.study).
+"""Which dispatcher when: every dispatch path's round trip under routing skew (moe_core.dispatch_study).
 
 Measured, under torchrun (usually through the launcher)::
 
@@ -24,12 +24,12 @@ steps; a cell with any is not timed, and once the others are recorded the run ex
 Methodology as experiments/collectives.py: warm-up, timed iterations with a barrier before each,
 the worst rank per iteration, ``dispatch_study.repeats`` repeats of that (each with its own
 warm-up; in one process, not separate launches) summarised by their medians' mean and its 95%
-interval (moe_core.runtime.benchmark.repeated_iterations). A record's ``imbalance`` is its steps'
+interval (experiments.benchmark.repeated_iterations). A record's ``imbalance`` is its steps'
 worst, ``dropped_fraction``, ``useful_bytes`` (what had to cross between ranks, there and back) and
 ``bytes_moved`` (what the path sends between ranks: its traffic,
 moe_core.dispatch.base.Dispatcher.traffic, the description the simulator prices) their mean;
 ``useful_GBps`` is the useful bytes over the median time, ``algbw_GBps`` the same per rank and
-``busbw_GBps`` the bytes moved per rank over it (moe_core.dispatch.study.bandwidths). Rank 0 prints
+``busbw_GBps`` the bytes moved per rank over it (moe_core.dispatch_study.bandwidths). Rank 0 prints
 the cells as a table in the manner of nccl-tests. Records:
 ``results/raw/common/dispatchers/<point>.json``, all written at the end.
 """

@@ -4,7 +4,7 @@
         dispatch_study.model_profile=results/calibration/local-cpu-calibrated.yaml
 
 For every cell experiments/dispatchers.py measures whose path the simulator prices on its own (the
-non-tensor-parallel ones, moe_core.dispatch.study.simulated_paths): the same routing step by step,
+non-tensor-parallel ones, moe_core.dispatch_study.simulated_paths): the same routing step by step,
 capacity and float32 rows on ``dispatch_study.world_size`` ranks, timed on
 ``dispatch_study.model_profile`` (the testbed's calibrated profile in the workflow, the rules pass
 it; the run's own when empty; exit 2 naming the key when it lacks a link rate the cell needs):

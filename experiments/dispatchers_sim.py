@@ -1,5 +1,5 @@
 """Which dispatcher when, simulated: the round trip of every registered dispatcher that is not
-tensor-parallel (moe_core.dispatch.study.simulated_paths) under routing skew on the
+tensor-parallel (moe_core.dispatch_study.simulated_paths) under routing skew on the
 ``dispatch_study.hardware`` clusters (no processes, no torch).
 
     python -m experiments.dispatchers_sim --config configs/default.yaml
@@ -13,7 +13,7 @@ exchange within one node) have no cell. A workload that changes between steps is
 step of its period: ``exchange_ms`` is their mean (the time per iteration of a long run),
 ``imbalance`` their worst, ``dropped_fraction``, ``useful_bytes`` and ``bytes_moved`` (what the path
 sends between ranks: the traffic it states, which the simulator priced) their mean, and the rates
-over that time: ``useful_GBps``, ``algbw_GBps`` and ``busbw_GBps`` (moe_core.dispatch.study.bandwidths).
+over that time: ``useful_GBps``, ``algbw_GBps`` and ``busbw_GBps`` (moe_core.dispatch_study.bandwidths).
 The tensor-parallel dispatchers are not simulated here: the
 measured study times them, and at scale they are simulated inside training steps (MoNTA's figures).
 Records: ``results/raw/common/dispatchers_sim/<point>.json``.

@@ -111,10 +111,10 @@ from omegaconf import OmegaConf
 
 from experiments.rank_watch import RankWatch, descendants
 from moe_core.config.cli import config_arg_parser
-from moe_core.config.sections import ConfigError
 from moe_core.host.processes import FAILED_RANK_EXIT_CODE, status_of
 from moe_core.host.testbed import EmulatedTestbed, emulation_unavailable
 from moe_core.records.results import ResultsDirError, check_writable, staged_records
+from moe_core.schema.sections import ConfigError
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # torchrun's wait for its ranks after it passes on a stop signal (SIGTERM, SIGINT: the launcher

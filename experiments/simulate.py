@@ -8,7 +8,7 @@ point of the config's simulated sweeps.
 ``--trace PATH`` also writes the point's simulated timeline as a Chrome trace that
 https://ui.perfetto.dev opens (moe_core.sim.trace); one point only, so not with ``--sweep``.
 
-``--sweep`` simulates every point of :func:`moe_core.config.points.sim_points` (the paper-scale sweep and
+``--sweep`` simulates every point of :func:`moe_core.schema.points.sim_points` (the paper-scale sweep and
 Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
 far less than starting a Python process with torch. Records are written once all points succeeded.
 

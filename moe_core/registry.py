@@ -1,7 +1,7 @@
 """One kind of registry for every name-keyed extension point of the suite.
 
 Communication policies (moe_core.schedule.policies), token dispatchers (moe_core.dispatch), transmission
-orders (moe_core.comm.transmission) and config sections (moe_core.config.sections) are each a :class:`Registry`:
+orders (moe_core.comm.transmission) and config sections (moe_core.schema.sections) are each a :class:`Registry`:
 a dict whose entries are added once, by name, and whose lookups fail with the names a user may
 choose from. Imports nothing of the suite, so every registry module can use it without a cycle.
 """

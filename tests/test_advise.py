@@ -7,7 +7,7 @@ import pytest
 from experiments.advise import main
 from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import load_config
-from moe_core.dispatch.study import rank_dispatchers
+from moe_core.dispatch_study import rank_dispatchers
 
 LAYER = ["--ranks", "16", "--experts", "32", "--top-k", "2", "--tokens", "2048", "--d-model", "1024"]
 

@@ -79,12 +79,43 @@ def _import_graph(package: Path) -> nx.DiGraph:
 
 
 def test_the_core_has_no_import_cycle():
-    """Papers, run checks and the simulator derive configs with moe_core.config.derive, which imports no
+    """Papers, run checks and the simulator derive configs with moe_core.schema.derive, which imports no
     paper; only moe_core.config.load, the loader, imports the papers' registry."""
     graph = _import_graph(CORE)
     assert graph.has_edge("moe_core.config.load", "moe_core.papers")
-    assert graph.has_edge("moe_core.papers.axonn.sweeps", "moe_core.config.derive")
+    assert graph.has_edge("moe_core.papers.axonn.sweeps", "moe_core.schema.derive")
     assert list(nx.simple_cycles(graph)) == []
+
+
+def package_graph(modules: nx.DiGraph) -> nx.DiGraph:
+    """A tree's packages (a module at its top counts as one) -> the packages they import, from
+    the module graph: an import of any kind (at a module's top, in a function, for registration)."""
+    package = lambda module: module.split(".")[1]  # noqa: E731
+    graph = nx.DiGraph()
+    graph.add_nodes_from(package(m) for m in modules if "." in m)
+    graph.add_edges_from((package(a), package(b)) for a, b in modules.edges if package(a) != package(b))
+    return graph
+
+
+def test_the_core_packages_stack():
+    """No import cycle between moe_core's packages: each reads knowing only the ones below it
+    (moe_core/__init__.py lists the floors). The loader sits on top; the host, the registry and
+    the units at the bottom import no other package."""
+    graph = package_graph(_import_graph(CORE))
+    assert {"host", "model", "dispatch", "schema", "sim", "papers", "config"} <= set(graph)
+    assert nx.is_directed_acyclic_graph(graph), nx.find_cycle(graph)
+    assert {name for name in graph if graph.out_degree(name) == 0} == {"host", "registry", "units"}
+    assert {name for name in graph if graph.in_degree(name) == 0} == {"config"}
+
+
+def test_the_package_check_sees_a_cycle_closed_inside_a_function(tmp_path):
+    """An import inside a function counts: a floor that imports a higher one only there closes a cycle."""
+    files = {"low/mod.py": "def f():\n    from pkg.high.mod import g\n", "high/mod.py": "from pkg.low.mod import f\n"}
+    for name in ("__init__.py", "low/__init__.py", "high/__init__.py", *files):
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files.get(name, ""))
+    assert not nx.is_directed_acyclic_graph(package_graph(_import_graph(tmp_path / "pkg")))
 
 
 def test_the_analysis_has_no_import_cycle():
@@ -110,7 +141,7 @@ def test_configs_load_without_torch():
     """The workflow, the launcher and the analysis load and validate configs without importing torch
     (seconds per job): the policy registry names measured executors instead of importing them."""
     script = (
-        "import sys, moe_core.config.load, moe_core.config.points, experiments.launch\n"
+        "import sys, moe_core.config.load, moe_core.schema.points, experiments.launch\n"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

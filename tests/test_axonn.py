@@ -18,13 +18,13 @@ from experiments.axonn_grid_predictions import main as predictions_main
 from experiments.impl.axonn import megatron_scaling, record_points, records
 from experiments.impl.axonn_grid_predictions import grid_prediction_records
 from moe_core.config.load import hardware_profile, load_config
-from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
 from moe_core.papers.axonn.sweeps import grid_points, measured_communication, point_config
 from moe_core.parallel.grid import block_collectives
 from moe_core.records.results import read_record
+from moe_core.schema.sections import ConfigError
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 import pytest
 
 from moe_core.config.load import MAX_CONFIG_BYTES, ConfigError, load_config
-from moe_core.config.points import point_name, sweep_points
 from moe_core.dispatch.step import AllToAll
 from moe_core.parallel.layout import layout_error
 from moe_core.schedule.policies import POLICIES, PolicySpec, register_policy, sequential_plan
+from moe_core.schema.points import point_name, sweep_points
 
 
 def test_defaults_and_files_merge_with_overrides():
@@ -253,7 +253,7 @@ def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""
     from experiments.impl.monta import model_points
-    from moe_core.config.points import measured_points, point_overrides, sim_points
+    from moe_core.schema.points import measured_points, point_overrides, sim_points
 
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
     assert cfg.parallel.grid.row == 2 and model_points(cfg)
@@ -492,7 +492,7 @@ def test_config_check_names_an_override_list_entry():
 def test_a_passed_runs_checks_are_inherited_by_child_processes_on_the_same_host(monkeypatch):
     """A launcher's ranks and a workflow's jobs skip what their parent checked; another config, or the
     same config on another host, is checked."""
-    from moe_core.config import run_checks
+    from moe_core.schema import run_checks
 
     monkeypatch.delenv(run_checks.PASSED_ENV, raising=False)
     cfg = load_config(["configs/ci.yaml"])
@@ -530,7 +530,7 @@ def test_a_new_exchange_checks_the_config_itself_with_no_schema_change():
 
 
 def test_the_resolved_configs_keys_keep_their_order_and_so_its_digest():
-    """The resolved config's name is the digest of its YAML, keys in order (moe_core.config.derive):
+    """The resolved config's name is the digest of its YAML, keys in order (moe_core.schema.derive):
     a reordered schema would rename every run's snapshot and re-measure every point of an existing
     results directory. The order: the core's sections, the dispatcher study's, the papers', W&B."""
     keys = list(load_config().keys())

@@ -3,9 +3,9 @@ keys the code reads, the latest statement wins, and a contradiction is refused n
 
 import pytest
 
-from moe_core.config.derive import derive_config
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS
+from moe_core.schema.derive import derive_config
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,14 @@ from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from analysis.registry import TABLE_REGISTRY
 from experiments import dispatchers_predictions, dispatchers_sim
+from experiments.benchmark import confidence_interval
 from experiments.impl import dispatchers
 from experiments.impl import dispatchers_sim as impl_dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, dispatcher, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
-from moe_core.dispatch.study import (
+from moe_core.dispatch.tensor_parallel import DropGather
+from moe_core.dispatch_study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
@@ -27,8 +29,6 @@ from moe_core.dispatch.study import (
     token_counts,
     useful_bytes,
 )
-from moe_core.dispatch.tensor_parallel import DropGather
-from moe_core.runtime.benchmark import confidence_interval
 from moe_core.schedule.policies import tp_exchange_chunks
 
 
@@ -152,7 +152,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
             assert m["useful_GBps"]["value"] == pytest.approx(
                 m["useful_bytes"]["value"] / (m["exchange_ms"]["median"] * 1e-3) / 1e9
             )
-            # busbw: the bytes the path moved, per rank (moe_core.dispatch.study.bandwidths)
+            # busbw: the bytes the path moved, per rank (moe_core.dispatch_study.bandwidths)
             assert m["busbw_GBps"]["value"] == pytest.approx(
                 m["bytes_moved"]["value"] / 2 / (m["exchange_ms"]["median"] * 1e-3) / 1e9
             )

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from moe_core.config.load import load_config
 from moe_core.dispatch import dispatcher
-from moe_core.dispatch.study import bandwidths, cell_metrics, token_counts, useful_bytes
+from moe_core.dispatch_study import bandwidths, cell_metrics, token_counts, useful_bytes
 from moe_core.sim.topology import build_topology
 
 COUNTS = np.array([[3, 1], [2, 4]])  # rank 0 routes 3 tokens to expert 0 (its own), 1 to expert 1

@@ -1,4 +1,4 @@
-"""The unstated parameters' joint design (moe_core.config.points) and what the analysis reads off it
+"""The unstated parameters' joint design (moe_core.schema.points) and what the analysis reads off it
 (analysis.explain): explainable, needs, the computed reason of a differs row, the verdict summary."""
 
 import pandas as pd
@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from analysis import explain
 from moe_core.config.load import ConfigError, derive_config, load_config
-from moe_core.config.points import (
+from moe_core.schema.points import (
     UNSTATED_PARAMS,
     Unstated,
     parse_setting,

@@ -167,7 +167,7 @@ def test_grid_equals_reference_with_every_overlap(tmp_path, data, depth, row, co
 
 
 def test_impossible_grids_fail_naming_the_key():
-    from moe_core.config.sections import ConfigError
+    from moe_core.schema.sections import ConfigError
 
     with pytest.raises(ConfigError, match="parallel.grid"):
         load_config(overrides=[*SMALL, "parallel.world_size=4", "parallel.grid.row=3"])

@@ -16,7 +16,6 @@ from analysis.papers.gshard import scaling_exponent
 from analysis.published import load_registry
 from experiments.impl.gshard import collective_records, record_points, records, step_overrides
 from moe_core.config.load import derive_config, hardware_profile, load_config
-from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
@@ -24,6 +23,7 @@ from moe_core.papers.gshard.models import MODELS, core_years, parameter_counts, 
 from moe_core.papers.gshard.study import COLLECTIVES, PAPER, SCALING
 from moe_core.papers.gshard.torus import torus_slice
 from moe_core.records.results import make_record, record_path, write_record
+from moe_core.schema.sections import ConfigError
 
 MiB = 2**20
 SLICES = {"gshard-tpuv3-64chip": 8, "gshard-tpuv3-256chip": 16, "gshard-tpuv3-torus": 32}  # profile: torus side

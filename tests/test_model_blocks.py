@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from moe_core.config.load import load_config
-from moe_core.config.sections import ConfigError
 from moe_core.model.experts import Experts
 from moe_core.model.transformer import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
+from moe_core.schema.sections import ConfigError
 from moe_core.sim.compute import ComputeModel
 from moe_core.sim.kernels import StepKernels
 from moe_core.sim.step import StepModel

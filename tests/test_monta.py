@@ -15,9 +15,9 @@ from experiments import monta
 from experiments.impl import monta as monta_study
 from experiments.impl.monta_a2a import measured_points as a2a_points
 from moe_core.config.load import ConfigError, load_config
-from moe_core.config.points import measured_points, sim_points, unstated_param
 from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import monta_chunks
+from moe_core.schema.points import measured_points, sim_points, unstated_param
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TP2 = ["parallel.tensor_parallel=2", "moe.num_experts=2", "moe.experts_per_rank=1", "comm.tp_dispatch=monta"]

@@ -22,11 +22,11 @@ import analysis.collect as collect_mod
 import analysis.compare as compare_mod
 from analysis.published import load_registry
 from analysis.record_schema import check_record, provenance, record_problem
+from experiments.benchmark import measured_record
 from experiments.impl.simulate import EXPERIMENT, simulated_record
 from moe_core.config.load import load_config
-from moe_core.config.points import sim_points
 from moe_core.records.results import atomic_outputs, record_digest, record_path, summarize, write_record
-from moe_core.runtime.benchmark import measured_record
+from moe_core.schema.points import sim_points
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TARGET = "lina-a100-4x4_ws4_e4_epr1_overlap_s0"  # the record the issue damaged

@@ -8,8 +8,8 @@ import pytest
 
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import routing_trace
-from moe_core.dispatch.study import parse_skew, routing_metrics
 from moe_core.dispatch.workloads import period, routing, routing_counts
+from moe_core.dispatch_study import parse_skew, routing_metrics
 
 COMMITTED = "markov-e16-top2"
 

@@ -10,13 +10,13 @@ import torch.distributed as dist
 
 from experiments.simulate import main as simulate_main
 from moe_core.config.load import load_config
-from moe_core.config.points import parse_setting, sim_points
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.schedule.executor import make_policy
 from moe_core.schedule.plan import gradient_micro_ops
+from moe_core.schema.points import parse_setting, sim_points
 from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology

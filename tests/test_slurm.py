@@ -27,7 +27,7 @@ from slurm_cluster import Cluster, run, snakemake_slurm, started_cluster
 
 from experiments.impl.collectives import collective_points
 from moe_core.config.load import load_config
-from moe_core.config.points import point_name, sweep_points
+from moe_core.schema.points import point_name, sweep_points
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -31,7 +31,7 @@ import pytest
 from slurm_cluster import Cluster, snakemake_slurm, started_cluster
 
 from moe_core.config.load import load_config
-from moe_core.config.points import point_name, point_overrides, sweep_points
+from moe_core.schema.points import point_name, point_overrides, sweep_points
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

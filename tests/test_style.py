@@ -12,9 +12,9 @@ from matplotlib.figure import Figure
 import moe_core.papers  # noqa: F401  (registers the papers' policies and dispatchers)
 from analysis import style
 from analysis.registry import FIGURE_REGISTRY
-from moe_core.config.sections import hardware_profiles
 from moe_core.dispatch import DISPATCHERS
 from moe_core.schedule.policies import POLICIES
+from moe_core.schema.sections import hardware_profiles
 
 matplotlib.use("Agg")
 

@@ -15,10 +15,10 @@ import analysis.papers  # noqa: F401  (registers every paper's tables and figure
 from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
 from experiments.impl.dispatchers_sim import sim_points as dispatcher_sim_points
 from moe_core.config.load import load_config
-from moe_core.config.points import point_name, sim_points, sweep_points
 from moe_core.papers import PAPERS
 from moe_core.papers.lina.sweeps import lina_measured_points
 from moe_core.papers.monta.sweeps import monta_measured_points
+from moe_core.schema.points import point_name, sim_points, sweep_points
 
 
 def snakemake(*args, timeout=300):

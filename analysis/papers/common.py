@@ -103,7 +103,7 @@ def _noise_notes(validation: pd.DataFrame) -> list[str]:
     return notes
 
 
-# ---- which dispatcher when (moe_core/dispatch/study.py) -----------------------------------------
+# ---- which dispatcher when (moe_core/dispatch_study.py) -----------------------------------------
 
 
 def _dispatchers(records: pd.DataFrame) -> pd.DataFrame:

@@ -11,11 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
-from moe_core.config.run_checks import too_many_ranks
 from moe_core.dispatch import DISPATCHERS
-from moe_core.dispatch.study import rank_dispatchers, study_steps, why_not_priced
+from moe_core.dispatch_study import rank_dispatchers, study_steps, why_not_priced
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.records.console import table
+from moe_core.schema.run_checks import too_many_ranks
 from moe_core.sim.topology import build_topology
 
 

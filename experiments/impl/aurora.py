@@ -10,6 +10,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
+from experiments.benchmark import predictions_main, sim_record
 from moe_core.config.load import load_config, to_container
 from moe_core.papers.aurora.study import (
     NETWORKS,
@@ -20,7 +21,6 @@ from moe_core.papers.aurora.study import (
     token_workloads,
 )
 from moe_core.papers.aurora.study import run as run_study
-from moe_core.runtime.benchmark import predictions_main, sim_record
 
 
 def hardware_of(args_config: list[str], overrides: list[str], profile: str) -> DictConfig:

@@ -10,13 +10,13 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from experiments.benchmark import measured_main, measured_record
 from moe_core.comm.ordered_a2a import ordered_all_to_all_single
 from moe_core.comm.transmission import lower_bound, make_schedule
 from moe_core.comm.workloads import ELEMENT_BYTES
 from moe_core.config.load import ConfigError
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.papers.aurora.study import PAPER, token_workloads
-from moe_core.runtime.benchmark import measured_main, measured_record
 from moe_core.runtime.distributed import Env
 
 EXPERIMENT = "aurora_a2a"

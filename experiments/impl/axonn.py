@@ -10,8 +10,8 @@ import sys
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from experiments.benchmark import predicted_record, predictions_main
 from moe_core.config.load import derive_config, hardware_profile
-from moe_core.config.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import grid_memory, rank_grids
@@ -19,7 +19,7 @@ from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overl
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.parallel.grid import GRID_AXES, Grid
-from moe_core.runtime.benchmark import predicted_record, predictions_main
+from moe_core.schema.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -104,7 +104,7 @@ def grid_overrides(model: GptModel, grid: Grid, variant: str) -> list[str]:
 
 
 def grid_params(grid: Grid) -> dict[str, int]:
-    """A grid as record parameters (the names moe_core.config.points gives a measured run's)."""
+    """A grid as record parameters (the names moe_core.schema.points gives a measured run's)."""
     return {f"grid_{axis}": size for axis, size in zip(GRID_AXES, grid.shape)}
 
 

@@ -7,9 +7,9 @@ import argparse
 
 from omegaconf import DictConfig
 
+from experiments.benchmark import predicted_record, predictions_main
 from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
 from moe_core.papers.axonn.sweeps import point_config as grid_point_config
-from moe_core.runtime.benchmark import predicted_record, predictions_main
 
 
 def grid_prediction_records(cfg: DictConfig) -> list[dict]:

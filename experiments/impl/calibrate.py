@@ -14,10 +14,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from moe_core.config.load import ConfigError, load_config
-from moe_core.config.points import replayed_config
 from moe_core.host.noise import noise_summary, noise_warning, summary_is_noisy
 from moe_core.records.results import atomic_output, read_record
 from moe_core.runtime import time_slicing
+from moe_core.schema.points import replayed_config
 from moe_core.sim.calibrate import (
     alone_times,
     calibration_split,

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from experiments.benchmark import CellsFailed, measured_main, measured_record
 from moe_core.comm.workloads import ELEMENT_BYTES, bus_bandwidth_factor, zipf_traffic_matrix
 from moe_core.config.load import ConfigError
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.records.console import RowPrinter
-from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record
 from moe_core.runtime.distributed import Env
 
 PAPER, EXPERIMENT = "common", "collectives"

@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from experiments.benchmark import CellsFailed, measured_main, measured_record, repeated_iterations
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
-from moe_core.dispatch.study import (
+from moe_core.dispatch.workloads import why_not
+from moe_core.dispatch_study import (
     cell_metrics,
     measured_capacity,
     measured_paths,
@@ -23,13 +25,11 @@ from moe_core.dispatch.study import (
     study_steps,
     token_counts,
 )
-from moe_core.dispatch.workloads import why_not
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
 from moe_core.records.console import table
-from moe_core.runtime.benchmark import CellsFailed, measured_main, measured_record, repeated_iterations
 from moe_core.runtime.distributed import Env
 
 PAPER, EXPERIMENT = "common", "dispatchers"
@@ -219,7 +219,7 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
 def results_table(records: list[dict]) -> str:
     """The cells as nccl-tests prints its results: one line per workload and dispatcher, the median
     round trip of the worst rank with the repeats' 95% interval, the useful bytes and the bytes the
-    path moved, and their rates (moe_core.dispatch.study.bandwidths)."""
+    path moved, and their rates (moe_core.dispatch_study.bandwidths)."""
     rows = []
     for r in records:
         m = r["metrics"]

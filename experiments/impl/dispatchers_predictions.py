@@ -7,12 +7,12 @@ import argparse
 
 from omegaconf import DictConfig
 
+from experiments.benchmark import predicted_record, predictions_main
 from experiments.impl.dispatchers import PAPER, cell_params, measured_cells
 from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import ConfigError, derive_config
-from moe_core.dispatch.study import measured_capacity, simulated_exchange_ms, step_counts
+from moe_core.dispatch_study import measured_capacity, simulated_exchange_ms, step_counts
 from moe_core.model.capacity import DTYPE_BYTES
-from moe_core.runtime.benchmark import predicted_record, predictions_main
 
 EXPERIMENT = "dispatchers_predictions"
 

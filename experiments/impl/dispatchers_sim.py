@@ -8,20 +8,20 @@ from itertools import groupby
 
 from omegaconf import DictConfig
 
+from experiments.benchmark import predicted_record, predictions_main
 from experiments.impl.dispatchers import PAPER, slug
 from experiments.impl.simulate import sized_hardware
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.dispatch import dispatcher
-from moe_core.dispatch.study import (
+from moe_core.dispatch.workloads import why_not
+from moe_core.dispatch_study import (
     capacity_slots,
     cell_metrics,
     simulated_exchange_ms,
     simulated_paths,
     step_counts,
 )
-from moe_core.dispatch.workloads import why_not
 from moe_core.model.capacity import DTYPE_BYTES
-from moe_core.runtime.benchmark import predicted_record, predictions_main
 
 EXPERIMENT = "dispatchers_sim"
 

@@ -12,9 +12,9 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from experiments.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
 from moe_core.records.console import table
-from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.sim.pipeline import simulate_step
 from moe_core.sim.topology import build_topology
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from experiments.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.comm.workloads import bus_bandwidth_factor
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
-from moe_core.runtime.benchmark import predicted_record, predictions_main, published_entries
 from moe_core.sim.collectives import RING_COLLECTIVES, collective_op, simulate_collective, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.topology import Transfer, build_topology

@@ -9,9 +9,8 @@ import sys
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from experiments.benchmark import predicted_record, predictions_main
 from moe_core.config.load import derive_config, hardware_profile
-from moe_core.config.points import own_layout, point_params, unstated_variants
-from moe_core.config.sections import ConfigError
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
@@ -36,7 +35,8 @@ from moe_core.papers.gshard.study import (
     scaling_point,
 )
 from moe_core.papers.gshard.torus import torus_slice
-from moe_core.runtime.benchmark import predicted_record, predictions_main
+from moe_core.schema.points import own_layout, point_params, unstated_variants
+from moe_core.schema.sections import ConfigError
 from moe_core.sim.collectives import footprint, simulate_collective
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from experiments.benchmark import measured_record
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
@@ -22,7 +23,6 @@ from moe_core.model.transformer import MoETransformer
 from moe_core.papers.lina.inference import Scheduler, attach, batch_metrics, top1_choices, use_inference_gating
 from moe_core.papers.lina.placement import path_topk_share, popularity_ratio, profile_paths, schedule_rates
 from moe_core.records.results import atomic_output, exit_if_unwritable, write_records
-from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 
 PAPER, EXPERIMENT = "lina", "inference"

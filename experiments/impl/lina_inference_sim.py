@@ -10,14 +10,14 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from experiments.benchmark import predictions_main, sim_record
 from moe_core.config.load import derive_config
-from moe_core.config.points import own_layout, unstated_param, unstated_variants
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
 from moe_core.papers.lina.placement import profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
-from moe_core.runtime.benchmark import predictions_main, sim_record
+from moe_core.schema.points import own_layout, unstated_param, unstated_variants
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
 

@@ -7,7 +7,7 @@ import argparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.points import unstated_param, unstated_variants
+from experiments.benchmark import predicted_record, predictions_main
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
@@ -19,7 +19,7 @@ from moe_core.papers.monta.performance_model import (
     rank_strategies,
 )
 from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
-from moe_core.runtime.benchmark import predicted_record, predictions_main
+from moe_core.schema.points import unstated_param, unstated_variants
 
 
 def settings(cfg: DictConfig) -> dict[str, DictConfig]:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from experiments.benchmark import measured_main, measured_record, timed_iterations
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch.step import even_ranges
@@ -27,7 +28,6 @@ from moe_core.papers.monta.performance_model import (
 from moe_core.papers.monta.sweeps import PAPER
 from moe_core.parallel.layout import expert_layout
 from moe_core.parallel.parallelize import own_group
-from moe_core.runtime.benchmark import measured_main, measured_record, timed_iterations
 from moe_core.runtime.distributed import Env
 
 EXPERIMENT = "monta_a2a"

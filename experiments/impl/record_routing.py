@@ -10,8 +10,8 @@ import numpy as np
 
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import routing_trace
-from moe_core.dispatch.study import imbalance
 from moe_core.dispatch.workloads import routing, routing_counts
+from moe_core.dispatch_study import imbalance
 from moe_core.records.console import table
 
 SYNTHETIC = ("uniform", "zipf:1.0", "lognormal:1.0", "hot_expert_set")  # the study's skews to compare with

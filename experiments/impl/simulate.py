@@ -11,8 +11,8 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from experiments.benchmark import sim_record
 from moe_core.config.load import ConfigError, derive_config, load_config
-from moe_core.config.points import point_params, sim_point_name, sim_points
 from moe_core.records.console import records_summary
 from moe_core.records.results import (
     NonFiniteMetricError,
@@ -20,7 +20,7 @@ from moe_core.records.results import (
     check_writable,
     write_records,
 )
-from moe_core.runtime.benchmark import sim_record
+from moe_core.schema.points import point_params, sim_point_name, sim_points
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 from moe_core.sim.trace import step_trace, write_trace

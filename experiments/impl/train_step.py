@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from tqdm import tqdm
 
+from experiments.benchmark import measured_record
 from moe_core.config.load import ConfigError, load_config, validate_measured
-from moe_core.config.points import point_name, point_params
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
@@ -25,12 +25,12 @@ from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.records.results import exit_if_unwritable, write_records
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
-from moe_core.runtime.benchmark import measured_record
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, TIMED_STEP, step_profiler, write_profile
 from moe_core.schedule.executor import make_policy, make_relayout
 from moe_core.schedule.gradients import gradient_tensors
 from moe_core.schedule.policies import build_plan
+from moe_core.schema.points import point_name, point_params
 
 
 def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dict[str, float]:

@@ -10,10 +10,10 @@ import pandas as pd
 
 from analysis.files import write_csv
 from moe_core.config.load import ConfigError, load_config
-from moe_core.config.points import replayed_config
 from moe_core.host.noise import is_noisy, noise_summary, noise_warning, summary_is_noisy
 from moe_core.records.console import table
 from moe_core.records.results import read_record
+from moe_core.schema.points import replayed_config
 from moe_core.sim.calibrate import calibration_split, measured
 from moe_core.sim.collectives import simulate_collective
 from moe_core.sim.step import StepModel

@@ -1,4 +1,4 @@
-# Which dispatcher when (moe_core/dispatch/study.py): every dispatch path's round trip under routing
+# Which dispatcher when (moe_core/dispatch_study.py): every dispatch path's round trip under routing
 # skew, measured on dispatch_study.world_size ranks (one torchrun job), each measured cell predicted
 # on this testbed's calibrated profile (records of their own, so a new calibration re-measures
 # nothing), and simulated on the study's clusters (cheap local jobs); then the tables.

@@ -1,11 +1,11 @@
 # The simulator: every simulated training step of the run (the paper-scale sweep and the points papers
-# register, moe_core.config.points) in one cheap local job, in the measured record schema (mode:
+# register, moe_core.schema.points) in one cheap local job, in the measured record schema (mode:
 # simulated); then calibration on this run's measured records and validation on the held-out ones
 # (moe_core.sim.calibrate.calibration_split decides which is which).
 
 import os
 
-from moe_core.config.points import sim_points
+from moe_core.schema.points import sim_points
 
 SIM_POINTS = sim_points(CFG)  # name -> (paper, complete overrides)
 SIM_RECORDS = [f"{RESULTS}/raw/{paper}/sim_train_step/{name}.json" for name, (paper, _) in SIM_POINTS.items()]

@@ -1,8 +1,8 @@
 # The measured training-step sweep of every paper (GShard's MoE model under each policy): one torchrun job per
 # point (experiments/train_step.py). The points are the config's sweep plus those papers register
-# (moe_core.config.points, e.g. Lina's measured policies).
+# (moe_core.schema.points, e.g. Lina's measured policies).
 
-from moe_core.config.points import measured_points, point_overrides
+from moe_core.schema.points import measured_points, point_overrides
 
 TRAIN_POINTS = measured_points(CFG)
 # SLURM sizing of each point, computed here, so a world size that cannot fill whole nodes stops the

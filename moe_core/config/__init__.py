@@ -1,12 +1,8 @@
-"""Configuration: the schema, its checks, and what a run derives from it.
+"""The configuration as entry points, the workflow and the tests load it: the top of the core.
 
-``load`` (the loader: imports the papers' registry, assembles the schema's root, loads and saves;
-``python -m moe_core.config`` checks a config), ``schema`` (the core's sections as dataclasses),
-``validation`` (the checks a type cannot express), ``derive`` (reading, merging and deriving
-configs), ``sections`` (the error type, the check helpers and the registries papers add their
-config sections and names to), ``registry`` (the name -> object registries), ``points`` (sweep
-points and their names), ``run_checks`` (what a whole run derives, checked before it starts),
-``aliases`` (Megatron's names for two decisions, ``moe.dispatcher`` and ``parallel.expert_parallel``,
-expanded into the keys the code reads), ``cli`` (the entry points' ``--config``/``key=value`` command
-line, importable alone).
+``load`` (:func:`~moe_core.config.load.load_config`: imports every module that registers a config
+section, the dispatcher study first and then the papers, and builds the config from them; saves
+resolved configs; ``python -m moe_core.config`` checks a config), ``cli`` (the entry points'
+``--config``/``key=value`` command line, importable alone). The schema, its checks and what a run
+derives from it live one floor below every paper, in moe_core.schema.
 """

@@ -1,11 +1,11 @@
 """One structured configuration for every entry point, the workflow and the tests.
 
 Merge order: schema defaults <- YAML files (in the order given) <- command-line ``key=value``
-overrides. The schema is the single source of truth: the core's sections (moe_core.config.schema) plus the
-sections papers register (moe_core.config.sections, from moe_core/papers/<paper>/config.py); this module
+overrides. The schema is the single source of truth: the core's sections (moe_core.schema.core) plus the
+sections papers register (moe_core.schema.sections, from moe_core/papers/<paper>/config.py); this module
 imports the papers' registry first, then assembles the root from both. OmegaConf checks every
-key and type against it, and :func:`validate` (moe_core.config.validation) adds the checks a type
-cannot express (ranges, layouts, names that must exist), then moe_core.config.run_checks what the
+key and type against it, and :func:`validate` (moe_core.schema.validation) adds the checks a type
+cannot express (ranges, layouts, names that must exist), then moe_core.schema.run_checks what the
 run derives from the config (its override lists, points and sizes). Every failure raises
 :class:`ConfigError` whose message names the key the user set, what was wrong and what is allowed,
 before any process is started.
@@ -25,11 +25,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-import moe_core.dispatch.study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
+import moe_core.dispatch_study  # noqa: F401  (its section first: the sections' order is the resolved config's and its digest's)
 from moe_core import papers  # noqa: F401  (the registry: every paper registers its config section, policies and orders)
-from moe_core.config.aliases import expansion
 from moe_core.config.cli import config_arg_parser
-from moe_core.config.derive import (  # noqa: F401  (the names every entry point imports from here)
+from moe_core.schema.build import build_config
+from moe_core.schema.core import CommConfig, HardwareConfig  # noqa: F401
+from moe_core.schema.derive import (  # noqa: F401  (the names every entry point imports from here)
     MAX_CONFIG_BYTES,
     _dotlist,
     _load_hardware,
@@ -40,10 +41,8 @@ from moe_core.config.derive import (  # noqa: F401  (the names every entry point
     load_yaml,
     to_container,
 )
-from moe_core.config.run_checks import check_run
-from moe_core.config.schema import CommConfig, HardwareConfig, _root_schema  # noqa: F401
-from moe_core.config.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError, layer_sets  # noqa: F401  (re-exported)
-from moe_core.config.validation import (  # noqa: F401
+from moe_core.schema.sections import CONFIG_DIR, ERROR_KEY, REPO_ROOT, ConfigError, layer_sets  # noqa: F401  (re-exported)
+from moe_core.schema.validation import (  # noqa: F401
     COMPUTE_PHASES,
     micro_batch_config,
     pipeline_chunk_blocks,
@@ -51,74 +50,19 @@ from moe_core.config.validation import (  # noqa: F401
     validate_measured,
 )
 
-Config = _root_schema()
-
 
 def load_config(
     files: list[str | Path] = (), overrides: list[str] = (), data: dict | None = None, whole_run: bool = True
 ) -> DictConfig:
-    """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``.
+    """Build, validate and freeze a config: schema <- ``files`` <- ``data`` <- ``overrides``, every
+    section registered (this module imports the registering modules first).
 
     Raises ConfigError naming the key the user set for unknown keys, bad types or values, impossible
     layouts and missing or malformed files. With ``whole_run`` (every entry point, the launcher, the
     workflow) also what the run derives from the config: its override lists, every measured point and
-    its size (moe_core.config.run_checks); a config derived from a checked one (a point's) passes False.
+    its size (moe_core.schema.run_checks); a config derived from a checked one (a point's) passes False.
     """
-    saved_layers = [load_yaml(Path(path)) for path in files]
-    if data:
-        saved_layers.append(OmegaConf.create(data))
-    user_layers = list(saved_layers)
-    if overrides:
-        user_layers.append(_dotlist(overrides))
-    schema = OmegaConf.structured(Config)
-    profile = _merge([schema, *user_layers]).hardware_profile
-    # The profile sits between the schema and the user's layers, so `hardware.x=...` still wins;
-    # a file's (or data's) hardware section that names another profile (e.g. a saved resolved config,
-    # then hardware_profile=...) belongs to that profile and is dropped. Command-line overrides
-    # always apply (e.g. the launcher's hardware.name=<profile>-loopback-fallback).
-    for layer in saved_layers:
-        name = OmegaConf.select(layer, "hardware.name") if isinstance(layer, DictConfig) else None
-        if name is not None and name != profile:
-            layer.pop("hardware")
-    cfg = _merge([schema, {"hardware": _load_hardware(profile)}, *user_layers])
-    try:
-        expanded = expansion(cfg, user_layers)
-    except ConfigError as err:
-        raise _blame_set_key(err, user_layers) from None
-    if expanded is not None:
-        cfg = _merge([cfg, expanded])
-    OmegaConf.set_readonly(cfg, True)
-    try:
-        validate(cfg)
-        if whole_run:
-            check_run(cfg)
-    except ConfigError as err:
-        raise _blame_set_key(err, user_layers) from None
-    return cfg
-
-
-# Keys one check reads together (e.g. the layout: experts over ranks): when it fails, the message
-# names the one the user set last, not the one the check happens to test (moe.num_experts=3 on 4
-# ranks is a wrong expert count, not a wrong world size).
-LINKED_KEYS = (
-    ("moe.num_experts", "moe.experts_per_rank", "parallel.tensor_parallel", "parallel.grid", "parallel.world_size"),
-)
-
-
-def _blame_set_key(err: ConfigError, layers: list) -> ConfigError:
-    """``err`` with its key replaced by a linked key (LINKED_KEYS) the latest layer sets, if that
-    layer sets linked keys but not the one named."""
-    match = ERROR_KEY.match(str(err))
-    group = next((g for g in LINKED_KEYS if match and match[1] in g), None)
-    if group is None:
-        return err
-    for layer in reversed(layers):
-        set_keys = [key for key in group if layer_sets(layer, key)]
-        if match[1] in set_keys:
-            return err
-        if set_keys:
-            return ConfigError(f"config key '{set_keys[0]}': {str(err)[match.end() :]}")
-    return err
+    return build_config(files, overrides, data, whole_run)
 
 
 def save_config(cfg: DictConfig, path: str | Path) -> bool:

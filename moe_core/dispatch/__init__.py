@@ -2,7 +2,7 @@
 
 One class per exchange (moe_core.dispatch.base.Dispatcher), registered here or from a paper's
 folder (MoNTA's pipelined drop-gather). The registry is what the rest enumerates: the dispatcher
-study's measured and simulated paths (moe_core.dispatch.study), the allowed values of
+study's measured and simulated paths (moe_core.dispatch_study), the allowed values of
 ``comm.tp_dispatch`` and its chunk decision (moe_core.schedule.policies.tp_exchange_chunks). A new
 exchange is a class and one :func:`register_dispatcher` line.
 

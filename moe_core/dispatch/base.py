@@ -6,7 +6,7 @@ states the bytes its round trip moves between ranks for a routing (:meth:`Dispat
 list of :class:`Collective`: the one description both the network model prices, simulated, and the
 measured cells count as their bytes moved and bus bandwidth), and, for the tensor-parallel ones, how
 many pipelined chunks a training step's plan runs it in (the plan's exchange object,
-moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch.study) read the
+moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch_study) read the
 same class, so a new exchange is one class and one registry line (moe_core.dispatch).
 
 The measured methods import torch inside: the registry is read when a config is validated, which
@@ -45,7 +45,7 @@ class Dispatcher:
       tokens (it needs the "tp" group, and only exists where experts are split over "tp");
     * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped;
     * ``step_keys``: the config keys a training step runs it by (``moe.dispatcher`` sets them,
-      moe_core.config.aliases); None for an exchange only the dispatcher study runs;
+      moe_core.schema.aliases); None for an exchange only the dispatcher study runs;
     * ``runs_on``: whether it applies to a group of ``world`` ranks of the hardware section ``hw``.
     """
 

@@ -72,7 +72,7 @@ MAX_REDRAWS = 32  # a top-k choice's categorical redraws before the exact fallba
 
 def split_name(workload: str) -> tuple[str, float]:
     """``"zipf:1.2"`` -> ("zipf", 1.2), ``"hot_rank"`` -> ("hot_rank", 0.0), ``"trace:<name>"`` ->
-    ("trace", 0.0). ValueError when malformed; the config check (moe_core.dispatch.study.parse_skew)
+    ("trace", 0.0). ValueError when malformed; the config check (moe_core.dispatch_study.parse_skew)
     names the key."""
     kind, _, value = workload.partition(":")
     if kind == TRACE:

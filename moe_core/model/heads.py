@@ -1,5 +1,5 @@
 """Attention heads: how many key/value heads and how many features per head a model's config
-asks for, its zeros meaning the defaults. Torch-free, so config checks (moe_core.config.run_checks),
+asks for, its zeros meaning the defaults. Torch-free, so config checks (moe_core.schema.run_checks),
 the simulator's kernels and the model (moe_core.model.transformer) read one definition."""
 
 from __future__ import annotations

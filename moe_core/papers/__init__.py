@@ -9,9 +9,9 @@ every name in ``PAPERS``, with a target ``snakemake <paper>``) and one analysis 
 
 # The core's dispatcher study registers its config section before the papers' do, whichever of the
 # two is imported first: the sections' order is the resolved config's, and so its digest.
-import moe_core.dispatch.study  # noqa: F401
-from moe_core.config.sections import register_papers
+import moe_core.dispatch_study  # noqa: F401
 from moe_core.papers import aurora, axonn, gshard, lina, monta  # noqa: F401  (each registers itself)
+from moe_core.schema.sections import register_papers
 
 PAPERS = ("gshard", "lina", "aurora", "monta", "axonn")
 register_papers(PAPERS)

@@ -33,7 +33,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from scipy.optimize import curve_fit, least_squares
 
-from moe_core.config.load import COMPUTE_PHASES, load_config
+from moe_core.schema.build import build_config
+from moe_core.schema.validation import COMPUTE_PHASES
 from moe_core.sim.collectives import EXCHANGES, RING_COLLECTIVES, simulate_collective
 from moe_core.sim.kernels import calibration_class
 from moe_core.sim.step import StepModel
@@ -119,7 +120,7 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     model = _with(hw, phase_efficiency={phase: 1.0 for phase in COMPUTE_PHASES}, **nominal)
     ratios: dict[str, list[float]] = {phase: [] for phase in COMPUTE_PHASES}
     for config, metrics in train:
-        cfg = OmegaConf.merge(load_config(data=config, whole_run=False), {"hardware": model})
+        cfg = OmegaConf.merge(build_config(data=config, whole_run=False), {"hardware": model})
         ops, _ = StepModel(cfg, build_topology(model)).build()
         for phase in COMPUTE_PHASES:
             predicted_s = sum(
@@ -146,7 +147,7 @@ def fit_in_step_wait(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[Di
         return hw, {"points": 0}
     excess_us = []
     for config, metrics in train:
-        cfg = OmegaConf.merge(load_config(data=config, whole_run=False), {"hardware": hw})
+        cfg = OmegaConf.merge(build_config(data=config, whole_run=False), {"hardware": hw})
         sim = StepModel(cfg, build_topology(hw)).run()
         calls = sum(op.phase.endswith("a2a") and op.transfer is not None for op in sim.ops)
         if calls:

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from moe_core.comm.transmission import Schedule
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
-from moe_core.config.sections import COLLECTIVE_CURVES_DIR
+from moe_core.schema.sections import COLLECTIVE_CURVES_DIR
 from moe_core.sim.engine import Op, Timeline, simulate
 from moe_core.sim.topology import Transfer
 

@@ -125,7 +125,7 @@ class ComputeModel:
 
     @classmethod
     def from_profile(cls, hw, peak_tflops: float, element_bytes: int, share: float = 1.0) -> ComputeModel:
-        """The model of a hardware profile (moe_core.config.schema.HardwareConfig) for a device of
+        """The model of a hardware profile (moe_core.schema.core.HardwareConfig) for a device of
         ``peak_tflops``. ``share``: the fraction of its compute a device gets (ranks sharing a CPU
         host's cores, moe_core.sim.kernels): every rate scales with it and every op takes 1/share as long."""
         if peak_tflops <= 0 or not 0 < share <= 1:

@@ -17,7 +17,7 @@ a sharded optimizer (ZeRO-1) the same units are reduce-scattered, each rank's op
 communicator; fully sharded (ZeRO-3 / FSDP2), the plan's units give way to per-block all-gathers
 and reduce-scatters during the passes (moe_core.sim.sharding), and the optimizer updates the shard.
 Gradient accumulation (``train.micro_batches``): the forward and backward passes once per
-micro-batch, each pass priced on its own shapes (moe_core.config.validation.micro_batch_config); the plan's
+micro-batch, each pass priced on its own shapes (moe_core.schema.validation.micro_batch_config); the plan's
 gradient sync follows the last pass only (DDP's ``no_sync`` before it), launched by its rule on the
 last pass's gradients, while full sharding reduces every pass's.
 """

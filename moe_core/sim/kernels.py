@@ -80,7 +80,7 @@ FP8_AMAX_BYTES = 2  # current scaling: one more kernel reads the operand for its
 FP8_OPERAND_BYTES = 1
 
 
-# Which calibrated op class (moe_core.config.validation.COMPUTE_PHASES) prices an op phase: the measured
+# Which calibrated op class (moe_core.schema.validation.COMPUTE_PHASES) prices an op phase: the measured
 # ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
 PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
 

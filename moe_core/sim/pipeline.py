@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.config.derive import derive_config
-from moe_core.config.sections import ConfigError
-from moe_core.config.validation import pipeline_chunk_blocks
 from moe_core.model.capacity import DTYPE_BYTES
+from moe_core.schema.derive import derive_config
+from moe_core.schema.sections import ConfigError
+from moe_core.schema.validation import pipeline_chunk_blocks
 from moe_core.sim.collectives import PointToPoint, simulate_on
 from moe_core.sim.engine import Op
 from moe_core.sim.step import StepModel
@@ -77,7 +77,7 @@ class Stage:
 
 def pipeline_stages(cfg: DictConfig) -> list[Stage]:
     """The pp stages of ``cfg``: stage s on ranks [s W/pp, (s+1) W/pp) with model chunks s, s + pp, ...
-    (moe_core.config.validation.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
+    (moe_core.schema.validation.pipeline_chunk_blocks), the embedding on the first, the head and loss on the last."""
     pp = cfg.parallel.pipeline_parallel
     per_stage, chunk_blocks = cfg.parallel.world_size // pp, pipeline_chunk_blocks(cfg)
     return [

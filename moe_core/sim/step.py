@@ -27,11 +27,11 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.config.validation import micro_batch_config
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_tokens
 from moe_core.parallel.layout import Layout, expert_layout, layout_of
 from moe_core.schedule.gradients import gradient_tensors
 from moe_core.schedule.policies import build_plan
+from moe_core.schema.validation import micro_batch_config
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.dag import StepDag, block_of
 from moe_core.sim.engine import Op, issued_by_host

@@ -1,5 +1,5 @@
 """Aurora's config section ``aurora`` (experiments/aurora.py simulated, experiments/aurora_a2a.py
-measured), registered with the schema (moe_core.config.sections)."""
+measured), registered with the schema (moe_core.schema.sections)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from moe_core.config.points import Unstated, register_unstated
-from moe_core.config.sections import register_section, require, require_at_least, require_choices, require_profile
+from moe_core.schema.points import Unstated, register_unstated
+from moe_core.schema.sections import register_section, require, require_at_least, require_choices, require_profile
 
 # Parameters Aurora leaves unstated that its simulated inference numbers (Figs 11-14) depend on:
 # config key -> the other ends of the plausible range, each run as a sensitivity run of the deployment
-# experiment (moe_core.config.points.unstated_variants; records carry the param ``unstated``). Every value is
+# experiment (moe_core.schema.points.unstated_variants; records carry the param ``unstated``). Every value is
 # chosen from what the paper states about its setting, none from one of its results:
 #
 # * Per-kernel cost, ``hardware.kernel_launch_us`` (aurora-bigswitch-*.yaml): 5 us, a compiled

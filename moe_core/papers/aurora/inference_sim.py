@@ -22,10 +22,12 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.comm.transmission import Schedule, make_schedule
-from moe_core.config.load import ConfigError, load_config, to_container
-from moe_core.config.points import own_layout
 from moe_core.papers.aurora import colocation
 from moe_core.papers.aurora.deployment import Deployment, Hosted
+from moe_core.schema.build import build_config
+from moe_core.schema.derive import to_container
+from moe_core.schema.points import own_layout
+from moe_core.schema.sections import ConfigError
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, simulate_on
 from moe_core.sim.forward import ForwardModel, Order, simulate_served
 from moe_core.sim.topology import Cluster, build_topology
@@ -120,7 +122,7 @@ class ServedModel:
             ]
             data = {**to_container(self.cfg), "hardware_profile": self.cluster.hardware.name}
             data["hardware"] = to_container(self.cluster.hardware)
-            run = load_config(data=data, overrides=overrides, whole_run=False)
+            run = build_config(data=data, overrides=overrides, whole_run=False)
             self._models[devices] = ForwardModel(run, self.cluster.topo, devices)
         return self._models[devices]
 

@@ -39,7 +39,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_core.comm.transmission import lower_bound, make_schedule, rounds_time
 from moe_core.comm.workloads import FIG4_TOY_TOKENS, coarsen, gating_token_matrices, receiver_skew, zipf_token_matrices
-from moe_core.config.points import unstated_param, unstated_variants
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.papers.aurora import (
     colocation,
@@ -48,6 +47,7 @@ from moe_core.papers.aurora import (
 )
 from moe_core.papers.aurora.config import AURORA_UNSTATED
 from moe_core.papers.aurora.inference_sim import BigSwitch, ServedModel, big_switch, exchange_seconds
+from moe_core.schema.points import unstated_param, unstated_variants
 
 PAPER = "aurora"
 NETWORKS = ("homogeneous", "heterogeneous")

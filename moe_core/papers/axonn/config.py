@@ -1,5 +1,5 @@
 """AxoNN's config section ``axonn`` (experiments/axonn_grids.py measured, experiments/axonn.py
-simulated), registered with the schema (moe_core.config.sections)."""
+simulated), registered with the schema (moe_core.schema.sections)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from moe_core.config.points import Unstated, register_unstated
-from moe_core.config.sections import (
+from moe_core.parallel.grid import Grid
+from moe_core.schema.points import Unstated, register_unstated
+from moe_core.schema.sections import (
     register_section,
     require,
     require_at_least,
@@ -17,7 +18,6 @@ from moe_core.config.sections import (
     require_positive,
     require_profile,
 )
-from moe_core.parallel.grid import Grid
 
 # The overlap settings the measured and simulated ablations compare (moe_core.parallel.grid.GridOverlaps):
 # none, each of AxoNN's three overlaps alone, all three, all three with weight caching.
@@ -68,7 +68,7 @@ UNSTATED = {
         Unstated("hardware.inter_node_latency_us", chosen=3.0, low=3.0, high=10.0),
     )
 }
-# The two that move the abstract's numbers most, simulated jointly (moe_core.config.points.unstated_variants).
+# The two that move the abstract's numbers most, simulated jointly (moe_core.schema.points.unstated_variants).
 AXONN_UNSTATED = register_unstated("axonn", UNSTATED["axonn.sequences_per_gpu"], UNSTATED["hardware.nic_efficiency"])
 
 

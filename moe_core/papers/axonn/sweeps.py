@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from moe_core.config.derive import derive_config, hardware_profile
-from moe_core.config.points import point_params, register_override_list, register_run_check
-from moe_core.config.run_checks import derived
-from moe_core.config.sections import ConfigError
 from moe_core.papers.axonn.comm_model import AXONN_ORDER, enumerate_grids, predicted_communication
 from moe_core.papers.axonn.config import OVERLAP_VARIANTS, ablation_grid, overlap_overrides
 from moe_core.parallel.grid import Grid, grid_split_error
+from moe_core.schema.derive import derive_config, hardware_profile
+from moe_core.schema.points import point_params, register_override_list, register_run_check
+from moe_core.schema.run_checks import derived
+from moe_core.schema.sections import ConfigError
 
 PAPER = "axonn"
 MEASURED = "axonn_grids"

@@ -1,5 +1,5 @@
 """GShard's config section ``gshard``: the scaling study simulated on the TPU v3 torus
-(experiments/gshard.py), registered with the schema (moe_core.config.sections).
+(experiments/gshard.py), registered with the schema (moe_core.schema.sections).
 
 Every parameter GShard leaves unstated is a field here, with the value chosen from the paper's own
 numbers (reference/papers.md §2) and the reasoning beside it.
@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from moe_core.config.points import Unstated, register_unstated
-from moe_core.config.sections import (
+from moe_core.papers.gshard.models import MODELS, tokens_per_core, tokens_per_side
+from moe_core.schedule.policies import POLICIES
+from moe_core.schema.points import Unstated, register_unstated
+from moe_core.schema.sections import (
     register_section,
     require,
     require_at_least,
@@ -20,13 +22,11 @@ from moe_core.config.sections import (
     require_positive,
     require_profile,
 )
-from moe_core.papers.gshard.models import MODELS, tokens_per_core, tokens_per_side
-from moe_core.schedule.policies import POLICIES
 from moe_core.units import MiB
 
 # Unstated hardware parameters of the TPU v3 profiles (configs/hardware/gshard-tpuv3-*.yaml headers):
 # config key -> the other ends of the plausible range, each run as a sensitivity run of the scaling
-# study (moe_core.config.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud
+# study (moe_core.schema.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud
 # page's pod bisection over the torus's bisection links) to 82 (656 Gb/s per link). GEMMs' share of
 # the bf16 peak: chosen 0.5; 0.17 if XLA ran GShard's float32 matmuls in three bf16 passes at that
 # efficiency, 0.87 the largest share measured here (the H200's GEMM curve). Tokens per core

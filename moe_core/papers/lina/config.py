@@ -1,5 +1,5 @@
 """Lina's config sections: ``lina`` (its training experiments) and ``inference`` (its measured
-inference), registered with the schema (moe_core.config.sections)."""
+inference), registered with the schema (moe_core.schema.sections)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from moe_core.config.points import Unstated, register_unstated
-from moe_core.config.sections import (
+from moe_core.schedule.policies import POLICIES
+from moe_core.schema.points import Unstated, register_unstated
+from moe_core.schema.sections import (
     register_section,
     require,
     require_at_least,
@@ -17,13 +18,12 @@ from moe_core.config.sections import (
     require_positive,
     require_profile,
 )
-from moe_core.schedule.policies import POLICIES
 
 # Lina's inference policies besides ``ideal`` (the normalisation, which always runs).
 INFERENCE_POLICIES = ("static", "lina", "lina-no-estimation", "lina-no-finetune")
 
 # Parameters the paper leaves unstated that its simulated studies depend on, each with the value chosen
-# (the verdict's) and its plausible range; moe_core.config.points.unstated_variants runs them one at a time
+# (the verdict's) and its plausible range; moe_core.schema.points.unstated_variants runs them one at a time
 # and jointly (the corners of the ranges).
 # * The intra-node link class, PCIe 4.0 x16 at 25 GB/s by P2P in a 2-socket PCIe tree:
 #   configs/hardware/lina-a100-4x4.yaml's header has the reasoning. One end is NVLink3 as NCCL

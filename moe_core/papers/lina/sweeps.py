@@ -1,4 +1,4 @@
-"""Lina's training-step points, added to the run's measured and simulated sweeps (moe_core.config.points).
+"""Lina's training-step points, added to the run's measured and simulated sweeps (moe_core.schema.points).
 
 Training steps simulated on the paper's testbed (``lina.hardware``) with experts = GPUs: every ``lina.policy`` at
 every ``lina.experts`` count (Figs 10-14), then policy ``lina`` at each ``lina.partition_mb`` at the
@@ -14,7 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from moe_core.config.points import (
+from moe_core.papers.lina.config import TRAINING_UNSTATED
+from moe_core.schema.points import (
     point_overrides,
     register_measured_points,
     register_override_list,
@@ -22,7 +23,6 @@ from moe_core.config.points import (
     sim_point,
     unstated_variants,
 )
-from moe_core.papers.lina.config import TRAINING_UNSTATED
 
 
 @register_sim_points

@@ -1,5 +1,5 @@
 """MoNTA's config section ``monta`` (experiments/monta_a2a.py measured, experiments/monta.py
-simulated), registered with the schema (moe_core.config.sections)."""
+simulated), registered with the schema (moe_core.schema.sections)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from moe_core.comm.workloads import ELEMENT_BYTES
-from moe_core.config.points import Unstated, register_unstated
-from moe_core.config.sections import register_section, require, require_at_least, require_positive, require_profile
 from moe_core.dispatch import tensor_parallel_dispatchers
 from moe_core.papers.monta.performance_model import DEFAULT_CHUNK_OVERHEAD_S, admissible_chunk_counts
+from moe_core.schema.points import Unstated, register_unstated
+from moe_core.schema.sections import register_section, require, require_at_least, require_positive, require_profile
 
 EXPERTS = 2  # "2x70B" [ABS]: the experts of every MoNTA point
 
 # Parameters the paper leaves unstated that its simulated studies depend on: config key -> the other
-# ends of the plausible range (moe_core.config.points.unstated_variants runs each). The NIC count per node:
+# ends of the plausible range (moe_core.schema.points.unstated_variants runs each). The NIC count per node:
 # chosen 4 x 200 Gb/s, from the abstract's 8x all-to-all gain at tp 8 and 13% iteration gain, which
 # both need the pipelined exchange to be all-to-all bound (configs/hardware/monta-a800-2x8.yaml's
 # header has the arithmetic); 8 x 200 Gb/s, the top of what A800 nodes ship with, is the other end.

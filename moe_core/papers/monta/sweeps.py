@@ -1,4 +1,4 @@
-"""MoNTA's training-step points, added to the run's measured and simulated sweeps (moe_core.config.points).
+"""MoNTA's training-step points, added to the run's measured and simulated sweeps (moe_core.schema.points).
 
 Simulated on MoNTA's testbed (``monta.hardware``) with the paper's model (``monta.overrides``),
 every point a full training step of the step simulator:
@@ -25,8 +25,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.derive import derive_config
-from moe_core.config.points import (
+from moe_core.model.capacity import dispatch_rows_per_expert
+from moe_core.papers.monta.config import EXPERTS, MONTA_UNSTATED
+from moe_core.papers.monta.performance_model import admissible_chunk_counts
+from moe_core.schema.derive import derive_config
+from moe_core.schema.points import (
     point_name,
     point_overrides,
     register_measured_points,
@@ -34,9 +37,6 @@ from moe_core.config.points import (
     register_sim_points,
     unstated_variants,
 )
-from moe_core.model.capacity import dispatch_rows_per_expert
-from moe_core.papers.monta.config import EXPERTS, MONTA_UNSTATED
-from moe_core.papers.monta.performance_model import admissible_chunk_counts
 
 PAPER = "monta"
 

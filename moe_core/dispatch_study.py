@@ -25,18 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.config.derive import hardware_profile
-from moe_core.config.sections import (
-    SAFE_NAME,
-    ConfigError,
-    register_section,
-    require,
-    require_at_least,
-    require_model_profile,
-    require_positive,
-    require_profile,
-    require_seed,
-)
 from moe_core.dispatch import DISPATCHERS, dispatcher, routing_trace
 from moe_core.dispatch.workloads import (
     IMBALANCE_WORKLOADS,
@@ -48,6 +36,18 @@ from moe_core.dispatch.workloads import (
     trace_name,
 )
 from moe_core.model.capacity import capacity
+from moe_core.schema.derive import hardware_profile
+from moe_core.schema.sections import (
+    SAFE_NAME,
+    ConfigError,
+    register_section,
+    require,
+    require_at_least,
+    require_model_profile,
+    require_positive,
+    require_profile,
+    require_seed,
+)
 
 # Megatron's workloads the study runs by default: per-rank heat, skew before the dispatch, a rank
 # with zero-size splits both ways, and the two that change between steps (W1 and W3 heat one expert

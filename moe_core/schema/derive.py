@@ -14,16 +14,16 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from moe_core.config.aliases import expansion
-from moe_core.config.schema import HardwareConfig
-from moe_core.config.sections import (
+from moe_core.schema.aliases import expansion
+from moe_core.schema.core import HardwareConfig
+from moe_core.schema.sections import (
     CONFIG_DIR,
     SAFE_NAME,
     ConfigError,
     require,
     require_name,
 )
-from moe_core.config.validation import validate, validate_hardware
+from moe_core.schema.validation import validate, validate_hardware
 
 
 @functools.cache

@@ -4,12 +4,12 @@ it derives fails after a process started.
 moe_core.config.load.load_config runs :func:`check_run` after the config's own checks, for every entry
 point, the launcher and the workflow:
 
-* every list-valued override key of a section (moe_core.config.points.OVERRIDE_LISTS: ``sim_sweep.overrides``,
+* every list-valued override key of a section (moe_core.schema.points.OVERRIDE_LISTS: ``sim_sweep.overrides``,
   ``lina.overrides``, ``monta.overrides``, ``inference.overrides``, ``axonn.measured_overrides``):
   each entry a ``key=value`` that does not decide where records go (RECORD_KEYS) nor sets another
   list, and the list applied to the run's config, in every context it is used in, a valid config;
-* every measured training-step point (moe_core.config.points.measured_points): its config valid, and none
-  of the settings only the simulator models (moe_core.config.validation.validate_measured);
+* every measured training-step point (moe_core.schema.points.measured_points): its config valid, and none
+  of the settings only the simulator models (moe_core.schema.validation.validate_measured);
 * sizes (:func:`check_sizes`): every rank count a key sets, measured or simulated (:func:`rank_counts`,
   :func:`measured_jobs`: the run's, the sweeps', every section's jobs and studies, a profile's nodes),
   within MAX_SIM_WORLD_SIZE ranks (:func:`too_many_ranks`); each measured job's memory on this host
@@ -18,7 +18,7 @@ point, the launcher and the workflow:
   the measured and simulated point counts within MAX_MEASURED_POINTS and MAX_SIM_POINTS;
 * settings only the simulator runs (pipeline parallelism) off the measured run's config;
 * settings a run would ignore (``comm.tp_chunks`` where nothing is tensor-parallel);
-* the papers' own checks of what they derive (moe_core.config.points.RUN_CHECKS).
+* the papers' own checks of what they derive (moe_core.schema.points.RUN_CHECKS).
 
 The size checks can be overridden with ``force=true``; no other check can. A message names the key
 the user set: an entry of a list as ``monta.overrides[2]``, a measured point's value by its sweep axis
@@ -33,8 +33,11 @@ import socket
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.derive import config_digest, derive_config, hardware_profile
-from moe_core.config.points import (
+from moe_core.model.activation import in_width
+from moe_core.model.capacity import moe_blocks
+from moe_core.model.heads import head_dim, kv_heads
+from moe_core.schema.derive import config_digest, derive_config, hardware_profile
+from moe_core.schema.points import (
     MEASURED_POINTS,
     OVERRIDE_LISTS,
     RUN_CHECKS,
@@ -43,11 +46,8 @@ from moe_core.config.points import (
     sim_points,
     sweep_points,
 )
-from moe_core.config.sections import ERROR_KEY, ConfigError, require
-from moe_core.config.validation import validate_measured, validate_point
-from moe_core.model.activation import in_width
-from moe_core.model.capacity import moe_blocks
-from moe_core.model.heads import head_dim, kv_heads
+from moe_core.schema.sections import ERROR_KEY, ConfigError, require
+from moe_core.schema.validation import validate_measured, validate_point
 
 # Keys that decide where a run's records go: set for the whole run, never inside an override list.
 RECORD_KEYS = ("results_dir", "paper", "experiment")

@@ -2,8 +2,8 @@
 its default and what it means) and the root that holds them with every registered paper section.
 
 The root is assembled, and configs are loaded, by moe_core.config.load, which imports the papers' registry
-first; the checks a type cannot express are in moe_core.config.validation, reading and deriving configs in
-moe_core.config.derive. This module imports no paper.
+first; the checks a type cannot express are in moe_core.schema.validation, reading and deriving configs in
+moe_core.schema.derive. This module imports no paper.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass
 from typing import Literal
 
-from moe_core.config.sections import (
+from moe_core.schema.sections import (
     SECTIONS,
 )
 
@@ -77,7 +77,7 @@ class HardwareConfig:
     the YAML, with a comment. 0 means unknown (a measured-only profile).
     """
 
-    name: str = ""  # the profile's own, or its file's name (moe_core.config.derive._load_hardware)
+    name: str = ""  # the profile's own, or its file's name (moe_core.schema.derive._load_hardware)
     description: str = ""
     device: Literal["cpu", "cuda"] = "cpu"
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -184,7 +184,7 @@ class MoEConfig:
     # The token dispatcher by its registry name (moe_core.dispatch; Megatron's --moe-token-dispatcher-type):
     # capacity, hierarchical, dropless, or with experts split over "tp" duplicate, drop-gather, monta.
     # It sets the keys that run it (comm.a2a_algorithm, moe.dropless, comm.tp_dispatch;
-    # moe_core.config.aliases); empty: those keys as they are.
+    # moe_core.schema.aliases); empty: those keys as they are.
     dispatcher: str = ""
     # The gate's forward copies its expert counts to the host, a host-device sync: on a GPU the host
     # stops issuing ahead there (measured: moe_core.model.layer; simulated: moe_core.sim.engine.issued_by_host).
@@ -219,7 +219,7 @@ class ParallelConfig:
 
     world_size: int = 4
     # Expert-parallel ranks (Megatron's --expert-model-parallel-size): sets moe.experts_per_rank =
-    # num_experts / expert_parallel (moe_core.config.aliases); 0: num_experts / experts_per_rank.
+    # num_experts / expert_parallel (moe_core.schema.aliases); 0: num_experts / experts_per_rank.
     expert_parallel: int = 0
     tensor_parallel: int = 1  # Megatron-style, of attention, dense FFNs and experts (moe_core.parallel.tensor_parallel)
     grid: GridConfig = field(default_factory=GridConfig)  # 3D tensor parallelism (exclusive with tensor_parallel)
@@ -387,7 +387,7 @@ def _root_schema() -> type:
         # param ``unstated``, and analysis.compare reports their range beside the chosen value's.
         # Empty: every parameter at its chosen value.
         ("unstated", str, field(default="")),
-        # Run what the load refuses only as too large (moe_core.config.run_checks: a measured run's memory
+        # Run what the load refuses only as too large (moe_core.schema.run_checks: a measured run's memory
         # estimate over this host's memory, simulated ranks or point counts past their stated bounds).
         # A wrong value is refused whatever this says.
         ("force", bool, field(default=False)),

@@ -11,8 +11,14 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from moe_core.config.points import sweep_points
-from moe_core.config.sections import (
+from moe_core.dispatch import tensor_parallel_dispatchers
+from moe_core.model.activation import FFN_ACTIVATIONS
+from moe_core.model.capacity import dispatch_rows_per_expert, expert_tensor_parallel
+from moe_core.parallel.grid import grid_split_error
+from moe_core.parallel.layout import grid_config, layout_error
+from moe_core.schedule.policies import POLICIES, gradient_features, step_refusal
+from moe_core.schema.points import sweep_points
+from moe_core.schema.sections import (
     COLLECTIVE_CURVES_DIR,
     ERROR_KEY,
     PAPER_NAMES,
@@ -26,12 +32,6 @@ from moe_core.config.sections import (
     require_profile,
     require_seed,
 )
-from moe_core.dispatch import tensor_parallel_dispatchers
-from moe_core.model.activation import FFN_ACTIVATIONS
-from moe_core.model.capacity import dispatch_rows_per_expert, expert_tensor_parallel
-from moe_core.parallel.grid import grid_split_error
-from moe_core.parallel.layout import grid_config, layout_error
-from moe_core.schedule.policies import POLICIES, gradient_features, step_refusal
 
 PIPELINE_SPLITS = ("blocks", "embedding_and_loss")  # parallel.pipeline_split: see ParallelConfig
 COMPUTE_PHASES = ("dense", "gate", "expert")  # op classes of the step model with their own efficiency

@@ -28,7 +28,7 @@ from moe_core.schedule.policies import policy_spec, tp_exchange_chunks
 MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
 SIM_POINTS: list[Callable[[DictConfig], dict[str, tuple[str, list[str]]]]] = []
 # The sections' list-valued override keys (a paper's model, ...): key -> cfg -> the complete overrides
-# of each use of the list (with it, e.g. its hardware profile). moe_core.config.run_checks checks every
+# of each use of the list (with it, e.g. its hardware profile). moe_core.schema.run_checks checks every
 # entry, and each use, when the run's config is loaded.
 OVERRIDE_LISTS: dict[str, Callable[[DictConfig], list[list[str]]]] = {}
 # Checks of what a paper derives from the run's config (its points' configs), run at load.

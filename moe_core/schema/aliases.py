@@ -13,15 +13,15 @@ The latest layer that states a decision wins, as with any key: an alias, or one 
 A layer that sets an alias and contradicts it in one of those keys is refused, naming both. A later
 layer that sets such a key itself (a paper's model, ``moe.experts_per_rank=1``) clears the alias.
 :func:`expansion` is the one place this happens, for a loaded config (moe_core.config.load) and a
-derived one (moe_core.config.derive) alike.
+derived one (moe_core.schema.derive) alike.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_core.config.sections import ConfigError, layer_sets
 from moe_core.model.capacity import expert_tensor_parallel
+from moe_core.schema.sections import ConfigError, layer_sets
 
 UNSET = {"moe.dispatcher": "", "parallel.expert_parallel": 0}
 
