@@ -190,11 +190,22 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> p
     )
     fig.set_size_inches(12, 4.5)
     left, right = fig.subplots(1, 2)
+    _simulated_chunks(left, simulated, model, chosen)
+    drawn = [simulated, model, measured]
+    if not measured.empty:
+        drawn = [simulated, *_measured_chunks(right, records, measured)]
+    fig.suptitle("MoNTA (b): pipelined all-to-all + all-gather vs chunk count")
+    return pd.concat(drawn)
+
+
+def _simulated_chunks(ax, simulated: pd.DataFrame, model: pd.DataFrame, chosen: pd.DataFrame) -> None:
+    """The left panel: the simulated step's exchange and MoNTA's model of it per chunk count, with
+    the count the model picks and the code's default."""
     swept = simulated[simulated["tp_chunks"] > 0] if not simulated.empty else simulated
     if not swept.empty:
         for hardware, curve in swept.groupby("hardware"):
             curve = curve.sort_values("tp_chunks")
-            left.plot(
+            ax.plot(
                 curve["tp_chunks"],
                 curve["exchange_ms"],
                 marker="o",
@@ -202,16 +213,14 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> p
                 label=f"simulated step, {hardware}",
             )
     if swept.empty and model.empty:
-        left.set_axis_off()
-        left.set_title("no simulated or modelled chunk sweep in these tables")
+        ax.set_axis_off()
+        ax.set_title("no simulated or modelled chunk sweep in these tables")
     for hardware, curve in model.groupby("hardware"):
         curve = curve.sort_values("chunks")
-        left.plot(
-            curve["chunks"], curve["value"], ls=":", color=colour("testbed", hardware), label=f"model, {hardware}"
-        )
+        ax.plot(curve["chunks"], curve["value"], ls=":", color=colour("testbed", hardware), label=f"model, {hardware}")
         pick = chosen[(chosen["hardware"] == hardware) & (chosen["value"] == 1)]
         for n in pick["chunks"]:
-            left.annotate(
+            ax.annotate(
                 f"model picks {int(n)}",
                 (n, curve["value"].min()),
                 xytext=(0, -14),
@@ -220,39 +229,41 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> p
                 fontsize="x-small",
             )
     published_line(
-        left,
+        ax,
         published_value(load_registry(), "monta-code-default-chunks"),
         "published: MoNTA's code default chunks",
         horizontal=False,
     )
-    _chunk_axis(left, [*swept.get("tp_chunks", []), *model["chunks"]])
-    left.set(yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
-    left.set_title(mode_title("simulated", "step (solid) vs MoNTA's model (dotted)"))
-    if not measured.empty:
-        measured = one_testbed(measured).astype({"tensor_parallel": int})
-        measured = measured[measured["tensor_parallel"] > 1].copy()
-        measured["chunks"] = measured["path"].str.extract(r"monta-n(\d+)")[0].astype(float)
-        measured.loc[measured["path"] == "drop-gather", "chunks"] = 1
-        measured = measured.dropna(subset=["chunks"])
-        measured["tp"] = measured["tensor_parallel"].astype(str)
-        tp_colours = dict(zip(sorted(measured["tp"].unique(), key=int), ("C0", "C3", "C2", "C4")))
-        sns.lineplot(measured, x="chunks", y="value", hue="tp", palette=tp_colours, marker="o", ax=right)
-        model = select(records, experiment="monta_a2a", metric="model_ms", hardware=measured["hardware"].iloc[0])
-        if not model.empty:  # the profile stated its links: the model's prediction of the same exchanges
-            model = model.merge(measured[["point", "chunks"]], on="point")
-            for tp, curve in model.groupby("tensor_parallel"):
-                curve = curve.sort_values("chunks")
-                right.plot(
-                    curve["chunks"], curve["value"], ls=":", color=tp_colours[f"{tp:g}"], label=f"model, tp {tp:g}"
-                )
-        _chunk_axis(right, measured["chunks"])
-        right.set(
-            xlabel="chunks (1 = drop-gather)",
-            ylabel="one exchange (ms, median)",
-            title=mode_title("measured", _testbed_words(measured)),
-        )
-    fig.suptitle("MoNTA (b): pipelined all-to-all + all-gather vs chunk count")
-    return pd.concat([simulated, model, measured])
+    _chunk_axis(ax, [*swept.get("tp_chunks", []), *model["chunks"]])
+    ax.set(yscale="log", xlabel="chunks", ylabel="one exchange (ms)")
+    ax.set_title(mode_title("simulated", "step (solid) vs MoNTA's model (dotted)"))
+
+
+def _measured_chunks(ax, records: pd.DataFrame, measured: pd.DataFrame) -> list[pd.DataFrame]:
+    """The right panel: the measured exchange per chunk count and tensor-parallel size (1 chunk:
+    drop-gather), with the model's prediction where the profile states its links; returns the
+    model's rows (where there are any) and the measured ones, as drawn."""
+    measured = one_testbed(measured).astype({"tensor_parallel": int})
+    measured = measured[measured["tensor_parallel"] > 1].copy()
+    measured["chunks"] = measured["path"].str.extract(r"monta-n(\d+)")[0].astype(float)
+    measured.loc[measured["path"] == "drop-gather", "chunks"] = 1
+    measured = measured.dropna(subset=["chunks"])
+    measured["tp"] = measured["tensor_parallel"].astype(str)
+    tp_colours = dict(zip(sorted(measured["tp"].unique(), key=int), ("C0", "C3", "C2", "C4")))
+    sns.lineplot(measured, x="chunks", y="value", hue="tp", palette=tp_colours, marker="o", ax=ax)
+    model = select(records, experiment="monta_a2a", metric="model_ms", hardware=measured["hardware"].iloc[0])
+    if not model.empty:  # the profile stated its links: the model's prediction of the same exchanges
+        model = model.merge(measured[["point", "chunks"]], on="point")
+        for tp, curve in model.groupby("tensor_parallel"):
+            curve = curve.sort_values("chunks")
+            ax.plot(curve["chunks"], curve["value"], ls=":", color=tp_colours[f"{tp:g}"], label=f"model, tp {tp:g}")
+    _chunk_axis(ax, measured["chunks"])
+    ax.set(
+        xlabel="chunks (1 = drop-gather)",
+        ylabel="one exchange (ms, median)",
+        title=mode_title("measured", _testbed_words(measured)),
+    )
+    return [model, measured]
 
 
 def _chunk_axis(ax, chunks) -> None:
