@@ -193,7 +193,7 @@ def monta_chunks(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> p
     _simulated_chunks(left, simulated, model, chosen)
     drawn = [simulated, model, measured]
     if not measured.empty:
-        drawn = [simulated, *_measured_chunks(right, records, measured)]
+        drawn = [simulated, model, *_measured_chunks(right, records, measured)]
     fig.suptitle("MoNTA (b): pipelined all-to-all + all-gather vs chunk count")
     return pd.concat(drawn)
 
