@@ -35,7 +35,7 @@ from moe_core.model.capacity import expert_tensor_parallel
 from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.layout import grid_config
 from moe_core.registry import Registry
-from moe_core.schedule.plan import CommPlan, GradientTensor, bucket_units
+from moe_core.schedule.plan import CommPlan, GradientTensor, Relayout, bucket_units
 
 DEFAULT_EXECUTOR = "moe_core.schedule.executor:CommPolicy"
 
@@ -112,14 +112,25 @@ def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPl
     """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
     (moe_core.schedule.gradients.gradient_tensors): the one decision both executors follow (``element_bytes``: a
     gradient element's size as that executor reduces it)."""
-    inputs = PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
-    plan = policy_spec(cfg.comm.policy).decide(inputs)
+    plan = policy_spec(cfg.comm.policy).decide(_plan_inputs(cfg, tensors, element_bytes))
     return replace(
         plan,
         tensors=tuple(tensors),
         exchange=step_exchange(cfg, plan.exchange),
         grid_overlaps=None if grid_config(cfg).is_trivial else GridOverlaps(**cfg.comm.grid_overlap),
     )
+
+
+def _plan_inputs(cfg, tensors: list[GradientTensor], element_bytes: int) -> PlanInputs:
+    return PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
+
+
+def layout_decisions(cfg, element_bytes: int) -> tuple[StepExchange, Relayout | None]:
+    """What ``cfg``'s plan decides whatever the gradients: the step's token exchange and its
+    re-layout hook (decided on no gradients). An executor that takes the layout decision before
+    the step (the simulator) reads them first, then builds the plan once, on the layout it trains on."""
+    plan = policy_spec(cfg.comm.policy).decide(_plan_inputs(cfg, [], element_bytes))
+    return step_exchange(cfg, plan.exchange), plan.relayout
 
 
 def step_refusal(cfg) -> tuple[str, str] | None:

@@ -56,7 +56,7 @@ class StepDag:
         self.prefix = ""  # of a micro-batch's op names, "mb<j>/", when there are several
         self.tp = step.layout.tensor_parallel
         self.rows, self.a2a_bytes = step.moe_sizes()
-        self.micro_ops = step.micro_op_count()
+        self.micro_ops = step.micro_op_count(step.plan.exchange)
         kernels = step.kernels
         self.op_seconds = {  # per pass
             name: {p: seconds(p) for p in ("fwd", "bwd")}

@@ -20,6 +20,7 @@ the launches stay in the ops, one after another.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,10 +28,11 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
+from moe_core.dispatch.step import StepExchange
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_tokens
 from moe_core.parallel.layout import Layout, expert_layout, layout_of
 from moe_core.schedule.gradients import gradient_tensors
-from moe_core.schedule.policies import build_plan
+from moe_core.schedule.policies import build_plan, layout_decisions
 from moe_core.schema.validation import micro_batch_config
 from moe_core.sim.collectives import collective_op, simulate_on
 from moe_core.sim.dag import StepDag, block_of
@@ -71,10 +73,10 @@ class StepModel:
         # a GPU runs kernels as its host issues them, which can run ahead (engine.issued_by_host); on a
         # CPU the same cores issue and compute, so a kernel's launch is part of its time
         self.asynchronous = cfg.hardware.device == "cuda" and cfg.hardware.kernel_launch_us > 0
+        exchange, relayout = layout_decisions(cfg, self.elem)
+        if relayout is not None:  # the layout the plan's re-layout decides on simulated costs
+            self._use_layout(relayout.decide(self.layout, self._micro_op_costs(exchange)))
         self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)
-        if self.plan.relayout is not None:  # the layout the plan's re-layout decides on simulated costs
-            self._use_layout(self.plan.relayout.decide(self.layout, self._micro_op_costs()))
-            self.plan = build_plan(cfg, self._gradient_tensors(), self.elem)  # gradient units of the packed layout
 
     def _gradient_tensors(self) -> list:
         """The gradient tensors of this layout that these ranks hold (``embedding``, ``head``)."""
@@ -99,22 +101,24 @@ class StepModel:
         """The rank groups a gradient of ``group`` is summed over: the experts' by their own layout."""
         return (self.moe_layout if group == "expert" else self.layout).gradient_groups(group)
 
-    def _micro_op_costs(self) -> Callable[[Layout], tuple[float, float]]:
-        """This model's (expert FFN seconds, all-to-all seconds) of one all-to-all micro-op on a
-        candidate layout: the simulated costs the plan's packing decision is taken from."""
+    def _micro_op_costs(self, exchange: StepExchange) -> Callable[[Layout], tuple[float, float]]:
+        """This model's (expert FFN seconds, all-to-all seconds) of one micro-op of ``exchange`` on a
+        candidate layout, priced on a copy of the model moved to it: the simulated costs the plan's
+        packing decision is taken from."""
 
         @functools.cache
         def per_micro_op(layout: Layout) -> tuple[float, float]:
-            self._use_layout(layout)
-            rows, a2a_bytes = self.moe_sizes()
-            count = self.micro_op_count()
+            candidate = copy.copy(self)
+            candidate._use_layout(layout)
+            rows, a2a_bytes = candidate.moe_sizes()
+            count = candidate.micro_op_count(exchange)
             a2a = (
-                self.all_to_all(a2a_bytes, self.plan.exchange.hierarchical)[0]
-                if self.moe_layout.expert_parallel > 1
+                candidate.all_to_all(a2a_bytes, exchange.hierarchical)[0]
+                if candidate.moe_layout.expert_parallel > 1
                 else None
             )
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
-            return self.expert_seconds(rows / count, "fwd"), a2a_s / count
+            return candidate.expert_seconds(rows / count, "fwd"), a2a_s / count
 
         return per_micro_op
 
@@ -129,13 +133,13 @@ class StepModel:
         rows = self.moe_layout.experts_per_rank * self.moe_layout.expert_parallel * per_expert
         return rows, moe.num_experts * per_expert * m.d_model * self.elem
 
-    def micro_op_count(self) -> int:
-        """The all-to-all micro-ops along the token dimension the plan's exchange cuts a capacity
-        buffer into (one, whole, unless it cuts; dropless exchanges are never cut)."""
+    def micro_op_count(self, exchange: StepExchange) -> int:
+        """The all-to-all micro-ops along the token dimension ``exchange`` cuts a capacity buffer
+        into (one, whole, unless it cuts; dropless exchanges are never cut)."""
         if self.cfg.moe.dropless:
             return 1
         row_bytes = self.cfg.moe.num_experts * self.cfg.model.d_model * self.elem  # a row for every expert
-        return len(self.plan.exchange.micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes))
+        return len(exchange.micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes))
 
     # -- what a rank of the layout computes -----------------------------------------------------
     def expert_seconds(self, rows: float, pass_: str) -> float:
