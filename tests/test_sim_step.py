@@ -14,8 +14,9 @@ from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
-from moe_core.schedule.executor import make_policy
+from moe_core.schedule.executor import executor_class, make_policy
 from moe_core.schedule.plan import gradient_micro_ops
+from moe_core.schedule.policies import policy_spec
 from moe_core.schema.points import parse_setting, sim_points
 from moe_core.sim.collectives import SizeCurve
 from moe_core.sim.step import StepModel
@@ -381,3 +382,24 @@ def test_micro_ops_cost_their_copies_and_latencies():
     units = [op for op in sim.ops if op.phase == "allreduce"]
     alone = sum(model._alone_seconds([replace(op, deps=[])], "allreduce") for op in units)
     assert sim.metrics()["allreduce_alone_ms"] == pytest.approx(alone * 1e3, rel=1e-9)
+
+
+def test_a_scheduling_rule_is_the_class_both_executors_call(monkeypatch):
+    """The simulated step takes its gradient sync from the class the measured run executes the
+    policy with: a rule that overrides it (here: every unit waits for the backward pass, as
+    ``sequential`` launches) changes the simulated step, with the plan unchanged."""
+    rule = executor_class(policy_spec("overlap"))
+    _, overlapped = step([*LINA, "comm.policy=overlap"])
+    assert overlapped.overlapping(".bwd", "allreduce").any()
+
+    def after_backward(cls, dag, grads_ready, after_backward):
+        issued = []
+        for k, unit in enumerate(dag.step.plan.gradient_units):
+            if (cost := dag.gradient_cost(unit)) is not None:
+                issued.append(dag.add(f"allreduce{k}", "allreduce", [*after_backward, *issued[-1:]], **cost))
+        return issued[-1:]
+
+    monkeypatch.setattr(rule, "simulate_gradient_sync", classmethod(after_backward))
+    _, waited = step([*LINA, "comm.policy=overlap"])
+    assert not waited.overlapping(".bwd", "allreduce").any()
+    assert waited.metrics()["step_ms"] > overlapped.metrics()["step_ms"]

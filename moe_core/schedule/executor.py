@@ -8,7 +8,10 @@ tensor-parallel drop-and-all-gather) without asking which mechanism it is. Every
 exchange's all-to-alls are in flight runs through :meth:`CommPolicy.blocking`, the hook a policy
 that schedules around them overrides. A policy whose decisions need their own scheduling
 subclasses it (Lina's priority rule, moe_core/papers/lina/policy.py) and names the subclass in its
-registry entry (moe_core.schedule.policies). Every policy reduces the same gradients over the same groups;
+registry entry (moe_core.schedule.policies). The same class is the rule's simulated twin: the
+simulator builds a step's gradient sync by calling :meth:`CommPolicy.simulate_gradient_sync` of the
+policy's executor class (moe_core.sim.dag), so a new scheduling rule is one class both executors
+call. Every policy reduces the same gradients over the same groups;
 buckets and micro-ops sum in different groupings, so losses agree to float rounding (tests use
 1e-6), and the baselines agree bitwise.
 """
@@ -119,6 +122,34 @@ class CommPolicy:
         self.grid_layers: list[GridLinear] = []  # the model's 3D tensor-parallel layers
         self.hooks: list[RemovableHandle] = []  # what attach registered on the model
         self.exchanges = 0  # ordered all-to-alls so far: seeds a random order, equal on all ranks (lockstep calls)
+
+    @classmethod
+    def simulate_gradient_sync(cls, dag, grads_ready: dict, after_backward: list[int]) -> list[int]:
+        """This rule's gradient sync in a simulated step (``dag``: moe_core.sim.dag.StepDag, which
+        calls it): the plan's units in order on one communicator, launched as the measured rule
+        launches them, in a lower strict-priority class where they yield to the all-to-alls. Units
+        launched as their gradients are ready are queued without waiting, so as many run at once as
+        the backend runs queued collectives; units launched after the backward pass (``after_backward``),
+        and a grid's depth-sharded units whose reduce-scatter is deferred, run one at a time, each
+        waited for. A scheduling rule that launches otherwise overrides this beside its measured
+        methods. Returns the collectives still in flight at the end."""
+        plan = dag.step.plan
+        priority = 1 if plan.gradients_yield_to_a2a else 0
+        deferred = plan.grid_overlaps is not None and plan.grid_overlaps.defers_gradients(dag.step.layout.grid)
+        in_flight = dag.queued_in_flight() if plan.launch_when_ready else 1
+        issued: list[int] = []
+        for k, unit in enumerate(plan.gradient_units):
+            cost = dag.gradient_cost(unit)
+            if cost is None:
+                continue
+            if plan.launch_when_ready and not (deferred and unit.group == "data"):
+                launch_after = dag.gradients_ready(grads_ready, unit)
+            else:
+                launch_after = after_backward
+            freed = issued[-in_flight] if len(issued) >= in_flight else None  # the worker it waits for
+            phase = dag.gradient_phase
+            issued.append(dag.add(f"{phase}{k}", phase, [*launch_after, freed], priority=priority, **cost))
+        return issued[-in_flight:]
 
     def attach(self, model: torch.nn.Module) -> None:
         for layer in model.moe_layers():

@@ -25,6 +25,8 @@ last pass's gradients, while full sharding reduces every pass's.
 from __future__ import annotations
 
 from moe_core.model.capacity import moe_blocks
+from moe_core.schedule.executor import executor_class
+from moe_core.schedule.policies import policy_spec
 from moe_core.sim.collectives import queued_in_flight
 from moe_core.sim.engine import Op, as_deps
 from moe_core.sim.grid_ops import GridOps
@@ -233,34 +235,32 @@ class StepDag:
 
     # -- data parallelism's collectives ------------------------------------------------------------
     def gradient_sync(self, grads_ready: dict, after_backward: list[int]) -> list[int]:
-        """The plan's gradient all-reduces (reduce-scatters under a sharded optimizer), launched by
-        its rule, in order on one communicator; units that yield to the all-to-alls run in a lower
-        strict-priority class. Units launched as their gradients are ready are queued without
-        waiting, so as many run at once as the backend runs queued collectives (gloo's worker
-        threads: moe_core.sim.collectives.queued_in_flight); units launched after the backward pass
-        run one at a time, each waited for, as the measured executor does.
+        """The plan's gradient sync as its policy's scheduling rule simulates it (the executor class
+        the measured run executes it with: moe_core.schedule.executor.CommPolicy.simulate_gradient_sync),
+        through :meth:`gradient_cost`, :meth:`gradients_ready`, :meth:`queued_in_flight` and ``add``.
         ``after_backward``: the end of the backward pass and the reduce-scatters a grid completes
-        after it, which units launched after the backward pass, and a grid's depth-sharded units
-        whose reduce-scatter is deferred, wait for (moe_core.schedule.executor). Returns the
-        all-reduces still in flight at the end (the optimizer's wait), none when no gradient is
-        reduced."""
-        step, plan = self.step, self.step.plan
-        priority = 1 if plan.gradients_yield_to_a2a else 0
-        deferred = plan.grid_overlaps is not None and plan.grid_overlaps.defers_gradients(step.layout.grid)
-        in_flight = queued_in_flight(step.cfg.hardware) if plan.launch_when_ready else 1
-        collective, phase = step.gradient_sync
-        issued: list[int] = []
-        for k, unit in enumerate(plan.gradient_units):
-            cost = step.ring(collective, step.gradient_groups(unit.group), unit.numel * step.elem)
-            if cost is None:
-                continue
-            if plan.launch_when_ready and not (deferred and unit.group == "data"):
-                launch_after = as_deps(grads_ready[block_of(plan.tensors[unit.last_tensor].name)])
-            else:
-                launch_after = after_backward
-            freed = issued[-in_flight] if len(issued) >= in_flight else None  # the worker it waits for
-            issued.append(self.add(f"{phase}{k}", phase, [*launch_after, freed], priority=priority, **cost))
-        return issued[-in_flight:]
+        after it. Returns the all-reduces still in flight at the end (the optimizer's wait), none
+        when no gradient is reduced."""
+        rule = executor_class(policy_spec(self.cfg.comm.policy))
+        return rule.simulate_gradient_sync(self, grads_ready, after_backward)
+
+    @property
+    def gradient_phase(self) -> str:
+        """The phase of the gradient collectives: all-reduce, or reduce-scatter under a sharded optimizer."""
+        return self.step.gradient_sync[1]
+
+    def gradient_cost(self, unit) -> dict | None:
+        """The op cost of reducing a plan unit over its gradient groups; None where they hold one rank."""
+        step = self.step
+        return step.ring(step.gradient_sync[0], step.gradient_groups(unit.group), unit.numel * step.elem)
+
+    def gradients_ready(self, grads_ready: dict, unit) -> list[int]:
+        """The op that makes a unit's last gradient final (``grads_ready``: by block)."""
+        return as_deps(grads_ready[block_of(self.step.plan.tensors[unit.last_tensor].name)])
+
+    def queued_in_flight(self) -> int:
+        """How many queued collectives the backend runs at once (gloo's worker threads)."""
+        return queued_in_flight(self.cfg.hardware)
 
     def parameter_gathers(self, optimizer: int) -> None:
         """A sharded optimizer's all-gathers of the updated parameters, the plan's units one after
