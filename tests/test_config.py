@@ -360,7 +360,7 @@ def test_config_is_read_only():
 def test_train_step_cli_rejects_bad_input_before_starting(tmp_path, args):
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.train_step", f"results_dir={out}", *args],
+        [sys.executable, "-m", "experiments", "train_step", f"results_dir={out}", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -393,7 +393,7 @@ def test_saving_the_same_config_leaves_the_file_alone(tmp_path):
     assert path.stat().st_mtime > 1.0 and load_config([path]).train.iters == 11
 
 
-@pytest.mark.parametrize("entry", ["experiments.train_step", "experiments.simulate"])
+@pytest.mark.parametrize("entry", ["train_step", "simulate"])
 def test_no_record_resolves_outside_results_dir(tmp_path, entry):
     """``paper`` becomes a path component of every record: a value that climbs out of results_dir
     is refused before anything starts, and nothing is written anywhere."""
@@ -402,6 +402,7 @@ def test_no_record_resolves_outside_results_dir(tmp_path, entry):
         [
             sys.executable,
             "-m",
+            "experiments",
             entry,
             "--config",
             "configs/default.yaml",
@@ -467,7 +468,7 @@ SIMULATE_BAD_INPUTS = [
 def test_simulate_refuses_bad_input_before_writing(tmp_path, override, key):
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.simulate", "--sweep", "--config", "configs/ci.yaml"]
+        [sys.executable, "-m", "experiments", "simulate", "--sweep", "--config", "configs/ci.yaml"]
         + [f"results_dir={results}", override],
         capture_output=True,
         text=True,

@@ -182,7 +182,7 @@ def test_profiles_that_cannot_run_the_study_stop_it_before_any_record(tmp_path, 
     with pytest.raises(ConfigError, match=needle):
         records(_config(*overrides))
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.gshard", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]
+        [sys.executable, "-m", "experiments", "gshard", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]
         + overrides,
         capture_output=True,
         text=True,

@@ -106,7 +106,8 @@ def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_conf
             "2",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
             "--out",
             "x.json",
         ]
@@ -120,7 +121,8 @@ def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_conf
         "--standalone",
         "--nproc-per-node=2",
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
         "--config",
         "configs/default.yaml",
         "--out",
@@ -142,7 +144,8 @@ def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, caps
             "4",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
         ]
     )
     assert rc == 0
@@ -165,7 +168,7 @@ def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, caps
     ],
 )
 def test_launcher_rejects_bad_input_with_exit_code_2(launched, args, capsys):
-    assert launch.main([*args, "--", "-m", "experiments.train_step"]) == 2
+    assert launch.main([*args, "--", "-m", "experiments", "train_step"]) == 2
     assert not launched and "error:" in capsys.readouterr().err
 
 
@@ -320,7 +323,8 @@ def test_launcher_runs_a_training_step_on_the_emulated_cluster(tmp_path):
         "4",
         "--",
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
     ]
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"}

@@ -332,6 +332,6 @@ def test_commands_quote_every_value(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    command = next(line for line in proc.stdout.splitlines() if "experiments.train_step" in line)
+    command = next(line for line in proc.stdout.splitlines() if "-m experiments train_step" in line)
     assert f"--out '{target}'" in command and f"--config '{results}/config/resolved-" in command
     assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()

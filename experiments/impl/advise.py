@@ -1,5 +1,24 @@
-"""What ``python -m experiments.advise`` runs (its docstring describes the advice): the ranking of the
-dispatchers on the profile, and its report."""
+"""Which token dispatcher, on my cluster, for my routing: the registered dispatchers ranked by the
+simulator's time for one MoE layer.
+
+    python -m experiments advise --hardware h100-ndr-cluster --ranks 64 --experts 256 --top-k 8 \\
+        --tokens 4096 --d-model 7168 --workload zipf:1.0
+    python -m experiments advise --hardware my-cluster.yaml ... --json
+
+Given a hardware profile (a name of configs/hardware/ or your YAML), an MoE layer's shape (experts
+over ``--ranks`` expert-parallel ranks, top-k, tokens per rank, hidden size and dtype) and a routing
+workload (moe_core.dispatch.workloads: uniform, zipf:<s>, lognormal:<sigma>, or one of Megatron-LM's
+imbalance workloads such as hot_rank or source_ragged), every registered dispatcher that applies is
+priced by the network model (moe_core.dispatch.study.rank_dispatchers): dispatch then combine,
+the tokens each capacity path drops, the part of the exchange left exposed (all of it: none of the
+ranked exchanges overlaps compute), the useful bytes, the bytes each path moves and their rates
+(busbw: bytes moved per rank over the time). It says which wins and by how
+much, which wins among those that drop nothing, and the assumptions. Exit 2 on bad input, naming
+the option: every option is checked at parse (ranks within the bound every run has,
+moe_core.config.run_checks.too_many_ranks; a routing draw that fits this host's memory), the
+profile's rates where it loads. No processes; seconds of CPU for tens of ranks, but at top-k > 1
+the routing draw grows with ranks x tokens x experts (README.md, "Which dispatcher on my cluster?").
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,16 @@
-"""What ``python -m experiments.aurora`` runs (its docstring describes the experiments): the study at
-the chosen values and its sensitivity runs, and the records with a summary of them."""
+"""Aurora's simulated experiments: its decisions timed by the simulator on its big switch.
+
+    python -m experiments aurora --config configs/default.yaml [key=value ...]
+
+Li et al., "Optimizing Mixture-of-Experts Inference Time Combining Model Deployment and Communication
+Scheduling", arXiv 2410.17043 (reference/papers.md §5). The workloads, the points and the run are
+moe_core.papers.aurora.study, the simulated inference moe_core.papers.aurora.inference_sim; this
+entry point loads the config and the two networks' hardware profiles, runs the study at the chosen
+values of the unstated parameters and the deployment experiment again at the other ends of their
+ranges (moe_core.papers.aurora.config.AURORA_UNSTATED), and writes one record per point (mode
+simulated, backend sim). All records are computed first and written at the end (each atomically), so
+a failing run writes none.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,22 @@
-"""What ``python -m experiments.calibrate`` runs (its docstring describes the fit and what is kept):
-the fits, the profile and which of the fits is written."""
+"""Calibrate the measured testbed's hardware profile for the simulator.
+
+    python -m experiments calibrate --config results/config/resolved.yaml \\
+        --out results/calibration/local-cpu-calibrated.yaml results/raw/*/*/*.json
+
+Fits the network on collectives measured alone, and the compute rate per op class and the in-step
+all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split);
+on a CPU testbed it also measures how this host time-slices ranks that outnumber its cores
+(moe_core.runtime.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
+``<profile>-calibrated``: a hardware YAML that any config can use with ``hardware_profile=<path>``.
+
+Host noise (moe_core.runtime.noise): the profile records how many of its records were taken on a noisy host
+(``calibration_noise``), and a warning says so. A fit on quiet records is also kept as the last good
+profile, ``<out dir>/last-good/<out name>`` (outside the workflow's output, which Snakemake deletes
+before a rerun). A fit on noisy records (more than moe_core.runtime.noise.NOISY_SHARE of them) does not
+replace it: the last good profile of the same hardware is written as ``--out`` and the noisy fit
+beside it (``<out stem>.noisy-fit.yaml``), unless ``calibration.accept_noisy=true``. With no good
+profile yet the noisy fit is written, flagged. A noisy host never fails the run.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,21 @@
-"""What ``python -m experiments.lina_inference_sim`` runs (its docstring describes the records): the
-simulated inference policies at every point and their records."""
+"""Lina's inference at the paper's scale, simulated: every placement policy on the paper's testbed.
+
+    python -m experiments lina_inference_sim --config configs/default.yaml
+
+For each count in ``lina.inference_experts`` (experts = GPUs of ``lina.hardware``): the simulated
+training model (``lina.overrides``) with top-1 routing and no capacity, on synthetic routing with
+the paper's popularity skew (Fig 6) and path following (Fig 9) (moe_core/papers/lina/routing.py).
+``inference.profile_batches`` batches are profiled into expert paths of ``inference.path_length``
+layers; then ``lina.inference_batches`` batches run under every policy (``ideal`` and
+``inference.policies``), each batch's forward pass simulated (moe_core.sim.forward).
+
+Records (paper ``lina``, experiment ``inference``, mode simulated, backend sim, the profile as
+hardware), one per policy and expert count, in the measured inference's schema, so the same
+reproducers read both: per batch ``forward_ms`` (Fig 16), ``moe_layer_ms`` (Fig 17) and
+``moe_layer_norm`` (over ideal's median), per-phase times, each MoE layer's all-to-all time
+``a2a_layer<i>_ms`` (Fig 18) and ``load_imbalance``; for Lina's policies the estimation accuracy
+and re-plan rate. Point names start with ``sim_``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,36 @@
-"""What ``python -m experiments.op_sweep`` runs (its docstring describes the sweep and the fit): the
-timed ops, the least-squares fit of the compute model, the record and the profile snippet."""
+"""Measure the simulator's op classes on this device and fit its compute model (moe_core.sim.compute).
+
+    python -m experiments op_sweep --out results/reference/2026-12-01-cpu-op-sweep        # CPU, 1 thread, ~40 s
+    python -m experiments op_sweep --device cuda --dtype bfloat16 --sweep h200 \\
+        --peak-tflops 989 --memory-GBps 4800 --out results/reference/<date>-h200-op-sweep
+    python -m experiments op_sweep --fit gpu_check.json --peak-tflops 989 --memory-GBps 4800 --out DIR
+
+Measures, after warm-up, the median of timed iterations (perf_counter on CPU, CUDA events on GPU):
+
+* GEMMs: square ones and the step model's skinny shapes, tokens x (d_model -> experts) as the gate,
+  tokens x (d_model -> d_ff) and back as an FFN or an expert;
+* memory-bound ops at several sizes: softmax and layer norm over rows, top-2 of 8 (the gate's top-k),
+  cumsum, a row gather (the permute into a dispatch buffer), a block transpose made contiguous
+  (the copy around an all-to-all), an elementwise add;
+* an add of one element: the launch cost of one kernel.
+
+Then fits the model's four parameters to all of them at once (scipy.optimize.least_squares on the
+log ratio of predicted to measured time, the compute model itself predicting): the launch cost, the
+rate large GEMMs reach, the share of a GEMM's memory time left exposed, and the achieved memory
+bandwidth. The loss is robust (soft L1 beyond 10%), so an op that is not memory-bound on this device
+(top-k on a CPU computes, at a tenth of the streaming ops' rate) does not drag the fit; its error
+stays in the record. Given the device's spec sheet (``--peak-tflops``, ``--memory-GBps``) the rates become
+fractions of it (``compute_efficiency``, ``memory_efficiency``); without one (a CPU) the fitted
+rates are the profile's peak and bandwidth, at efficiency 1.
+
+A CPU rank of a measured run computes on one thread when ranks fill the cores
+(moe_core.runtime.distributed.cpu_threads_per_rank), so the CPU sweep runs one thread by default: its
+numbers are one device of a CPU testbed. ``--fit`` refits the op sweep of a gpu_check.json record
+(experiments/gpu_check.py measures the same ops) or of an op_sweep.json without measuring.
+
+Writes ``<out>/op_sweep.json`` (measurements, fitted parameters, per-point errors) and
+``<out>/profile.yaml`` (the hardware profile's compute-model fields), both or neither.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +56,34 @@ COPY_BLOCK = 128  # contiguous run of the block transpose: a d_model slice the a
 # Fitted parameters: launch (us), log10 GEMM rate (TFLOP/s), exposed memory share, log10 bandwidth (GB/s)
 LOWER, UPPER = [0.0, -4.0, 0.0, -3.0], [1e4, 4.0, 1.0, 5.0]
 ROBUST_SCALE = 0.1  # log-ratio beyond which a point's pull on the fit grows linearly, not quadratically
+# The sizes of each --sweep (its choices: experiments.entry_points.OP_SWEEP_SIZES).
+SWEEPS = {
+    # (m, n, k) GEMMs: square n^3, then tokens x (n, k) weights; memory-bound ops over element counts
+    "default": dict(
+        square=[64, 128, 256, 512, 1024, 2048],
+        tokens=[512, 2048, 8192],
+        weights=[(8, 256), (64, 512), (1024, 256), (256, 1024)],
+        memory_elements=[2**10, 2**14, 2**18, 2**22],
+        warmup_iters=3,
+        timed_iters=15,
+    ),
+    "h200": dict(
+        square=[256, 1024, 4096, 8192],
+        tokens=[1024, 8192, 65536],
+        weights=[(8, 1024), (4096, 1024), (1024, 4096), (8192, 2048)],
+        memory_elements=[2**16, 2**20, 2**24, 2**27],
+        warmup_iters=5,
+        timed_iters=20,
+    ),
+    "quick": dict(
+        square=[32, 128],
+        tokens=[64, 256],
+        weights=[(8, 64), (256, 64)],
+        memory_elements=[2**10, 2**14],
+        warmup_iters=1,
+        timed_iters=3,
+    ),
+}
 
 
 def gemm_shapes(sweep: dict) -> list[tuple[int, int, int]]:
@@ -189,9 +248,10 @@ def load_sweep(path: str) -> dict:
     return sweep
 
 
-def run(args: argparse.Namespace, sizes: dict) -> int:
-    """Measure (or refit) and write for ``args`` (experiments.op_sweep's command line); exit code 2,
-    writing nothing, on a device that is not there or a record without a sweep."""
+def run(args: argparse.Namespace) -> int:
+    """Measure (at the sizes of its ``--sweep``) or refit, and write, for ``args`` (experiments.op_sweep's
+    command line); exit code 2, writing nothing, on a device that is not there or a record without a sweep."""
+    sizes = SWEEPS[args.sweep]
     if args.device == "cuda" and not args.fit and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
         return 2

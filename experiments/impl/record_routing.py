@@ -1,5 +1,17 @@
-"""What ``python -m experiments.record_routing`` runs (its docstring says what it records and prints):
-train, trace the gate, save the trace, and compare its skew with mock tokens and the synthetic skews."""
+"""Record the routing of the suite's own trained gate as a trace the dispatcher study can replay.
+
+    python -m experiments record_routing --config configs/default.yaml moe.num_experts=16 moe.experts_per_rank=4 \\
+        --name markov-e16-top2 --train-steps 200 --batch 32
+
+Trains the model of the config on its Markov data for ``--train-steps`` steps on one process, keeps
+every MoE layer's top-k choices for one unseen batch of ``--batch`` sequences, and writes them to
+``--out`` (default: results/reference/routing_traces/<name>.npz, where ``trace:<name>`` finds them;
+moe_core.dispatch.routing_trace). It then prints the imbalance factor (max tokens per expert / mean)
+and the Gini coefficient of every layer's per-expert load, for the data's tokens and for mock tokens
+(uniformly random ids through the same model, as benchmark harnesses feed it; DODOCO, arXiv
+2605.20982, finds that mock tokens misstate the skew), beside the synthetic skews at the same
+experts, top-k and tokens. Exit 2 on bad input.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,24 @@
-"""What ``python -m experiments.simulate`` runs (its docstring describes the records): each point's
-config, its simulated step, and the records with a summary of them."""
+"""Simulated MoE training steps on a modelled cluster (no processes, no GPUs): one point, or every
+point of the config's simulated sweeps.
+
+    python -m experiments simulate --config configs/default.yaml hardware_profile=lina-a100-4x4 \\
+        parallel.world_size=16 moe.num_experts=16 moe.experts_per_rank=1 comm.policy=overlap
+    python -m experiments simulate --config configs/default.yaml --sweep
+
+``--trace PATH`` also writes the point's simulated timeline as a Chrome trace that
+https://ui.perfetto.dev opens (moe_core.sim.trace); one point only, so not with ``--sweep``.
+
+``--sweep`` simulates every point of :func:`moe_core.config.points.sim_points` (the paper-scale sweep and
+Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
+far less than starting a Python process with torch. Records are written once all points succeeded.
+
+Each point gives a record in the measured runs' schema with ``mode: simulated`` and ``backend: sim`` (one
+sample per metric: the model is deterministic). A cluster profile smaller than ``world_size`` is
+grown with more nodes of its kind. For the ``overlap`` policy the same step is also simulated with
+``sequential``, and the slowdown (overlap / sequential) of every backward all-to-all that a gradient
+all-reduce overlaps is kept as samples (``a2a_bwd_slowdown``, Lina Fig 3 at paper scale: its CDF is
+of the all-to-alls "overlapping DDP allreduce").
+"""
 
 from __future__ import annotations
 

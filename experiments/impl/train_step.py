@@ -1,6 +1,18 @@
-"""What ``python -m experiments.train_step`` runs (its docstring describes the step and its record):
-the model built and parallelised from the config, the timed training steps under the policy's plan,
-the record and its W&B mirror."""
+"""Measured MoE training steps: one sweep point, run under torchrun.
+
+    torchrun --standalone --nproc-per-node=4 -m experiments train_step \\
+        --config configs/default.yaml moe.num_experts=8 comm.policy=overlap
+
+Each iteration: barrier, forward, backward, gradient synchronisation (the policy's plan), optimizer
+step; a plan with a re-layout hook (moe_core.schedule.plan.Relayout: Lina's ``lina``, ``lina-pack`` pack
+experts) re-decides the expert layout between steps and moves the experts when it changes.
+Phases are timed per rank (moe_core.runtime.timing); per iteration the worst rank is kept; the record holds
+median and p95 over the timed iterations. Rank 0 writes the record atomically once every rank has
+finished, then mirrors it to W&B. ``--profile DIR`` runs a few more steps after the timed ones under
+torch.profiler and writes each rank's trace and kernel summary there (moe_core.runtime.profiling). A bad
+config exits with code 2 before any process group is created; a failing or hung rank makes every
+rank exit non-zero within ``parallel.timeout_s``.
+"""
 
 from __future__ import annotations
 

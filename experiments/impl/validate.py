@@ -1,5 +1,17 @@
-"""What ``python -m experiments.validate`` runs (its docstring describes the rows): each held-out
-point's prediction, the CSV and the summary table."""
+"""Validate the simulator: predict the measured points calibration did not use, report each error.
+
+    python -m experiments validate --calibrated results/calibration/local-cpu-calibrated.yaml \\
+        --out results/tables/sim_validation.csv results/raw/*/*/*.json
+
+Held-out points (moe_core.sim.calibrate.calibration_split): every all-to-all measured next to a
+concurrent all-reduce (contention is predicted by the fluid model, never fitted) and every training
+step at a world size calibration did not see. One row per point: experiment, setting, measured_ms
+(the mean of its samples, moe_core.sim.calibrate.STATISTIC, as calibration uses), predicted_ms,
+rel_error = predicted / measured - 1, and the host noise: ``noisy`` (this record was measured on a
+noisy host, moe_core.runtime.noise.is_noisy), ``contention`` (the share of the host's CPU others used, empty
+where unknown) and ``profile_noisy`` (the calibrated profile was fitted on noisy records, from its
+``calibration_noise``). A warning names how many were noisy.
+"""
 
 from __future__ import annotations
 

@@ -28,4 +28,4 @@ rule collectives:
         **measured_resources(CFG.collectives.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.collectives"
+        "-- -m experiments collectives"

@@ -43,7 +43,7 @@ rule dispatchers:
         **measured_resources(CFG.dispatch_study.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.dispatchers"
+        "-- -m experiments dispatchers"
 
 
 rule dispatchers_predictions:
@@ -63,7 +63,7 @@ rule dispatchers_predictions:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.dispatchers_predictions --config {input.config:q} "
+        "logged {log:q} python -m experiments dispatchers_predictions --config {input.config:q} "
         "dispatch_study.model_profile={input.profile:q}"
 
 
@@ -82,4 +82,4 @@ rule dispatchers_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.dispatchers_sim --config {input.config:q}"
+        "logged {log:q} python -m experiments dispatchers_sim --config {input.config:q}"

@@ -29,4 +29,4 @@ rule gshard_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.gshard --config {input.config:q}"
+        "logged {log:q} python -m experiments gshard --config {input.config:q}"

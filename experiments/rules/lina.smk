@@ -37,7 +37,7 @@ rule lina_inference:
         **measured_resources(INFERENCE.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
-        "-- -m experiments.inference --out-dir {params.out_dir:q}"
+        "-- -m experiments inference --out-dir {params.out_dir:q}"
 
 
 from experiments.impl.lina_inference_sim import record_points as lina_sim_inference_points
@@ -63,4 +63,4 @@ rule lina_inference_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.lina_inference_sim --config {input.config:q}"
+        "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q}"

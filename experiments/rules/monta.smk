@@ -31,7 +31,7 @@ rule monta_a2a:
         **measured_resources(CFG.monta.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.monta_a2a"
+        "-- -m experiments monta_a2a"
 
 
 MONTA_MODEL_RECORDS = [
@@ -58,4 +58,4 @@ rule monta_model:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.monta --config {input.config:q}"
+        "logged {log:q} python -m experiments monta --config {input.config:q}"
