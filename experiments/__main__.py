@@ -26,12 +26,12 @@ from moe_core.config.cli import config_arg_parser
 from moe_core.runtime.processes import exit_process
 
 PROG = "python -m experiments"
-WORK = Path(__file__).resolve().parent / "impl"  # where experiments/impl/<name>.py, the work, lives
+HERE = Path(__file__).resolve().parent  # experiments/: each entry point NAME is its module NAME.py
 
 
 def docstring(name: str) -> str:
     """The docstring of entry point ``name``'s module, read from its source without importing it."""
-    return ast.get_docstring(ast.parse((WORK / f"{name}.py").read_text())) or ""
+    return ast.get_docstring(ast.parse((HERE / f"{name}.py").read_text())) or ""
 
 
 def first_paragraph(text: str) -> str:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int | None:
         runner_parser().error(f"{what}; the entry points: {', '.join(ENTRY_POINTS)}")
     entry = ENTRY_POINTS[name]
     args = parse_entry_args(entry, argv[1:])
-    module = importlib.import_module(f"experiments.impl.{name}")  # torch, scipy, pandas: once parsed
+    module = importlib.import_module(f"experiments.{name}")  # torch, scipy, pandas: once parsed
     if entry.world_size_key:
         return module.run(args, entry.world_size_key)
     return module.run(args)

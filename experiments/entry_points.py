@@ -184,6 +184,27 @@ def inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", help="record directory (default: results/raw/lina/inference)")
 
 
+def link_sharing_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", help="JSON file for the measurements and predictions")
+    parser.add_argument("--rate-mbit", type=float, default=200.0, help="nodes 0 and 2 (node 1: half)")
+    parser.add_argument("--mbytes", type=float, default=12.5, help="size of each flow, MB")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--burst-kb", type=int, default=256, help="tc tbf bucket per link")
+    parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)  # inside a node: flows to accept
+    parser.add_argument("--send", help=argparse.SUPPRESS)  # inside node 0: {"flow": address}
+    parser.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
+
+
+def link_sharing_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The measurement's options (a node's side, ``--receive`` or ``--send``, takes none of them)."""
+    if args.receive is not None or args.send is not None:
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    if args.rate_mbit <= 0 or args.mbytes <= 0 or args.repeats < 1 or args.burst_kb <= 0:
+        parser.error("--rate-mbit, --mbytes and --burst-kb must be > 0 and --repeats >= 1")
+
+
 def op_sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory for op_sweep.json and profile.yaml")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -294,6 +315,7 @@ ENTRY_POINTS = {
             options=inference_options,
         ),
         EntryPoint("lina_inference_sim", ("lina", "inference", "train.seed", *OUTPUT)),
+        EntryPoint("link_sharing", options=link_sharing_options, check=link_sharing_check),
         EntryPoint("monta", ("monta", *OUTPUT)),
         EntryPoint(
             "monta_a2a",

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments.__main__ import main as run_entry_point
-from experiments.impl.simulate import sized_hardware
+from experiments.simulate import sized_hardware
 from moe_core.config.load import load_config
 from moe_core.dispatch.study import rank_dispatchers
 

@@ -120,7 +120,7 @@ def test_configs_load_without_torch():
 def test_the_shared_training_step_and_simulation_name_no_paper():
     """The training loop and the simulation entry point reach a paper's mechanisms only through the
     plan (a policy's executor, a re-layout hook's driver): they import no paper."""
-    for module in ("impl.train_step", "impl.simulate"):
-        path = CORE.parent / "experiments" / f"{module.replace('.', '/')}.py"
+    for module in ("train_step", "simulate"):
+        path = CORE.parent / "experiments" / f"{module}.py"
         imported = _imports(path, f"experiments.{module}")
         assert not any(n.startswith("moe_core.papers") for n in imported), (module, sorted(imported))

@@ -5,7 +5,7 @@ import pytest
 
 from analysis.collect import read_valid_record
 from experiments.__main__ import main as run_entry_point
-from experiments.impl.aurora_a2a import measured_points, scaled
+from experiments.aurora_a2a import measured_points, scaled
 from moe_core.comm.workloads import ELEMENT_BYTES
 from moe_core.config.load import load_config
 from moe_core.papers.aurora.config import AURORA_UNSTATED

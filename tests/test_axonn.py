@@ -15,8 +15,8 @@ import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
 from experiments.__main__ import main as run_entry_point
-from experiments.impl.axonn import megatron_scaling, record_points, records
-from experiments.impl.axonn_grid_predictions import grid_prediction_records
+from experiments.axonn import megatron_scaling, record_points, records
+from experiments.axonn_grid_predictions import grid_prediction_records
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import moe_blocks

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from experiments.impl.collectives import (
+from experiments.collectives import (
     CASES,
     TABLE_COLUMNS,
     Collective,

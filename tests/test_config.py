@@ -252,7 +252,7 @@ def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
 def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""
-    from experiments.impl.monta import model_points
+    from experiments.monta import model_points
     from moe_core.config.points import measured_points, point_overrides, sim_points
 
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
@@ -261,8 +261,8 @@ def test_a_valid_base_grid_leaves_every_point_valid():
         assert "parallel.grid.row=1" in point_overrides(point)
     assert all("parallel.grid.row=1" in overrides for _, overrides in sim_points(cfg).values())
     # and the papers' simulated experiments state their own layout too
-    from experiments.impl.gshard import step_overrides
-    from experiments.impl.lina_inference_sim import inference_config
+    from experiments.gshard import step_overrides
+    from experiments.lina_inference_sim import inference_config
     from moe_core.config.load import derive_config
     from moe_core.papers.gshard.models import MODELS
 

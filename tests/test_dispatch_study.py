@@ -10,9 +10,8 @@ import pytest
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from analysis.registry import TABLE_REGISTRY
+from experiments import dispatchers, dispatchers_sim
 from experiments.__main__ import main as run_entry_point
-from experiments.impl import dispatchers
-from experiments.impl import dispatchers_sim as impl_dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, dispatcher, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
@@ -98,7 +97,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
     assert run_entry_point(["dispatchers_sim", "--config", "configs/default.yaml", *overrides]) == 0
     cfg = load_config(["configs/default.yaml"], overrides)
     files = list((tmp_path / "raw" / "common" / "dispatchers_sim").glob("*.json"))
-    assert {f.stem for f in files} == set(impl_dispatchers_sim.sim_points(cfg))
+    assert {f.stem for f in files} == set(dispatchers_sim.sim_points(cfg))
     for record in map(read_valid_record, files):
         m = {k: v["value"] for k, v in record["metrics"].items()}
         assert m["useful_bytes"] > 0 and m["useful_GBps"] == pytest.approx(
@@ -106,7 +105,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
         )
     table = dispatcher_choice(collect(files)[0])
     assert set(table["skew"]) == set(cfg.dispatch_study.skews)
-    cells = {(size, skew, path) for _, size, skew, path in impl_dispatchers_sim.sim_cells(cfg)}
+    cells = {(size, skew, path) for _, size, skew, path in dispatchers_sim.sim_cells(cfg)}
     assert {(8, "uniform", "capacity"), (64, "uniform", "hierarchical")} <= cells
     assert (16, "trace:markov-e16-top2", "dropless") in cells
     assert (8, "uniform", "hierarchical") not in cells  # 8 GPUs are one node: no second phase

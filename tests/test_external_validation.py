@@ -11,8 +11,8 @@ import yaml
 import analysis.papers  # noqa: F401  (registers the tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
+from experiments import external_validation as ev
 from experiments.__main__ import main as run_entry_point
-from experiments.impl import external_validation as ev
 from moe_core.config.load import CONFIG_DIR, load_config
 from moe_core.records.results import record_path, write_record
 from moe_core.sim.topology import build_topology

@@ -5,7 +5,13 @@ import json
 import torch.distributed as dist
 
 from experiments.__main__ import main as run_entry_point
-from experiments.impl.op_sweep import fit
+from experiments.entry_points import GPU_CHECK_SIZES
+from experiments.gpu_check import SIZES
+from experiments.op_sweep import fit
+
+
+def test_the_sizes_option_offers_every_size_table():
+    assert tuple(sorted(SIZES)) == GPU_CHECK_SIZES
 
 
 def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path, capsys):

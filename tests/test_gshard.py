@@ -14,7 +14,7 @@ from analysis.collect import collect
 from analysis.compare import CONSISTENT, compare
 from analysis.papers.gshard import scaling_exponent
 from analysis.published import load_registry
-from experiments.impl.gshard import collective_records, record_points, records, step_overrides
+from experiments.gshard import collective_records, record_points, records, step_overrides
 from moe_core.config.load import derive_config, hardware_profile, load_config
 from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks

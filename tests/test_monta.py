@@ -11,9 +11,9 @@ import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import at_setting, collect, read_valid_record
 from analysis.papers.monta import strategy_ranking
 from analysis.registry import REPRODUCERS
+from experiments import monta as monta_study
 from experiments.__main__ import main as run_entry_point
-from experiments.impl import monta as monta_study
-from experiments.impl.monta_a2a import measured_points as a2a_points
+from experiments.monta_a2a import measured_points as a2a_points
 from moe_core.config.load import ConfigError, load_config
 from moe_core.config.points import measured_points, sim_points, unstated_param
 from moe_core.papers.monta.config import MONTA_UNSTATED

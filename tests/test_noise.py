@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401  (registers the figures)
 from analysis.registry import FIGURE_REGISTRY
+from experiments import calibrate as calibration
 from experiments.__main__ import main as run_entry_point
-from experiments.impl import calibrate as calibration
 from moe_core.records.results import make_record, read_record
 from moe_core.runtime.noise import (
     MIN_WINDOW_S,

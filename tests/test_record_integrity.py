@@ -21,7 +21,7 @@ import pytest
 import analysis.collect as collect_mod
 import analysis.compare as compare_mod
 from analysis.published import load_registry
-from experiments.impl.simulate import EXPERIMENT, simulated_record
+from experiments.simulate import EXPERIMENT, simulated_record
 from moe_core.config.load import load_config
 from moe_core.config.points import sim_points
 from moe_core.records.record_schema import check_record, provenance, record_problem

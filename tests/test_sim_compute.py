@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from experiments.__main__ import main as run_entry_point
-from experiments.impl.op_sweep import SWEEPS, fit, gemm_shapes, model_of, predicted_ms, profile_fields
+from experiments.entry_points import OP_SWEEP_SIZES
+from experiments.op_sweep import SWEEPS, fit, gemm_shapes, model_of, predicted_ms, profile_fields
 from moe_core.config.load import ConfigError, load_config
 from moe_core.model.gating import gshard_gating
 from moe_core.sim.compute import ADAM_FOREACH_OPS, ADAM_PASSES, ComputeModel, multi_tensor_launches
@@ -199,6 +200,10 @@ def test_the_gate_table_counts_what_the_gating_code_runs(top_k, tokens, experts)
         kernels, per_token_expert, per_token = gate_routing(top_k, pass_)
         assert traced.kernels == kernels, pass_
         assert traced.nbytes == pytest.approx(tokens * (per_token_expert * experts + per_token), rel=0.05), pass_
+
+
+def test_the_sweep_option_offers_every_sweep():
+    assert tuple(sorted(SWEEPS)) == OP_SWEEP_SIZES
 
 
 def test_op_sweep_writes_a_record_and_a_profile_snippet(tmp_path):

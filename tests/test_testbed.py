@@ -241,10 +241,10 @@ def test_each_node_link_is_shaped_to_its_own_rate():
 
 
 def test_link_sharing_rejects_bad_input_with_exit_code_2(capsys):
-    from experiments import link_sharing
+    from experiments.__main__ import main as run_entry_point
 
     with pytest.raises(SystemExit) as exit_info:
-        link_sharing.main(["--out", "x.json", "--repeats", "0"])
+        run_entry_point(["link_sharing", "--out", "x.json", "--repeats", "0"])
     assert exit_info.value.code == 2 and "--repeats" in capsys.readouterr().err
 
 

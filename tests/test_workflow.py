@@ -13,7 +13,7 @@ import pytest
 
 import analysis.papers  # noqa: F401  (registers every paper's tables and figures)
 from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
-from experiments.impl.dispatchers_sim import sim_points as dispatcher_sim_points
+from experiments.dispatchers_sim import sim_points as dispatcher_sim_points
 from moe_core.config.load import load_config
 from moe_core.config.points import point_name, sim_points, sweep_points
 from moe_core.papers import PAPERS

@@ -3,7 +3,7 @@
 # transmission orders measured with gloo/NCCL (experiments/aurora_a2a.py, one torchrun job). Each job
 # writes one record per point.
 
-from experiments.impl.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
+from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
 from moe_core.papers.aurora.study import PAPER as AURORA_PAPER, aurora_points
 
 AURORA_SIM_RECORDS = [

@@ -1,8 +1,8 @@
 # nccl-tests-style collective microbenchmark: one torchrun job writes one record per
 # (collective, concurrent, size) point (experiments/collectives.py).
 
-from experiments.impl.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
-from experiments.impl.collectives import collective_points
+from experiments.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
+from experiments.collectives import collective_points
 
 COLLECTIVE_RECORDS = expand(
     f"{RESULTS}/raw/{COLLECTIVES_PAPER}/{COLLECTIVES}/{{point}}.json",

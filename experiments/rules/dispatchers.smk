@@ -3,13 +3,13 @@
 # on this testbed's calibrated profile (records of their own, so a new calibration re-measures
 # nothing), and simulated on the study's clusters (cheap local jobs); then the tables.
 
-from experiments.impl.dispatchers import (
+from experiments.dispatchers import (
     EXPERIMENT as DISPATCHERS,
     PAPER as DISPATCHERS_PAPER,
     measured_points as dispatcher_measured_points,
 )
-from experiments.impl.dispatchers_predictions import EXPERIMENT as DISPATCHER_PREDICTIONS
-from experiments.impl.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_points as dispatcher_sim_points
+from experiments.dispatchers_predictions import EXPERIMENT as DISPATCHER_PREDICTIONS
+from experiments.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_points as dispatcher_sim_points
 
 DISPATCHER_RECORDS = expand(
     f"{RESULTS}/raw/{DISPATCHERS_PAPER}/{DISPATCHERS}/{{point}}.json", point=dispatcher_measured_points(CFG)

@@ -3,7 +3,7 @@
 # collectives on torus slices; seconds of CPU). GShard's measured points are in the training-step
 # sweep (train_step.smk).
 
-from experiments.impl.gshard import record_points as gshard_record_points
+from experiments.gshard import record_points as gshard_record_points
 from moe_core.papers.gshard.study import PAPER as GSHARD_PAPER
 
 GSHARD_SIM_RECORDS = [

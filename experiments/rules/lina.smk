@@ -40,7 +40,7 @@ rule lina_inference:
         "-- -m experiments inference --out-dir {params.out_dir:q}"
 
 
-from experiments.impl.lina_inference_sim import record_points as lina_sim_inference_points
+from experiments.lina_inference_sim import record_points as lina_sim_inference_points
 
 LINA_SIM_INFERENCE_RECORDS = expand(
     f"{RESULTS}/raw/lina/inference/{{point}}.json", point=lina_sim_inference_points(CFG)

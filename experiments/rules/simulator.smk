@@ -70,7 +70,7 @@ rule validate:
         "logged {log:q} python -m experiments validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
 
 
-from experiments.impl.external_validation import record_points as external_points
+from experiments.external_validation import record_points as external_points
 
 EXTERNAL_RECORDS = expand(f"{RESULTS}/raw/common/external_validation/{{point}}.json", point=external_points(CFG))
 RAW_RECORDS += EXTERNAL_RECORDS
@@ -92,7 +92,7 @@ rule external_validation:
         "logged {log:q} python -m experiments external_validation --config {input.config:q}"
 
 
-from experiments.impl.external_steps import record_points as external_step_points
+from experiments.external_steps import record_points as external_step_points
 
 EXTERNAL_STEP_RECORDS = expand(
     f"{RESULTS}/raw/common/external_steps/{{point}}.json", point=external_step_points(CFG)

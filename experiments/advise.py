@@ -28,7 +28,7 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.impl.simulate import sized_hardware
+from experiments.simulate import sized_hardware
 from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
 from moe_core.config.run_checks import too_many_ranks
 from moe_core.dispatch import DISPATCHERS

@@ -20,7 +20,7 @@ the same two GEMMs and one elementwise kernel per pass; SwiGLU as SwiGLU.
 The error is on step time: ``step_error = predicted step / published step - 1``, the published step derived
 from the published metric with the source's own definition (``tokens_per_s_per_gpu``: global_batch x seq_len /
 (step x GPUs); ``model_tflops_per_gpu``: the iteration's model FLOPs by the source's formula (``flops_formula``:
-Megatron-LM's, experiments.impl.external_steps.megatron_flops) / (step x GPUs); ``step_s``: the step
+Megatron-LM's, experiments.external_steps.megatron_flops) / (step x GPUs); ``step_s``: the step
 itself). The records also carry the metric predicted the same way.
 
 Records: ``results/raw/common/external_steps/<id>.json`` (mode simulated, backend sim) with metrics

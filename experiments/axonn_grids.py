@@ -24,7 +24,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from experiments.impl.train_step import train
+from experiments.train_step import train
 from moe_core.papers.axonn.sweeps import MEASURED, PAPER, grid_point_params, grid_points, point_config
 from moe_core.runtime.benchmark import measured_main, measured_record
 from moe_core.runtime.distributed import Env

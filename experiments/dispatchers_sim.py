@@ -26,8 +26,8 @@ from itertools import groupby
 
 from omegaconf import DictConfig
 
-from experiments.impl.dispatchers import PAPER, slug
-from experiments.impl.simulate import sized_hardware
+from experiments.dispatchers import PAPER, slug
+from experiments.simulate import sized_hardware
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.dispatch import dispatcher
 from moe_core.dispatch.study import (

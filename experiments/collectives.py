@@ -20,10 +20,10 @@ For every size S from ``collectives.min_bytes`` to ``max_bytes`` (times ``step_f
   alternate in the same loop, so ``slowdown`` compares numbers taken under the same conditions.
 
 Methodology (reference/peers.md §4): warm-up iterations, then per timed iteration a barrier and
-one timed call (more iterations for latency-bound sizes: experiments.impl.collectives.timed_iterations)
+one timed call (more iterations for latency-bound sizes: experiments.collectives.timed_iterations)
 (``perf_counter`` on CPU, CUDA events on GPU); each iteration keeps the worst rank.
 ``algbw = S / t`` and ``busbw = algbw * factor`` with the nccl-tests factors
-(experiments.impl.collectives.bus_bandwidth_factor); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
+(experiments.collectives.bus_bandwidth_factor); GB/s are 1e9 bytes/s. ``--check`` checks every point's result
 before timing it (all-reduce, reduce-scatter: the sum of the rank ids; all-gather: each rank's
 chunk of its rank id, in rank order; all-to-alls: from each peer exactly its
 elements, of its rank id) and counts the wrong elements over all ranks: a point with any is not

@@ -20,8 +20,8 @@ import argparse
 
 from omegaconf import DictConfig
 
-from experiments.impl.dispatchers import PAPER, cell_params, measured_cells
-from experiments.impl.simulate import sized_hardware
+from experiments.dispatchers import PAPER, cell_params, measured_cells
+from experiments.simulate import sized_hardware
 from moe_core.config.load import ConfigError, derive_config
 from moe_core.dispatch.study import measured_capacity, simulated_exchange_ms, step_counts
 from moe_core.model.capacity import DTYPE_BYTES

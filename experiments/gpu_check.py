@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from experiments.impl.op_sweep import measure_ops
+from experiments.op_sweep import measure_ops
 from moe_core.config.load import load_config
 from moe_core.model.capacity import capacity
 from moe_core.model.layer import MoELayer

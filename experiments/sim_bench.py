@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from experiments.impl.simulate import sized_hardware
+from experiments.simulate import sized_hardware
 from moe_core.config.load import load_config
 from moe_core.records.console import RowPrinter
 from moe_core.sim.collectives import simulate_on
