@@ -58,6 +58,14 @@ def test_the_core_never_imports_a_paper_except_through_the_registry():
         assert not any(name.startswith("moe_core.papers") for name in _imports(path, module)), module
 
 
+def test_the_core_never_imports_the_entry_points():
+    """moe_core is the library the entry points (experiments/) run: a paper's study lives in its folder
+    and the entry point only writes its records, never the other way round."""
+    for path in sorted(CORE.rglob("*.py")):
+        module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
+        assert not _imports(path, module, top="experiments"), module
+
+
 def _import_graph(package: Path) -> nx.DiGraph:
     """module -> module it imports, within ``package``; importing a module runs its packages'
     __init__ first, so an import also reaches each package above the imported module."""

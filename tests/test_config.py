@@ -261,10 +261,10 @@ def test_a_valid_base_grid_leaves_every_point_valid():
         assert "parallel.grid.row=1" in point_overrides(point)
     assert all("parallel.grid.row=1" in overrides for _, overrides in sim_points(cfg).values())
     # and the papers' simulated experiments state their own layout too
-    from experiments.gshard import step_overrides
     from experiments.lina_inference_sim import inference_config
     from moe_core.config.load import derive_config
     from moe_core.papers.gshard.models import MODELS
+    from moe_core.papers.gshard.study import step_overrides
 
     assert inference_config(cfg, 4).parallel.grid.row == 1
     assert derive_config(cfg, step_overrides(cfg, MODELS[min(MODELS)])).parallel.grid.row == 1
