@@ -15,13 +15,14 @@ import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
 from experiments.__main__ import main as run_entry_point
-from experiments.axonn import megatron_scaling, record_points, records
+from experiments.axonn import records
 from experiments.axonn_grid_predictions import grid_prediction_records
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.config.sections import ConfigError
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
+from moe_core.papers.axonn.study import megatron_scaling, record_points
 from moe_core.papers.axonn.sweeps import grid_points, measured_communication, point_config
 from moe_core.parallel.grid import block_collectives
 from moe_core.records.results import read_record

@@ -5,7 +5,7 @@
 # scaling against the Megatron-style baseline, the overlap ablation, the ranking of every grid;
 # seconds of CPU).
 
-from experiments.axonn import record_points as axonn_record_points
+from moe_core.papers.axonn.study import record_points as axonn_record_points
 from moe_core.papers.axonn.sweeps import (
     MEASURED as AXONN_MEASURED,
     PAPER as AXONN_PAPER,
