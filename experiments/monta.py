@@ -15,135 +15,41 @@ the paper's model (``monta.overrides``) on its testbed (``monta.hardware``), it 
 
 Records carry ``mode: simulated`` and ``backend: model`` (a testbed of their own, beside the step
 simulator's ``sim``), ``results/raw/monta/<experiment>/<point>.json``, all written at the end.
+
+The study, its points and the model's prediction of each, is moe_core.papers.monta.study; this
+entry point runs it on the config and writes the records.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from moe_core.config.points import unstated_param, unstated_variants
-from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
-from moe_core.papers.monta.config import MONTA_UNSTATED
-from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
-from moe_core.papers.monta.performance_model import (
-    admissible_chunk_counts,
-    enumerate_strategies,
-    exchange_links,
-    pipelined_seconds,
-    rank_strategies,
-)
-from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
+from moe_core.papers.monta.study import Point, study_points
+from moe_core.papers.monta.sweeps import PAPER
 from moe_core.runtime.benchmark import predicted_record, predictions_main
 
 
-def settings(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The paper's config on its testbed by name: at the chosen values (the testbed's name), then at
-    the other end of each unstated parameter's range (the name with the setting appended)."""
-    runs = {cfg.monta.hardware: [], **unstated_variants(cfg.monta.hardware, [], MONTA_UNSTATED)}
-    return {
-        name: OmegaConf.merge(paper_config(cfg, setting), {"moe": {"num_experts": EXPERTS}})
-        for name, setting in runs.items()
-    }
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of this run, one per point of the study."""
+    return [record(cfg, point) for point in study_points(cfg)]
 
 
-def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
-    """One record per (tp, ep, dp) layout, with the model's predictions and rank."""
-    hw, m, model = paper.hardware, cfg.monta, paper.model
-    world = hw.nodes * hw.devices_per_node
-    ranked = rank_strategies(
-        enumerate_strategies(
-            world_size=world,
-            devices_per_node=hw.devices_per_node,
-            num_experts=EXPERTS,
-            tokens_per_rank=paper.train.batch_size * model.seq_len,
-            d_model=model.d_model,
-            d_ff=model.d_ff,
-            top_k=paper.moe.top_k,
-            capacity_factor=paper.moe.capacity_factor,
-            element_bytes=DTYPE_BYTES[paper.train.dtype],
-            memory_bytes_per_device=m.device_memory_GB * 1e9,
-            bytes_per_param=m.bytes_per_param,
-            hw=hw,
-            chunk_overhead_s=m.chunk_overhead_us * 1e-6,
-            moe_layers=len(moe_blocks(model.n_layers, model.moe_every)),
-        )
-    )
-    records = []
-    for rank, s in enumerate(ranked, start=1):
-        params = {
-            "world_size": world,
-            "tensor_parallel": s.tp,
-            "expert_parallel": s.ep,
-            "data_parallel": s.dp,
-            "nics_per_node": hw.nics_per_node,
-        }
-        metrics = {
-            "model_exchange_ms": s.exchange_s * 1e3,
-            "model_a2a_ms": s.a2a_s * 1e3,
-            "model_allgather_ms": s.allgather_s * 1e3,
-            "inter_node_bytes": s.inter_node_bytes,
-            "memory_GB": s.memory_bytes / 1e9,
-            "fits": float(s.fits),
-            "model_rank": rank,
-            "chunks": s.chunks,
-        }
-        records.append(_record(cfg, paper, "monta_strategy", f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}", params, metrics))
-    return records
-
-
-def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
-    """The model's pipelined dispatch time for every admissible chunk count at the largest tp."""
-    hw = paper.hardware
-    tp = max(cfg.monta.sim_tensor_parallel, default=1)
-    if tp == 1:
-        return []
-    ep = EXPERTS
-    paper = OmegaConf.merge(paper, {"parallel": {"world_size": hw.nodes * hw.devices_per_node, "tensor_parallel": tp}})
-    slots, volume = dispatch_rows_per_expert(paper), dispatch_volume_bytes(paper)
-    links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
-    chosen = monta_chunks(paper)  # the decision the run's monta dispatch takes
-    records = []
-    for n in admissible_chunk_counts(slots, tp):
-        params = {"tensor_parallel": tp, "expert_parallel": ep, "chunks": n, "nics_per_node": hw.nics_per_node}
-        metrics = {"model_exchange_ms": pipelined_seconds(volume, n, ep, tp, links) * 1e3, "chosen": float(n == chosen)}
-        records.append(_record(cfg, paper, "monta_chunk_model", f"{name}_tp{tp}_n{n}", params, metrics))
-    return records
-
-
-def model_records(cfg: DictConfig) -> list[dict]:
-    """Every record of this run: the strategy ranking at the chosen values, the chunk curve at each setting."""
-    runs = settings(cfg)
-    chosen = cfg.monta.hardware
-    return [
-        *strategy_records(cfg, chosen, runs[chosen]),
-        *(record for name, paper in runs.items() for record in chunk_records(cfg, name, paper)),
-    ]
-
-
-def model_points(cfg: DictConfig) -> dict[str, list[str]]:
-    """Experiment -> the point names one run writes (the workflow declares them; the model is cheap)."""
-    points: dict[str, list[str]] = {"monta_strategy": [], "monta_chunk_model": []}
-    for record in model_records(cfg):
-        points[record["experiment"]].append(record["point"])
-    return points
-
-
-def _record(cfg: DictConfig, paper: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
-    """A record of the model's predictions at ``paper``'s setting, on its testbed."""
+def record(cfg: DictConfig, point: Point) -> dict:
+    """The record of ``point``'s predictions (backend ``model``), with the run's config."""
     return predicted_record(
         cfg,
         paper=PAPER,
-        experiment=experiment,
-        point=point,
-        hardware=paper.hardware.name,
-        params={**unstated_param(paper), **params},
-        metrics=metrics,
+        experiment=point.experiment,
+        point=point.name,
+        hardware=point.hardware,
+        params=point.params,
+        metrics=point.metrics,
         backend="model",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Compute and write the records of ``args`` (experiments.monta's command line)."""
-    return predictions_main(args, model_records)
+    return predictions_main(args, records)

@@ -252,8 +252,8 @@ def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
 def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""
-    from experiments.monta import model_points
     from moe_core.config.points import measured_points, point_overrides, sim_points
+    from moe_core.papers.monta.study import model_points
 
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
     assert cfg.parallel.grid.row == 2 and model_points(cfg)

@@ -11,13 +11,13 @@ import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import at_setting, collect, read_valid_record
 from analysis.papers.monta import strategy_ranking
 from analysis.registry import REPRODUCERS
-from experiments import monta as monta_study
 from experiments.__main__ import main as run_entry_point
 from experiments.monta_a2a import measured_points as a2a_points
 from moe_core.config.load import ConfigError, load_config
 from moe_core.config.points import measured_points, sim_points, unstated_param
 from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import monta_chunks
+from moe_core.papers.monta.study import model_points
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
 TP2 = ["parallel.tensor_parallel=2", "moe.num_experts=2", "moe.experts_per_rank=1", "comm.tp_dispatch=monta"]
@@ -86,7 +86,7 @@ def test_model_ranks_8_card_tensor_parallelism_first_at_the_paper_setting(tmp_pa
     assert run_entry_point(["monta", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 0
     files = sorted((tmp_path / "raw" / "monta").glob("*/*.json"))
     cfg = load_config(["configs/default.yaml"])
-    declared = {(e, p) for e, points in monta_study.model_points(cfg).items() for p in points}
+    declared = {(e, p) for e, points in model_points(cfg).items() for p in points}
     assert {(f.parent.name, f.stem) for f in files} == declared
     records, _ = collect(files)
     layouts = strategy_ranking(at_setting(records))  # the table shows the chosen NIC count only

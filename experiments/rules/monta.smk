@@ -4,7 +4,7 @@
 # ranking is a table of the performance model's predictions next to the simulated layouts.
 
 from experiments.monta_a2a import EXPERIMENT as MONTA_A2A, measured_points as monta_measured_points
-from experiments.monta import model_points as monta_model_points
+from moe_core.papers.monta.study import model_points as monta_model_points
 from moe_core.papers.monta.sweeps import PAPER as MONTA_PAPER
 
 MONTA_A2A_RECORDS = expand(
