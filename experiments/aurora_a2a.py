@@ -1,6 +1,6 @@
 """Aurora's transmission orders measured: the library all-to-all vs the ordered all-to-all on gating traces.
 
-Run under torchrun (every rank runs this file), usually through the launcher::
+Run under torchrun (every rank runs it), usually through the launcher::
 
     python -m experiments.launch --config FILE --nproc 4 -- -m experiments aurora_a2a [key=value ...]
 

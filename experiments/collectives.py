@@ -1,6 +1,6 @@
 """nccl-tests-style microbenchmark of the collectives an MoE layer uses, alone and in pairs.
 
-Run under torchrun (every rank runs this file)::
+Run under torchrun (every rank runs it)::
 
     torchrun --standalone --nproc-per-node=4 -m experiments collectives [--config FILE]... [key=value]... [--check]
 

@@ -1,6 +1,6 @@
 """MoNTA's exchange measured: one MoE dispatch of tokens the tensor-parallel ranks hold in duplicate.
 
-Run under torchrun (every rank runs this file), usually through the launcher::
+Run under torchrun (every rank runs it), usually through the launcher::
 
     python -m experiments.launch --config FILE --nproc 4 -- -m experiments monta_a2a [key=value ...]
 
