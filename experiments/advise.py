@@ -1,9 +1,9 @@
 """Which token dispatcher, on my cluster, for my routing: the registered dispatchers ranked by the
 simulator's time for one MoE layer.
 
-    python -m experiments.advise --hardware h100-ndr-cluster --ranks 64 --experts 256 --top-k 8 \\
+    python -m experiments advise --hardware h100-ndr-cluster --ranks 64 --experts 256 --top-k 8 \\
         --tokens 4096 --d-model 7168 --workload zipf:1.0
-    python -m experiments.advise --hardware my-cluster.yaml ... --json
+    python -m experiments advise --hardware my-cluster.yaml ... --json
 
 Given a hardware profile (a name of configs/hardware/ or your YAML), an MoE layer's shape (experts
 over ``--ranks`` expert-parallel ranks, top-k, tokens per rank, hidden size and dtype) and a routing
@@ -23,116 +23,154 @@ the routing draw grows with ranks x tokens x experts (README.md, "Which dispatch
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Callable
 
-from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS, split_name, why_not
-from moe_core.dispatch_study import MAX_LOGNORMAL_SIGMA
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.simulate import sized_hardware
+from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
+from moe_core.dispatch import DISPATCHERS
+from moe_core.dispatch_study import rank_dispatchers, study_steps, why_not_priced
 from moe_core.model.capacity import DTYPE_BYTES
-from moe_core.schema.run_checks import host_memory_bytes, too_many_ranks
-from moe_core.schema.sections import MAX_SEED
-
-# The widest hidden size a question may ask about: a hundred times the widest of today's MoE models
-# (DeepSeek-V3's 7168); beyond, row bytes overflow the model's arithmetic.
-MAX_D_MODEL = 2**20
-# Published capacity factors are 1 to 2; past this one a capacity path only pads (and its bytes overflow).
-MAX_CAPACITY_FACTOR = 100.0
+from moe_core.records.console import table
+from moe_core.schema.run_checks import too_many_ranks
+from moe_core.sim.topology import build_topology
 
 
-def bounded_int(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in [low, high] (argparse names the option in its error)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
-        return value
-
-    return parse
-
-
-def capacity_factor(text: str) -> float:
-    """An argparse type: a finite capacity factor in (0, MAX_CAPACITY_FACTOR]."""
+def priced_profile(args: argparse.Namespace) -> DictConfig:
+    """``--hardware`` grown to ``--ranks`` (moe_core.config.load.hardware_profile checks its rates; its
+    devices within the bound on ranks), once the network model can price it; ValueError whose message
+    starts with the option at fault."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= MAX_CAPACITY_FACTOR:  # also nan and inf
-        raise argparse.ArgumentTypeError(f"must be a number in (0, {MAX_CAPACITY_FACTOR:g}], got {text}")
-    return value
-
-
-def ranks(text: str) -> int:
-    """An argparse type: expert-parallel ranks within the bound every run has (moe_core.schema.run_checks)."""
-    value = bounded_int(1, sys.maxsize)(text)
-    why = too_many_ranks(value)
+        profile = hardware_profile(args.hardware)
+    except ConfigError as err:
+        raise ValueError(f"--hardware {args.hardware}: {err}") from None
+    why = too_many_ranks(profile.nodes * profile.devices_per_node)
     if why:
-        raise argparse.ArgumentTypeError(f"{why}; ask about fewer")
-    return value
+        raise ValueError(f"--hardware {args.hardware}: hardware.nodes x devices_per_node: {why}")
+    unpriced = why_not_priced(profile)
+    if unpriced:
+        raise ValueError(f"--hardware {args.hardware}: {unpriced}")
+    try:
+        hw = sized_hardware(OmegaConf.create({"hardware": profile, "parallel": {"world_size": args.ranks}}))
+    except ConfigError as err:
+        raise ValueError(f"--ranks {args.ranks}: {ERROR_KEY.sub('', str(err))}") from None
+    try:
+        build_topology(hw)
+    except ValueError as err:  # a rate the network model needs that the profile leaves unknown
+        raise ValueError(f"--hardware {args.hardware}: {err}") from None
+    return hw
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line, every option checked: a message naming the option, exit 2."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    counts = bounded_int(1, 2**31 - 1)
-    parser.add_argument("--hardware", required=True, help="a profile of configs/hardware/ or a YAML file")
-    parser.add_argument("--ranks", type=ranks, required=True, help="expert-parallel ranks (GPUs) of the layer")
-    parser.add_argument("--experts", type=counts, required=True, help="experts, a multiple of --ranks")
-    parser.add_argument("--top-k", type=counts, default=2, help="experts per token (default 2)")
-    parser.add_argument("--tokens", type=counts, required=True, help="tokens per rank and step")
-    parser.add_argument("--d-model", type=bounded_int(1, MAX_D_MODEL), required=True, help="hidden size of a token")
-    parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16", help="on the wire")
-    parser.add_argument("--workload", default="uniform", help="routing workload (default uniform)")
-    parser.add_argument(
-        "--capacity-factor", type=capacity_factor, default=1.25, help="of the capacity paths (default 1.25)"
+def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
+    """The ranking on ``hw`` (:func:`priced_profile`), the winners and the assumptions, as one
+    JSON-able object."""
+    ranking = rank_dispatchers(
+        hw,
+        ranks=args.ranks,
+        experts=args.experts,
+        top_k=args.top_k,
+        tokens_per_rank=args.tokens,
+        row_bytes=args.d_model * DTYPE_BYTES[args.dtype],
+        capacity_factor=args.capacity_factor,
+        workload=args.workload,
+        seed=args.seed,
     )
-    parser.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="of the routing draw")
-    parser.add_argument("--json", action="store_true", help="print one JSON object for scripts")
-    args = parser.parse_args(argv)
-    if args.experts % args.ranks:
-        parser.error(f"--experts {args.experts} must be a multiple of --ranks {args.ranks} (whole experts per rank)")
-    if args.top_k > args.experts:
-        parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
-    draw = routing_bytes(args)
-    if draw > host_memory_bytes():
-        parser.error(
-            f"--tokens {args.tokens}: the routing draw of {args.ranks} ranks x {args.experts} experts takes about "
-            f"{draw / 2**30:.0f} GiB, over this host's {host_memory_bytes() / 2**30:.0f} GiB; ask about fewer tokens"
+    for row in ranking:
+        row["exposed_ms"] = exposed_ms(row)
+    lossless = [row for row in ranking if row["dropped_fraction"] == 0]
+    nodes = -(-args.ranks // hw.devices_per_node)
+    skipped = [name for name, d in DISPATCHERS.items() if d.tensor_parallel]
+    return {
+        "inputs": {**vars(args), "hardware": hw.name},
+        "ranking": ranking,
+        "fastest": ranking[0]["dispatcher"],
+        "fastest_without_drops": lossless[0]["dispatcher"] if lossless else None,
+        "assumptions": [
+            "one MoE layer's dispatch then combine; exposed communication: every ranked dispatcher's "
+            "exchange blocks the compute stream in a training step (the experts wait for the dispatch, the "
+            "combine for the experts: moe_core.dispatch.step.AllToAll), so its whole time is exposed; not "
+            "modelled here: hiding it behind other layers' compute (the step simulator prices a whole "
+            "step's overlap for a model config, experiments/simulate.py)",
+            f"the network model of '{hw.name}' (moe_core.sim): {args.ranks} ranks on {nodes} node(s) of "
+            f"{hw.devices_per_node}, intra-node {hw.intra_node_GBps:g} GB/s, {hw.nics_per_node} NIC(s) of "
+            f"{hw.nic_GBps:g} GB/s per node; a prediction, not a measurement (a measured run's "
+            "tables/dispatchers_vs_model.csv says how close it comes on that testbed)",
+            f"{args.experts // args.ranks} expert(s) per rank, contiguous; capacity paths keep "
+            f"ceil({args.capacity_factor:g} x top-k x tokens / experts) slots per expert and source rank",
+            f"routing: workload '{args.workload}', seed {args.seed}, mean over its "
+            f"{study_steps(args.workload, args.ranks)} step(s)",
+            f"not ranked: the tensor-parallel dispatchers ({', '.join(skipped)}), simulated inside "
+            "training steps (experiments/simulate.py)",
+        ],
+    }
+
+
+def exposed_ms(row: dict) -> float:
+    """The part of a ranked dispatcher's exchange the compute stream waits for: all of it, since none
+    of the dispatchers ranked alone overlaps its exchange with compute (the pipelined schedules that
+    do, Lina's and MoNTA's, are priced in whole training steps)."""
+    return row["exchange_ms"]
+
+
+def report(result: dict) -> str:
+    """The advice as text: the table, the winners by how much, the assumptions."""
+    a, ranking = result["inputs"], result["ranking"]
+    lines = [
+        f"Which dispatcher: {a['ranks']} ranks of {a['hardware']}, {a['experts']} experts, top-{a['top_k']}, "
+        f"{a['tokens']} tokens per rank of {a['d_model']} {a['dtype']}, workload {a['workload']} "
+        f"(imbalance {ranking[0]['imbalance']:.2f}: max tokens per expert / mean)",
+        "",
+        table(
+            [
+                {
+                    "dispatcher": row["dispatcher"],
+                    "time(ms)": row["exchange_ms"],
+                    "exposed(ms)": row["exposed_ms"],
+                    "vs fastest(x)": row["vs_fastest"],
+                    "dropped": row["dropped_fraction"],
+                    "useful(GB/s)": row.get("useful_GBps"),
+                    "moved(MB)": row["bytes_moved"] / 1e6,
+                    "busbw(GB/s)": row.get("busbw_GBps"),
+                }
+                for row in ranking
+            ],
+            floatfmt=("", ".3f", ".3f", ".2f", ".1%", ".1f", ".1f", ".1f"),
+        ),
+    ]
+    best = ranking[0]
+    lines.append("")
+    if len(ranking) > 1:
+        lines.append(
+            f"Fastest: {best['dispatcher']}, {ranking[1]['vs_fastest']:.2f}x faster than {ranking[1]['dispatcher']}"
+            + (f", but it drops {best['dropped_fraction']:.1%} of the tokens" if best["dropped_fraction"] else "")
+            + "."
         )
-    why = workload_error(args)
-    if why:
-        parser.error(f"--workload {args.workload}: {why}")
-    return args
+    lossless = [row for row in ranking if row["dropped_fraction"] == 0]
+    if lossless and lossless[0] is not best:
+        margin = (
+            f", {lossless[1]['exchange_ms'] / lossless[0]['exchange_ms']:.2f}x faster than {lossless[1]['dispatcher']}"
+            if len(lossless) > 1
+            else ""
+        )
+        lines.append(
+            f"Fastest that drops nothing: {lossless[0]['dispatcher']}{margin} "
+            f"({lossless[0]['vs_fastest']:.2f}x the fastest's time)."
+        )
+    lines += ["", "Assumptions:", *(f"- {item}" for item in result["assumptions"])]
+    return "\n".join(lines)
 
 
-def routing_bytes(args: argparse.Namespace) -> int:
-    """The memory of the routing draw (moe_core.dispatch.workloads.routing): every rank's choices
-    (int64) and one rank's float64 key per token and expert at a time."""
-    return 8 * args.tokens * (args.ranks * args.top_k + args.experts)
-
-
-def workload_error(args: argparse.Namespace) -> str | None:
-    """Why ``--workload`` cannot route this layer (None: it can): a malformed name, a sigma that
-    overflows, a trace that does not load or fit, a layout the workload cannot heat."""
-    names = ", ".join(IMBALANCE_WORKLOADS)
+def run(args: argparse.Namespace) -> int:
+    """The advice for ``args`` (experiments.advise's command line, every option checked), as text or
+    JSON; exit code 2, naming the option, for a profile that does not load, cannot be priced or
+    grown to --ranks."""
     try:
-        kind, parameter = split_name(args.workload)
-        if kind == "lognormal" and parameter > MAX_LOGNORMAL_SIGMA:
-            return f"sigma above {MAX_LOGNORMAL_SIGMA:g} overflows the expert weights"
-        return why_not(args.workload, experts=args.experts, ranks=args.ranks, top_k=args.top_k)
+        hw = priced_profile(args)
     except ValueError as err:
-        return f"{err}; use uniform, zipf:<s>, lognormal:<sigma>, trace:<name> or one of {names}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from experiments.impl.advise import run  # the simulator: once the command line is parsed
-
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result = advice(args, hw)
+    print(json.dumps(result, indent=1) if args.json else report(result))
+    return 0

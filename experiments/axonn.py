@@ -2,7 +2,7 @@
 ablation, and the ranking of every grid for the largest model (seconds of CPU, no processes). The
 model's prediction for each point of the measured grid sweep: experiments/axonn_grid_predictions.py.
 
-    python -m experiments.axonn --config configs/default.yaml
+    python -m experiments axonn --config configs/default.yaml
 
 Every training step is the step simulator's (moe_core.sim.step) on ``axonn.hardware``, built from the
 same config and decisions as a measured run: the grid's collectives (moe_core.parallel.grid), the plan's
@@ -28,24 +28,48 @@ overlaps, the data-parallel all-reduce after the backward pass (AxoNN's). Record
 
 Neither system's simulated step recomputes activations (both train under the memory of full
 recomputation, as Megatron-AxoNN's scripts run): both lack the same extra forward pass.
+
+The study, its points and how each is simulated, is moe_core.papers.axonn.study; this entry point
+runs it on the config and writes one record per point (mode simulated, backend sim), all once every
+point is done.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from moe_core.config.cli import config_arg_parser
+from omegaconf import DictConfig
+from tqdm import tqdm
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("axonn", "results_dir", "sweep.name", "wandb")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.axonn import run  # the models and the simulator: once the command line is parsed
-
-    return run(args)
+from experiments.benchmark import predicted_record, predictions_main
+from moe_core.papers.axonn.study import PAPER, Point, ranking_points, run_points, study_runs
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of the study: each run's scaling and ablation (``study_runs``), with that run's
+    config, and the ranking at the chosen values."""
+    out = []
+    for suffix, overrides, models, variants in tqdm(study_runs(), desc="axonn runs", file=sys.stderr):
+        run_cfg, points = run_points(cfg, overrides, models, variants, suffix)
+        out += [record(run_cfg, point) for point in points]
+    return [*out, *(record(cfg, point) for point in ranking_points(cfg))]
+
+
+def record(cfg: DictConfig, point: Point) -> dict:
+    """The simulated record of ``point`` on ``axonn.hardware``, with its run's config ``cfg``."""
+    return predicted_record(
+        cfg,
+        paper=PAPER,
+        experiment=point.experiment,
+        point=point.name,
+        hardware=cfg.axonn.hardware,
+        params=point.params,
+        metrics=point.metrics,
+        backend="sim",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and write the records of ``args`` (experiments.axonn's command line)."""
+    return predictions_main(args, records)

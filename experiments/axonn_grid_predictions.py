@@ -1,6 +1,6 @@
 """AxoNN's communication model's prediction for each point of the measured grid sweep.
 
-    python -m experiments.axonn_grid_predictions --config configs/default.yaml \\
+    python -m experiments axonn_grid_predictions --config configs/default.yaml \\
         axonn.model_profile=results/calibration/local-cpu-calibrated.yaml
 
 Writes ``axonn_grid_predictions/<point>``: for every point of experiments/axonn_grids.py
@@ -15,22 +15,36 @@ calibration.
 
 from __future__ import annotations
 
-import sys
+import argparse
 
-from moe_core.config.cli import config_arg_parser
+from omegaconf import DictConfig
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("axonn", "hardware_profile", "results_dir", "sweep.name", "wandb")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.axonn_grid_predictions import (
-        run,  # the models and the simulator: once the command line is parsed
-    )
-
-    return run(args)
+from experiments.benchmark import predicted_record, predictions_main
+from moe_core.papers.axonn.sweeps import PAPER, PREDICTED, grid_point_params, grid_points, predicted_metrics
+from moe_core.papers.axonn.sweeps import point_config as grid_point_config
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def grid_prediction_records(cfg: DictConfig) -> list[dict]:
+    """The model's prediction for every point of the measured grid sweep, on the run's testbed:
+    each record named and parametrised as the measured point's (grid_points)."""
+    out = []
+    for name, (grid, variant) in grid_points(cfg).items():
+        point = grid_point_config(cfg, grid, variant)
+        out.append(
+            predicted_record(
+                point,
+                paper=PAPER,
+                experiment=PREDICTED,
+                point=name,
+                hardware=cfg.hardware.name,
+                params=grid_point_params(point, variant),
+                metrics=predicted_metrics(point, grid),
+                backend="model",
+            )
+        )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and write the records of ``args`` (experiments.axonn_grid_predictions's command line)."""
+    return predictions_main(args, grid_prediction_records)

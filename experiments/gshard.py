@@ -1,6 +1,6 @@
 """GShard's scaling study on the TPU v3 torus, simulated (seconds of CPU, no processes).
 
-    python -m experiments.gshard --config configs/default.yaml
+    python -m experiments gshard --config configs/default.yaml
 
 The models of Table 1 (moe_core/papers/gshard/models.py) at 128, 512 and 2048 experts, one expert per
 core, each on the committed profile with as many cores (``gshard.profiles``: 64-, 256- and 1024-chip
@@ -20,24 +20,44 @@ config section's (moe_core/papers/gshard/config.py, with its reasoning). Records
 * ``gshard_collectives/<collective>_p<partitions>_<bytes>``: an all-to-all and an all-reduce of
   ``gshard.collective_bytes_per_partition`` per core on a torus slice of the largest profile of each
   ``gshard.collective_partitions`` (Fig 9): the simulated time and its line-rate bound.
+
+The study, its points and how each is simulated, is moe_core.papers.gshard.study; this entry point
+runs it on the config and writes one record per point (mode simulated), all once every point is done.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from moe_core.config.cli import config_arg_parser
+from omegaconf import DictConfig
+from tqdm import tqdm
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("gshard", "results_dir", "sweep.name", "wandb")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.gshard import run  # the models and the simulator: once the command line is parsed
-
-    return run(args)
+from experiments.benchmark import predicted_record, predictions_main
+from moe_core.papers.gshard.study import PAPER, Point, all_scaling_runs, collective_points, memory_points, scaling
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of the study (a bad profile fails before any simulation)."""
+    runs = all_scaling_runs(cfg)
+    scaled = [scaling(cfg, *run) for run in tqdm(runs, desc="gshard scaling runs", file=sys.stderr)]
+    return [record(cfg, point) for point in [*scaled, *memory_points(cfg), *collective_points(cfg)]]
+
+
+def record(cfg: DictConfig, point: Point) -> dict:
+    """The record of ``point``, with the run's config."""
+    return predicted_record(
+        cfg,
+        paper=PAPER,
+        experiment=point.experiment,
+        point=point.name,
+        hardware=point.hardware,
+        params=point.params,
+        metrics=point.metrics,
+        backend=point.backend,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and write the records of ``args`` (experiments.gshard's command line)."""
+    return predictions_main(args, records)

@@ -2,12 +2,13 @@
 across the nodes of a SLURM allocation.
 
     python -m experiments.launch --config FILE [--config FILE ...] [key=value ...] --nproc N \\
-        -- -m experiments.train_step [entry-point args ...]
+        -- -m experiments train_step [entry-point args ...]
 
 Everything before ``--`` is the launcher's: the config files and ``key=value`` overrides it loads
 (with the hardware profile, moe_core.config.load) and the number of ranks ``N``. After ``--`` comes what
-torchrun runs (``-m module`` or a script). The launcher forwards its config files and overrides to
-the entry point, so each key is given once:
+torchrun runs: an entry point, ``-m experiments NAME`` (the runner, experiments/__main__.py), or
+another ``-m module`` or a script. The launcher forwards its config files and overrides to the
+entry point, so each key is given once:
 
     <entry> --config FILE ... [entry-point args ...] key=value ...
 
@@ -47,9 +48,10 @@ and starts the only ``srun`` step: inside a step (``SLURM_STEP_ID`` set) it neve
 again, and refuses a multi-node job there (a nested srun would wait for resources its own step holds).
 
 Exit code: the job's (the first failing node's when emulated); 128 + the signal when interrupted;
-2 for bad input before any launch: a bad config, a ``--nproc`` that differs from the world size the
-entry point runs with (the config key its module names in ``WORLD_SIZE_KEY``:
-``parallel.world_size`` for experiments.train_step), a ``results_dir`` that cannot be written.
+2 for bad input before any launch: a bad config, an entry point the runner does not know, a ``--nproc``
+that differs from the world size the entry point runs with (the config key its line in
+experiments.entry_points names: ``parallel.world_size`` for train_step), a ``results_dir`` that
+cannot be written.
 
 Failures. Every node's stderr passes through the launcher, and when the job fails its last line
 names the rank that failed first and how (:func:`failure_summary`, from torchrun's failure
@@ -96,7 +98,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import importlib
+import importlib.util
 import os
 import re
 import signal
@@ -109,6 +111,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from experiments.entry_points import ENTRY_POINTS
 from experiments.rank_watch import RankWatch, descendants
 from moe_core.config.cli import config_arg_parser
 from moe_core.host.processes import FAILED_RANK_EXIT_CODE, status_of
@@ -146,38 +149,49 @@ SLURM_RESOURCE_KEYS = ("nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "
 CONFIG_KEYS = ("hardware_profile", "hardware", "parallel.timeout_s", "results_dir")
 # --help: what comes after ``--``, and which keys go where (the module docstring says more).
 ENTRY_FORM = """\
-after `--`: what torchrun runs on every rank, `-m MODULE` (or a script) and that module's own
-arguments, e.g. `-- -m experiments.collectives --check`. The launcher forwards its --config files
-and key=value overrides to it, so each key is given once: the keys the launcher acts on
-(hardware_profile, hardware.*, parallel.timeout_s) before `--`, the entry point's flags after it.
---nproc must equal the world size the module runs with (its WORLD_SIZE_KEY, e.g. collectives.world_size)."""
+after `--`: what torchrun runs on every rank, `-m experiments NAME` (an entry point; or another
+`-m MODULE`, or a script) and its own arguments, e.g. `-- -m experiments collectives --check`. The
+launcher forwards its --config files and key=value overrides to it, so each key is given once: the
+keys the launcher acts on (hardware_profile, hardware.*, parallel.timeout_s) before `--`, the entry
+point's flags after it. --nproc must equal the world size the entry point runs with (its world size
+key in experiments.entry_points, e.g. collectives.world_size)."""
+# What names an entry point after ``--``: the runner, then the entry point's name.
+RUNNER = ["-m", "experiments"]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``argv`` at ``--`` into the launcher's arguments and the entry point's command."""
     parser = config_arg_parser(__doc__, CONFIG_KEYS)
     parser.prog = "python -m experiments.launch"
-    parser.usage = "%(prog)s [--config FILE]... [key=value]... --nproc N -- -m MODULE [MODULE ARGS]..."
+    parser.usage = "%(prog)s [--config FILE]... [key=value]... --nproc N -- -m experiments NAME [ARGS]..."
     parser.epilog = f"{ENTRY_FORM}\n\n{parser.epilog}"
     parser.add_argument("--nproc", type=int, required=True, metavar="N", help="total number of ranks")
     if "--" not in argv:
         if {"-h", "--help"} & set(argv):
             parser.parse_args(["--help"])  # prints the help and exits 0
-        parser.error("missing `-- -m <module> [args]`: what to launch")
+        parser.error("missing `-- -m experiments <entry point> [args]`: what to launch")
     split = argv.index("--")
     args = parser.parse_intermixed_args(argv[:split])
     entry = argv[split + 1 :]
-    target = 2 if entry[:1] == ["-m"] else 1
+    target = entry_target(entry)
     if len(entry) < target or entry[target - 1].startswith("-"):
-        parser.error(f"after `--` expected `-m <module>` or a script, got {entry}")
+        parser.error(f"after `--` expected `-m experiments <entry point>`, `-m <module>` or a script, got {entry}")
     if args.nproc < 1:
         parser.error(f"--nproc must be >= 1, got {args.nproc}")
     return args, entry
 
 
+def entry_target(entry: list[str]) -> int:
+    """How many leading words of ``entry`` name what runs: ``-m experiments NAME`` (the runner and
+    an entry point), ``-m MODULE`` or a script; its own arguments follow them."""
+    if entry[:2] == RUNNER:
+        return 3
+    return 2 if entry[:1] == ["-m"] else 1
+
+
 def entry_command(entry: list[str], configs: list[str], overrides: list[str]) -> list[str]:
     """The entry point's command line with the launcher's config files and overrides forwarded."""
-    target = 2 if entry[0] == "-m" else 1
+    target = entry_target(entry)
     config_args = [arg for path in configs for arg in ("--config", path)]
     return [*entry[:target], *config_args, *entry[target:], *overrides]
 
@@ -432,19 +446,29 @@ def torchrun_env(environ) -> dict[str, str]:
 
 
 def entry_world_size_key(entry: list[str]) -> str | None:
-    """The config key a ``-m`` entry point takes its world size from: its module's ``WORLD_SIZE_KEY``
-    (the key it passes to moe_core.runtime.distributed.init_distributed); None for a script or a module
-    without one. ConfigError when the module cannot be imported (a misspelt name): none of its ranks
-    could start."""
+    """The config key an entry point (``-m experiments NAME``) takes its world size from: its line in
+    experiments.entry_points (the key its ``run`` passes to moe_core.runtime.distributed), read
+    without importing its module; None for an entry point that names none, another module or a
+    script. ConfigError, as none of its ranks could start, for a NAME that is no entry point (a
+    misspelt name), a module that cannot be found, or an entry point's module run as
+    ``-m experiments.NAME`` (the module defines the work; the runner runs it)."""
+    if entry[:2] == RUNNER:
+        if entry[2] not in ENTRY_POINTS:
+            raise ConfigError(f"entry point '{entry[2]}' is unknown; the entry points: {', '.join(ENTRY_POINTS)}")
+        return ENTRY_POINTS[entry[2]].world_size_key
     if entry[0] != "-m":
         return None
+    module = entry[1]
+    if module.startswith("experiments.") and module.removeprefix("experiments.") in ENTRY_POINTS:
+        name = module.removeprefix("experiments.")
+        raise ConfigError(f"'-m {module}' runs nothing: launch the entry point as `-m experiments {name}`")
     try:
-        module = importlib.import_module(entry[1])
-    except ImportError as err:
-        raise ConfigError(
-            f"entry point '-m {entry[1]}' cannot be imported ({err}); name a module such as experiments.train_step"
-        ) from None
-    return getattr(module, "WORLD_SIZE_KEY", None)
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # a package on the way is missing
+        found = False
+    if not found:
+        raise ConfigError(f"module '-m {module}' cannot be found; launch an entry point: `-m experiments NAME`")
+    return None
 
 
 def check_world_size(nproc: int, entry: list[str], cfg) -> None:
@@ -454,7 +478,7 @@ def check_world_size(nproc: int, entry: list[str], cfg) -> None:
     expected = OmegaConf.select(cfg, key) if key else nproc
     if expected != nproc:
         raise ConfigError(
-            f"--nproc {nproc} differs from {key}={expected}, the world size {entry[1]} runs "
+            f"--nproc {nproc} differs from {key}={expected}, the world size {entry[entry_target(entry) - 1]} runs "
             f"with: pass --nproc {expected} or {key}={nproc}"
         )
 

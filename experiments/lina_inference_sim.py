@@ -1,6 +1,6 @@
 """Lina's inference at the paper's scale, simulated: every placement policy on the paper's testbed.
 
-    python -m experiments.lina_inference_sim --config configs/default.yaml
+    python -m experiments lina_inference_sim --config configs/default.yaml
 
 For each count in ``lina.inference_experts`` (experts = GPUs of ``lina.hardware``): the simulated
 training model (``lina.overrides``) with top-1 routing and no capacity, on synthetic routing with
@@ -19,20 +19,129 @@ and re-plan rate. Point names start with ``sim_``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from moe_core.config.cli import config_arg_parser
+import numpy as np
+from omegaconf import DictConfig
+from tqdm import tqdm
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("lina", "inference", "train.seed", "results_dir", "sweep.name", "wandb")
+from experiments.benchmark import predictions_main, sim_record
+from moe_core.config.load import derive_config
+from moe_core.model.capacity import moe_blocks
+from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
+from moe_core.papers.lina.inference_sim import simulate_policies
+from moe_core.papers.lina.placement import profile_paths, schedule_rates
+from moe_core.papers.lina.routing import lina_routing
+from moe_core.schema.points import own_layout, unstated_param, unstated_variants
+from moe_core.sim.forward import ForwardModel
+from moe_core.sim.topology import build_topology
+
+PAPER, EXPERIMENT = "lina", "inference"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.lina_inference_sim import run  # the models and the simulator: once the command line is parsed
-
-    return run(args)
+def policies(cfg: DictConfig) -> list[str]:
+    return ["ideal", *(p for p in INFERENCE_POLICIES if p in cfg.inference.policies)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def point_name(cfg: DictConfig, experts: int, policy: str, variant: str = "") -> str:
+    return f"sim_ws{experts}_e{experts}_k1_l{cfg.inference.path_length}_{policy}_s{cfg.train.seed}{variant}"
+
+
+def runs(cfg: DictConfig) -> dict[tuple[int, str], list[str]]:
+    """(experts, variant suffix) -> overrides: every expert count at the chosen values of the unstated
+    parameters, and at the other ends of their ranges (``INFERENCE_UNSTATED``)."""
+    out = {}
+    for experts in cfg.lina.inference_experts:
+        out[experts, ""] = []
+        stem = f"e{experts}"
+        for name, overrides in unstated_variants(stem, [], INFERENCE_UNSTATED).items():
+            out[experts, name.removeprefix(stem)] = overrides
+    return out
+
+
+def record_points(cfg: DictConfig) -> list[str]:
+    """The record names of a run (the workflow's outputs)."""
+    return [point_name(cfg, e, p, variant) for e, variant in runs(cfg) for p in policies(cfg)]
+
+
+def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> DictConfig:
+    """The run's config for ``experts`` experts on as many GPUs of ``lina.hardware``, with a
+    sensitivity variant's overrides."""
+    overrides = [
+        *own_layout(),
+        *cfg.lina.overrides,
+        f"hardware_profile={cfg.lina.hardware}",
+        f"parallel.world_size={experts}",
+        f"moe.num_experts={experts}",
+        "moe.experts_per_rank=1",
+        "moe.top_k=1",
+        "moe.dropless=true",
+        "comm.policy=sequential",
+        *variant,
+    ]
+    return derive_config(cfg, overrides)
+
+
+def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: list[str] = ()) -> list[dict]:
+    """Every policy's record at ``experts`` experts (of a sensitivity variant: its name suffix and overrides)."""
+    run = inference_config(cfg, experts, variant)
+    model = ForwardModel(run, build_topology(run.hardware))
+    layers = len(moe_blocks(run.model.n_layers, run.model.moe_every))
+    routing = lina_routing(experts, layers, run.lina.inference_drift, seed=cfg.train.seed)
+    tokens = experts * run.train.batch_size * run.model.seq_len
+    inference = cfg.inference
+    profiled = np.concatenate([routing.batch(tokens, b) for b in range(inference.profile_batches)], axis=1)
+    profile = profile_paths(profiled, experts, inference.path_length)
+    keep = inference.keep or 1
+    samples, schedulers = simulate_policies(
+        model, routing, profile, policies(cfg), inference.batches, inference.profile_batches, keep
+    )
+    ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
+    records = []
+    for policy, scheduler in schedulers.items():
+        batch = samples[policy]
+        batch["moe_layer_norm"] = [t / ideal_median for t in batch["moe_layer_ms"]]
+        extra = schedule_rates(scheduler.estimate_right, scheduler.replanned) if scheduler.estimate_right else {}
+        params = {
+            **unstated_param(run),
+            "world_size": experts,
+            "num_experts": experts,
+            "policy": policy,
+            "top_k": 1,
+            "path_length": inference.path_length,
+            "keep": keep,
+            "seed": cfg.train.seed,
+            "tokens_per_rank": run.train.batch_size * run.model.seq_len,
+            "moe_layers": layers,
+            "a2a_policy": "library",
+            "routing_zipf": routing.zipf,
+            "routing_stickiness": routing.stickiness,
+            "routing_drift": routing.drift,
+        }
+        records.append(
+            sim_record(
+                run,
+                paper=PAPER,
+                experiment=EXPERIMENT,
+                point=point_name(cfg, experts, policy, suffix),
+                hardware=run.hardware.name,
+                params=params,
+                samples=batch,
+                extra_metrics=extra,
+            )
+        )
+    return records
+
+
+def make_records(cfg: DictConfig) -> list[dict]:
+    """Every run's records (minutes: a progress bar counts the runs)."""
+    records = []
+    for (experts, suffix), variant in tqdm(runs(cfg).items(), desc="lina inference runs", file=sys.stderr):
+        records += experts_records(cfg, experts, suffix, variant)
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and write the records of ``args`` (experiments.lina_inference_sim's command line)."""
+    return predictions_main(args, make_records)

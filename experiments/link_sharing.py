@@ -1,7 +1,7 @@
 """How concurrent transfers share links of unequal speed: measured on the emulated testbed, against
 the simulator's sharing rule (moe_core.sim.engine).
 
-    python -m experiments.link_sharing --out results/link_sharing.json    # as root, with iproute2
+    python -m experiments link_sharing --out results/link_sharing.json    # as root, with iproute2
 
 Three emulated nodes (moe_core.host.testbed); nodes 0 and 2 have links of ``rate`` per direction, node 1
 of half that. Two TCP flows of the same size leave node 0 together: A to node 1, B to node 2. Both
@@ -110,8 +110,8 @@ def own_speed_fractions(rates_Bps: dict[str, float], nbytes: int) -> dict[str, f
 
 
 def run_in(testbed: EmulatedTestbed, node: int, *args: str, **popen) -> subprocess.Popen:
-    """This module, with ``args``, inside node ``node``'s namespace."""
-    cmd = ["ip", "netns", "exec", testbed.netns(node), sys.executable, "-m", "experiments.link_sharing", *args]
+    """This entry point, with ``args``, inside node ``node``'s namespace."""
+    cmd = ["ip", "netns", "exec", testbed.netns(node), sys.executable, "-m", "experiments", "link_sharing", *args]
     return subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, **popen)
 
 
@@ -161,27 +161,16 @@ def summarise(runs: dict, nbytes: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="JSON file for the measurements and predictions")
-    parser.add_argument("--rate-mbit", type=float, default=200.0, help="nodes 0 and 2 (node 1: half)")
-    parser.add_argument("--mbytes", type=float, default=12.5, help="size of each flow, MB")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--burst-kb", type=int, default=256, help="tc tbf bucket per link")
-    parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)  # inside a node: flows to accept
-    parser.add_argument("--send", help=argparse.SUPPRESS)  # inside node 0: {"flow": address}
-    parser.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """A node's side (``--receive``, ``--send``: the measurement starts them), or the measurement of
+    ``args`` (experiments.link_sharing's command line): exit code 1 where the testbed cannot be built
+    or ``--out`` cannot be written."""
     if args.receive is not None:
         receive(args.receive)
         return 0
     if args.send is not None:
         print(json.dumps(send(json.loads(args.send), args.nbytes)))
         return 0
-    if args.out is None:
-        parser.error("--out is required")
-    if args.rate_mbit <= 0 or args.mbytes <= 0 or args.repeats < 1 or args.burst_kb <= 0:
-        parser.error("--rate-mbit, --mbytes and --burst-kb must be > 0 and --repeats >= 1")
     why = emulation_unavailable()
     if why is not None:
         print(f"error: the emulated testbed is unavailable here: {why}", file=sys.stderr)
@@ -213,7 +202,3 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, indent=2)
     os.replace(tmp, args.out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """MoNTA's performance model at the paper's setting: the strategy ranking and the chunk-count curve.
 
-    python -m experiments.monta --config configs/default.yaml
+    python -m experiments monta --config configs/default.yaml
 
 No processes, no torch: the model is closed-form (moe_core/papers/monta/performance_model.py). For
 the paper's model (``monta.overrides``) on its testbed (``monta.hardware``), it writes
@@ -15,24 +15,41 @@ the paper's model (``monta.overrides``) on its testbed (``monta.hardware``), it 
 
 Records carry ``mode: simulated`` and ``backend: model`` (a testbed of their own, beside the step
 simulator's ``sim``), ``results/raw/monta/<experiment>/<point>.json``, all written at the end.
+
+The study, its points and the model's prediction of each, is moe_core.papers.monta.study; this
+entry point runs it on the config and writes the records.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
-from moe_core.config.cli import config_arg_parser
+from omegaconf import DictConfig
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("monta", "results_dir", "sweep.name", "wandb")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.monta import run  # the models and the simulator: once the command line is parsed
-
-    return run(args)
+from experiments.benchmark import predicted_record, predictions_main
+from moe_core.papers.monta.study import Point, study_points
+from moe_core.papers.monta.sweeps import PAPER
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def records(cfg: DictConfig) -> list[dict]:
+    """Every record of this run, one per point of the study."""
+    return [record(cfg, point) for point in study_points(cfg)]
+
+
+def record(cfg: DictConfig, point: Point) -> dict:
+    """The record of ``point``'s predictions (backend ``model``), with the run's config."""
+    return predicted_record(
+        cfg,
+        paper=PAPER,
+        experiment=point.experiment,
+        point=point.name,
+        hardware=point.hardware,
+        params=point.params,
+        metrics=point.metrics,
+        backend="model",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and write the records of ``args`` (experiments.monta's command line)."""
+    return predictions_main(args, records)

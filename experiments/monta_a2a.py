@@ -1,8 +1,8 @@
 """MoNTA's exchange measured: one MoE dispatch of tokens the tensor-parallel ranks hold in duplicate.
 
-Run under torchrun (every rank runs this file), usually through the launcher::
+Run under torchrun (every rank runs it), usually through the launcher::
 
-    python -m experiments.launch --config FILE --nproc 4 -- -m experiments.monta_a2a [key=value ...]
+    python -m experiments.launch --config FILE --nproc 4 -- -m experiments monta_a2a [key=value ...]
 
 For every ``monta.tensor_parallel`` size t on ``monta.world_size`` ranks (layout dp x ep x tp with
 ep = world / t, tp innermost as moe_core.parallel.layout places it), every rank holds a dispatch buffer of
@@ -26,21 +26,151 @@ the end, ``results/raw/monta/monta_a2a/<point>.json``.
 
 from __future__ import annotations
 
-from moe_core.config.cli import config_arg_parser
-from moe_core.host.processes import exit_process
+import argparse
+from collections.abc import Callable
+from datetime import timedelta
 
-# The config key of this entry point's world size: experiments.launch checks --nproc against it.
-WORLD_SIZE_KEY = "monta.world_size"
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("monta", "hardware_profile", "parallel.timeout_s", "results_dir", "sweep.name", "wandb")
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from experiments.benchmark import measured_main, measured_record, timed_iterations
+from moe_core.comm import all_to_all as comm
+from moe_core.comm.hierarchical_a2a import hierarchical_groups
+from moe_core.dispatch.step import even_ranges
+from moe_core.host.timing import PhaseTimer
+from moe_core.papers.monta.config import exchange_buffer_shape
+from moe_core.papers.monta.decisions import knows_links
+from moe_core.papers.monta.performance_model import (
+    admissible_chunk_counts,
+    choose_chunk_count,
+    dispatch_seconds,
+    exchange_links,
+)
+from moe_core.papers.monta.sweeps import PAPER
+from moe_core.parallel.layout import expert_layout
+from moe_core.parallel.parallelize import own_group
+from moe_core.runtime.distributed import Env
+
+EXPERIMENT = "monta_a2a"
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = config_arg_parser(__doc__, CONFIG_KEYS).parse_intermixed_args(argv)
-    from experiments.impl.monta_a2a import run  # torch: once the command line is parsed
-
-    run(args, WORLD_SIZE_KEY)
+def spans_nodes(cfg: DictConfig) -> bool:
+    """Whether the tp = 1 exchange group (all ranks) spans nodes of ``hardware.devices_per_node``."""
+    return cfg.monta.world_size > cfg.hardware.devices_per_node
 
 
-if __name__ == "__main__":
-    exit_process(main())
+def paths(cfg: DictConfig, tp: int) -> list[str]:
+    """The paths measured at tensor-parallel size ``tp`` (pure: the workflow declares them)."""
+    if tp == 1:
+        return ["flat", "hierarchical"] if spans_nodes(cfg) else ["flat"]
+    _, rows = exchange_buffer_shape(cfg.monta, tp)
+    admissible = set(admissible_chunk_counts(rows, tp))
+    return ["duplicate", "drop-gather", *(f"monta-n{n}" for n in cfg.monta.chunks if n in admissible and n > 1)]
+
+
+def measured_points(cfg: DictConfig) -> list[str]:
+    """Every point name one run writes."""
+    return [f"ws{cfg.monta.world_size}_tp{tp}_{path}" for tp in cfg.monta.tensor_parallel for path in paths(cfg, tp)]
+
+
+class Exchanges:
+    """This rank's groups and buffer at one tensor-parallel size, and each path as a callable."""
+
+    def __init__(self, cfg: DictConfig, env: Env, tp: int):
+        world, timeout = cfg.monta.world_size, timedelta(seconds=env.timeout_s)
+        layout = expert_layout(world, world // tp, 1, tp)
+        self.ep_group = own_group(layout.groups("ep"), env.rank, timeout)
+        self.tp_group = own_group(layout.groups("tp"), env.rank, timeout) if tp > 1 else None
+        self.hierarchical = None
+        if tp == 1 and spans_nodes(cfg):
+            self.hierarchical = hierarchical_groups(
+                layout.groups("ep").tolist(), cfg.hardware.devices_per_node, timeout
+            )
+        self.tp, self.timer = tp, PhaseTimer(env.device)
+        self.blocks, self.rows = exchange_buffer_shape(cfg.monta, tp)
+        generator = torch.Generator().manual_seed(env.rank // tp)  # a "tp" group holds one buffer
+        self.buffer = torch.randn(self.blocks * self.rows, cfg.monta.d_model, generator=generator).to(env.device)
+
+    def path(self, name: str) -> Callable[[], torch.Tensor]:
+        """The exchange ``name`` of this rank's buffer."""
+        if name in ("flat", "duplicate"):
+            return lambda: comm.exchange(self.buffer, None, None, self.ep_group, None)
+        if name == "hierarchical":
+            return lambda: comm.exchange(self.buffer, None, None, self.hierarchical, None)
+        chunks = 1 if name == "drop-gather" else int(name.removeprefix("monta-n"))
+        ranges = even_ranges(self.rows // self.tp, chunks)
+        return lambda: comm.tp_exchange(
+            self.buffer, self.rows, ranges, self.ep_group, self.tp_group, self.timer, "dispatch_a2a"
+        )
+
+
+def check_paths(exchanges: Exchanges, names: list[str]) -> None:
+    """Every path delivers what the first one delivers, on every rank (agreed, so no rank hangs)."""
+    reference = exchanges.path(names[0])()
+    ok = all(torch.equal(exchanges.path(name)(), reference) for name in names[1:])
+    all_ok = torch.tensor([int(ok)], device=reference.device)
+    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
+    if not all_ok.item():
+        raise RuntimeError(
+            f"a dispatch path delivered other data than {names[0]} (this rank {'correct' if ok else 'wrong'})"
+        )
+
+
+def model_metrics(cfg: DictConfig, tp: int, path: str) -> dict[str, float]:
+    """MoNTA's performance model for this exchange on ``cfg.hardware``: its predicted time and the
+    chunk count it would pick; nothing when the profile does not state its links."""
+    hw = cfg.hardware
+    if not knows_links(hw):
+        return {}
+    blocks, rows = exchange_buffer_shape(cfg.monta, tp)
+    ep, volume = blocks, cfg.monta.bytes_per_rank
+    links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
+    if path == "hierarchical":
+        return {}  # the model has no two-phase all-to-all
+    if tp == 1:
+        return {"model_ms": dispatch_seconds("duplicate", volume, ep, tp, links) * 1e3}
+    kind, chunks = ("monta", int(path.removeprefix("monta-n"))) if path.startswith("monta") else (path, 1)
+    return {
+        "model_ms": dispatch_seconds(kind, volume, ep, tp, links, chunks) * 1e3,
+        "model_chunks": choose_chunk_count(volume, rows, ep, tp, links),
+    }
+
+
+def run_benchmark(cfg: DictConfig, env: Env) -> list[dict]:
+    """Every tensor-parallel size and path; the records on rank 0 (an empty list elsewhere)."""
+    records = []
+    for tp in cfg.monta.tensor_parallel:
+        exchanges = Exchanges(cfg, env, tp)
+        names = paths(cfg, tp)
+        check_paths(exchanges, names)
+        for name in names:
+            m = cfg.monta
+            samples = timed_iterations(exchanges.path(name), m.warmup_iters, m.iters, exchanges.timer, "exchange_ms")
+            if env.rank != 0:
+                continue
+            params = {
+                "world_size": cfg.monta.world_size,
+                "tensor_parallel": tp,
+                "expert_parallel": exchanges.blocks,
+                "path": name,
+                "bytes_per_rank": cfg.monta.bytes_per_rank,
+                "rows_per_block": exchanges.rows,
+            }
+            records.append(
+                measured_record(
+                    cfg,
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=f"ws{cfg.monta.world_size}_tp{tp}_{name}",
+                    params=params,
+                    samples=samples,
+                    extra_metrics=model_metrics(cfg, tp, name),
+                )
+            )
+    return records
+
+
+def run(args: argparse.Namespace, world_size_key: str) -> None:
+    """The measurement on every rank for ``args`` (experiments.monta_a2a's command line)."""
+    measured_main(args, world_size_key, run_benchmark)

@@ -1,6 +1,6 @@
 """Record the routing of the suite's own trained gate as a trace the dispatcher study can replay.
 
-    python -m experiments.record_routing --config configs/default.yaml moe.num_experts=16 moe.experts_per_rank=4 \\
+    python -m experiments record_routing --config configs/default.yaml moe.num_experts=16 moe.experts_per_rank=4 \\
         --name markov-e16-top2 --train-steps 200 --batch 32
 
 Trains the model of the config on its Markov data for ``--train-steps`` steps on one process, keeps
@@ -15,28 +15,67 @@ experts, top-k and tokens. Exit 2 on bad input.
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
 
-from moe_core.config.cli import config_arg_parser
+import numpy as np
 
-# What it reads of the config (named by --help).
-CONFIG_KEYS = ("model", "moe", "train")
+from moe_core.config.load import ConfigError, load_config
+from moe_core.dispatch import routing_trace
+from moe_core.dispatch.workloads import routing, routing_counts
+from moe_core.dispatch_study import imbalance
+from moe_core.records.console import table
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = config_arg_parser(__doc__, CONFIG_KEYS)
-    parser.add_argument("--name", required=True, help="the trace's name: the workload trace:<name> replays it")
-    parser.add_argument("--train-steps", type=int, default=200, help="router training before the trace")
-    parser.add_argument("--batch", type=int, default=32, help="sequences of the traced batch")
-    parser.add_argument("--out", type=Path, help="where to write it (default: the committed traces' folder)")
-    args = parser.parse_intermixed_args(argv)
-    if args.train_steps < 0 or args.batch < 1:
-        parser.error(f"--train-steps must be >= 0 and --batch >= 1, got {args.train_steps} and {args.batch}")
-    from experiments.impl.record_routing import run  # the model and torch: once the command line is parsed
-
-    return run(args)
+SYNTHETIC = ("uniform", "zipf:1.0", "lognormal:1.0", "hot_expert_set")  # the study's skews to compare with
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def skew_rows(trace: routing_trace.RoutingTrace, label: str) -> list[dict]:
+    """Per layer of ``trace``: its imbalance factor and Gini over the experts."""
+    rows = []
+    for layer in range(trace.layers):
+        loads = np.bincount(trace.choices[layer].ravel(), minlength=trace.experts)
+        rows.append(
+            {
+                "routing": f"{label}, layer {layer}",
+                "imbalance": imbalance(loads[None]),
+                "gini": routing_trace.gini(loads),
+            }
+        )
+    return rows
+
+
+def synthetic_rows(trace: routing_trace.RoutingTrace, seed: int) -> list[dict]:
+    """The synthetic skews at the trace's experts, top-k and tokens (on one rank)."""
+    tokens = trace.choices.shape[1]
+    rows = []
+    for skew in SYNTHETIC:
+        routes = routing(
+            skew, seed=seed, step=0, tokens_per_rank=tokens, experts=trace.experts, ranks=1, top_k=trace.top_k
+        )
+        counts = routing_counts(routes, trace.experts)
+        rows.append({"routing": skew, "imbalance": imbalance(counts), "gini": routing_trace.gini(counts.sum(axis=0))})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record, save and compare the trace of ``args`` (experiments.record_routing's command line); exit
+    code 2, writing nothing, on a bad config or trace name."""
+    if not routing_trace.SAFE_TRACE_NAME.fullmatch(args.name):
+        print(
+            f"error: --name {args.name!r}: use letters, digits, '-' and '_' (it becomes a point name)", file=sys.stderr
+        )
+        return 2
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    trace = routing_trace.record(cfg, args.train_steps, args.batch)
+    mock = routing_trace.record(cfg, args.train_steps, args.batch, mock_tokens=True)
+    out = args.out or routing_trace.TRACES_DIR / f"{args.name}.npz"
+    routing_trace.save(trace, out)
+    layers, tokens, top_k = trace.choices.shape
+    print(f"wrote {out}: {layers} MoE layers x {tokens} tokens x top-{top_k} of {trace.experts} experts")
+    rows = skew_rows(trace, "recorded") + skew_rows(mock, "mock tokens") + synthetic_rows(trace, cfg.train.seed)
+    print(table(rows))
+    return 0

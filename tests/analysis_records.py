@@ -7,7 +7,7 @@ import itertools
 
 import analysis.figures  # noqa: F401  (registers every paper's figures)
 from analysis.registry import FIGURE_REGISTRY
-from experiments.impl.gshard import records as gshard_records
+from experiments.gshard import records as gshard_records
 from moe_core.config.load import load_config
 from moe_core.records.results import make_record, record_path, write_record
 from moe_core.units import KiB, MiB

@@ -1,11 +1,11 @@
-"""python -m experiments.advise: the dispatchers ranked on a profile, for a layer's shape and routing."""
+"""python -m experiments advise: the dispatchers ranked on a profile, for a layer's shape and routing."""
 
 import json
 
 import pytest
 
-from experiments.advise import main
-from experiments.impl.simulate import sized_hardware
+from experiments.__main__ import main as run_entry_point
+from experiments.simulate import sized_hardware
 from moe_core.config.load import load_config
 from moe_core.dispatch_study import rank_dispatchers
 
@@ -36,7 +36,7 @@ def test_the_ranking_reacts_to_imbalance_as_the_mechanisms_do():
 
 
 def test_the_command_names_the_winners_and_its_assumptions(capsys):
-    assert main(["--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank", "--json"]) == 0
+    assert run_entry_point(["advise", "--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     rows = result["ranking"]
     assert result["fastest"] == rows[0]["dispatcher"]
@@ -45,7 +45,7 @@ def test_the_command_names_the_winners_and_its_assumptions(capsys):
     # none of the ranked exchanges overlaps compute: all of it is exposed, and the assumptions say so
     assert all(r["exposed_ms"] == r["exchange_ms"] and r["bytes_moved"] > 0 for r in rows)
     assert any("exposed" in item for item in result["assumptions"])
-    assert main(["--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank"]) == 0
+    assert run_entry_point(["advise", "--hardware", "monta-a800-2x8", *LAYER, "--workload", "hot_rank"]) == 0
     text = capsys.readouterr().out
     assert (
         f"Fastest: {rows[0]['dispatcher']}" in text and "Fastest that drops nothing" in text and "Assumptions" in text
@@ -77,7 +77,7 @@ def test_the_command_names_the_winners_and_its_assumptions(capsys):
 )
 def test_bad_options_exit_2_naming_the_option(args, needle, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(args)
+        run_entry_point(["advise", *args])
     assert exit_.value.code == 2 and needle in capsys.readouterr().err
 
 
@@ -100,5 +100,5 @@ def test_a_profile_it_cannot_read_or_price_exits_2_saying_why(hardware, needle, 
     if hardware.startswith("devices_per_node"):  # a profile of the user's own
         (tmp_path / "mine.yaml").write_text(f"name: mine\n{hardware}")
         hardware = str(tmp_path / "mine.yaml")
-    assert main(["--hardware", hardware, *LAYER]) == 2
+    assert run_entry_point(["advise", "--hardware", hardware, *LAYER]) == 2
     assert needle in capsys.readouterr().err

@@ -58,6 +58,14 @@ def test_the_core_never_imports_a_paper_except_through_the_registry():
         assert not any(name.startswith("moe_core.papers") for name in _imports(path, module)), module
 
 
+def test_the_core_never_imports_the_entry_points():
+    """moe_core is the library the entry points (experiments/) run: a paper's study lives in its folder
+    and the entry point only writes its records, never the other way round."""
+    for path in sorted(CORE.rglob("*.py")):
+        module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
+        assert not _imports(path, module, top="experiments"), module
+
+
 def _import_graph(package: Path) -> nx.DiGraph:
     """module -> module it imports, within ``package``; importing a module runs its packages'
     __init__ first, so an import also reaches each package above the imported module."""
@@ -151,7 +159,7 @@ def test_configs_load_without_torch():
 def test_the_shared_training_step_and_simulation_name_no_paper():
     """The training loop and the simulation entry point reach a paper's mechanisms only through the
     plan (a policy's executor, a re-layout hook's driver): they import no paper."""
-    for module in ("train_step", "impl.train_step", "simulate", "impl.simulate"):
-        path = CORE.parent / "experiments" / f"{module.replace('.', '/')}.py"
+    for module in ("train_step", "simulate"):
+        path = CORE.parent / "experiments" / f"{module}.py"
         imported = _imports(path, f"experiments.{module}")
         assert not any(n.startswith("moe_core.papers") for n in imported), (module, sorted(imported))

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from analysis.collect import read_valid_record
-from experiments import aurora
-from experiments.impl.aurora_a2a import measured_points, scaled
+from experiments.__main__ import main as run_entry_point
+from experiments.aurora_a2a import measured_points, scaled
 from moe_core.comm.workloads import ELEMENT_BYTES
 from moe_core.config.load import load_config
 from moe_core.papers.aurora.config import AURORA_UNSTATED
@@ -29,7 +29,7 @@ CONFIGS = ["--config", "configs/default.yaml", "--config", "configs/ci.yaml"]
 def records(tmp_path_factory):
     """Every record of one tiny run, by (experiment, point)."""
     out = tmp_path_factory.mktemp("aurora")
-    assert aurora.main([*CONFIGS, *TINY, f"results_dir={out}"]) == 0
+    assert run_entry_point(["aurora", *CONFIGS, *TINY, f"results_dir={out}"]) == 0
     found = {(p.parent.name, p.stem): read_valid_record(p) for p in (out / "raw" / "aurora").glob("*/*.json")}
     cfg = load_config(CONFIGS[1::2], [*TINY, f"results_dir={out}"])
     expected = {(e, name) for e, names in aurora_points(cfg).items() for name in names}
@@ -116,7 +116,7 @@ def test_sensitivity_runs_repeat_figs_11_12_at_each_unstated_end(records):
     ],
 )
 def test_bad_config_exits_2_naming_the_key_and_writes_nothing(tmp_path, capsys, override, key):
-    assert aurora.main([*CONFIGS, override, f"results_dir={tmp_path}"]) == 2
+    assert run_entry_point(["aurora", *CONFIGS, override, f"results_dir={tmp_path}"]) == 2
     assert key in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 

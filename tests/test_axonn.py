@@ -14,13 +14,14 @@ from omegaconf import OmegaConf
 import analysis.papers  # noqa: F401  (registers every paper's tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
-from experiments.axonn_grid_predictions import main as predictions_main
-from experiments.impl.axonn import megatron_scaling, record_points, records
-from experiments.impl.axonn_grid_predictions import grid_prediction_records
+from experiments.__main__ import main as run_entry_point
+from experiments.axonn import records
+from experiments.axonn_grid_predictions import grid_prediction_records
 from moe_core.config.load import hardware_profile, load_config
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, UNSTATED, AxonnConfig, overlap_overrides
 from moe_core.papers.axonn.models import WEAK_SCALING
+from moe_core.papers.axonn.study import megatron_scaling, record_points
 from moe_core.papers.axonn.sweeps import grid_points, measured_communication, point_config
 from moe_core.parallel.grid import block_collectives
 from moe_core.records.results import read_record
@@ -160,7 +161,7 @@ def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point_and_its_pr
         "axonn.measured_overrides=[model.moe_every=0,moe.num_experts=1,moe.top_k=1,model.n_layers=2,model.n_heads=2]",
     ]
     cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.axonn_grids"], capture_output=True, text=True)
+    result = subprocess.run([*cmd, "--", "-m", "experiments", "axonn_grids"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
     measured = _read_records(tmp_path / "raw" / "axonn" / "axonn_grids")
@@ -172,7 +173,9 @@ def test_measured_grid_sweep_on_two_ranks_writes_every_declared_point_and_its_pr
         assert m["comm_ms"]["n"] == 2 and m["comm_ms"]["median"] > 0, name
         assert not [k for k in m if k.startswith("predicted_")], name
 
-    assert predictions_main(["--config", "configs/default.yaml", *overrides, LINKED_PROFILE]) == 0
+    assert (
+        run_entry_point(["axonn_grid_predictions", "--config", "configs/default.yaml", *overrides, LINKED_PROFILE]) == 0
+    )
     predicted = _read_records(tmp_path / "raw" / "axonn" / "axonn_grid_predictions")
     assert set(predicted) == set(measured)  # one prediction per measured point, the same params
     for name, record in predicted.items():
@@ -201,7 +204,9 @@ def test_grid_predictions_are_the_models_on_the_given_profile():
 
 def test_grid_predictions_refuse_a_profile_without_link_rates(tmp_path, capsys):
     # the run's own profile (axonn.model_profile empty), local-cpu, states no link rate
-    assert predictions_main(["--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    assert (
+        run_entry_point(["axonn_grid_predictions", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    )
     assert "axonn.model_profile" in capsys.readouterr().err
     assert not (tmp_path / "raw").exists()
 

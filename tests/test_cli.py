@@ -1,7 +1,8 @@
-"""Every entry point's command line: ``--help`` exits 0 without importing torch, scipy or pandas (so it
-answers at once on any machine), and names config keys the schema has."""
+"""Every entry point's command line, through the runner (``python -m experiments NAME``): ``--help``
+exits 0 without importing torch, scipy or pandas (so it answers at once on any machine) and names
+config keys the schema has; the registry (experiments.entry_points) and the modules agree."""
 
-import importlib
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -9,17 +10,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from experiments import launch
+from experiments.entry_points import ENTRY_POINTS
 from moe_core.config.load import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = (ROOT / "experiments").glob("*.py")
-ENTRY_POINTS = sorted(p.stem for p in COMMANDS if 'if __name__ == "__main__":' in p.read_text())
 HEAVY = ("torch", "scipy", "pandas")
 
 
-def test_the_entry_points_are_found():
-    assert {"collectives", "simulate", "train_step", "launch", "gpu_check", "dispatchers"} <= set(ENTRY_POINTS)
-    assert "rank_watch" not in ENTRY_POINTS  # the launcher's helper, no command
+def defines_run(path: Path) -> bool:
+    """Whether the module at ``path`` defines ``run`` at its top level: the work of an entry point."""
+    return any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in ast.parse(path.read_text()).body)
 
 
 def imported_at_top(importtime: str) -> set[str]:
@@ -28,10 +29,11 @@ def imported_at_top(importtime: str) -> set[str]:
     return {name.split(".")[0] for name in names}
 
 
-@pytest.mark.parametrize("name", ENTRY_POINTS)
-def test_help_exits_0_before_torch_scipy_or_pandas_are_imported(name):
+def light_help(*module_args: str) -> str:
+    """The stdout of ``python -m <module_args> --help``, checked to exit 0 with a usage and to import
+    none of HEAVY."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", f"experiments.{name}", "--help"],
+        [sys.executable, "-X", "importtime", "-m", *module_args, "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,26 +42,49 @@ def test_help_exits_0_before_torch_scipy_or_pandas_are_imported(name):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:")
     assert imported_at_top(proc.stderr).isdisjoint(HEAVY), sorted(imported_at_top(proc.stderr) & set(HEAVY))
-    keys = getattr(importlib.import_module(f"experiments.{name}"), "CONFIG_KEYS", ())
-    assert f"reads: {', '.join(keys)}" in proc.stdout if keys else "reads:" not in proc.stdout
+    return proc.stdout
+
+
+def test_the_registry_names_every_module_that_defines_run():
+    """A module without a line in the registry, or a line without a module, fails here."""
+    modules = sorted(path.stem for path in (ROOT / "experiments").glob("*.py") if defines_run(path))
+    assert sorted(ENTRY_POINTS) == modules
+    assert {"collectives", "simulate", "train_step", "gpu_check", "dispatchers"} <= set(ENTRY_POINTS)
+    assert not {"launch", "rank_watch"} & set(ENTRY_POINTS)  # the launcher and its helper: modules of their own
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_help_exits_0_before_torch_scipy_or_pandas_are_imported(name):
+    out = light_help("experiments", name)
+    assert out.startswith(f"usage: python -m experiments {name} ")
+    keys = ENTRY_POINTS[name].config_keys
+    assert f"reads: {', '.join(keys)}" in out if keys else "reads:" not in out
+
+
+def test_the_runners_help_lists_every_entry_point():
+    out = light_help("experiments")
+    assert all(f"\n  {name} " in out for name in ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("argv", [["no_such_entry"], []])
+def test_an_unknown_or_missing_name_exits_2_listing_the_entry_points(argv):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"the entry points: {', '.join(ENTRY_POINTS)}" in proc.stderr
+    assert ("unknown entry point 'no_such_entry'" in proc.stderr) == bool(argv)
 
 
 def test_the_config_keys_an_entry_point_names_are_the_schemas():
     cfg = load_config()
-    named = {
-        name: importlib.import_module(f"experiments.{name}").CONFIG_KEYS
-        for name in ENTRY_POINTS
-        if hasattr(importlib.import_module(f"experiments.{name}"), "CONFIG_KEYS")
-    }
-    assert {"collectives", "simulate", "train_step", "gshard", "launch"} <= set(named)
-    for name, keys in named.items():
+    named = {name: entry.config_keys for name, entry in ENTRY_POINTS.items() if entry.config_keys}
+    assert {"collectives", "simulate", "train_step", "gshard"} <= set(named)
+    for name, keys in {**named, "launch": launch.CONFIG_KEYS}.items():
         missing = [key for key in keys if OmegaConf.select(cfg, key, default=KeyError) is KeyError]
         assert not missing, (name, missing)
 
 
-def test_the_launchers_help_shows_what_follows_the_double_dash():
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.launch", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0
-    assert "--nproc N -- -m MODULE" in proc.stdout and "after `--`" in proc.stdout
+def test_the_launchers_help_is_light_and_shows_what_follows_the_double_dash():
+    out = light_help("experiments.launch")
+    assert "--nproc N -- -m experiments NAME" in out and "after `--`" in out

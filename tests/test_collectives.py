@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from experiments.impl.collectives import (
+from experiments.collectives import (
     CASES,
     TABLE_COLUMNS,
     Collective,
@@ -165,7 +165,7 @@ def _env() -> dict[str, str]:
 def test_bad_config_exits_2_before_running(tmp_path, override, key):
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.collectives", override, f"results_dir={results}"],
+        [sys.executable, "-m", "experiments", "collectives", override, f"results_dir={results}"],
         cwd=REPO_ROOT,
         env=_env(),
         capture_output=True,
@@ -197,7 +197,8 @@ def test_torchrun_two_ranks_writes_checked_records(tmp_path):
             "--standalone",
             "--nproc-per-node=2",
             "-m",
-            "experiments.collectives",
+            "experiments",
+            "collectives",
             *overrides,
             "--check",
         ],

@@ -252,7 +252,7 @@ def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
 def test_a_valid_base_grid_leaves_every_point_valid():
     """The run's grid is its own: every point (measured, simulated, MoNTA's model) sets a 1D layout,
     so a grid valid for the run cannot break the sweeps at load."""
-    from experiments.impl.monta import model_points
+    from moe_core.papers.monta.study import model_points
     from moe_core.schema.points import measured_points, point_overrides, sim_points
 
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], ["parallel.grid.row=2", "moe.num_experts=2"])
@@ -261,10 +261,10 @@ def test_a_valid_base_grid_leaves_every_point_valid():
         assert "parallel.grid.row=1" in point_overrides(point)
     assert all("parallel.grid.row=1" in overrides for _, overrides in sim_points(cfg).values())
     # and the papers' simulated experiments state their own layout too
-    from experiments.impl.gshard import step_overrides
-    from experiments.impl.lina_inference_sim import inference_config
+    from experiments.lina_inference_sim import inference_config
     from moe_core.config.load import derive_config
     from moe_core.papers.gshard.models import MODELS
+    from moe_core.papers.gshard.study import step_overrides
 
     assert inference_config(cfg, 4).parallel.grid.row == 1
     assert derive_config(cfg, step_overrides(cfg, MODELS[min(MODELS)])).parallel.grid.row == 1
@@ -360,7 +360,7 @@ def test_config_is_read_only():
 def test_train_step_cli_rejects_bad_input_before_starting(tmp_path, args):
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.train_step", f"results_dir={out}", *args],
+        [sys.executable, "-m", "experiments", "train_step", f"results_dir={out}", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -393,7 +393,7 @@ def test_saving_the_same_config_leaves_the_file_alone(tmp_path):
     assert path.stat().st_mtime > 1.0 and load_config([path]).train.iters == 11
 
 
-@pytest.mark.parametrize("entry", ["experiments.train_step", "experiments.simulate"])
+@pytest.mark.parametrize("entry", ["train_step", "simulate"])
 def test_no_record_resolves_outside_results_dir(tmp_path, entry):
     """``paper`` becomes a path component of every record: a value that climbs out of results_dir
     is refused before anything starts, and nothing is written anywhere."""
@@ -402,6 +402,7 @@ def test_no_record_resolves_outside_results_dir(tmp_path, entry):
         [
             sys.executable,
             "-m",
+            "experiments",
             entry,
             "--config",
             "configs/default.yaml",
@@ -467,7 +468,7 @@ SIMULATE_BAD_INPUTS = [
 def test_simulate_refuses_bad_input_before_writing(tmp_path, override, key):
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.simulate", "--sweep", "--config", "configs/ci.yaml"]
+        [sys.executable, "-m", "experiments", "simulate", "--sweep", "--config", "configs/ci.yaml"]
         + [f"results_dir={results}", override],
         capture_output=True,
         text=True,

@@ -10,10 +10,9 @@ import pytest
 from analysis.collect import collect, read_valid_record
 from analysis.papers.common import dispatcher_choice
 from analysis.registry import TABLE_REGISTRY
-from experiments import dispatchers_predictions, dispatchers_sim
+from experiments import dispatchers, dispatchers_sim
+from experiments.__main__ import main as run_entry_point
 from experiments.benchmark import confidence_interval
-from experiments.impl import dispatchers
-from experiments.impl import dispatchers_sim as impl_dispatchers_sim
 from moe_core.config.load import ConfigError, load_config
 from moe_core.dispatch import DISPATCHERS, dispatcher, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
@@ -95,10 +94,10 @@ def test_simulated_round_trips_react_to_skew_as_their_mechanisms_do():
 
 def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_path):
     overrides = [f"results_dir={tmp_path}", "dispatch_study.hardware=[monta-a800-2x8]"]
-    assert dispatchers_sim.main(["--config", "configs/default.yaml", *overrides]) == 0
+    assert run_entry_point(["dispatchers_sim", "--config", "configs/default.yaml", *overrides]) == 0
     cfg = load_config(["configs/default.yaml"], overrides)
     files = list((tmp_path / "raw" / "common" / "dispatchers_sim").glob("*.json"))
-    assert {f.stem for f in files} == set(impl_dispatchers_sim.sim_points(cfg))
+    assert {f.stem for f in files} == set(dispatchers_sim.sim_points(cfg))
     for record in map(read_valid_record, files):
         m = {k: v["value"] for k, v in record["metrics"].items()}
         assert m["useful_bytes"] > 0 and m["useful_GBps"] == pytest.approx(
@@ -106,7 +105,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
         )
     table = dispatcher_choice(collect(files)[0])
     assert set(table["skew"]) == set(cfg.dispatch_study.skews)
-    cells = {(size, skew, path) for _, size, skew, path in impl_dispatchers_sim.sim_cells(cfg)}
+    cells = {(size, skew, path) for _, size, skew, path in dispatchers_sim.sim_cells(cfg)}
     assert {(8, "uniform", "capacity"), (64, "uniform", "hierarchical")} <= cells
     assert (16, "trace:markov-e16-top2", "dropless") in cells
     assert (8, "uniform", "hierarchical") not in cells  # 8 GPUs are one node: no second phase
@@ -121,7 +120,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
     overrides += ["dispatch_study.d_model=32", "dispatch_study.iters=2", "dispatch_study.warmup_iters=0"]
     overrides += ["dispatch_study.skews=[uniform,zipf:2.0,zero_expert_rank,rotating_hotspot]"]
     cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.dispatchers"], capture_output=True, text=True)
+    result = subprocess.run([*cmd, "--", "-m", "experiments", "dispatchers"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
     found = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "common" / "dispatchers").glob("*.json")}
@@ -160,7 +159,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
                 assert m["bytes_moved"]["value"] == 2 * record["params"]["capacity"] * 32 * 4 * 2
     # each measured cell the simulator prices, predicted on a profile and set beside its measurement
     profile = "dispatch_study.model_profile=monta-a800-2x8"
-    assert dispatchers_predictions.main(["--config", "configs/default.yaml", *overrides, profile]) == 0
+    assert run_entry_point(["dispatchers_predictions", "--config", "configs/default.yaml", *overrides, profile]) == 0
     predicted = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "common").glob("dispatchers_pr*/*.json")}
     assert set(predicted) == set(dispatchers.measured_points(cfg, simulated_only=True)) < set(found)
     assert {r["params"]["path"] for r in predicted.values()} == {"capacity", "dropless", "allgather"}
@@ -224,7 +223,9 @@ def test_the_repeats_interval_is_students_t_and_needs_two_repeats():
 
 def test_predictions_refuse_a_profile_they_cannot_price_or_read(tmp_path, capsys):
     # the run's own profile, local-cpu, states no link rate until calibrated
-    assert dispatchers_predictions.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    assert (
+        run_entry_point(["dispatchers_predictions", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 2
+    )
     assert "dispatch_study.model_profile" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"dispatch_study\.model_profile"):
         load_config(overrides=["dispatch_study.model_profile=no-such-profile"])

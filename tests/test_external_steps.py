@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from experiments.impl import external_steps as es
+from experiments import external_steps as es
 from moe_core.config.load import load_config
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology

@@ -11,8 +11,8 @@ import yaml
 import analysis.papers  # noqa: F401  (registers the tables)
 from analysis.collect import collect
 from analysis.registry import TABLE_REGISTRY
-from experiments.external_validation import main as external_validation_main
-from experiments.impl import external_validation as ev
+from experiments import external_validation as ev
+from experiments.__main__ import main as run_entry_point
 from moe_core.config.load import CONFIG_DIR, load_config
 from moe_core.records.results import record_path, write_record
 from moe_core.sim.topology import build_topology
@@ -30,7 +30,12 @@ def entries():
 
 
 def test_every_entry_simulates_into_a_record(tmp_path, entries):
-    assert external_validation_main(["--config", str(CONFIG_DIR / "default.yaml"), f"results_dir={tmp_path}"]) == 0
+    assert (
+        run_entry_point(
+            ["external_validation", "--config", str(CONFIG_DIR / "default.yaml"), f"results_dir={tmp_path}"]
+        )
+        == 0
+    )
     for entry in entries:
         path = record_path(tmp_path, ev.PAPER, ev.EXPERIMENT, entry["id"])
         record = json.loads(path.read_text())

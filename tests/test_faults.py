@@ -135,7 +135,8 @@ def launcher(*args: str) -> list[str]:
         "2",
         "--",
         "-m",
-        "experiments.collectives",
+        "experiments",
+        "collectives",
     ]
 
 
@@ -157,7 +158,8 @@ def test_a_failed_rank_ends_the_run_naming_it_and_writes_no_record(tmp_path, fau
     done = run(
         torchrun(
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
             *SMALL_STEP,
             f"results_dir={tmp_path}",
             "train.iters=100000",
@@ -291,7 +293,7 @@ def torchrun_summary(*failures: tuple[int, int], root: tuple[int, int]) -> str:
 
     others = "\n".join(entry(i + 1, r, c) for i, (r, c) in enumerate(failures)) or "  <NO_OTHER_FAILURES>"
     return (
-        f"====\nexperiments.train_step FAILED\n----\nFailures:\n{others}\n----\n"
+        f"====\nexperiments FAILED\n----\nFailures:\n{others}\n----\n"
         f"Root Cause (first observed failure):\n{entry(0, *root)}\n====\n"
     )
 
@@ -355,25 +357,33 @@ def launched(monkeypatch):
 
 
 def launched_entry_points() -> list[str]:
-    """Every module the workflow's rules start through experiments.launch (``-- -m <module>``)."""
+    """Every entry point the workflow's rules start through experiments.launch (``-- -m experiments <name>``)."""
     rules = "\n".join(path.read_text() for path in sorted(Path("experiments/rules").glob("*.smk")))
-    return sorted(set(re.findall(r"-- -m (experiments\.\w+)", rules)))
+    return sorted(set(re.findall(r"-- -m experiments (\w+)", rules)))
 
 
 @pytest.mark.parametrize("entry", launched_entry_points())
 def test_the_launcher_refuses_a_world_size_that_differs_from_nproc(launched, capsys, entry):
     """Every launched entry point names its world size's key, and the launcher checks --nproc against it."""
-    key = launch.entry_world_size_key(["-m", entry])
-    assert key is not None, f"{entry} names no WORLD_SIZE_KEY"
-    rc = launch.main(["--config", "configs/ci.yaml", f"{key}=4", "--nproc", "2", "--", "-m", entry])
+    key = launch.entry_world_size_key(["-m", "experiments", entry])
+    assert key is not None, f"{entry} names no world size key (experiments.entry_points)"
+    rc = launch.main(["--config", "configs/ci.yaml", f"{key}=4", "--nproc", "2", "--", "-m", "experiments", entry])
     assert rc == 2 and not launched
-    assert f"error: --nproc 2 differs from {key}=4" in capsys.readouterr().err
+    assert f"error: --nproc 2 differs from {key}=4, the world size {entry} runs with" in capsys.readouterr().err
 
 
-def test_the_launcher_refuses_an_entry_point_it_cannot_import(launched, capsys):
-    rc = launch.main(["--config", "configs/ci.yaml", "--nproc", "2", "--", "-m", "experiments.no_such_entry"])
+@pytest.mark.parametrize(
+    "entry, error",
+    [
+        (["experiments", "no_such_entry"], "error: entry point 'no_such_entry' is unknown; the entry points: advise,"),
+        (["experiments.train_step"], "'-m experiments.train_step' runs nothing: launch the entry point as"),
+        (["experiments.no_such_module"], "error: module '-m experiments.no_such_module' cannot be found"),
+    ],
+)
+def test_the_launcher_refuses_an_entry_point_it_cannot_run(launched, capsys, entry, error):
+    rc = launch.main(["--config", "configs/ci.yaml", "--nproc", "2", "--", "-m", *entry])
     assert rc == 2 and not launched
-    assert "error: entry point '-m experiments.no_such_entry' cannot be imported" in capsys.readouterr().err
+    assert error in capsys.readouterr().err
 
 
 def test_the_launcher_refuses_a_results_dir_it_cannot_write(launched, capsys, tmp_path):
@@ -387,7 +397,8 @@ def test_the_launcher_refuses_a_results_dir_it_cannot_write(launched, capsys, tm
             "2",
             "--",
             "-m",
-            "experiments.collectives",
+            "experiments",
+            "collectives",
         ]
     )
     assert rc == 2 and not launched
@@ -426,7 +437,8 @@ def test_torchrun_with_the_wrong_world_size_exits_2_with_one_message_and_no_trac
     done = run(
         torchrun(
             "-m",
-            "experiments.collectives",
+            "experiments",
+            "collectives",
             "--config",
             "configs/ci.yaml",
             *SMALL_COLLECTIVES,
@@ -474,7 +486,7 @@ def test_the_launcher_refuses_a_gpu_config_on_a_host_without_gpus(launched, caps
         pytest.skip("this host has a GPU")
     rc = launch.main(
         ["--config", "configs/ci.yaml", "hardware_profile=h200-single", *SMALL_COLLECTIVES, "--nproc", "2", "--"]
-        + ["-m", "experiments.collectives"]
+        + ["-m", "experiments", "collectives"]
     )
     assert rc == 2 and not launched
     assert "hardware.device is 'cuda' but torch sees no GPU on this host" in capsys.readouterr().err
@@ -615,7 +627,7 @@ def test_a_full_disk_leaves_no_record_and_names_the_file(full_disk):
     """12 records of about 9 KB each do not fit in 64 KiB: the study fails naming the file it could
     not write, in one line, and none of the records it did write is left."""
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.dispatchers_sim", "--config", "configs/default.yaml"]
+        [sys.executable, "-m", "experiments", "dispatchers_sim", "--config", "configs/default.yaml"]
         + ["--config", "configs/ci.yaml", f"results_dir={full_disk}"],
         capture_output=True,
         text=True,
@@ -697,7 +709,8 @@ def test_a_diverged_training_run_fails_and_writes_no_record(tmp_path):
     done = run(
         torchrun(
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
             *SMALL_STEP,
             f"results_dir={tmp_path}",
             "train.iters=3",
@@ -780,12 +793,12 @@ def test_interrupting_snakemake_stops_the_job_and_the_same_command_runs_it_again
     assert (tmp_path / "out.json").exists()
 
 
-@pytest.mark.parametrize("entry", ["experiments.simulate", "experiments.aurora"])
+@pytest.mark.parametrize("entry", ["simulate", "aurora"])
 def test_simulated_entry_points_refuse_an_unwritable_results_dir_before_working(tmp_path, entry):
     (tmp_path / "a_file").write_text("")
     results = tmp_path / "a_file" / "results"
     done = subprocess.run(
-        [sys.executable, "-m", entry, "--config", "configs/ci.yaml", f"results_dir={results}"],
+        [sys.executable, "-m", "experiments", entry, "--config", "configs/ci.yaml", f"results_dir={results}"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,12 +4,18 @@ import json
 
 import torch.distributed as dist
 
-from experiments.gpu_check import main
-from experiments.impl.op_sweep import fit
+from experiments.__main__ import main as run_entry_point
+from experiments.entry_points import GPU_CHECK_SIZES
+from experiments.gpu_check import SIZES
+from experiments.op_sweep import fit
+
+
+def test_the_sizes_option_offers_every_size_table():
+    assert tuple(sorted(SIZES)) == GPU_CHECK_SIZES
 
 
 def test_gpu_check_writes_a_complete_record_on_cpu(tmp_path, capsys):
-    assert main(["--device", "cpu", "--sizes", "quick", "--out", str(tmp_path)]) == 0
+    assert run_entry_point(["gpu_check", "--device", "cpu", "--sizes", "quick", "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     # an H200's targets are shown but not judged on a CPU, and no CPU number is called a share of an H200
     assert out.count("not judged on CPU") == 2 and "H200 peak" not in out and "CUDA events" not in out

@@ -14,13 +14,20 @@ from analysis.collect import collect
 from analysis.compare import CONSISTENT, compare
 from analysis.papers.gshard import scaling_exponent
 from analysis.published import load_registry
-from experiments.impl.gshard import collective_records, record_points, records, step_overrides
+from experiments.gshard import records
 from moe_core.config.load import derive_config, hardware_profile, load_config
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.papers.gshard.config import SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import MODELS, core_years, parameter_counts, tokens_per_core, training_days
-from moe_core.papers.gshard.study import COLLECTIVES, PAPER, SCALING
+from moe_core.papers.gshard.study import (
+    COLLECTIVES,
+    PAPER,
+    SCALING,
+    collective_points,
+    record_points,
+    step_overrides,
+)
 from moe_core.papers.gshard.torus import torus_slice
 from moe_core.records.results import make_record, record_path, write_record
 from moe_core.schema.sections import ConfigError
@@ -78,7 +85,7 @@ def test_the_stand_in_has_table_1s_experts_and_the_paper_s_capacity():
     table_1_B = {1: 600, 2: 200, 3: 150, 4: 50, 5: 37, 6: 12.5}
     cfg = _config()
     for model in MODELS.values():
-        point = derive_config(cfg, step_overrides(cfg, model))  # as experiments/gshard.py derives it
+        point = derive_config(cfg, step_overrides(cfg, model))  # as the study derives it
         assert len(moe_blocks(point.model.n_layers, point.model.moe_every)) * model.experts == model.total_experts
         expert_weights_B = parameter_counts(model.experts, model.n_layers)["experts"] / 1e9
         assert 1.02 < expert_weights_B / table_1_B[model.id] < 1.05
@@ -104,7 +111,7 @@ def test_the_all_to_all_grows_as_sqrt_d_on_the_torus_and_the_all_reduce_barely()
     cfg = _config(
         "gshard.collective_partitions=[16,64,256,1024]", f"gshard.collective_bytes_per_partition=[{32 * MiB}]"
     )
-    points = _wide(collective_records(cfg))
+    points = pd.DataFrame([{**p.params, **p.metrics} for p in collective_points(cfg)])
     for kind, low, high in (("all_to_all", 0.4, 0.6), ("all_reduce", 0.0, 0.25)):
         rows = points[points["collective"] == kind]
         assert low < scaling_exponent(rows["partitions"], rows["time_ms"]) < high, kind
@@ -182,7 +189,7 @@ def test_profiles_that_cannot_run_the_study_stop_it_before_any_record(tmp_path, 
     with pytest.raises(ConfigError, match=needle):
         records(_config(*overrides))
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.gshard", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]
+        [sys.executable, "-m", "experiments", "gshard", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]
         + overrides,
         capture_output=True,
         text=True,

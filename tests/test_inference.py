@@ -153,7 +153,8 @@ def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp
         "--standalone",
         "--nproc-per-node=2",
         "-m",
-        "experiments.inference",
+        "experiments",
+        "inference",
         "parallel.world_size=2",
         "moe.num_experts=4",
         "moe.experts_per_rank=2",
@@ -197,7 +198,7 @@ def test_measured_inference_writes_a_record_per_policy_with_the_same_outputs(tmp
 
 def test_unknown_inference_policy_exits_2_naming_the_key(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.inference", "inference.policies=[fifo]", f"results_dir={tmp_path}"],
+        [sys.executable, "-m", "experiments", "inference", "inference.policies=[fifo]", f"results_dir={tmp_path}"],
         capture_output=True,
         text=True,
         timeout=60,

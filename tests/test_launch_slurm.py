@@ -6,7 +6,7 @@ from experiments import launch
 from experiments.launch import SlurmJob, job_layout, slurm_agents, slurm_command, slurm_resources
 from moe_core.config.load import ConfigError, load_config
 
-ENTRY = ["-m", "experiments.train_step", "--config", "c.yaml", "--out", "x.json"]
+ENTRY = ["-m", "experiments", "train_step", "--config", "c.yaml", "--out", "x.json"]
 
 
 def cfg(*overrides):
@@ -119,7 +119,8 @@ def test_launcher_in_a_multi_node_batch_script_runs_srun_with_forwarded_config(l
             "4",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
             "--out",
             "x.json",
         ]
@@ -127,9 +128,10 @@ def test_launcher_in_a_multi_node_batch_script_runs_srun_with_forwarded_config(l
     assert rc == 0
     ((argv, _env),) = launched[0]
     assert argv[0] == "srun" and "--nproc-per-node=2" in argv
-    assert argv[-7:] == [
+    assert argv[-8:] == [
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
         "--config",
         "configs/default.yaml",
         "--out",
@@ -148,7 +150,8 @@ def test_launcher_refuses_an_emulated_testbed_across_slurm_tasks(launched, capsy
             "4",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
         ]
     )
     assert rc == 2 and not launched and "one-task job" in capsys.readouterr().err
@@ -164,7 +167,7 @@ def test_help_prints_and_exits_0_without_a_command_to_launch(argv, capsys):
 def test_a_missing_command_is_refused_saying_what_to_add(capsys):
     with pytest.raises(SystemExit) as exit_:
         launch.parse_args(["--nproc", "2"])
-    assert exit_.value.code == 2 and "missing `-- -m <module> [args]`" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "missing `-- -m experiments <entry point> [args]`" in capsys.readouterr().err
 
 
 def fake_srun(then: str) -> tuple[list[str], dict[str, str]]:

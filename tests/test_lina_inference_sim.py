@@ -8,7 +8,7 @@ import pytest
 import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import collect
 from analysis.registry import REPRODUCERS
-from experiments.impl import lina_inference_sim as sim
+from experiments import lina_inference_sim as sim
 from moe_core.config.load import load_config, to_container
 from moe_core.papers.lina.inference import Scheduler
 from moe_core.papers.lina.inference_sim import balanced_counts, placed_batch, source_counts

@@ -11,12 +11,12 @@ import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.collect import at_setting, collect, read_valid_record
 from analysis.papers.monta import strategy_ranking
 from analysis.registry import REPRODUCERS
-from experiments import monta
-from experiments.impl import monta as monta_study
-from experiments.impl.monta_a2a import measured_points as a2a_points
+from experiments.__main__ import main as run_entry_point
+from experiments.monta_a2a import measured_points as a2a_points
 from moe_core.config.load import ConfigError, load_config
 from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import monta_chunks
+from moe_core.papers.monta.study import model_points
 from moe_core.schema.points import measured_points, sim_points, unstated_param
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
@@ -83,10 +83,10 @@ def test_the_chosen_nic_count_runs_everywhere_and_the_other_end_at_the_abstracts
 
 
 def test_model_ranks_8_card_tensor_parallelism_first_at_the_paper_setting(tmp_path):
-    assert monta.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 0
+    assert run_entry_point(["monta", "--config", "configs/default.yaml", f"results_dir={tmp_path}"]) == 0
     files = sorted((tmp_path / "raw" / "monta").glob("*/*.json"))
     cfg = load_config(["configs/default.yaml"])
-    declared = {(e, p) for e, points in monta_study.model_points(cfg).items() for p in points}
+    declared = {(e, p) for e, points in model_points(cfg).items() for p in points}
     assert {(f.parent.name, f.stem) for f in files} == declared
     records, _ = collect(files)
     layouts = strategy_ranking(at_setting(records))  # the table shows the chosen NIC count only
@@ -115,7 +115,7 @@ def test_model_ranks_8_card_tensor_parallelism_first_at_the_paper_setting(tmp_pa
 @pytest.mark.parametrize("override", ["monta.sim_chunks=[0]", "monta.nics_per_node=[4,8]"])
 def test_model_run_refuses_a_bad_config_without_writing(tmp_path, override):
     """A bad value, or the NIC-count list that became the profile's unstated parameter: exit 2, nothing written."""
-    assert monta.main(["--config", "configs/default.yaml", f"results_dir={tmp_path}", override]) == 2
+    assert run_entry_point(["monta", "--config", "configs/default.yaml", f"results_dir={tmp_path}", override]) == 2
     assert not list(tmp_path.rglob("*.json"))
 
 
@@ -139,7 +139,7 @@ def test_measured_exchange_on_two_ranks_writes_every_declared_point(tmp_path):
     overrides = [f"results_dir={tmp_path}", "monta.world_size=2", "monta.tensor_parallel=[1,2]", "monta.iters=2"]
     overrides += ["monta.bytes_per_rank=262144", "monta.chunks=[2,4]", "monta.warmup_iters=0"]
     cmd = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", *overrides, "--nproc", "2"]
-    result = subprocess.run([*cmd, "--", "-m", "experiments.monta_a2a"], capture_output=True, text=True)
+    result = subprocess.run([*cmd, "--", "-m", "experiments", "monta_a2a"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     cfg = load_config(["configs/default.yaml"], overrides)
     found = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "monta" / "monta_a2a").glob("*.json")}

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401  (registers the figures)
 from analysis.registry import FIGURE_REGISTRY
-from experiments import calibrate, validate
-from experiments.impl import calibrate as calibration
+from experiments import calibrate as calibration
+from experiments.__main__ import main as run_entry_point
 from moe_core.host.noise import (
     MIN_WINDOW_S,
     NOISY_CONTENTION,
@@ -48,8 +48,17 @@ QUIET = {"load_avg": [0.1, 0.1, 0.1], "cpus": 2, "contention": 0.02, "cv": {"ste
 NOISY = {"load_avg": [9.0, 8.0, 7.0], "cpus": 2, "contention": 0.6, "cv": {"step_ms": 0.4}}
 
 
-def _torchrun(module: str, overrides: list[str]) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", module]
+def _torchrun(entry: str, overrides: list[str]) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "experiments",
+        entry,
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.run([*cmd, *overrides], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -59,9 +68,9 @@ def _torchrun(module: str, overrides: list[str]) -> None:
 def measured(tmp_path_factory) -> list[Path]:
     """Real records of a 2-rank run: collectives (alone and paired) and one training step."""
     results = tmp_path_factory.mktemp("measured")
-    _torchrun("experiments.collectives", [*COLLECTIVES, f"results_dir={results}"])
+    _torchrun("collectives", [*COLLECTIVES, f"results_dir={results}"])
     steps = ["parallel.world_size=2", "moe.num_experts=2", "train.iters=4", "train.warmup_iters=1"]
-    _torchrun("experiments.train_step", [*TINY, *steps, f"results_dir={results}"])
+    _torchrun("train_step", [*TINY, *steps, f"results_dir={results}"])
     return sorted(results.glob("raw/**/*.json"))
 
 
@@ -210,7 +219,9 @@ def test_noise_summary_counts_the_noisy_measured_records():
 
 
 def _calibrate(records: list[str], out: Path, *configs: str) -> int:
-    return calibrate.main(["--config", str(REPO_ROOT / "configs/ci.yaml"), *configs, "--out", str(out), *records])
+    return run_entry_point(
+        ["calibrate", "--config", str(REPO_ROOT / "configs/ci.yaml"), *configs, "--out", str(out), *records]
+    )
 
 
 @pytest.mark.slow
@@ -253,7 +264,7 @@ def test_without_a_good_profile_the_noisy_fit_is_written_flagged_and_validation_
     assert not calibration.last_good_path(out).exists()
 
     table = tmp_path / "sim_validation.csv"
-    assert validate.main(["--calibrated", str(out), "--out", str(table), *noisy]) == 0
+    assert run_entry_point(["validate", "--calibrated", str(out), "--out", str(table), *noisy]) == 0
     err = capsys.readouterr().err
     assert "held-out records were measured on a noisy host" in err and "fitted on records from a noisy host" in err
     rows = pd.read_csv(table)
@@ -270,7 +281,7 @@ def test_quiet_validation_has_no_noise_warning_or_note(measured, tmp_path, capsy
     quiet = _with_noise(measured, QUIET, tmp_path / "quiet")
     assert _calibrate(quiet, out) == 0
     table = tmp_path / "sim_validation.csv"
-    assert validate.main(["--calibrated", str(out), "--out", str(table), *quiet]) == 0
+    assert run_entry_point(["validate", "--calibrated", str(out), "--out", str(table), *quiet]) == 0
     assert "noisy" not in capsys.readouterr().err
     rows = pd.read_csv(table)
     assert not rows["noisy"].any() and not rows["profile_noisy"].any()

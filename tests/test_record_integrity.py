@@ -23,7 +23,7 @@ import analysis.compare as compare_mod
 from analysis.published import load_registry
 from analysis.record_schema import check_record, provenance, record_problem
 from experiments.benchmark import measured_record
-from experiments.impl.simulate import EXPERIMENT, simulated_record
+from experiments.simulate import EXPERIMENT, simulated_record
 from moe_core.config.load import load_config
 from moe_core.records.results import atomic_outputs, record_digest, record_path, summarize, write_record
 from moe_core.schema.points import sim_points

@@ -89,15 +89,15 @@ def test_recording_keeps_every_moe_layers_choices_and_mock_tokens_route_otherwis
 
 
 def test_the_recording_command_writes_a_trace_and_compares_it_with_mock_tokens(tmp_path, capsys):
-    from experiments import record_routing
+    from experiments.__main__ import main as run_entry_point
 
     out = tmp_path / "t.npz"
     overrides = ["moe.num_experts=8", "moe.experts_per_rank=2", "model.seq_len=16", "--train-steps", "1"]
-    assert record_routing.main([*overrides, "--name", "t", "--batch", "4", "--out", str(out)]) == 0
+    assert run_entry_point(["record_routing", *overrides, "--name", "t", "--batch", "4", "--out", str(out)]) == 0
     assert routing_trace.read(out).choices.shape == (2, 64, 2)  # the default model's two MoE layers
     printed = capsys.readouterr().out
     assert "recorded, layer 1" in printed and "mock tokens, layer 0" in printed and "zipf:1.0" in printed
-    assert record_routing.main(["--name", "../x"]) == 2
+    assert run_entry_point(["record_routing", "--name", "../x"]) == 2
 
 
 COMMITTED_BYTES = (routing_trace.TRACES_DIR / f"{COMMITTED}.npz").read_bytes()

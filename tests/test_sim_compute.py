@@ -10,8 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from experiments.impl.op_sweep import fit, gemm_shapes, model_of, predicted_ms, profile_fields
-from experiments.op_sweep import SWEEPS, main
+from experiments.__main__ import main as run_entry_point
+from experiments.entry_points import OP_SWEEP_SIZES
+from experiments.op_sweep import SWEEPS, fit, gemm_shapes, model_of, predicted_ms, profile_fields
 from moe_core.config.load import ConfigError, load_config
 from moe_core.model.gating import gshard_gating
 from moe_core.sim.compute import ADAM_FOREACH_OPS, ADAM_PASSES, ComputeModel, multi_tensor_launches
@@ -201,8 +202,12 @@ def test_the_gate_table_counts_what_the_gating_code_runs(top_k, tokens, experts)
         assert traced.nbytes == pytest.approx(tokens * (per_token_expert * experts + per_token), rel=0.05), pass_
 
 
+def test_the_sweep_option_offers_every_sweep():
+    assert tuple(sorted(SWEEPS)) == OP_SWEEP_SIZES
+
+
 def test_op_sweep_writes_a_record_and_a_profile_snippet(tmp_path):
-    assert main(["--sweep", "quick", "--out", str(tmp_path)]) == 0
+    assert run_entry_point(["op_sweep", "--sweep", "quick", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "op_sweep.json").read_text())
     assert (
         record["fit"]["converged"]
@@ -213,7 +218,7 @@ def test_op_sweep_writes_a_record_and_a_profile_snippet(tmp_path):
     hw = load_config(overrides=[f"hardware.{key}={value}" for key, value in fields.items()]).hardware  # valid
     assert hw.peak_tflops == float(fields["peak_tflops"]) > 0
     refit = tmp_path / "refit"
-    assert main(["--fit", str(tmp_path / "op_sweep.json"), "--out", str(refit)]) == 0
+    assert run_entry_point(["op_sweep", "--fit", str(tmp_path / "op_sweep.json"), "--out", str(refit)]) == 0
     assert json.loads((refit / "op_sweep.json").read_text())["fit"]["gemm_tflops"] == pytest.approx(
         record["fit"]["gemm_tflops"], rel=1e-6
     )
@@ -222,14 +227,14 @@ def test_op_sweep_writes_a_record_and_a_profile_snippet(tmp_path):
 @pytest.mark.parametrize("argv", [["--peak-tflops", "-1"], ["--threads", "0"], ["--dtype", "int8"]])
 def test_op_sweep_refuses_bad_arguments_without_writing(tmp_path, argv):
     with pytest.raises(SystemExit) as exit_:
-        main([*argv, "--out", str(tmp_path / "out")])
+        run_entry_point(["op_sweep", *argv, "--out", str(tmp_path / "out")])
     assert exit_.value.code == 2 and not (tmp_path / "out").exists()
 
 
 def test_op_sweep_refuses_a_record_without_a_sweep(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"checks": {}}))
     for missing in (tmp_path / "other.json", tmp_path / "missing.json"):
-        assert main(["--fit", str(missing), "--out", str(tmp_path / "out")]) == 2
+        assert run_entry_point(["op_sweep", "--fit", str(missing), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
 
 

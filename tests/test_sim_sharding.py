@@ -3,7 +3,7 @@ in the simulated training step, and their refusal by the measured executor."""
 
 import pytest
 
-from experiments.train_step import main as train_step_main
+from experiments.__main__ import main as run_entry_point
 from moe_core.config.load import ConfigError, load_config, validate_measured
 from moe_core.model.transformer import shape_only_model
 from moe_core.parallel.parallelize import is_expert_param
@@ -255,7 +255,7 @@ def test_measured_runs_refuse_what_only_the_simulator_models(setting, key, capsy
         validate_measured(cfg)
     with pytest.raises(ConfigError, match=f"{key}.*simulated only"):  # the measured sweep's points, at load
         load_config(overrides=[setting])
-    assert train_step_main([setting]) == 2  # before any process group
+    assert run_entry_point(["train_step", setting]) == 2  # before any process group
     assert "simulated only" in capsys.readouterr().err
     validate_measured(load_config(whole_run=False))  # the defaults are measured as ever
 

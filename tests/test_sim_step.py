@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from experiments.simulate import main as simulate_main
+from experiments.__main__ import main as run_entry_point
 from moe_core.config.load import load_config
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
@@ -96,7 +96,7 @@ def test_more_bandwidth_never_slows_the_step():
 
 def test_simulate_writes_a_simulated_record_with_slowdowns(tmp_path):
     out = tmp_path / "r.json"
-    assert simulate_main([*LINA, "comm.policy=overlap", f"--out={out}"]) == 0
+    assert run_entry_point(["simulate", *LINA, "comm.policy=overlap", f"--out={out}"]) == 0
     record = json.loads(out.read_text())
     assert record["mode"] == "simulated" and record["backend"] == "sim" and record["hardware"] == "lina-a100-4x4"
     assert record["params"]["world_size"] == 16 and record["metrics"]["step_ms"]["n"] == 1
@@ -122,7 +122,7 @@ def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
     sweeps = tmp_path / "sweeps.yaml"
     sweeps.write_text(SMALL_SWEEPS)
     args = ["--config", "configs/default.yaml", "--config", str(sweeps), f"results_dir={tmp_path}"]
-    assert simulate_main([*args, "--sweep"]) == 0
+    assert run_entry_point(["simulate", *args, "--sweep"]) == 0
     points = sim_points(load_config(["configs/default.yaml", str(sweeps)]))
     # ws8 overlap; 2 experts x (overlap, lina), and both again at the 13 settings of Lina's unstated
     # parameters' joint design (5 ends one at a time, 8 corners); lina at 10 MB micro-ops
@@ -137,12 +137,12 @@ def test_simulate_sweep_writes_every_point_once_or_nothing(tmp_path):
         assert record["config"]["hardware"]["intra_node"] == ("switch" if link == 240 else "pcie_tree")
     # one point without a network model: an error, and no record of any point
     bad = tmp_path / "bad"
-    assert simulate_main([*args, f"results_dir={bad}", "sim_sweep.hardware=[local-cpu]", "--sweep"]) == 2
+    assert run_entry_point(["simulate", *args, f"results_dir={bad}", "sim_sweep.hardware=[local-cpu]", "--sweep"]) == 2
     assert not [p for p in bad.rglob("*") if p.is_file()]  # (the up-front writability check made the directory)
 
 
 def test_simulate_rejects_a_profile_without_a_network_model(tmp_path, capsys):
-    assert simulate_main(["parallel.world_size=8", "moe.num_experts=8", f"results_dir={tmp_path}"]) == 2
+    assert run_entry_point(["simulate", "parallel.world_size=8", "moe.num_experts=8", f"results_dir={tmp_path}"]) == 2
     assert "intra_node_GBps is unknown" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 

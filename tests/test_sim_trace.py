@@ -6,7 +6,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from experiments.simulate import main as simulate_main
+from experiments.__main__ import main as run_entry_point
 from moe_core.config.load import load_config
 from moe_core.sim.engine import Op, simulate
 from moe_core.sim.pipeline import PipelineModel
@@ -125,7 +125,7 @@ def test_a_pipeline_has_a_process_per_stage():
 def test_simulate_writes_the_trace_of_its_point(tmp_path):
     out, path = tmp_path / "record.json", tmp_path / "traces" / "step.json"
     args = ["--config", "configs/default.yaml", *SMALL_STEP, f"results_dir={tmp_path}", f"--out={out}"]
-    assert simulate_main([*args, f"--trace={path}"]) == 0
+    assert run_entry_point(["simulate", *args, f"--trace={path}"]) == 0
     trace, record = json.loads(path.read_text()), json.loads(out.read_text())
     events = complete_events(trace)
     assert len(events) == len(trace["traceEvents"]) - sum(e["ph"] == "M" for e in trace["traceEvents"])
@@ -137,7 +137,9 @@ def test_simulate_writes_the_trace_of_its_point(tmp_path):
 def test_simulate_refuses_a_trace_of_a_sweep_and_writes_nothing(tmp_path, capsys):
     path = tmp_path / "trace.json"
     with pytest.raises(SystemExit) as exit_:
-        simulate_main(["--config", "configs/default.yaml", f"results_dir={tmp_path}", "--sweep", f"--trace={path}"])
+        run_entry_point(
+            ["simulate", "--config", "configs/default.yaml", f"results_dir={tmp_path}", "--sweep", f"--trace={path}"]
+        )
     assert exit_.value.code == 2 and "--trace writes one point's timeline" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -145,6 +147,6 @@ def test_simulate_refuses_a_trace_of_a_sweep_and_writes_nothing(tmp_path, capsys
 def test_a_trace_that_cannot_be_written_leaves_no_record(tmp_path, capsys):
     out = tmp_path / "record.json"
     args = ["--config", "configs/default.yaml", *SMALL_STEP, f"results_dir={tmp_path}", f"--out={out}"]
-    assert simulate_main([*args, f"--trace={tmp_path}"]) == 1  # a folder, not a file
+    assert run_entry_point(["simulate", *args, f"--trace={tmp_path}"]) == 1  # a folder, not a file
     assert f"trace '{tmp_path}' cannot be written" in capsys.readouterr().err
     assert not out.exists()

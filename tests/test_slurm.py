@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import Cluster, run, snakemake_slurm, started_cluster
 
-from experiments.impl.collectives import collective_points
+from experiments.collectives import collective_points
 from moe_core.config.load import load_config
 from moe_core.schema.points import point_name, sweep_points
 

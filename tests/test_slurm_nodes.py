@@ -124,7 +124,7 @@ def local_run(results: Path, seed: int) -> subprocess.Popen:
     point = train_point(seed)
     argv = [sys.executable, "-m", "experiments.launch", "--config", "configs/default.yaml", "--config"]
     argv += ["configs/ci.yaml", *SETTINGS, f"results_dir={results}", *point_overrides(point), "--nproc", "4"]
-    argv += ["--", "-m", "experiments.train_step", "--out", str(record_of(results, seed))]
+    argv += ["--", "-m", "experiments", "train_step", "--out", str(record_of(results, seed))]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

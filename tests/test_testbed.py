@@ -10,8 +10,8 @@ import time
 import pytest
 
 from experiments import launch
+from moe_core.host import testbed as tb
 from moe_core.host.testbed import EmulatedTestbed, emulation_unavailable
-from moe_core.runtime import testbed as tb
 
 UNAVAILABLE = emulation_unavailable()
 needs_testbed = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"emulated testbed unavailable: {UNAVAILABLE}")
@@ -106,7 +106,8 @@ def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_conf
             "2",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
             "--out",
             "x.json",
         ]
@@ -120,7 +121,8 @@ def test_launcher_without_emulation_runs_standalone_torchrun_with_forwarded_conf
         "--standalone",
         "--nproc-per-node=2",
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
         "--config",
         "configs/default.yaml",
         "--out",
@@ -142,7 +144,8 @@ def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, caps
             "4",
             "--",
             "-m",
-            "experiments.train_step",
+            "experiments",
+            "train_step",
         ]
     )
     assert rc == 0
@@ -165,7 +168,7 @@ def test_launcher_falls_back_to_loopback_and_says_so(launched, monkeypatch, caps
     ],
 )
 def test_launcher_rejects_bad_input_with_exit_code_2(launched, args, capsys):
-    assert launch.main([*args, "--", "-m", "experiments.train_step"]) == 2
+    assert launch.main([*args, "--", "-m", "experiments", "train_step"]) == 2
     assert not launched and "error:" in capsys.readouterr().err
 
 
@@ -238,10 +241,10 @@ def test_each_node_link_is_shaped_to_its_own_rate():
 
 
 def test_link_sharing_rejects_bad_input_with_exit_code_2(capsys):
-    from experiments import link_sharing
+    from experiments.__main__ import main as run_entry_point
 
     with pytest.raises(SystemExit) as exit_info:
-        link_sharing.main(["--out", "x.json", "--repeats", "0"])
+        run_entry_point(["link_sharing", "--out", "x.json", "--repeats", "0"])
     assert exit_info.value.code == 2 and "--repeats" in capsys.readouterr().err
 
 
@@ -320,7 +323,8 @@ def test_launcher_runs_a_training_step_on_the_emulated_cluster(tmp_path):
         "4",
         "--",
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
     ]
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"}

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from moe_core.config.load import load_config
-from moe_core.runtime import time_slicing
+from moe_core.host import time_slicing
 from moe_core.sim.calibrate import fit_time_slicing
 from moe_core.sim.engine import Op
 from moe_core.sim.step import StepModel

@@ -30,7 +30,8 @@ def torchrun(world, args, env=None, **popen):
         "--standalone",
         f"--nproc-per-node={world}",
         "-m",
-        "experiments.train_step",
+        "experiments",
+        "train_step",
         *args,
     ]
     return subprocess.Popen(

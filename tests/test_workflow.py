@@ -13,7 +13,7 @@ import pytest
 
 import analysis.papers  # noqa: F401  (registers every paper's tables and figures)
 from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
-from experiments.impl.dispatchers_sim import sim_points as dispatcher_sim_points
+from experiments.dispatchers_sim import sim_points as dispatcher_sim_points
 from moe_core.config.load import load_config
 from moe_core.papers import PAPERS
 from moe_core.papers.lina.sweeps import lina_measured_points
@@ -332,6 +332,6 @@ def test_commands_quote_every_value(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    command = next(line for line in proc.stdout.splitlines() if "experiments.train_step" in line)
+    command = next(line for line in proc.stdout.splitlines() if "-m experiments train_step" in line)
     assert f"--out '{target}'" in command and f"--config '{results}/config/resolved-" in command
     assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()

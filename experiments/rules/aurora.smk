@@ -3,7 +3,7 @@
 # transmission orders measured with gloo/NCCL (experiments/aurora_a2a.py, one torchrun job). Each job
 # writes one record per point.
 
-from experiments.impl.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
+from experiments.aurora_a2a import EXPERIMENT as AURORA_A2A, measured_points as aurora_measured_points
 from moe_core.papers.aurora.study import PAPER as AURORA_PAPER, aurora_points
 
 AURORA_SIM_RECORDS = [
@@ -35,7 +35,7 @@ rule aurora_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.aurora --config {input.config:q}"
+        "logged {log:q} python -m experiments aurora --config {input.config:q}"
 
 
 rule aurora_a2a:
@@ -55,4 +55,4 @@ rule aurora_a2a:
         **measured_resources(CFG.aurora.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.aurora_a2a"
+        "-- -m experiments aurora_a2a"

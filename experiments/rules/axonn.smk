@@ -5,7 +5,7 @@
 # scaling against the Megatron-style baseline, the overlap ablation, the ranking of every grid;
 # seconds of CPU).
 
-from experiments.impl.axonn import record_points as axonn_record_points
+from moe_core.papers.axonn.study import record_points as axonn_record_points
 from moe_core.papers.axonn.sweeps import (
     MEASURED as AXONN_MEASURED,
     PAPER as AXONN_PAPER,
@@ -46,7 +46,7 @@ rule axonn_grids:
         **measured_resources(CFG.axonn.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.axonn_grids"
+        "-- -m experiments axonn_grids"
 
 
 rule axonn_grid_predictions:
@@ -66,7 +66,7 @@ rule axonn_grid_predictions:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.axonn_grid_predictions --config {input.config:q} "
+        "logged {log:q} python -m experiments axonn_grid_predictions --config {input.config:q} "
         "axonn.model_profile={input.profile:q}"
 
 
@@ -85,4 +85,4 @@ rule axonn_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.axonn --config {input.config:q}"
+        "logged {log:q} python -m experiments axonn --config {input.config:q}"

@@ -1,8 +1,8 @@
 # nccl-tests-style collective microbenchmark: one torchrun job writes one record per
 # (collective, concurrent, size) point (experiments/collectives.py).
 
-from experiments.impl.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
-from experiments.impl.collectives import collective_points
+from experiments.collectives import EXPERIMENT as COLLECTIVES, PAPER as COLLECTIVES_PAPER
+from experiments.collectives import collective_points
 
 COLLECTIVE_RECORDS = expand(
     f"{RESULTS}/raw/{COLLECTIVES_PAPER}/{COLLECTIVES}/{{point}}.json",
@@ -28,4 +28,4 @@ rule collectives:
         **measured_resources(CFG.collectives.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.collectives"
+        "-- -m experiments collectives"

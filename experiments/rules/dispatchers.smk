@@ -3,13 +3,13 @@
 # on this testbed's calibrated profile (records of their own, so a new calibration re-measures
 # nothing), and simulated on the study's clusters (cheap local jobs); then the tables.
 
-from experiments.impl.dispatchers import (
+from experiments.dispatchers import (
     EXPERIMENT as DISPATCHERS,
     PAPER as DISPATCHERS_PAPER,
     measured_points as dispatcher_measured_points,
 )
-from experiments.impl.dispatchers_predictions import EXPERIMENT as DISPATCHER_PREDICTIONS
-from experiments.impl.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_points as dispatcher_sim_points
+from experiments.dispatchers_predictions import EXPERIMENT as DISPATCHER_PREDICTIONS
+from experiments.dispatchers_sim import EXPERIMENT as DISPATCHERS_SIM, sim_points as dispatcher_sim_points
 
 DISPATCHER_RECORDS = expand(
     f"{RESULTS}/raw/{DISPATCHERS_PAPER}/{DISPATCHERS}/{{point}}.json", point=dispatcher_measured_points(CFG)
@@ -43,7 +43,7 @@ rule dispatchers:
         **measured_resources(CFG.dispatch_study.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.dispatchers"
+        "-- -m experiments dispatchers"
 
 
 rule dispatchers_predictions:
@@ -63,7 +63,7 @@ rule dispatchers_predictions:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.dispatchers_predictions --config {input.config:q} "
+        "logged {log:q} python -m experiments dispatchers_predictions --config {input.config:q} "
         "dispatch_study.model_profile={input.profile:q}"
 
 
@@ -82,4 +82,4 @@ rule dispatchers_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.dispatchers_sim --config {input.config:q}"
+        "logged {log:q} python -m experiments dispatchers_sim --config {input.config:q}"

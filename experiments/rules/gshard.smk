@@ -3,8 +3,7 @@
 # collectives on torus slices; seconds of CPU). GShard's measured points are in the training-step
 # sweep (train_step.smk).
 
-from experiments.impl.gshard import record_points as gshard_record_points
-from moe_core.papers.gshard.study import PAPER as GSHARD_PAPER
+from moe_core.papers.gshard.study import PAPER as GSHARD_PAPER, record_points as gshard_record_points
 
 GSHARD_SIM_RECORDS = [
     f"{RESULTS}/raw/{GSHARD_PAPER}/{experiment}/{point}.json"
@@ -29,4 +28,4 @@ rule gshard_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.gshard --config {input.config:q}"
+        "logged {log:q} python -m experiments gshard --config {input.config:q}"

@@ -37,10 +37,10 @@ rule lina_inference:
         **measured_resources(INFERENCE.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
-        "-- -m experiments.inference --out-dir {params.out_dir:q}"
+        "-- -m experiments inference --out-dir {params.out_dir:q}"
 
 
-from experiments.impl.lina_inference_sim import record_points as lina_sim_inference_points
+from experiments.lina_inference_sim import record_points as lina_sim_inference_points
 
 LINA_SIM_INFERENCE_RECORDS = expand(
     f"{RESULTS}/raw/lina/inference/{{point}}.json", point=lina_sim_inference_points(CFG)
@@ -63,4 +63,4 @@ rule lina_inference_simulated:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.lina_inference_sim --config {input.config:q}"
+        "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q}"

@@ -3,8 +3,8 @@
 # (the simulator's job) are points it registers (moe_core/papers/monta/sweeps.py); the strategy
 # ranking is a table of the performance model's predictions next to the simulated layouts.
 
-from experiments.impl.monta_a2a import EXPERIMENT as MONTA_A2A, measured_points as monta_measured_points
-from experiments.impl.monta import model_points as monta_model_points
+from experiments.monta_a2a import EXPERIMENT as MONTA_A2A, measured_points as monta_measured_points
+from moe_core.papers.monta.study import model_points as monta_model_points
 from moe_core.papers.monta.sweeps import PAPER as MONTA_PAPER
 
 MONTA_A2A_RECORDS = expand(
@@ -31,7 +31,7 @@ rule monta_a2a:
         **measured_resources(CFG.monta.world_size),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
-        "-- -m experiments.monta_a2a"
+        "-- -m experiments monta_a2a"
 
 
 MONTA_MODEL_RECORDS = [
@@ -58,4 +58,4 @@ rule monta_model:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.monta --config {input.config:q}"
+        "logged {log:q} python -m experiments monta --config {input.config:q}"

@@ -28,7 +28,7 @@ rule sim_train_step:
         mem_mb=2000,
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.simulate --config {input.config:q} --sweep"
+        "logged {log:q} python -m experiments simulate --config {input.config:q} --sweep"
 
 
 rule calibrate:
@@ -47,7 +47,7 @@ rule calibrate:
     threads: len(os.sched_getaffinity(0))
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.calibrate --config {input.config:q} --out {output:q} {input.records:q}"
+        "logged {log:q} python -m experiments calibrate --config {input.config:q} --out {output:q} {input.records:q}"
 
 
 rule validate:
@@ -67,10 +67,10 @@ rule validate:
         "../../environment.yml"
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
+        "logged {log:q} python -m experiments validate --calibrated {input.calibrated:q} --out {output:q} {input.records:q} "
 
 
-from experiments.impl.external_validation import record_points as external_points
+from experiments.external_validation import record_points as external_points
 
 EXTERNAL_RECORDS = expand(f"{RESULTS}/raw/common/external_validation/{{point}}.json", point=external_points(CFG))
 RAW_RECORDS += EXTERNAL_RECORDS
@@ -89,10 +89,10 @@ rule external_validation:
         "../../environment.yml"
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.external_validation --config {input.config:q}"
+        "logged {log:q} python -m experiments external_validation --config {input.config:q}"
 
 
-from experiments.impl.external_steps import record_points as external_step_points
+from experiments.external_steps import record_points as external_step_points
 
 EXTERNAL_STEP_RECORDS = expand(
     f"{RESULTS}/raw/common/external_steps/{{point}}.json", point=external_step_points(CFG)
@@ -113,4 +113,4 @@ rule external_steps:
         "../../environment.yml"
     localrule: True
     shell:
-        "logged {log:q} python -m experiments.external_steps --config {input.config:q}"
+        "logged {log:q} python -m experiments external_steps --config {input.config:q}"

@@ -31,4 +31,4 @@ rule train_step:
         **{key: lambda wc, key=key: TRAIN_RESOURCES[wc.point][key] for key in SLURM_RESOURCE_KEYS},
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
-        "-- -m experiments.train_step --out {output:q}"
+        "-- -m experiments train_step --out {output:q}"

@@ -27,7 +27,7 @@ def bus_bandwidth_factor(collective: str, n: int) -> float:
     An all-reduce moves 2(n-1)/n of S over each rank's link (a reduce-scatter, then an all-gather);
     an all-gather (S: the gathered output), a reduce-scatter (S: the input) and an equal all-to-all
     (S: the send buffer) move all but the rank's own 1/n of it. For all_to_all_v the size taken is
-    already the busiest rank's off-rank bytes (experiments.impl.collectives.bottleneck_bytes), so
+    already the busiest rank's off-rank bytes (experiments.collectives.bottleneck_bytes), so
     busbw = algbw: the achieved bandwidth of the busiest link (DeepEP's "bottleneck bandwidth").
     """
     if collective == "all_reduce":

@@ -59,11 +59,11 @@ class Dispatcher:
 
     # -- measured (torch.distributed) -----------------------------------------------------------
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        """Dispatch the study's ``workload`` (experiments.impl.dispatchers.Paths.workload) to the experts,
+        """Dispatch the study's ``workload`` (experiments.dispatchers.Paths.workload) to the experts,
         run ``expert`` (a function of the rows an expert received; None: leave them as they are) and
         combine the results back; returns this rank's rows as they came back, in :meth:`routed` order.
         Differentiable, as in a training step: autograd carries the gradient of what came back to the
-        rows sent (the study's gate checks both, experiments.impl.dispatchers.Paths.wrong_rows)."""
+        rows sent (the study's gate checks both, experiments.dispatchers.Paths.wrong_rows)."""
         raise NotImplementedError
 
     def routed(self, groups: StudyGroups, workload: dict) -> tuple[Any, Any]:

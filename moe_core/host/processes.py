@@ -51,7 +51,8 @@ def status_of(pid: int, start: str) -> str | None:
 
 def exit_process(code: int | None) -> NoReturn:
     """End an entry point's process with ``code`` (None: 0, as ``sys.exit``) and skip the
-    interpreter's finalisation: the rank modules' ``__main__`` blocks pass it what ``main`` returned.
+    interpreter's finalisation: the entry points' runner (experiments/__main__.py) passes it what the
+    entry point's ``run`` returned.
 
     By then everything a run keeps is done: its records written (atomically), their W&B runs
     finished, its process group left (moe_core.runtime.distributed.shutdown). Finalisation only

@@ -7,7 +7,9 @@ its overlaps of collectives with compute, and a communication model that ranks g
 * ``models``: the GPT models of the weak-scaling study;
 * ``baseline``: the Megatron-LM-style layout and pipeline schedule AxoNN is compared against;
 * ``config``: the ``axonn`` config section and the overlap variants;
-* ``sweeps``: the measured grid sweep's points, their record params and the model's prediction for each.
+* ``sweeps``: the measured grid sweep's points, their record params and the model's prediction for each;
+* ``study``: the simulated Perlmutter-scale study: its experiments and points, and the simulation of
+  each (experiments/axonn.py writes their records).
 """
 
 from moe_core.papers.axonn import config, sweeps  # noqa: F401  (each registers itself: the section, the run checks)

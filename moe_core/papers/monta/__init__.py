@@ -6,7 +6,9 @@ the parallel layout.
   ranking of (tp, ep, dp) layouts;
 * ``decisions``: the ``monta`` dispatch (registered), its chunk count from the model;
 * ``config``: the ``monta`` config section;
-* ``sweeps``: its measured and simulated training-step points.
+* ``sweeps``: its measured and simulated training-step points;
+* ``study``: the performance model at the paper's setting: the strategy ranking and the chunk-count
+  curve, point by point (experiments/monta.py writes their records).
 """
 
 from moe_core.papers.monta import config, decisions, sweeps  # noqa: F401  (each registers itself)

@@ -1,13 +1,21 @@
-"""What ``python -m experiments.monta`` runs (its docstring describes the records): the chunk-model and
-strategy points and their records."""
+"""MoNTA's performance model at the paper's setting: its experiments, their points and how each is predicted.
+
+experiments/monta.py writes a record of each point, analysis/papers/monta.py reads them. The model
+is closed-form (performance_model.py), on the paper's model and testbed (sweeps.paper_config):
+``monta_strategy`` ranks every (tp, ep, dp) layout of the testbed's GPUs by its predicted dispatch;
+``monta_chunk_model`` predicts the pipelined dispatch at the largest tensor-parallel size for every
+admissible chunk count and marks the count the run's ``monta`` dispatch picks, again at the other
+end of each unstated parameter's range (``MONTA_UNSTATED``). :func:`model_points` names every point,
+for the workflow (the model is cheap: it computes them).
+"""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.benchmark import predicted_record, predictions_main
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
 from moe_core.papers.monta.config import MONTA_UNSTATED
 from moe_core.papers.monta.decisions import dispatch_volume_bytes, monta_chunks
@@ -18,8 +26,20 @@ from moe_core.papers.monta.performance_model import (
     pipelined_seconds,
     rank_strategies,
 )
-from moe_core.papers.monta.sweeps import EXPERTS, PAPER, paper_config
+from moe_core.papers.monta.sweeps import EXPERTS, paper_config
 from moe_core.schema.points import unstated_param, unstated_variants
+
+
+@dataclass
+class Point:
+    """One record to write: its experiment, point name, the testbed it models, parameters (a
+    sensitivity setting's with ``unstated``) and the model's predictions."""
+
+    experiment: str
+    name: str
+    hardware: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
 
 
 def settings(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -32,8 +52,8 @@ def settings(cfg: DictConfig) -> dict[str, DictConfig]:
     }
 
 
-def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
-    """One record per (tp, ep, dp) layout, with the model's predictions and rank."""
+def strategy_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point]:
+    """One point per (tp, ep, dp) layout, with the model's predictions and rank."""
     hw, m, model = paper.hardware, cfg.monta, paper.model
     world = hw.nodes * hw.devices_per_node
     ranked = rank_strategies(
@@ -54,7 +74,7 @@ def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict
             moe_layers=len(moe_blocks(model.n_layers, model.moe_every)),
         )
     )
-    records = []
+    points = []
     for rank, s in enumerate(ranked, start=1):
         params = {
             "world_size": world,
@@ -73,11 +93,11 @@ def strategy_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict
             "model_rank": rank,
             "chunks": s.chunks,
         }
-        records.append(_record(cfg, paper, "monta_strategy", f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}", params, metrics))
-    return records
+        points.append(_point(paper, "monta_strategy", f"{name}_tp{s.tp}_ep{s.ep}_dp{s.dp}", params, metrics))
+    return points
 
 
-def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
+def chunk_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point]:
     """The model's pipelined dispatch time for every admissible chunk count at the largest tp."""
     hw = paper.hardware
     tp = max(cfg.monta.sim_tensor_parallel, default=1)
@@ -88,46 +108,32 @@ def chunk_records(cfg: DictConfig, name: str, paper: DictConfig) -> list[dict]:
     slots, volume = dispatch_rows_per_expert(paper), dispatch_volume_bytes(paper)
     links = exchange_links(hw, ep, tp, cfg.monta.chunk_overhead_us * 1e-6)
     chosen = monta_chunks(paper)  # the decision the run's monta dispatch takes
-    records = []
+    points = []
     for n in admissible_chunk_counts(slots, tp):
         params = {"tensor_parallel": tp, "expert_parallel": ep, "chunks": n, "nics_per_node": hw.nics_per_node}
         metrics = {"model_exchange_ms": pipelined_seconds(volume, n, ep, tp, links) * 1e3, "chosen": float(n == chosen)}
-        records.append(_record(cfg, paper, "monta_chunk_model", f"{name}_tp{tp}_n{n}", params, metrics))
-    return records
+        points.append(_point(paper, "monta_chunk_model", f"{name}_tp{tp}_n{n}", params, metrics))
+    return points
 
 
-def model_records(cfg: DictConfig) -> list[dict]:
-    """Every record of this run: the strategy ranking at the chosen values, the chunk curve at each setting."""
+def study_points(cfg: DictConfig) -> list[Point]:
+    """Every point of this run: the strategy ranking at the chosen values, the chunk curve at each setting."""
     runs = settings(cfg)
     chosen = cfg.monta.hardware
     return [
-        *strategy_records(cfg, chosen, runs[chosen]),
-        *(record for name, paper in runs.items() for record in chunk_records(cfg, name, paper)),
+        *strategy_points(cfg, chosen, runs[chosen]),
+        *(point for name, paper in runs.items() for point in chunk_points(cfg, name, paper)),
     ]
 
 
 def model_points(cfg: DictConfig) -> dict[str, list[str]]:
     """Experiment -> the point names one run writes (the workflow declares them; the model is cheap)."""
     points: dict[str, list[str]] = {"monta_strategy": [], "monta_chunk_model": []}
-    for record in model_records(cfg):
-        points[record["experiment"]].append(record["point"])
+    for point in study_points(cfg):
+        points[point.experiment].append(point.name)
     return points
 
 
-def _record(cfg: DictConfig, paper: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
-    """A record of the model's predictions at ``paper``'s setting, on its testbed."""
-    return predicted_record(
-        cfg,
-        paper=PAPER,
-        experiment=experiment,
-        point=point,
-        hardware=paper.hardware.name,
-        params={**unstated_param(paper), **params},
-        metrics=metrics,
-        backend="model",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Compute and write the records of ``args`` (experiments.monta's command line)."""
-    return predictions_main(args, model_records)
+def _point(paper: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Point:
+    """A point of the model's predictions at ``paper``'s setting, on its testbed."""
+    return Point(experiment, name, paper.hardware.name, {**unstated_param(paper), **params}, metrics)

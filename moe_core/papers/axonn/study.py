@@ -1,17 +1,24 @@
-"""What ``python -m experiments.axonn`` runs (its docstring describes the records): the scaling,
-ablation and ranking points and their records."""
+"""AxoNN's Perlmutter-scale study, simulated: its experiments, their points and how each is simulated.
+
+experiments/axonn.py writes a record of each point, analysis/papers/axonn.py reads them. Every step
+is the step simulator's (moe_core.sim.step) on ``axonn.hardware``: AxoNN's on the grid its
+communication model (comm_model.py) ranks first, the Megatron-LM-style baseline (baseline.py) as
+one pipeline stage composed by the 1F1B schedule (moe_core.sim.pipeline). The experiments:
+``axonn_scaling`` (models.py's weak scaling, both systems), ``axonn_ablation`` (the ~2B model under
+each overlap variant) and ``axonn_ranking`` (the model's ranking of every grid of the largest model
+that fits, the best few simulated). :func:`study_runs` gives the run at the chosen values and the
+sensitivity runs (``AXONN_UNSTATED``); :func:`record_points` names every point without pricing any,
+for the workflow.
+"""
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
-from tqdm import tqdm
 
-from experiments.benchmark import predicted_record, predictions_main
-from moe_core.config.load import derive_config, hardware_profile
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.papers.axonn.baseline import megatron_layout
 from moe_core.papers.axonn.comm_model import grid_memory, rank_grids
@@ -19,6 +26,7 @@ from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overl
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.parallel.grid import GRID_AXES, Grid
+from moe_core.schema.derive import derive_config, hardware_profile
 from moe_core.schema.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
@@ -29,6 +37,17 @@ from moe_core.sim.topology import build_topology
 SIMULATED_VARIANTS = tuple(v for v in OVERLAP_VARIANTS if v != "all+cache")
 # What the sensitivity runs simulate: the abstract's 80B model and the 2B model's overlap gain.
 SENSITIVITY_MODELS, SENSITIVITY_VARIANTS = (WEAK_SCALING[-1],), ("none", "all")
+
+
+@dataclass
+class Point:
+    """One record to write: its experiment, point name, parameters and the simulated metrics, on
+    ``axonn.hardware`` (a sensitivity run's parameters carry its setting, ``unstated``)."""
+
+    experiment: str
+    name: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
 
 
 def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
@@ -194,7 +213,7 @@ def ablation_point(model: GptModel, variant: str, suffix: str) -> str:
     return f"{model.name}_{variant}{suffix}"
 
 
-def scaling_records(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[dict]:
+def scaling_points(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[Point]:
     """Each of ``models`` at the run's batch under AxoNN and the Megatron-style baseline."""
     out = []
     for model in (with_batch(m, cfg.axonn.sequences_per_gpu) for m in models):
@@ -202,11 +221,11 @@ def scaling_records(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str =
         base["global_sequences"] = model.global_sequences
         for system, run in SCALING.items():
             params, metrics = run(cfg, model)
-            out.append(_record(cfg, "axonn_scaling", scaling_point(model, system, suffix), {**base, **params}, metrics))
+            out.append(_point(cfg, "axonn_scaling", scaling_point(model, system, suffix), {**base, **params}, metrics))
     return out
 
 
-def ablation_records(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "") -> list[dict]:
+def ablation_points(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "") -> list[Point]:
     """The ~2B model at the run's batch under each overlap of ``variants``, on the best grid on which
     every overlap acts."""
     model = with_batch(TWO_B, cfg.axonn.sequences_per_gpu)
@@ -216,11 +235,11 @@ def ablation_records(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "
         m = simulate(cfg, [*model_overrides(cfg, model, model.gpus), *grid_overrides(model, grid, variant)])
         params = {"model": model.name, "gpus": model.gpus, "global_sequences": model.global_sequences}
         params.update(overlap_variant=variant, **grid_params(grid))
-        out.append(_record(cfg, "axonn_ablation", ablation_point(model, variant, suffix), params, m))
+        out.append(_point(cfg, "axonn_ablation", ablation_point(model, variant, suffix), params, m))
     return out
 
 
-def ranking_records(cfg: DictConfig) -> list[dict]:
+def ranking_points(cfg: DictConfig) -> list[Point]:
     """The model's ranking of every grid of the largest model that fits, the best few simulated."""
     largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
     out = []
@@ -233,18 +252,17 @@ def ranking_records(cfg: DictConfig) -> list[dict]:
             metrics["sim_step_ms"] = step["step_ms"]
             metrics["sim_comm_ms"] = step["grid_comm_ms"] + step["allreduce_exposed_ms"]
         params = {"model": largest.name, "gpus": largest.gpus, **grid_params(grid)}
-        out.append(_record(cfg, "axonn_ranking", ranking_point(largest, grid), params, metrics))
+        out.append(_point(cfg, "axonn_ranking", ranking_point(largest, grid), params, metrics))
     return out
 
 
-def records(cfg: DictConfig) -> list[dict]:
-    """Every record of the study: each run's scaling and ablation (``study_runs``), and the ranking
-    at the chosen values."""
-    out = []
-    for suffix, overrides, models, variants in tqdm(study_runs(), desc="axonn runs", file=sys.stderr):
-        run = derive_config(cfg, [*own_layout(), *overrides])
-        out += [*scaling_records(run, models, suffix), *ablation_records(run, variants, suffix)]
-    return [*out, *ranking_records(cfg)]
+def run_points(
+    cfg: DictConfig, overrides: list[str], models: tuple[GptModel, ...], variants: tuple[str, ...], suffix: str
+) -> tuple[DictConfig, list[Point]]:
+    """One run of :func:`study_runs`: its config (``overrides`` on the run's ``cfg``) and its scaling
+    and ablation points."""
+    run = derive_config(cfg, [*own_layout(), *overrides])
+    return run, [*scaling_points(run, models, suffix), *ablation_points(run, variants, suffix)]
 
 
 def record_points(cfg: DictConfig) -> dict[str, list[str]]:
@@ -264,20 +282,6 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     }
 
 
-def _record(cfg: DictConfig, experiment: str, point: str, params: dict, metrics: dict) -> dict:
-    """A simulated record on ``axonn.hardware``, a sensitivity run's with its setting (``unstated``)."""
-    return predicted_record(
-        cfg,
-        paper=PAPER,
-        experiment=experiment,
-        point=point,
-        hardware=cfg.axonn.hardware,
-        params={**unstated_param(cfg), **params},
-        metrics=metrics,
-        backend="sim",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Compute and write the records of ``args`` (experiments.axonn's command line)."""
-    return predictions_main(args, records)
+def _point(cfg: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Point:
+    """A point of the run ``cfg``, a sensitivity run's with its setting (``unstated``)."""
+    return Point(experiment, name, {**unstated_param(cfg), **params}, metrics)
