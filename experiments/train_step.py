@@ -40,8 +40,7 @@ from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, TIMED_STEP, step_profiler, write_profile
 from moe_core.schedule.executor import make_policy, make_relayout
-from moe_core.schedule.gradients import gradient_tensors
-from moe_core.schedule.policies import build_plan
+from moe_core.schedule.gradients import layout_plan
 from moe_core.schema.points import point_name, point_params
 
 
@@ -85,7 +84,7 @@ def train(
     """
     layout = layout_of(cfg)
     element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
-    plan = build_plan(cfg, gradient_tensors(cfg, layout), element_bytes)
+    plan = layout_plan(cfg, layout, element_bytes)
     groups = build_groups(
         layout,
         env.device.type,
@@ -98,7 +97,7 @@ def train(
     parallelize_model(model, groups)
     model.to(env.device)
     timer = PhaseTimer(env.device)
-    policy = make_policy(cfg, groups, timer, element_bytes)
+    policy = make_policy(cfg, plan, groups, timer)
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     relayout = make_relayout(plan, cfg, env, groups, len(model.moe_layers()), element_bytes)

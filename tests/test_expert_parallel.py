@@ -22,7 +22,7 @@ from moe_core.papers.lina.policy import LinaPriority
 from moe_core.parallel.layout import expert_layout, layout_of
 from moe_core.parallel.parallelize import build_groups, is_expert_param, parallelize_model
 from moe_core.schedule.executor import make_policy
-from moe_core.schedule.gradients import gradient_tensors
+from moe_core.schedule.gradients import gradient_tensors, layout_plan
 from moe_core.schedule.policies import POLICIES, build_plan
 
 # 4 KiB gradient buckets and 1 KiB micro-ops: every policy's units cut the small model up
@@ -133,7 +133,7 @@ def _train(rank, overrides, steps, uniform_gate) -> dict:
     if uniform_gate:
         _force_uniform_gate(model)
     parallelize_model(model, groups)
-    policy = make_policy(cfg, groups, PhaseTimer(), ELEMENT_BYTES)
+    policy = make_policy(cfg, layout_plan(cfg, groups.layout, ELEMENT_BYTES), groups, PhaseTimer())
     policy.attach(model)
     in_flight_at_exchange, launches = _watch_lina(policy)
     losses = sgd_steps(cfg, model, policy, rank, steps)
@@ -305,7 +305,9 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     parallelize_model(model, groups[factors[0]])
-    policy = make_policy(cfg, groups[factors[0]], PhaseTimer(), ELEMENT_BYTES)
+    policy = make_policy(
+        cfg, layout_plan(cfg, groups[factors[0]].layout, ELEMENT_BYTES), groups[factors[0]], PhaseTimer()
+    )
     policy.attach(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     losses, layouts, states = [], [], []

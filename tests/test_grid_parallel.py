@@ -25,6 +25,7 @@ from moe_core.parallel.grid_parallel import GridGroups, shard_grid
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.schedule.executor import make_policy
+from moe_core.schedule.gradients import layout_plan
 from tests.test_expert_parallel import SMALL, assert_run_equals, reference_as_rank, run_reference, sgd_steps
 
 OVERLAPS = {
@@ -97,7 +98,7 @@ def _worker(rank, world, init_file, overrides, out_dir):
         torch.manual_seed(cfg.train.seed)
         model = MoETransformer(cfg)
         parallelize_model(model, groups)
-        policy = make_policy(cfg, groups, PhaseTimer(), 4)
+        policy = make_policy(cfg, layout_plan(cfg, groups.layout, 4), groups, PhaseTimer())
         policy.attach(model)
         recorder.steps = []
         losses = sgd_steps(cfg, model, policy, groups.data_rank, STEPS, backward=recorder.recording)

@@ -21,6 +21,7 @@ from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.schedule.executor import make_policy
+from moe_core.schedule.gradients import layout_plan
 from tests.test_expert_parallel import SMALL, _batches, assert_matches_reference, run_reference
 
 TIMEOUT = timedelta(seconds=60)
@@ -96,7 +97,7 @@ def _training_worker(rank, world, init_file, overrides, out_dir):
     torch.manual_seed(cfg.train.seed)
     model = MoETransformer(cfg)
     parallelize_model(model, groups)
-    policy = make_policy(cfg, groups, PhaseTimer(), 4)
+    policy = make_policy(cfg, layout_plan(cfg, groups.layout, 4), groups, PhaseTimer())
     policy.attach(model)
     ((x, y),) = _batches(cfg, 0, [groups.data_rank])
     loss, _ = model(x, y)

@@ -15,6 +15,7 @@ from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.schedule.executor import executor_class, make_policy
+from moe_core.schedule.gradients import layout_plan
 from moe_core.schedule.plan import gradient_micro_ops
 from moe_core.schedule.policies import policy_spec
 from moe_core.schema.points import parse_setting, sim_points
@@ -51,7 +52,7 @@ def test_buckets_are_the_measured_policys_buckets():
         groups = build_groups(layout_of(measured_cfg), "cpu", 60.0)
         model = MoETransformer(measured_cfg)
         parallelize_model(model, groups)
-        policy = make_policy(measured_cfg, groups, PhaseTimer(), element_bytes=4)
+        policy = make_policy(measured_cfg, layout_plan(measured_cfg, groups.layout, 4), groups, PhaseTimer())
         policy.attach(model)
         measured = [sum(p.numel() * 4 for p in unit.params) for unit in policy.gradient_units]
     finally:

@@ -22,6 +22,7 @@ from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import build_groups, parallelize_model
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
 from moe_core.schedule.executor import make_policy
+from moe_core.schedule.gradients import layout_plan
 from tests.test_expert_parallel import (
     SMALL,
     _force_uniform_gate,
@@ -63,7 +64,7 @@ def _worker(rank, world, init_file, overrides, uniform_gate, out_dir):
             _force_uniform_gate(model)
         parallelize_model(model, groups)
         timer = PhaseTimer()
-        policy = make_policy(cfg, groups, timer, 4)
+        policy = make_policy(cfg, layout_plan(cfg, groups.layout, 4), groups, timer)
         policy.attach(model)
         losses = sgd_steps(cfg, model, policy, groups.data_rank, STEPS)
         results[dispatch] = {

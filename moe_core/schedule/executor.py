@@ -31,9 +31,8 @@ from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.grid_parallel import GridLinear, attach_grid_plan, finish_reduce_scatters
 from moe_core.parallel.parallelize import ParallelGroups, is_expert_param
 from moe_core.parallel.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
-from moe_core.schedule.gradients import gradient_tensors
 from moe_core.schedule.plan import CommPlan, GradientUnit
-from moe_core.schedule.policies import PolicySpec, build_plan, policy_spec
+from moe_core.schedule.policies import PolicySpec, policy_spec
 
 
 # -- measured gradient units ---------------------------------------------------------------------
@@ -300,7 +299,6 @@ def make_relayout(plan: CommPlan, cfg, env, groups: ParallelGroups, moe_layers: 
     return _named_class(plan.relayout.runner)(cfg, env, groups, moe_layers, element_bytes)
 
 
-def make_policy(cfg, groups: ParallelGroups, timer: PhaseTimer, element_bytes: int) -> CommPolicy:
-    """The measured executor of ``cfg.comm.policy``'s plan on ``groups``' layout."""
-    plan = build_plan(cfg, gradient_tensors(cfg, groups.layout), element_bytes)
+def make_policy(cfg, plan: CommPlan, groups: ParallelGroups, timer: PhaseTimer) -> CommPolicy:
+    """The measured executor of ``plan`` (``cfg.comm.policy``'s, for ``groups``' layout)."""
     return executor_class(policy_spec(cfg.comm.policy))(plan, groups, timer)

@@ -13,7 +13,8 @@ from moe_core.parallel.grid_parallel import GridGroups, grid_linears, shard_grid
 from moe_core.parallel.layout import Layout
 from moe_core.parallel.parallelize import is_expert_param
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
-from moe_core.schedule.plan import GradientTensor
+from moe_core.schedule.plan import CommPlan, GradientTensor
+from moe_core.schedule.policies import build_plan
 
 # gradient_tensors' results by what they depend on: the model's and the MoE's sections, the layout
 # and the experts' tensor parallelism. Building the model on the meta device takes a tenth of a
@@ -48,3 +49,9 @@ def _gradient_tensors(cfg: DictConfig, layout: Layout) -> list[GradientTensor]:
         else:
             tensors.append(GradientTensor(name, p.numel(), "data" if id(p) in depth_sharded else "dense"))
     return tensors
+
+
+def layout_plan(cfg, layout: Layout, element_bytes: int) -> CommPlan:
+    """The plan of ``cfg``'s policy for one rank of ``layout`` holding the whole model: what a
+    measured run, and a run that moves its experts to another layout, execute."""
+    return build_plan(cfg, gradient_tensors(cfg, layout), element_bytes)

@@ -25,6 +25,7 @@ from moe_core.parallel.layout import Layout
 from moe_core.parallel.parallelize import ParallelGroups, build_groups, local_experts
 from moe_core.runtime.distributed import Env
 from moe_core.schedule.executor import CommPolicy, make_policy
+from moe_core.schedule.gradients import layout_plan
 
 
 def exchange_experts(
@@ -94,7 +95,7 @@ def repack(
     """
     policy.detach(model)
     exchange_experts(model, optimizer, policy.groups, groups)
-    repacked = make_policy(cfg, groups, policy.timer, element_bytes)
+    repacked = make_policy(cfg, layout_plan(cfg, groups.layout, element_bytes), groups, policy.timer)
     repacked.attach(model)
     return repacked
 
