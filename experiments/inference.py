@@ -206,6 +206,44 @@ def policy_metrics(samples: dict[str, list[float]], ideal_median_ms: float, sche
     return extra
 
 
+def policy_point(cfg, world_size: int, policy: str, keep: int, moe_layers: int) -> tuple[dict, str]:
+    """A policy's record parameters and point name in an inference run of ``cfg``."""
+    params = {
+        "world_size": world_size,
+        "num_experts": cfg.moe.num_experts,
+        "policy": policy,
+        "top_k": cfg.inference.top_k,
+        "path_length": cfg.inference.path_length,
+        "keep": keep,
+        "seed": cfg.train.seed,
+        "data_zipf": cfg.train.data_zipf,
+        "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
+        "moe_layers": moe_layers,
+        "train_steps": cfg.inference.train_steps,
+        "a2a_policy": cfg.inference.a2a_policy,
+    }
+    a2a = "" if cfg.inference.a2a_policy == "library" else f"_a2a-{cfg.inference.a2a_policy}"
+    point = (
+        f"ws{world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
+        f"_{policy}_s{cfg.train.seed}{a2a}"
+    )
+    return params, point
+
+
+def summary_line(m: dict, extra: dict) -> str:
+    """What the console says of a policy's record (``m``: its metrics)."""
+    rates = (
+        f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate {extra['replan_rate']:.0%}"
+        if "replan_rate" in extra
+        else ""
+    )
+    return (
+        f"MoE layers {m['moe_layer_ms']['median']:.2f} ms median "
+        f"({m['moe_layer_norm']['median']:.2f}x ideal), p95 {m['moe_layer_norm']['p95']:.2f}x ideal, "
+        f"imbalance {m['load_imbalance']['median']:.2f}{rates}"
+    )
+
+
 def run(args: argparse.Namespace, world_size_key: str) -> int:
     """Every policy's inference on every rank for ``args`` (experiments.inference's command line):
     exit code 2 for a bad config, before any process group is created."""
@@ -234,25 +272,7 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
             ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
             for policy, sched in schedulers.items():
                 extra = info | profile_stats | policy_metrics(samples[policy], ideal_median, sched)
-                params = {
-                    "world_size": env.world_size,
-                    "num_experts": cfg.moe.num_experts,
-                    "policy": policy,
-                    "top_k": cfg.inference.top_k,
-                    "path_length": cfg.inference.path_length,
-                    "keep": keep,
-                    "seed": cfg.train.seed,
-                    "data_zipf": cfg.train.data_zipf,
-                    "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
-                    "moe_layers": len(placed),
-                    "train_steps": cfg.inference.train_steps,
-                    "a2a_policy": cfg.inference.a2a_policy,
-                }
-                a2a = "" if cfg.inference.a2a_policy == "library" else f"_a2a-{cfg.inference.a2a_policy}"
-                point = (
-                    f"ws{env.world_size}_e{cfg.moe.num_experts}_k{cfg.inference.top_k}_l{cfg.inference.path_length}"
-                    f"_{policy}_s{cfg.train.seed}{a2a}"
-                )
+                params, point = policy_point(cfg, env.world_size, policy, keep, len(placed))
                 record = measured_record(
                     cfg,
                     paper=PAPER,
@@ -265,18 +285,7 @@ def run(args: argparse.Namespace, world_size_key: str) -> int:
                 with exit_if_unwritable():
                     out = [Path(args.out_dir) / f"{point}.json"] if args.out_dir else None
                     (path,) = write_records([record], cfg.results_dir, out)
-                m = record["metrics"]
-                rates = (
-                    f", estimation accuracy {extra['estimation_accuracy']:.0%}, re-plan rate {extra['replan_rate']:.0%}"
-                    if "replan_rate" in extra
-                    else ""
-                )
-                print(
-                    f"wrote {path}: MoE layers {m['moe_layer_ms']['median']:.2f} ms median "
-                    f"({m['moe_layer_norm']['median']:.2f}x ideal), p95 {m['moe_layer_norm']['p95']:.2f}x ideal, "
-                    f"imbalance {m['load_imbalance']['median']:.2f}{rates}",
-                    file=sys.stderr,
-                )
+                print(f"wrote {path}: {summary_line(record['metrics'], extra)}", file=sys.stderr)
         leave_together(env)
     finally:
         shutdown()

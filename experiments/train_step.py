@@ -21,6 +21,7 @@ import json
 import sys
 from collections import defaultdict
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -33,13 +34,13 @@ from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.grid import GRID_COLLECTIVES
-from moe_core.parallel.layout import layout_of
-from moe_core.parallel.parallelize import build_groups, parallelize_model
+from moe_core.parallel.layout import Layout, layout_of
+from moe_core.parallel.parallelize import ParallelGroups, build_groups, parallelize_model
 from moe_core.records.results import exit_if_unwritable, write_records
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
 from moe_core.runtime.profiling import PROFILER_WARMUP_STEPS, TIMED_STEP, step_profiler, write_profile
-from moe_core.schedule.executor import make_policy, make_relayout
+from moe_core.schedule.executor import CommPolicy, make_policy, make_relayout
 from moe_core.schedule.gradients import layout_plan
 from moe_core.schema.points import point_name, point_params
 
@@ -67,21 +68,25 @@ def step_metrics(phases_ms: dict[str, float], counters: dict[str, float]) -> dic
     }
 
 
-def train(
-    cfg, env: Env, profile_dir: str | None = None, profile_steps: int = 0
-) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
+@dataclass
+class Training:
+    """What the timed steps run on: the model parallelised on the layout's groups, the executor of
+    its policy's plan, the optimizer, the re-layout driver, the data and the precision."""
 
-    With ``profile_dir``, ``profile_steps`` more steps (and the profiler's warm-up step) follow the
-    timed ones under torch.profiler; they are not in the samples.
+    layout: Layout
+    groups: ParallelGroups
+    model: MoETransformer
+    timer: PhaseTimer
+    policy: CommPolicy
+    optimizer: torch.optim.Optimizer
+    relayout: object  # moe_core.schedule.executor.make_relayout's driver
+    data: MarkovTokens
+    autocast: object  # a context manager: bfloat16 autocast, or none
 
-    A plan with a re-layout hook starts on the configured layout and re-decides it during the run
-    (its driver, moe_core.schedule.executor.make_relayout). Decisions and exchanges run between two steps,
-    before the barrier that opens the next step's timed window, so no timed sample contains them
-    (every iteration keeps its sample); the exchanges' time is recorded as ``exchange_ms``. A
-    re-layout moves experts, never the math: the losses are the configured layout's (up to float
-    reordering).
-    """
+
+def set_up(cfg, env: Env) -> Training:
+    """The plan (built once, on the configured layout), the groups it needs, the model on them and
+    the plan's executor attached to it."""
     layout = layout_of(cfg)
     element_bytes = torch.get_default_dtype().itemsize  # parameters (and so gradients) stay float32 under autocast
     plan = layout_plan(cfg, layout, element_bytes)
@@ -104,6 +109,26 @@ def train(
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16" else nullcontext()
 
+    return Training(layout, groups, model, timer, policy, optimizer, relayout, data, autocast)
+
+
+def train(
+    cfg, env: Env, profile_dir: str | None = None, profile_steps: int = 0
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Run warm-up + timed steps; return worst-rank per-iteration samples and single-value metrics.
+
+    With ``profile_dir``, ``profile_steps`` more steps (and the profiler's warm-up step) follow the
+    timed ones under torch.profiler; they are not in the samples.
+
+    A plan with a re-layout hook starts on the configured layout and re-decides it during the run
+    (its driver, moe_core.schedule.executor.make_relayout). Decisions and exchanges run between two steps,
+    before the barrier that opens the next step's timed window, so no timed sample contains them
+    (every iteration keeps its sample); the exchanges' time is recorded as ``exchange_ms``. A
+    re-layout moves experts, never the math: the losses are the configured layout's (up to float
+    reordering).
+    """
+    run = set_up(cfg, env)
+    policy = run.policy  # a re-layout may replace it between steps
     local: dict[str, list[float]] = defaultdict(list)
     losses = []
     timed_end = cfg.train.warmup_iters + cfg.train.iters
@@ -118,26 +143,24 @@ def train(
             file=sys.stderr,
             mininterval=1.0,
         ):
-            policy = relayout.before_step(it, model, optimizer, policy)
-            x, y = (t.to(env.device) for t in data.batch(cfg.train.batch_size, cfg.model.seq_len, it, groups.data_rank))
+            policy = run.relayout.before_step(it, run.model, run.optimizer, policy)
+            batch = run.data.batch(cfg.train.batch_size, cfg.model.seq_len, it, run.groups.data_rank)
+            x, y = (t.to(env.device) for t in batch)
             with record_function(TIMED_STEP):  # what a profile summarises (moe_core.runtime.profiling)
-                nll = timed_step(model, x, y, policy, optimizer, timer, autocast)
+                nll = timed_step(run.model, x, y, policy, run.optimizer, run.timer, run.autocast)
 
             # Outside the timed window: global mean loss and routing statistics.
             nll = nll.detach().clone()
             dist.all_reduce(nll)  # the "tp" ranks of a replica hold the same loss
-            metrics = step_metrics(timer.elapsed_ms(), timer.counters)
-            relayout.after_step(metrics)
+            metrics = step_metrics(run.timer.elapsed_ms(), run.timer.counters)
+            run.relayout.after_step(metrics)
             if it >= timed_end:  # a profiled step: traced, never a sample
                 profiled_step_ms.append(metrics["step_ms"])
                 profiler.step()
                 continue
             losses.append(nll.item() / env.world_size)
             if it >= cfg.train.warmup_iters:
-                for name, value in metrics.items():
-                    local[name].append(value)
-                gating = [layer.last_gating for layer in model.moe_layers()]
-                local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
+                keep_sample(local, metrics, run.model)
             if profile_dir:
                 profiler.step()
     if profile_dir:
@@ -145,7 +168,15 @@ def train(
         summary = write_profile(profiler, profile_dir, env.rank, profile_steps, traced_ms)
         if env.rank == 0:
             print(f"profile: {json.dumps(summary['per_step'])}", file=sys.stderr)
-    return summarise(cfg, layout.data_replicas, local, losses, relayout.metrics())
+    return summarise(cfg, run.layout.data_replicas, local, losses, run.relayout.metrics())
+
+
+def keep_sample(local: dict[str, list[float]], metrics: dict[str, float], model: MoETransformer) -> None:
+    """A timed step's sample: its metrics, and the share of routed tokens its MoE layers dropped."""
+    for name, value in metrics.items():
+        local[name].append(value)
+    gating = [layer.last_gating for layer in model.moe_layers()]
+    local["dropped_fraction"].append(sum(float(g.dropped_fraction) for g in gating) / max(1, len(gating)))
 
 
 def timed_step(model, x, y, policy, optimizer, timer: PhaseTimer, autocast):
