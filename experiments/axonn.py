@@ -42,8 +42,8 @@ import sys
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from experiments.benchmark import predicted_record, predictions_main
-from moe_core.papers.axonn.study import PAPER, Point, ranking_points, run_points, study_runs
+from experiments.benchmark import prediction_record, predictions_main
+from moe_core.papers.axonn.study import PAPER, ranking_points, run_points, study_runs
 
 
 def records(cfg: DictConfig) -> list[dict]:
@@ -52,22 +52,8 @@ def records(cfg: DictConfig) -> list[dict]:
     out = []
     for suffix, overrides, models, variants in tqdm(study_runs(), desc="axonn runs", file=sys.stderr):
         run_cfg, points = run_points(cfg, overrides, models, variants, suffix)
-        out += [record(run_cfg, point) for point in points]
-    return [*out, *(record(cfg, point) for point in ranking_points(cfg))]
-
-
-def record(cfg: DictConfig, point: Point) -> dict:
-    """The simulated record of ``point`` on ``axonn.hardware``, with its run's config ``cfg``."""
-    return predicted_record(
-        cfg,
-        paper=PAPER,
-        experiment=point.experiment,
-        point=point.name,
-        hardware=cfg.axonn.hardware,
-        params=point.params,
-        metrics=point.metrics,
-        backend="sim",
-    )
+        out += [prediction_record(run_cfg, PAPER, point) for point in points]
+    return [*out, *(prediction_record(cfg, PAPER, point) for point in ranking_points(cfg))]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from moe_core.config.load import ConfigError, load_config, to_container
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.records.console import records_summary
+from moe_core.records.predictions import Prediction
 from moe_core.records.results import (
     NonFiniteMetricError,
     ResultsDirError,
@@ -236,6 +237,20 @@ def predicted_record(
         samples={},
         extra_metrics={name: float(value) for name, value in metrics.items()},
         backend=backend,
+    )
+
+
+def prediction_record(cfg: DictConfig, paper: str, prediction: Prediction) -> dict[str, Any]:
+    """The record of a paper study's ``prediction``, with the run's config ``cfg``."""
+    return predicted_record(
+        cfg,
+        paper=paper,
+        experiment=prediction.experiment,
+        point=prediction.name,
+        hardware=prediction.hardware,
+        params=prediction.params,
+        metrics=prediction.metrics,
+        backend=prediction.backend,
     )
 
 

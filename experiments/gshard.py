@@ -33,29 +33,15 @@ import sys
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from experiments.benchmark import predicted_record, predictions_main
-from moe_core.papers.gshard.study import PAPER, Point, all_scaling_runs, collective_points, memory_points, scaling
+from experiments.benchmark import prediction_record, predictions_main
+from moe_core.papers.gshard.study import PAPER, all_scaling_runs, collective_points, memory_points, scaling
 
 
 def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study (a bad profile fails before any simulation)."""
     runs = all_scaling_runs(cfg)
     scaled = [scaling(cfg, *run) for run in tqdm(runs, desc="gshard scaling runs", file=sys.stderr)]
-    return [record(cfg, point) for point in [*scaled, *memory_points(cfg), *collective_points(cfg)]]
-
-
-def record(cfg: DictConfig, point: Point) -> dict:
-    """The record of ``point``, with the run's config."""
-    return predicted_record(
-        cfg,
-        paper=PAPER,
-        experiment=point.experiment,
-        point=point.name,
-        hardware=point.hardware,
-        params=point.params,
-        metrics=point.metrics,
-        backend=point.backend,
-    )
+    return [prediction_record(cfg, PAPER, point) for point in [*scaled, *memory_points(cfg), *collective_points(cfg)]]
 
 
 def run(args: argparse.Namespace) -> int:

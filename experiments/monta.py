@@ -26,28 +26,14 @@ import argparse
 
 from omegaconf import DictConfig
 
-from experiments.benchmark import predicted_record, predictions_main
-from moe_core.papers.monta.study import Point, study_points
+from experiments.benchmark import prediction_record, predictions_main
+from moe_core.papers.monta.study import study_points
 from moe_core.papers.monta.sweeps import PAPER
 
 
 def records(cfg: DictConfig) -> list[dict]:
     """Every record of this run, one per point of the study."""
-    return [record(cfg, point) for point in study_points(cfg)]
-
-
-def record(cfg: DictConfig, point: Point) -> dict:
-    """The record of ``point``'s predictions (backend ``model``), with the run's config."""
-    return predicted_record(
-        cfg,
-        paper=PAPER,
-        experiment=point.experiment,
-        point=point.name,
-        hardware=point.hardware,
-        params=point.params,
-        metrics=point.metrics,
-        backend="model",
-    )
+    return [prediction_record(cfg, PAPER, point) for point in study_points(cfg)]
 
 
 def run(args: argparse.Namespace) -> int:

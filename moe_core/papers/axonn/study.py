@@ -14,8 +14,6 @@ for the workflow.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -26,6 +24,7 @@ from moe_core.papers.axonn.config import AXONN_UNSTATED, OVERLAP_VARIANTS, overl
 from moe_core.papers.axonn.models import TWO_B, WEAK_SCALING, GptModel, parameters, with_batch
 from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.parallel.grid import GRID_AXES, Grid
+from moe_core.records.predictions import Prediction
 from moe_core.schema.derive import derive_config, hardware_profile
 from moe_core.schema.points import own_layout, unstated_overrides, unstated_param, unstated_variants
 from moe_core.sim.pipeline import pipeline_time_s
@@ -37,17 +36,6 @@ from moe_core.sim.topology import build_topology
 SIMULATED_VARIANTS = tuple(v for v in OVERLAP_VARIANTS if v != "all+cache")
 # What the sensitivity runs simulate: the abstract's 80B model and the 2B model's overlap gain.
 SENSITIVITY_MODELS, SENSITIVITY_VARIANTS = (WEAK_SCALING[-1],), ("none", "all")
-
-
-@dataclass
-class Point:
-    """One record to write: its experiment, point name, parameters and the simulated metrics, on
-    ``axonn.hardware`` (a sensitivity run's parameters carry its setting, ``unstated``)."""
-
-    experiment: str
-    name: str
-    params: dict[str, Any]
-    metrics: dict[str, float]
 
 
 def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int | None = None) -> list[str]:
@@ -213,7 +201,7 @@ def ablation_point(model: GptModel, variant: str, suffix: str) -> str:
     return f"{model.name}_{variant}{suffix}"
 
 
-def scaling_points(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[Point]:
+def scaling_points(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = "") -> list[Prediction]:
     """Each of ``models`` at the run's batch under AxoNN and the Megatron-style baseline."""
     out = []
     for model in (with_batch(m, cfg.axonn.sequences_per_gpu) for m in models):
@@ -225,7 +213,7 @@ def scaling_points(cfg: DictConfig, models: tuple[GptModel, ...], suffix: str = 
     return out
 
 
-def ablation_points(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "") -> list[Point]:
+def ablation_points(cfg: DictConfig, variants: tuple[str, ...], suffix: str = "") -> list[Prediction]:
     """The ~2B model at the run's batch under each overlap of ``variants``, on the best grid on which
     every overlap acts."""
     model = with_batch(TWO_B, cfg.axonn.sequences_per_gpu)
@@ -239,7 +227,7 @@ def ablation_points(cfg: DictConfig, variants: tuple[str, ...], suffix: str = ""
     return out
 
 
-def ranking_points(cfg: DictConfig) -> list[Point]:
+def ranking_points(cfg: DictConfig) -> list[Prediction]:
     """The model's ranking of every grid of the largest model that fits, the best few simulated."""
     largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
     out = []
@@ -258,7 +246,7 @@ def ranking_points(cfg: DictConfig) -> list[Point]:
 
 def run_points(
     cfg: DictConfig, overrides: list[str], models: tuple[GptModel, ...], variants: tuple[str, ...], suffix: str
-) -> tuple[DictConfig, list[Point]]:
+) -> tuple[DictConfig, list[Prediction]]:
     """One run of :func:`study_runs`: its config (``overrides`` on the run's ``cfg``) and its scaling
     and ablation points."""
     run = derive_config(cfg, [*own_layout(), *overrides])
@@ -282,6 +270,6 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     }
 
 
-def _point(cfg: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Point:
+def _point(cfg: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Prediction:
     """A point of the run ``cfg``, a sensitivity run's with its setting (``unstated``)."""
-    return Point(experiment, name, {**unstated_param(cfg), **params}, metrics)
+    return Prediction(experiment, name, cfg.axonn.hardware, {**unstated_param(cfg), **params}, metrics)

@@ -11,9 +11,6 @@ simulating any, for the workflow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from omegaconf import DictConfig
 
 from moe_core.papers.gshard.config import SCALING_UNSTATED
@@ -30,6 +27,7 @@ from moe_core.papers.gshard.models import (
 )
 from moe_core.papers.gshard.roofline import line_rate_s, roofline_ms
 from moe_core.papers.gshard.torus import torus_slice
+from moe_core.records.predictions import Prediction
 from moe_core.schema.derive import derive_config, hardware_profile
 from moe_core.schema.points import own_layout, point_params, unstated_variants
 from moe_core.schema.sections import ConfigError
@@ -43,19 +41,6 @@ SCALING = "gshard_scaling"  # Table 1's models simulated: step, rooflines, memor
 MEMORY = "gshard_memory"  # memory per core of Fig 7's models
 COLLECTIVES = "gshard_collectives"  # the collectives vs partitions on torus slices (Fig 9)
 COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
-
-
-@dataclass
-class Point:
-    """One record to write: its experiment, point name, the profile it ran on, parameters and
-    predicted metrics; ``backend``: the step simulator's (``sim``) or a closed-form model's."""
-
-    experiment: str
-    name: str
-    hardware: str
-    params: dict[str, Any]
-    metrics: dict[str, float]
-    backend: str = "sim"
 
 
 def scaling_point(model: GShardModel) -> str:
@@ -137,7 +122,7 @@ def memory_GB(cfg: DictConfig, experts: int, n_layers: int, tokens: int) -> dict
 
 
 def scaling_runs(cfg: DictConfig, model: GShardModel) -> dict[str, list[str]]:
-    """Point name -> overrides: ``model`` at the chosen values of the unstated parameters, and at the
+    """Prediction name -> overrides: ``model`` at the chosen values of the unstated parameters, and at the
     other ends of their ranges (``SCALING_UNSTATED``); named as :func:`scaling_names` names them."""
     name, overrides = scaling_point(model), step_overrides(cfg, model)
     runs = {name: overrides}
@@ -162,7 +147,7 @@ def all_scaling_runs(cfg: DictConfig) -> list[tuple[GShardModel, str, list[str]]
     return [(model, name, overrides) for model in models for name, overrides in scaling_runs(cfg, model).items()]
 
 
-def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]) -> Point:
+def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]) -> Prediction:
     """One model of Table 1 simulated on its profile (one run of ``scaling_runs``): step, rooflines,
     memory as trained."""
     point = derive_config(cfg, overrides)
@@ -188,10 +173,10 @@ def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]
         "group_size": g.group_size,
         "seq_len": g.seq_len,
     }
-    return Point(SCALING, name, point.hardware.name, params, metrics)
+    return Prediction(SCALING, name, point.hardware.name, params, metrics)
 
 
-def memory_points(cfg: DictConfig) -> list[Point]:
+def memory_points(cfg: DictConfig) -> list[Prediction]:
     """Fig 7: memory per core of every ``gshard.memory_layers`` x profile's expert count, at one group
     of ``gshard.group_size`` tokens per core and side (N/D constant)."""
     out = []
@@ -204,11 +189,11 @@ def memory_points(cfg: DictConfig) -> list[Point]:
                 "group_size": cfg.gshard.group_size,
             }
             metrics = memory_GB(cfg, experts, n_layers, cfg.gshard.group_size)
-            out.append(Point(MEMORY, memory_point(n_layers, experts), name, params, metrics, backend="model"))
+            out.append(Prediction(MEMORY, memory_point(n_layers, experts), name, params, metrics, backend="model"))
     return out
 
 
-def collective_points(cfg: DictConfig) -> list[Point]:
+def collective_points(cfg: DictConfig) -> list[Prediction]:
     """Fig 9: each collective of each size per partition on each torus slice of the largest profile."""
     g = cfg.gshard
     by_cores = profiles_by_cores(cfg)
@@ -221,7 +206,7 @@ def collective_points(cfg: DictConfig) -> list[Point]:
     ]
 
 
-def collective(cfg: DictConfig, pod: DictConfig, partitions: int, kind: str, size: int) -> Point:
+def collective(cfg: DictConfig, pod: DictConfig, partitions: int, kind: str, size: int) -> Prediction:
     """One collective of ``size`` bytes per partition over ``partitions`` cores of ``pod``'s chips. A chip
     holds ``gshard.cores_per_chip`` partitions: it sends their all-to-all buffers together, and
     all-reduces one buffer (its cores' partial sums added on the chip first)."""
@@ -236,7 +221,7 @@ def collective(cfg: DictConfig, pod: DictConfig, partitions: int, kind: str, siz
     x, y = hw.torus_dims
     params = {"collective": kind, "partitions": partitions, "chips": chips, "world_size": chips}
     params |= {"torus_x": x, "torus_y": y, "size_bytes": size}
-    return Point(COLLECTIVES, collective_point(kind, partitions, size), pod.name, params, metrics)
+    return Prediction(COLLECTIVES, collective_point(kind, partitions, size), pod.name, params, metrics)
 
 
 def record_points(cfg: DictConfig) -> dict[str, list[str]]:

@@ -11,9 +11,6 @@ for the workflow (the model is cheap: it computes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from omegaconf import DictConfig, OmegaConf
 
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, moe_blocks
@@ -27,19 +24,8 @@ from moe_core.papers.monta.performance_model import (
     rank_strategies,
 )
 from moe_core.papers.monta.sweeps import EXPERTS, paper_config
+from moe_core.records.predictions import Prediction
 from moe_core.schema.points import unstated_param, unstated_variants
-
-
-@dataclass
-class Point:
-    """One record to write: its experiment, point name, the testbed it models, parameters (a
-    sensitivity setting's with ``unstated``) and the model's predictions."""
-
-    experiment: str
-    name: str
-    hardware: str
-    params: dict[str, Any]
-    metrics: dict[str, float]
 
 
 def settings(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -52,7 +38,7 @@ def settings(cfg: DictConfig) -> dict[str, DictConfig]:
     }
 
 
-def strategy_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point]:
+def strategy_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Prediction]:
     """One point per (tp, ep, dp) layout, with the model's predictions and rank."""
     hw, m, model = paper.hardware, cfg.monta, paper.model
     world = hw.nodes * hw.devices_per_node
@@ -97,7 +83,7 @@ def strategy_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point
     return points
 
 
-def chunk_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point]:
+def chunk_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Prediction]:
     """The model's pipelined dispatch time for every admissible chunk count at the largest tp."""
     hw = paper.hardware
     tp = max(cfg.monta.sim_tensor_parallel, default=1)
@@ -116,7 +102,7 @@ def chunk_points(cfg: DictConfig, name: str, paper: DictConfig) -> list[Point]:
     return points
 
 
-def study_points(cfg: DictConfig) -> list[Point]:
+def study_points(cfg: DictConfig) -> list[Prediction]:
     """Every point of this run: the strategy ranking at the chosen values, the chunk curve at each setting."""
     runs = settings(cfg)
     chosen = cfg.monta.hardware
@@ -134,6 +120,6 @@ def model_points(cfg: DictConfig) -> dict[str, list[str]]:
     return points
 
 
-def _point(paper: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Point:
+def _point(paper: DictConfig, experiment: str, name: str, params: dict, metrics: dict) -> Prediction:
     """A point of the model's predictions at ``paper``'s setting, on its testbed."""
-    return Point(experiment, name, paper.hardware.name, {**unstated_param(paper), **params}, metrics)
+    return Prediction(experiment, name, paper.hardware.name, {**unstated_param(paper), **params}, metrics, "model")
