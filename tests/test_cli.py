@@ -88,3 +88,11 @@ def test_the_config_keys_an_entry_point_names_are_the_schemas():
 def test_the_launchers_help_is_light_and_shows_what_follows_the_double_dash():
     out = light_help("experiments.launch")
     assert "--nproc N -- -m experiments NAME" in out and "after `--`" in out
+
+
+def test_an_entry_points_module_run_alone_exits_2_naming_the_runner():
+    """``python -m experiments.NAME`` (the spelling before the runner) would run nothing and exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.train_step", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "python -m experiments train_step" in proc.stderr, proc.stderr
