@@ -34,7 +34,7 @@ from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.grid import GRID_COLLECTIVES
-from moe_core.parallel.layout import Layout, layout_of
+from moe_core.parallel.layout import layout_of
 from moe_core.parallel.parallelize import ParallelGroups, build_groups, parallelize_model
 from moe_core.records.results import exit_if_unwritable, write_records
 from moe_core.records.step_metrics import STEP_PHASES, a2a_shares, step_terms
@@ -73,8 +73,7 @@ class Training:
     """What the timed steps run on: the model parallelised on the layout's groups, the executor of
     its policy's plan, the optimizer, the re-layout driver, the data and the precision."""
 
-    layout: Layout
-    groups: ParallelGroups
+    groups: ParallelGroups  # of the configured layout (groups.layout)
     model: MoETransformer
     timer: PhaseTimer
     policy: CommPolicy
@@ -109,7 +108,7 @@ def set_up(cfg, env: Env) -> Training:
     data = MarkovTokens(cfg.model.vocab_size, cfg.train.data_branching, cfg.train.data_zipf, cfg.train.seed)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16) if cfg.train.dtype == "bfloat16" else nullcontext()
 
-    return Training(layout, groups, model, timer, policy, optimizer, relayout, data, autocast)
+    return Training(groups, model, timer, policy, optimizer, relayout, data, autocast)
 
 
 def train(
@@ -168,7 +167,7 @@ def train(
         summary = write_profile(profiler, profile_dir, env.rank, profile_steps, traced_ms)
         if env.rank == 0:
             print(f"profile: {json.dumps(summary['per_step'])}", file=sys.stderr)
-    return summarise(cfg, run.layout.data_replicas, local, losses, run.relayout.metrics())
+    return summarise(cfg, run.groups.layout.data_replicas, local, losses, run.relayout.metrics())
 
 
 def keep_sample(local: dict[str, list[float]], metrics: dict[str, float], model: MoETransformer) -> None:
