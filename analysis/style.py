@@ -10,7 +10,6 @@ setting line.
 
 from __future__ import annotations
 
-import re
 import textwrap
 
 import numpy as np
@@ -59,17 +58,19 @@ POLICY_COLOURS = {
     "rga+rec": _CB[5],
 }
 
-DISPATCHER_COLOURS = {  # moe_core.dispatch's paths, and the flat all-to-all they are compared with
-    "capacity": _CB[0],
-    "hierarchical": _CB[9],
-    "dropless": _CB[2],
-    "allgather": _CB[3],
-    "duplicate": _CB[4],
-    "drop-gather": _CB[5],
-    "monta": _CB[1],
-    "flat": _CB[7],
-    "none (tp 1)": _CB[7],  # MoNTA without tensor parallelism: a flat all-to-all
-}
+
+def _dispatcher_colours() -> dict[str, tuple]:
+    """One hue per registered token dispatcher, in registry order (moe_core.dispatch: the library's,
+    then the papers'), so a new dispatcher's registry line gives it its colour; and the grey of "none
+    (tp 1)", MoNTA's layout without tensor parallelism, where no dispatcher chooses anything."""
+    import moe_core.config.load  # noqa: F401  (registers every dispatcher, the papers' included)
+    from moe_core.dispatch import DISPATCHERS
+
+    hues = [*_CB[:7], *_CB[8:], *sns.color_palette("dark")]  # _CB[7], grey, is "none"
+    return {**dict(zip(DISPATCHERS, hues)), "none (tp 1)": _CB[7]}
+
+
+DISPATCHER_COLOURS = _dispatcher_colours()
 
 # Each verdict's colour wherever the report shows it (the verdicts figure, the HTML tables): green to
 # vermillion as agreement falls; greys for no verdict.
@@ -94,11 +95,8 @@ _KINDS = {"policy": POLICY_COLOURS, "dispatcher": DISPATCHER_COLOURS, "testbed":
 
 
 def colour(kind: str, name: str) -> tuple:
-    """The fixed colour of ``name``, a policy, dispatcher or testbed (``kind``). A chunked MoNTA path
-    (``monta-n4``) has MoNTA's colour."""
+    """The fixed colour of ``name``, a policy, dispatcher or testbed (``kind``)."""
     colours = _KINDS[kind]
-    if kind == "dispatcher":
-        name = re.sub(r"^monta-n\d+$", "monta", name)
     if name not in colours:
         raise ValueError(f"{kind} {name!r} has no colour; give it one in analysis/style.py")
     return colours[name]

@@ -90,7 +90,8 @@ def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
         "assumptions": [
             "one MoE layer's dispatch then combine; exposed communication: every ranked dispatcher's "
             "exchange blocks the compute stream in a training step (the experts wait for the dispatch, the "
-            "combine for the experts: moe_core.dispatch.step.AllToAll), so its whole time is exposed; not "
+            "combine for the experts: moe_core.dispatch.base.Dispatcher.exchange_compute_exchange), so its whole "
+            "time is exposed; not "
             "modelled here: hiding it behind other layers' compute (the step simulator prices a whole "
             "step's overlap for a model config, experiments/simulate.py)",
             f"the network model of '{hw.name}' (moe_core.sim): {args.ranks} ranks on {nodes} node(s) of "

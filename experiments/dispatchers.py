@@ -46,8 +46,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from experiments.benchmark import CellsFailed, measured_main, measured_record, repeated_iterations
-from moe_core.comm.hierarchical_a2a import hierarchical_groups
 from moe_core.dispatch import StudyGroups, dispatcher
+from moe_core.dispatch.groups import StudyLayout, build_study_groups
 from moe_core.dispatch.workloads import why_not
 from moe_core.dispatch_study import (
     cell_metrics,
@@ -59,8 +59,6 @@ from moe_core.dispatch_study import (
 )
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import DTYPE_BYTES
-from moe_core.parallel.layout import expert_layout
-from moe_core.parallel.parallelize import own_group
 from moe_core.records.console import table
 from moe_core.runtime.distributed import Env
 
@@ -125,23 +123,14 @@ class Paths:
     """This rank's groups (moe_core.dispatch.StudyGroups) and each skew's workload."""
 
     def __init__(self, cfg: DictConfig, env: Env):
-        d, timeout = cfg.dispatch_study, timedelta(seconds=env.timeout_s)
-        self.cfg, self.env, world, tp = cfg, env, d.world_size, d.tensor_parallel
-        flat = expert_layout(world, world, 1)
-        hierarchical = None
-        if "hierarchical" in measured_paths(cfg):
-            hierarchical = hierarchical_groups(flat.groups("ep").tolist(), cfg.hardware.devices_per_node, timeout)
-        sharded = expert_layout(world, world // tp, 1, tp)
-        self.groups = StudyGroups(
-            rank=env.rank,
-            world=world,
-            tp=tp,
-            flat=own_group(flat.groups("ep"), env.rank, timeout),
-            hierarchical=hierarchical,
-            ep=own_group(sharded.groups("ep"), env.rank, timeout),
-            tp_group=own_group(sharded.groups("tp"), env.rank, timeout),
-            timer=PhaseTimer(env.device),
+        d = cfg.dispatch_study
+        self.cfg, self.env = cfg, env
+        layout = StudyLayout(
+            env.rank, d.world_size, d.tensor_parallel, cfg.hardware.devices_per_node, timedelta(seconds=env.timeout_s)
         )
+        names = {name for path in measured_paths(cfg) for name in dispatcher(path).study_groups}
+        named = build_study_groups(names, layout)
+        self.groups = StudyGroups(env.rank, d.world_size, d.tensor_parallel, PhaseTimer(env.device), named)
 
     def workload(self, skew: str, step: int) -> dict:
         """Token counts and buffers of ``skew`` at ``step``: (world, E) counts of the flat layout and

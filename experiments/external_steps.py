@@ -237,7 +237,7 @@ def _moe_overrides(entry: dict) -> list[str]:
     whole (etp 1) or split as the dense blocks (etp = tp)."""
     m, par = entry["model"], entry["parallel"]
     capacity = m["capacity_factor"]
-    routing = ["moe.dropless=true"] if capacity == "dropless" else [f"moe.capacity_factor={capacity}"]
+    routing = ["moe.dispatcher=dropless"] if capacity == "dropless" else [f"moe.capacity_factor={capacity}"]
     return [
         f"moe.num_experts={m['num_experts']}",
         f"moe.experts_per_rank={m['num_experts'] // par['ep']}",

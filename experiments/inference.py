@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from experiments.benchmark import measured_record
 from moe_core.config.load import ConfigError, load_config, to_container
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer, gather_worst_rank
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
@@ -69,7 +70,7 @@ def trained_model(cfg, args, env: Env) -> tuple[MoETransformer, dict[str, float]
     one long broadcast, so a hung rank 0 is still found within ``parallel.timeout_s``.
     """
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg).to(env.device)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg)).to(env.device)
     fingerprint = {k: to_container(cfg)[k] for k in ("model", "moe", "train")} | {"steps": cfg.inference.train_steps}
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     saved = None

@@ -76,7 +76,7 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
         f"moe.num_experts={experts}",
         "moe.experts_per_rank=1",
         "moe.top_k=1",
-        "moe.dropless=true",
+        "moe.dispatcher=dropless",
         "comm.policy=sequential",
         *variant,
     ]

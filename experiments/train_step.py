@@ -94,10 +94,10 @@ def set_up(cfg, env: Env) -> Training:
         env.device.type,
         env.timeout_s,
         high_priority_ep=plan.gradients_yield_to_a2a,
-        hierarchical_devices_per_node=cfg.hardware.devices_per_node if plan.exchange.hierarchical else None,
+        hierarchical_devices_per_node=cfg.hardware.devices_per_node if plan.exchange.route != "direct" else None,
     )
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=not plan.exchange.drops)
     parallelize_model(model, groups)
     model.to(env.device)
     timer = PhaseTimer(env.device)

@@ -14,8 +14,9 @@ climbs back up). One job per module; each package's docstring lists its modules.
   transmission schedules and synthetic traffic matrices;
 * ``parallel/``: named mesh axes and process groups, expert, tensor and 3D-grid parallelism applied
   from outside the model;
-* ``dispatch/``: the token dispatchers, one class per exchange, their registry and traffic, a
-  training step's exchange (StepExchange) and its mechanisms;
+* ``dispatch/``: the token dispatchers, one class family (a training step's exchange, measured and
+  simulated, the study's round trip, the bytes it moves), their registry, the policies' schedules
+  of them, and the study's process groups;
 * ``schedule/``: the communication plan both executors follow, a rank's gradient tensors, the
   policy registry, the measured executor;
 * ``schema/``: the config's schema, its checks, sweep points, the registries papers add to;

@@ -294,7 +294,7 @@ def write_monta(root):
     hw = "monta-a800-2x8"
     sim = {"paper": "monta", "experiment": "sim_train_step", "mode": "simulated", "backend": "sim", "hardware": hw}
     model = {"paper": "monta", "mode": "simulated", "backend": "model", "hardware": hw, "samples": {}}
-    base = {"world_size": 16, "num_experts": 2, "moe_layers": 10, "a2a_algorithm": "flat", "tp_chunks": 0}
+    base = {"world_size": 16, "num_experts": 2, "moe_layers": 10, "tp_chunks": 0}
     layouts = [(tp, ep, path) for tp in (1, 2, 4, 8) for ep in (1, 2) for path in ("duplicate", "drop-gather", "monta")]
     for nics, setting in ((4, None), (8, "hardware.nics_per_node=8")):
         varied = {"unstated": setting} if setting else {}
@@ -304,7 +304,7 @@ def write_monta(root):
             exchange = {"duplicate": 4.0 * tp, "drop-gather": 4.0, "monta": 3.0}[path] / nics
             for chunks in (0, 1, 4) if (tp, ep, path, setting) == (8, 2, "monta", None) else (0,):
                 params = {**base, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": 16 // (tp * ep)}
-                params.update(tp_dispatch=path, tp_chunks=chunks, **varied)
+                params.update(dispatcher=path if tp > 1 else "capacity", tp_chunks=chunks, **varied)
                 samples = {"a2a_ms": [40 * exchange * (1 + chunks / 10)], "step_ms": [1000 + 40 * exchange]}
                 samples.update(expert_ms=[500.0], gate_ms=[50.0], dense_ms=[400.0], allreduce_exposed_ms=[10.0])
                 point = f"{hw}_tp{tp}_ep{ep}_{path}_n{chunks}_nics{nics}"
@@ -318,9 +318,9 @@ def write_monta(root):
                     root, **model, experiment="monta_chunk_model", point=point, params=params, extra_metrics=metrics
                 )
             )
-    for nodes, algorithm in ((2, "flat"), (2, "hierarchical"), (4, "flat"), (4, "hierarchical")):
+    for nodes, algorithm in ((2, "capacity"), (2, "hierarchical"), (4, "capacity"), (4, "hierarchical")):
         params = {**base, "world_size": 8 * nodes, "num_experts": 8 * nodes, "tensor_parallel": 1}
-        params.update(expert_parallel=8 * nodes, data_parallel=1, tp_dispatch="drop-gather", a2a_algorithm=algorithm)
+        params.update(expert_parallel=8 * nodes, data_parallel=1, dispatcher=algorithm)
         samples = {"a2a_ms": [100.0 * nodes * (1.1 if algorithm == "hierarchical" else 1.0)], "step_ms": [2000.0]}
         point = f"{hw}-n{nodes}_{algorithm}"
         paths.append(write_point(root, **sim, point=point, params=params, samples=samples))
@@ -339,8 +339,15 @@ def write_monta(root):
         "backend": "gloo",
         "hardware": "local-cpu",
     }
-    for tp, path in ((1, "flat"), (2, "duplicate"), (2, "drop-gather"), (2, "monta-n2"), (2, "monta-n4")):
+    for tp, path, dispatcher, chunks in (
+        (1, "flat", "capacity", 1),
+        (2, "duplicate", "duplicate", 1),
+        (2, "drop-gather", "drop-gather", 1),
+        (2, "monta-n2", "monta", 2),
+        (2, "monta-n4", "monta", 4),
+    ):
         params = {"world_size": 4, "tensor_parallel": tp, "expert_parallel": 4 // tp, "path": path}
+        params.update(dispatcher=dispatcher, chunks=chunks)
         point = f"ws4_tp{tp}_{path}"
         paths.append(
             write_point(root, **measured, point=point, params=params, samples={"exchange_ms": _spread(10.0 + tp)})

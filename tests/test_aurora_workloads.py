@@ -8,7 +8,7 @@ from moe_core.comm.workloads import coarsen, gating_token_matrices, receiver_ske
 from moe_core.config.load import load_config
 from moe_core.papers.aurora.study import trace_config
 
-TRACE = dict(train_steps=10, trace_batch_size=16)  # 16 sequences x 32 tokens = 512 tokens
+TRACE = dict(train_steps=10, trace_batch_size=16, dropless=True)  # 16 sequences x 32 tokens = 512 tokens
 
 
 def _cfg(data_zipf: float):

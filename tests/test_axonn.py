@@ -86,7 +86,7 @@ def test_a_grid_of_rows_is_megatron_tensor_parallelism(tp):
     """row = t (no col, no depth) splits and communicates as Megatron's t-way tensor parallelism: one
     activation all-reduce per pair and pass, the same FLOPs per rank, so the same simulated step."""
     _, grid = _simulate(*_grid(1, tp, 1, world=tp))
-    _, megatron = _simulate(f"parallel.world_size={tp}", f"parallel.tensor_parallel={tp}", "comm.tp_dispatch=duplicate")
+    _, megatron = _simulate(f"parallel.world_size={tp}", f"parallel.tensor_parallel={tp}", "moe.dispatcher=duplicate")
     assert grid.metrics()["step_ms"] == pytest.approx(megatron.metrics()["step_ms"], rel=1e-9)
     assert grid.metrics()["grid_all_reduce_busy_ms"] > 0
 

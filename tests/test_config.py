@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from moe_core.config.load import MAX_CONFIG_BYTES, ConfigError, load_config
-from moe_core.dispatch.step import AllToAll
+from moe_core.dispatch.scheduled import Scheduled
 from moe_core.parallel.layout import layout_error
 from moe_core.schedule.policies import POLICIES, PolicySpec, register_policy, sequential_plan
 from moe_core.schema.points import point_name, sweep_points
@@ -241,7 +241,7 @@ def test_force_runs_what_only_a_size_check_refuses():
 
 @pytest.mark.parametrize(
     "overrides",
-    [["comm.a2a_algorithm=hierarchical"], ["moe.dropless=true"], ["parallel.grid.row=2", "moe.num_experts=2"]],
+    [["moe.dispatcher=hierarchical"], ["moe.dispatcher=dropless"], ["parallel.grid.row=2", "moe.num_experts=2"]],
 )
 def test_base_keys_valid_for_the_run_leave_the_papers_points_valid(overrides):
     """Each paper's points set the base keys their layout needs (flat all-to-all, capacity buffers,
@@ -509,23 +509,26 @@ def test_a_passed_runs_checks_are_inherited_by_child_processes_on_the_same_host(
 
 
 @dataclass(frozen=True)
-class _TopOneExchange(AllToAll):
-    """A new exchange that states one need of its own."""
+class _TopOneExchange(Scheduled):
+    """A new schedule of the all-to-all that states one need of its own."""
 
     def refusal(self, cfg):
-        return "this exchange sends each token once; set moe.top_k=1" if cfg.moe.top_k != 1 else None
+        if cfg.moe.top_k != 1:
+            return "this exchange sends each token once; set moe.top_k=1"
+        return super().refusal(cfg)
 
 
 def test_a_new_exchange_checks_the_config_itself_with_no_schema_change():
-    """Compatibility is each exchange's own check: a new policy's exchange refuses what it cannot run,
-    and the error names the policy's key; a config key that names another exchange cannot replace it."""
+    """Compatibility is each exchange's own check: a new policy's schedule refuses what it cannot run,
+    and the error names the policy's key; it schedules the flat all-to-all, so a dispatcher that runs
+    another is refused beside it."""
     register_policy(PolicySpec("top-one", lambda inputs: replace(sequential_plan(inputs), exchange=_TopOneExchange())))
     try:
         assert load_config(overrides=["comm.policy=top-one", "moe.top_k=1"]).comm.policy == "top-one"
         with pytest.raises(ConfigError, match="config key 'comm.policy': policy 'top-one': this exchange sends"):
             load_config(overrides=["comm.policy=top-one", "moe.top_k=2"])
-        with pytest.raises(ConfigError, match="config key 'comm.a2a_algorithm': policy 'top-one' runs .* one exchange"):
-            load_config(overrides=["comm.policy=top-one", "moe.top_k=1", "comm.a2a_algorithm=hierarchical"])
+        with pytest.raises(ConfigError, match="config key 'comm.policy': policy 'top-one': .*moe.dispatcher=hierarch"):
+            load_config(overrides=["comm.policy=top-one", "moe.top_k=1", "moe.dispatcher=hierarchical"])
     finally:
         del POLICIES["top-one"]
 

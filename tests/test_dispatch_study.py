@@ -14,21 +14,18 @@ from experiments import dispatchers, dispatchers_sim
 from experiments.__main__ import main as run_entry_point
 from experiments.benchmark import confidence_interval
 from moe_core.config.load import ConfigError, load_config
-from moe_core.dispatch import DISPATCHERS, dispatcher, register_dispatcher
+from moe_core.dispatch import dispatcher, register_dispatcher
 from moe_core.dispatch.exchanges import Capacity
-from moe_core.dispatch.tensor_parallel import DropGather
 from moe_core.dispatch_study import (
     capacity_slots,
     dropped_fraction,
     imbalance,
     measured_paths,
     routing_metrics,
-    simulated_paths,
     simulated_round_trip_s,
     token_counts,
     useful_bytes,
 )
-from moe_core.schedule.policies import tp_exchange_chunks
 
 
 def test_counts_imbalance_capacity_and_drops():
@@ -178,37 +175,6 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong"))
         and len(lines) == 2 * 6
     )
-
-
-def test_a_registered_dispatcher_joins_both_studies_and_the_config():
-    """The studies and comm.tp_dispatch enumerate the registry: one register_dispatcher line adds a
-    dispatcher to the measured and simulated paths (or, tensor-parallel, to the config's values)."""
-
-    class Echo(Capacity):
-        name = "echo"
-
-    class Halves(DropGather):
-        name = "halves"
-
-        def exchange_chunks(self, cfg):
-            return 2
-
-    registered = dict(DISPATCHERS)
-    try:
-        register_dispatcher(Echo())
-        register_dispatcher(Halves())
-        cfg = load_config()
-        assert "echo" in measured_paths(cfg) and "echo" in simulated_paths()
-        assert "halves" in measured_paths(cfg) and "halves" not in simulated_paths()
-        tp = ["parallel.world_size=4", "parallel.tensor_parallel=2", "moe.num_experts=2"]
-        assert tp_exchange_chunks(load_config(overrides=[*tp, "comm.tp_dispatch=halves"])) == 2
-        with pytest.raises(ConfigError, match="comm.tp_dispatch.*halves"):
-            load_config(overrides=[*tp, "comm.tp_dispatch=echo"])
-        with pytest.raises(ValueError, match="registered twice"):
-            register_dispatcher(Echo())
-    finally:
-        DISPATCHERS.clear()
-        DISPATCHERS.update(registered)
 
 
 def test_the_repeats_interval_is_students_t_and_needs_two_repeats():

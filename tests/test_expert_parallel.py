@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from moe_core.comm import all_to_all as comm
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
@@ -84,7 +85,7 @@ def reference_as_rank(cfg, ref_grads, ep_rank):
     """The model with the reference gradients as its weights, keeping expert-parallel rank
     ``ep_rank``'s experts: shard it as a rank's model is sharded to get that rank's expected gradients."""
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg))
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(ref_grads[name])
@@ -129,7 +130,7 @@ def _train(rank, overrides, steps, uniform_gate) -> dict:
         # a hung peer must end the run within parallel.timeout_s on every communicator
         assert group._get_backend(torch.device("cpu")).options._timeout.total_seconds() == cfg.parallel.timeout_s
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg))
     if uniform_gate:
         _force_uniform_gate(model)
     parallelize_model(model, groups)
@@ -193,7 +194,7 @@ def run_parallel_each(tmp_path, world, runs: dict[str, list[str]], steps=1) -> d
 def run_reference(cfg, world, steps=1, uniform_gate=False):
     """One process, all experts local, the ranks' batches concatenated, one routing group per rank."""
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg))
     if uniform_gate:
         _force_uniform_gate(model)
     for layer in model.moe_layers():
@@ -243,7 +244,7 @@ def test_dropless_mode_equals_reference(tmp_path, world, experts, per_rank):
         f"parallel.world_size={world}",
         f"moe.num_experts={experts}",
         f"moe.experts_per_rank={per_rank}",
-        "moe.dropless=true",
+        "moe.dispatcher=dropless",
     ]
     results = run_parallel(tmp_path, world, overrides)
     ref_losses, ref_grads = run_reference(load_config(overrides=overrides), world)
@@ -252,7 +253,13 @@ def test_dropless_mode_equals_reference(tmp_path, world, experts, per_rank):
 
 def test_rank_receiving_zero_tokens_works(tmp_path):
     """Dropless, all tokens routed to experts 0 and 1: ranks 2 and 3 receive nothing, yet all is exact."""
-    overrides = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "moe.dropless=true"]
+    overrides = [
+        *SMALL,
+        "parallel.world_size=4",
+        "moe.num_experts=4",
+        "moe.experts_per_rank=1",
+        "moe.dispatcher=dropless",
+    ]
     results = run_parallel(tmp_path, 4, overrides, uniform_gate=True)
     ref_losses, ref_grads = run_reference(load_config(overrides=overrides), 4, uniform_gate=True)
     assert_matches_reference(results, ref_losses, ref_grads, 1)
@@ -303,7 +310,7 @@ def _repack_worker(rank, world, init_file, overrides, factors, out_dir):
         for k in sorted(set(factors))
     }
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg))
     parallelize_model(model, groups[factors[0]])
     policy = make_policy(
         cfg, layout_plan(cfg, groups[factors[0]].layout, ELEMENT_BYTES), groups[factors[0]], PhaseTimer()

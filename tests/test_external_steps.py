@@ -106,7 +106,11 @@ def test_an_moe_entry_maps_to_megatrons_routing_and_layout():
     e["batch"]["global_batch"] = 16
     cfg = es.entry_config(e)
     assert (cfg.moe.num_experts, cfg.moe.experts_per_rank, cfg.moe.top_k, cfg.model.moe_every) == (4, 1, 2, 1)
-    assert cfg.moe.dropless and cfg.moe.second_expert_policy == "always" and cfg.moe.expert_tensor_parallel == 1
+    assert (
+        cfg.moe.dispatcher == "dropless"
+        and cfg.moe.second_expert_policy == "always"
+        and cfg.moe.expert_tensor_parallel == 1
+    )
     assert es.simulate_entry(e)["predicted_step_s"] > 0
     e["model"]["shared_experts"] = 1
     with pytest.raises(ValueError, match="no shared expert"):

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import moe_blocks
 from moe_core.model.transformer import MoETransformer
@@ -96,7 +97,7 @@ def _worker(rank, world, init_file, overrides, out_dir):
         cfg = load_config(overrides=[*overrides, *extra])
         groups = build_groups(layout_of(cfg), "cpu", cfg.parallel.timeout_s)
         torch.manual_seed(cfg.train.seed)
-        model = MoETransformer(cfg)
+        model = MoETransformer(cfg, dropless=routes_dropless(cfg))
         parallelize_model(model, groups)
         policy = make_policy(cfg, layout_plan(cfg, groups.layout, 4), groups, PhaseTimer())
         policy.attach(model)

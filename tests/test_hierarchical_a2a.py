@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from moe_core.comm import all_to_all as comm
 from moe_core.comm.hierarchical_a2a import hierarchical_all_to_all_single, hierarchical_groups, node_grid
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
@@ -84,7 +85,7 @@ def test_hierarchical_all_to_all_equals_all_to_all_single(tmp_path, world):
 
 
 def _training_worker(rank, world, init_file, overrides, out_dir):
-    """Train with comm.a2a_algorithm=hierarchical; count the two-phase exchanges that ran."""
+    """Train with moe.dispatcher=hierarchical; count the two-phase exchanges that ran."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     cfg = load_config(overrides=overrides)
@@ -95,7 +96,7 @@ def _training_worker(rank, world, init_file, overrides, out_dir):
     two_phase = comm.hierarchical_all_to_all_single
     comm.hierarchical_all_to_all_single = lambda *args: calls.append(1) or two_phase(*args)
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg))
     parallelize_model(model, groups)
     policy = make_policy(cfg, layout_plan(cfg, groups.layout, 4), groups, PhaseTimer())
     policy.attach(model)
@@ -125,7 +126,7 @@ def test_training_with_the_hierarchical_all_to_all_equals_reference(tmp_path):
         "moe.num_experts=4",
         "moe.experts_per_rank=1",
         "hardware.devices_per_node=2",
-        "comm.a2a_algorithm=hierarchical",
+        "moe.dispatcher=hierarchical",
     ]
     mp.spawn(_training_worker, args=(4, str(tmp_path / "init"), overrides, str(tmp_path)), nprocs=4)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]

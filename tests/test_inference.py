@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.data import MarkovTokens
 from moe_core.model.transformer import MoETransformer
@@ -62,7 +63,7 @@ def _config(world):
 
 def _model(cfg, top_k):
     torch.manual_seed(cfg.train.seed)
-    model = MoETransformer(cfg).eval()
+    model = MoETransformer(cfg, dropless=routes_dropless(cfg)).eval()
     use_inference_gating(model, top_k)
     return model
 

@@ -6,7 +6,7 @@ import pytest
 import analysis.papers  # noqa: F401  (registers the reproducers)
 from analysis.registry import REPRODUCERS
 from moe_core.config.load import derive_config, load_config
-from moe_core.dispatch.step import a2a_micro_ops, chunk_count
+from moe_core.dispatch.chunks import a2a_micro_ops, chunk_count
 from moe_core.papers.lina.decisions import packing_due, packing_factor
 from moe_core.parallel.layout import layout_of
 from moe_core.schedule.gradients import gradient_tensors

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.model.experts import Experts
 from moe_core.model.transformer import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
@@ -81,7 +82,7 @@ def test_tensor_parallel_shards_keep_each_ranks_heads_and_units():
     """Rank i of 2 keeps query heads 2i, 2i+1 and key/value head i, and units [3i, 3i+3) of gate and up."""
     dims = ["model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=6", "model.moe_every=0"]
     cfg = load_config(overrides=[*dims, "model.ffn_activation=swiglu", "model.n_layers=1"], whole_run=False)
-    whole = MoETransformer(cfg)
+    whole = MoETransformer(cfg, dropless=routes_dropless(cfg))
     qkv, w_in = whole.blocks[0].attn.qkv.weight, whole.blocks[0].ffn.w_in.weight
     for rank in (0, 1):
         part = copy.deepcopy(whole)

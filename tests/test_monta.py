@@ -20,7 +20,7 @@ from moe_core.papers.monta.study import model_points
 from moe_core.schema.points import measured_points, sim_points, unstated_param
 
 CONFIGS = ["configs/default.yaml", "configs/ci.yaml"]
-TP2 = ["parallel.tensor_parallel=2", "moe.num_experts=2", "moe.experts_per_rank=1", "comm.tp_dispatch=monta"]
+TP2 = ["parallel.tensor_parallel=2", "moe.num_experts=2", "moe.experts_per_rank=1", "moe.dispatcher=monta"]
 NICS_8 = "hardware.nics_per_node=8"  # the other end of the unstated NIC count (MONTA_UNSTATED)
 
 
@@ -28,7 +28,7 @@ def _paper(*extra):
     """MoNTA's setting: the paper's model on 2 x 8 A800, tp 8 x ep 2, MoNTA's dispatch."""
     base = load_config(["configs/default.yaml"])
     overrides = [*base.monta.overrides, "hardware_profile=monta-a800-2x8", "parallel.world_size=16"]
-    overrides += ["parallel.tensor_parallel=8", "moe.num_experts=2", "comm.tp_dispatch=monta", *extra]
+    overrides += ["parallel.tensor_parallel=8", "moe.num_experts=2", "moe.dispatcher=monta", *extra]
     return load_config(["configs/default.yaml"], overrides, whole_run=False)
 
 
@@ -174,8 +174,7 @@ def test_reproducers_compute_the_papers_quantities():
                     expert_parallel=2,
                     data_parallel=1,
                     tp_chunks=0,
-                    tp_dispatch=path,
-                    a2a_algorithm="flat",
+                    dispatcher=path,
                     moe_layers=10,
                     metric=metric,
                     value=value,

@@ -100,7 +100,7 @@ def test_ordered_all_to_all_equals_all_to_all_single(tmp_path, world):
 def test_aurora_policy_trains_like_sequential(tmp_path):
     """Dropless routing gives uneven traffic matrices; the order never changes the math (bitwise).
     (The other orders move the same rows, checked exchange by exchange above.)"""
-    base = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "moe.dropless=true"]
+    base = [*SMALL, "parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1", "moe.dispatcher=dropless"]
     runs = run_parallel_each(
         tmp_path, 4, {policy: [*base, f"comm.policy={policy}"] for policy in ("sequential", "aurora")}
     )

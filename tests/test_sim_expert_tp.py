@@ -62,9 +62,9 @@ def test_whole_experts_hold_whole_weights_and_reduce_them_over_their_replicas():
 
 
 def test_whole_experts_may_be_dropless_and_are_refused_for_measured_runs():
-    assert model("moe.expert_tensor_parallel=1", "moe.dropless=true").moe_sizes()[0] == 2 * 4 * 256 // 2
-    with pytest.raises(ConfigError, match="moe.dropless"):
-        model("moe.dropless=true")  # split experts dispatch capacity buffers
+    assert model("moe.expert_tensor_parallel=1", "moe.dispatcher=dropless").moe_sizes()[0] == 2 * 4 * 256 // 2
+    with pytest.raises(ConfigError, match="moe.dispatcher': experts are split over"):
+        model("moe.dispatcher=dropless")  # split experts dispatch capacity buffers
     with pytest.raises(
         ConfigError,
         match="config key 'moe.expert_tensor_parallel': whole experts under tensor parallelism are simulated",

@@ -70,7 +70,7 @@ def _model(*overrides: str) -> StepModel:
     return StepModel(cfg, build_topology(cfg.hardware))
 
 
-@pytest.mark.parametrize("extra", [(), ("moe.dropless=true",), ("comm.policy=lina",)])
+@pytest.mark.parametrize("extra", [(), ("moe.dispatcher=dropless",), ("comm.policy=lina",)])
 def test_a_gpu_step_lies_between_its_device_work_and_its_serial_time(extra):
     model = _model(*GPU, *extra)
     serial_ops, _ = model.build()
@@ -87,7 +87,7 @@ def test_a_gpu_step_lies_between_its_device_work_and_its_serial_time(extra):
 
 
 def test_a_dropless_step_syncs_the_host_once_per_moe_layer_forward():
-    model = _model(*GPU, "moe.dropless=true", "model.n_layers=4", "model.moe_every=2")
+    model = _model(*GPU, "moe.dispatcher=dropless", "model.n_layers=4", "model.moe_every=2")
     syncs = [op.name for op in model.run().ops if op.name.startswith("sync/")]
     assert syncs == ["sync/L1.dispatch0.fwd", "sync/L3.dispatch0.fwd"]
     assert not [op for op in _model(*GPU).run().ops if op.name.startswith("sync/")]

@@ -224,12 +224,11 @@ def test_defaults_replicate_and_take_one_pass():
                 "train.micro_batches=4",
                 "moe.capacity_factor=1.1",
                 "moe.min_capacity=0",
-                "moe.dropless=false",
                 "moe.experts_per_rank=2",
                 "parallel.tensor_parallel=2",
             ],
             "train.micro_batches",
-            "a pass of 2 sequences is invalid: config key 'parallel.tensor_parallel'",
+            "a pass of 2 sequences is invalid: config key 'moe.dispatcher'",
         ),
         (["parallel.data_sharding=zero2"], "parallel.data_sharding", "zero2"),
         (

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from experiments.__main__ import main as run_entry_point
 from moe_core.config.load import load_config
+from moe_core.dispatch import routes_dropless
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
@@ -50,7 +51,7 @@ def test_buckets_are_the_measured_policys_buckets():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         groups = build_groups(layout_of(measured_cfg), "cpu", 60.0)
-        model = MoETransformer(measured_cfg)
+        model = MoETransformer(measured_cfg, dropless=routes_dropless(measured_cfg))
         parallelize_model(model, groups)
         policy = make_policy(measured_cfg, layout_plan(measured_cfg, groups.layout, 4), groups, PhaseTimer())
         policy.attach(model)
@@ -163,7 +164,7 @@ def test_lina_partition_all_reduces_exactly_the_measured_micro_ops():
         [*LINA, "comm.policy=lina-partition", "comm.partition_mb=1", "moe.experts_per_rank=2", "parallel.world_size=8"]
     )
     with torch.device("meta"):
-        named = list(reversed(list(MoETransformer(cfg).named_parameters())))
+        named = list(reversed(list(MoETransformer(cfg, dropless=routes_dropless(cfg)).named_parameters())))
     dense = [p.numel() for n, p in named if ".experts." not in n]  # experts: data parallel 1, nothing to reduce
     expected = np.array([(stop - start) * 2 for _, start, stop in gradient_micro_ops(dense, 2, 2**20)], float)
     assert expected.max() <= 2**20 and len(expected) > len(dense)
@@ -311,9 +312,9 @@ MONTA = [
 
 def test_tensor_parallel_dispatches_move_duplicates_or_gather_them():
     """duplicate sends tp x the all-to-all bytes; drop-gather sends 1/tp and all-gathers; chunks split both."""
-    _, duplicate = step([*MONTA, "comm.tp_dispatch=duplicate"])
-    _, drop = step([*MONTA, "comm.tp_dispatch=drop-gather"])
-    _, chunked = step([*MONTA, "comm.tp_dispatch=monta", "comm.tp_chunks=4"])
+    _, duplicate = step([*MONTA, "moe.dispatcher=duplicate"])
+    _, drop = step([*MONTA, "moe.dispatcher=drop-gather"])
+    _, chunked = step([*MONTA, "moe.dispatcher=monta", "comm.tp_chunks=4"])
     a2a_only = [op for op in drop.ops if op.name.startswith("L0.dispatch0c") and op.name.endswith(".fwd")]
     assert len(a2a_only) == 1  # one chunk: one all-to-all, then one all-gather (L0.dispatch0ag0.fwd)
     assert [op.name for op in chunked.ops if op.name.startswith("L0.dispatch0ag") and op.name.endswith(".fwd")] == [
@@ -356,7 +357,7 @@ def test_tensor_parallel_splits_compute_and_reduces_activations_over_tp():
 def test_hierarchical_all_to_all_runs_in_two_phases_only_across_nodes():
     base = ["hardware_profile=monta-a800-2x8", "parallel.world_size=16", "moe.num_experts=16", "moe.experts_per_rank=1"]
     _, flat = step(base)
-    _, hier = step([*base, "comm.a2a_algorithm=hierarchical"])
+    _, hier = step([*base, "moe.dispatcher=hierarchical"])
     names = [op.name for op in hier.ops if op.phase == "dispatch_a2a" and op.name.startswith("L1.")]
     assert names == ["L1.dispatch0.fwd", "L1.dispatch0.fwd", "L1.dispatch0.bwd", "L1.dispatch0.bwd"]
     intra, inter = [op.transfer for op in hier.ops if op.name == "L1.dispatch0.fwd"]
@@ -364,7 +365,7 @@ def test_hierarchical_all_to_all_runs_in_two_phases_only_across_nodes():
     # the same bytes leave each node; the second phase sends them in one message per node pair
     flat_op = next(op for op in flat.ops if op.name == "L1.dispatch0.fwd")
     assert inter.steps == 1 < flat_op.transfer.steps
-    _, one_node = step([*base[:1], "parallel.world_size=8", "moe.num_experts=8", "comm.a2a_algorithm=hierarchical"])
+    _, one_node = step([*base[:1], "parallel.world_size=8", "moe.num_experts=8", "moe.dispatcher=hierarchical"])
     assert len([op for op in one_node.ops if op.name == "L1.dispatch0.fwd"]) == 1
 
 

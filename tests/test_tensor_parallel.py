@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 
 from moe_core.comm import all_to_all as comm
 from moe_core.config.load import load_config
-from moe_core.dispatch.step import even_ranges
+from moe_core.dispatch import routes_dropless
+from moe_core.dispatch.chunks import even_ranges
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.transformer import MoETransformer
 from moe_core.parallel.layout import layout_of
@@ -56,10 +57,10 @@ def _worker(rank, world, init_file, overrides, uniform_gate, out_dir):
     torch.set_num_threads(1)
     results = {}
     for dispatch, extra in DISPATCHES:
-        cfg = load_config(overrides=[*overrides, f"comm.tp_dispatch={dispatch}", *extra])
+        cfg = load_config(overrides=[*overrides, f"moe.dispatcher={dispatch}", *extra])
         groups = build_groups(layout_of(cfg), "cpu", cfg.parallel.timeout_s)
         torch.manual_seed(cfg.train.seed)
-        model = MoETransformer(cfg)
+        model = MoETransformer(cfg, dropless=routes_dropless(cfg))
         if uniform_gate:
             _force_uniform_gate(model)
         parallelize_model(model, groups)
@@ -151,10 +152,10 @@ def test_tp_exchange_equals_whole_all_to_all_for_any_chunking(tmp_path):
     [
         (["parallel.tensor_parallel=3"], "parallel.tensor_parallel"),  # does not divide world 4
         (["parallel.tensor_parallel=2", "model.n_heads=3", "model.d_model=48"], "parallel.tensor_parallel"),
-        (["parallel.tensor_parallel=2", "moe.dropless=true"], "moe.dropless"),
+        (["parallel.tensor_parallel=2", "moe.dispatcher=dropless"], "moe.dispatcher"),
         (["parallel.tensor_parallel=2", "comm.policy=lina"], "comm.policy"),
-        (["parallel.tensor_parallel=2", "comm.tp_dispatch=scatter"], "comm.tp_dispatch"),
-        (["parallel.tensor_parallel=2", "comm.tp_chunks=3"], "comm.tp_chunks"),
+        (["parallel.tensor_parallel=2", "moe.dispatcher=scatter"], "moe.dispatcher"),
+        (["parallel.tensor_parallel=2", "comm.tp_chunks=3"], "3 chunks must divide"),
         (["parallel.tensor_parallel=2", "moe.num_experts=4", "moe.experts_per_rank=1"], "parallel.world_size"),
     ],
 )

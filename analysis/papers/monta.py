@@ -19,6 +19,7 @@ from analysis.collect import select
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
 from analysis.style import colour, mode_title, palette, published_line, published_point, published_segment
+from moe_core.papers.monta.decisions import CODE_DEFAULT_CHUNKS
 
 PATHS = ["duplicate", "drop-gather", "monta"]
 SOURCE_COLOURS = {"model_exchange_ms": "0.6", "simulated_exchange_ms": "C0"}  # MoNTA's model grey
@@ -30,14 +31,15 @@ EXCHANGES_PER_LAYER = 4  # dispatch and combine, forward and backward
 
 
 def _steps(records: pd.DataFrame, mode: str, metric: str = "a2a_ms") -> pd.DataFrame:
-    """MoNTA's training steps in ``mode`` with ``metric``, the layout and dispatch as columns, flat
-    all-to-all; ``exchange_ms`` added for ``a2a_ms``."""
+    """MoNTA's training steps in ``mode`` with ``metric``, the layout and dispatcher as columns, in
+    one phase (not the hierarchical all-to-all); ``exchange_ms`` added for ``a2a_ms``."""
     df = select(records, paper="monta", experiment="sim_train_step" if mode == "simulated" else "train_step")
-    df = select(df, mode=mode, metric=metric, a2a_algorithm="flat")
+    df = select(df, mode=mode, metric=metric)
     if df.empty:
         return df
+    df = df[df["dispatcher"] != "hierarchical"]
     df = df.astype({"tensor_parallel": int, "expert_parallel": int, "data_parallel": int, "tp_chunks": int})
-    df["path"] = df["tp_dispatch"].where(df["tensor_parallel"] > 1, "none (tp 1)")
+    df["path"] = df["dispatcher"].where(df["tensor_parallel"] > 1, "none (tp 1)")
     if metric == "a2a_ms":
         df["exchange_ms"] = df["value"] / (EXCHANGES_PER_LAYER * df["moe_layers"])
     return df
@@ -58,6 +60,11 @@ def _testbed_words(df: pd.DataFrame) -> str:
     """A measured testbed in words, saying when its "network" is loopback (no link differs)."""
     testbed = describe_testbeds(df)
     return f"{testbed} (loopback)" if "local" in testbed or "fallback" in testbed else testbed
+
+
+def _path_colours(measured: pd.DataFrame) -> dict[str, tuple]:
+    """Each measured path's colour: its dispatcher's (``flat``, ``monta-n4``: capacity's, MoNTA's)."""
+    return {path: colour("dispatcher", d) for path, d in zip(measured["path"], measured["dispatcher"])}
 
 
 def _by_path(df: pd.DataFrame, column: str) -> dict[str, float]:
@@ -125,14 +132,15 @@ def monta_a2a_vs_tp(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -
     left, right = fig.subplots(1, 2)
     if not measured.empty:
         measured = one_testbed(measured).astype({"tensor_parallel": int})
-        shown = measured[measured["path"].isin(["flat", "duplicate", "drop-gather", "monta-n4"])]
+        one_phase = measured["dispatcher"] != "hierarchical"
+        shown = measured[one_phase & measured["chunks"].isin([1, CODE_DEFAULT_CHUNKS])]  # the code's 4 chunks
         sns.barplot(
             shown,
             x="tensor_parallel",
             y="value",
             hue="path",
             saturation=1,
-            palette=palette("dispatcher", shown["path"]),
+            palette=_path_colours(shown),
             errorbar=None,
             ax=left,
         )
@@ -245,9 +253,7 @@ def _measured_chunks(ax, records: pd.DataFrame, measured: pd.DataFrame) -> list[
     model's rows (where there are any) and the measured ones, as drawn."""
     measured = one_testbed(measured).astype({"tensor_parallel": int})
     measured = measured[measured["tensor_parallel"] > 1].copy()
-    measured["chunks"] = measured["path"].str.extract(r"monta-n(\d+)")[0].astype(float)
-    measured.loc[measured["path"] == "drop-gather", "chunks"] = 1
-    measured = measured.dropna(subset=["chunks"])
+    measured = measured[measured["dispatcher"].isin(["drop-gather", "monta"])].astype({"chunks": float})
     measured["tp"] = measured["tensor_parallel"].astype(str)
     tp_colours = dict(zip(sorted(measured["tp"].unique(), key=int), ("C0", "C3", "C2", "C4")))
     sns.lineplot(measured, x="chunks", y="value", hue="tp", palette=tp_colours, marker="o", ax=ax)
@@ -399,8 +405,8 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
             df,
             x="world_size",
             y="exchange_ms",
-            hue="a2a_algorithm",
-            palette=palette("dispatcher", df["a2a_algorithm"]),
+            hue="dispatcher",
+            palette=palette("dispatcher", df["dispatcher"]),
             marker="o",
             ax=left,
         )
@@ -421,7 +427,7 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
             y="value",
             hue="path",
             saturation=1,
-            palette=palette("dispatcher", measured["path"]),
+            palette=_path_colours(measured),
             ax=right,
             errorbar=None,
             legend=False,

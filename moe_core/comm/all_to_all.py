@@ -1,7 +1,7 @@
 """The token exchanges on torch.distributed, as differentiable functions timed per direction.
 
-The training step's exchange objects (moe_core.dispatch.step, the plan's ``exchange``) and the
-dispatcher study (moe_core.dispatch) run these; they hold no decision of their own.
+The token dispatchers (moe_core.dispatch), in a training step (the plan's ``exchange``) and in the
+dispatcher study, run these; they hold no decision of their own.
 
 * :func:`all_to_all`: the backward of an all-to-all is the all-to-all with the split sizes swapped,
   so both MoE all-to-alls (dispatch and combine) appear twice per step: once in the forward pass

@@ -85,7 +85,9 @@ FIG4_TOY_TOKENS = np.array([[0, 1, 1], [1, 0, 1], [0, 0, 0]], dtype=np.int64)
 
 
 # -- traffic from real gating (Aurora's "historical statistics", arXiv 2410.17043 Section 3) ------------
-def gated_choices(cfg, train_steps: int, trace_batch_size: int, mock_tokens: bool = False) -> tuple[np.ndarray, ...]:
+def gated_choices(
+    cfg, train_steps: int, trace_batch_size: int, mock_tokens: bool = False, dropless: bool = False
+) -> tuple[np.ndarray, ...]:
     """The routing of the suite's own trained gate: per MoE layer, the experts every token chose.
 
     Trains ``moe_core.model.transformer.MoETransformer`` built from ``cfg`` (model, moe, train sections) for
@@ -94,7 +96,8 @@ def gated_choices(cfg, train_steps: int, trace_batch_size: int, mock_tokens: boo
     served model has. Then one batch of ``trace_batch_size`` sequences (a batch the model never
     trained on) goes through it in eval mode. ``mock_tokens``: that batch is token ids drawn uniformly
     at random instead, as benchmark harnesses feed a model (DODOCO, arXiv 2605.20982, finds that mock
-    tokens misstate the routing's skew; moe_core.dispatch.routing_trace measures ours).
+    tokens misstate the routing's skew; moe_core.dispatch.routing_trace measures ours). ``dropless``:
+    the layers route without capacity (the dispatcher's decision, as for moe_core.model.transformer).
 
     Returns (expert_index, kept), each (moe_layers, tokens, top_k) in batch order: the chosen experts,
     best first, and whether the layer's capacity kept each choice. Deterministic for
@@ -109,7 +112,7 @@ def gated_choices(cfg, train_steps: int, trace_batch_size: int, mock_tokens: boo
     if train_steps < 0 or trace_batch_size < 1:
         raise ValueError(f"train_steps must be >= 0 and trace_batch_size >= 1, got {train_steps}, {trace_batch_size}")
     torch.manual_seed(tr.seed)
-    model = MoETransformer(cfg)
+    model = MoETransformer(cfg, dropless=dropless)
     data = MarkovTokens(m.vocab_size, tr.data_branching, tr.data_zipf, tr.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr)
     for step in range(train_steps):
@@ -131,15 +134,17 @@ def gated_choices(cfg, train_steps: int, trace_batch_size: int, mock_tokens: boo
     return experts.astype(np.int64), kept
 
 
-def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: int) -> np.ndarray:
+def gating_token_matrices(
+    cfg, n_gpus: int, train_steps: int, trace_batch_size: int, dropless: bool = False
+) -> np.ndarray:
     """Per MoE layer, tokens each of ``n_gpus`` source shards sends to each GPU, from real gating
     (:func:`gated_choices`): the traced batch's tokens are split evenly over the ``n_gpus``
     data-parallel shards in order, and expert e lives on GPU ``e // (num_experts / n_gpus)``. Every
     kept assignment is one token sent from its shard to its expert's GPU (the diagonal is the local
     part).
 
-    Returns int64 (moe_layers, n_gpus, n_gpus); with top-1 dropless gating every row sums to the
-    shard's tokens.
+    Returns int64 (moe_layers, n_gpus, n_gpus); with top-1 ``dropless`` gating (no capacity) every
+    row sums to the shard's tokens.
     """
     tokens = trace_batch_size * cfg.model.seq_len
     if n_gpus < 1 or cfg.moe.num_experts % n_gpus or tokens % n_gpus:
@@ -147,7 +152,7 @@ def gating_token_matrices(cfg, n_gpus: int, train_steps: int, trace_batch_size: 
             f"n_gpus ({n_gpus}) must divide moe.num_experts ({cfg.moe.num_experts}) and the traced "
             f"tokens (trace_batch_size * model.seq_len = {tokens})"
         )
-    experts, kept = gated_choices(cfg, train_steps, trace_batch_size)
+    experts, kept = gated_choices(cfg, train_steps, trace_batch_size, dropless=dropless)
     shard = np.arange(tokens) // (tokens // n_gpus)  # (tokens,) source GPU of each token, batch order
     src = np.broadcast_to(shard[:, None], experts.shape[1:])
     dst = experts // (cfg.moe.num_experts // n_gpus)

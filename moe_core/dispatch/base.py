@@ -1,13 +1,23 @@
 """What every token dispatcher is: one exchange of an MoE layer's tokens with their experts' ranks.
 
 A dispatcher is one class (as Megatron-Core's ``MoETokenDispatcher`` family and torchtitan's token
-dispatchers are): it says which ranks it needs, moves the tokens on torch.distributed (measured),
-states the bytes its round trip moves between ranks for a routing (:meth:`Dispatcher.traffic`, a
-list of :class:`Collective`: the one description both the network model prices, simulated, and the
-measured cells count as their bytes moved and bus bandwidth), and, for the tensor-parallel ones, how
-many pipelined chunks a training step's plan runs it in (the plan's exchange object,
-moe_core.dispatch.step). Both executors and the dispatcher study (moe_core.dispatch_study) read the
-same class, so a new exchange is one class and one registry line (moe_core.dispatch).
+dispatchers are), and the one object every part that moves tokens takes:
+
+* the dispatcher study (moe_core.dispatch_study, experiments/dispatchers.py) runs its round trip on
+  the process groups it declares (:attr:`Dispatcher.study_groups`, built once from the study's
+  layout by moe_core.dispatch.groups) and checks it row by row;
+* both executors of a training step run it: the measured one calls :meth:`Dispatcher.all_to_all`
+  and :meth:`Dispatcher.exchange_compute_exchange` with the step's policy
+  (moe_core.schedule.executor.CommPolicy: its groups, timer and ``blocking`` hook), the simulated one
+  :meth:`Dispatcher.simulate` with the step's DAG (moe_core.sim.dag.StepDag);
+* the network model prices its bytes (:meth:`Dispatcher.traffic`, a list of :class:`Collective`:
+  the one description the simulator prices, ``advise`` ranks and the measured cells count).
+
+``moe.dispatcher`` names the registered one a training step runs (moe_core.dispatch.configured); a
+policy that schedules the all-to-all its own way (Lina's micro-ops, Aurora's transmission order)
+wraps it (moe_core.dispatch.scheduled). Each dispatcher states what it needs of a step's layout
+(:meth:`Dispatcher.refusal`), so config validation refuses what it cannot run. A new exchange is one
+class and one registry line (moe_core.dispatch).
 
 The measured methods import torch inside: the registry is read when a config is validated, which
 must not pay for importing torch.
@@ -15,49 +25,114 @@ must not pay for importing torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import numpy as np
+
+Route = Literal["direct", "two_phase", "forwarded"]
 
 
 @dataclass
 class StudyGroups:
-    """One rank's process groups for the dispatcher study (experiments/dispatchers.py): ``flat``, one
-    expert per rank over all ranks; ``hierarchical``, its two-phase groups (None within one node);
-    ``ep`` and ``tp``, the tensor-parallel layout's groups (``tp`` ranks share their tokens)."""
+    """One rank of the dispatcher study (experiments/dispatchers.py): its rank, the study's world and
+    "tp" size, its timer, and the process groups the studied dispatchers declared
+    (:attr:`Dispatcher.study_groups`), by name: ``groups["flat"]``."""
 
     rank: int
     world: int
     tp: int
-    flat: Any
-    hierarchical: Any
-    ep: Any
-    tp_group: Any
     timer: Any
+    named: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.named[name]
 
 
 class Dispatcher:
     """A token exchange: dispatch to the experts' ranks, then combine back.
 
-    * ``name``: its registry key (a config value, a point name, a figure's legend);
+    * ``name``: its registry key (``moe.dispatcher``, a point name, a figure's legend);
     * ``tensor_parallel``: the exchange of a tensor-parallel layout, whose "tp" ranks hold the same
       tokens (it needs the "tp" group, and only exists where experts are split over "tp");
-    * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped;
-    * ``step_keys``: the config keys a training step runs it by (``moe.dispatcher`` sets them,
-      moe_core.schema.aliases); None for an exchange only the dispatcher study runs;
-    * ``runs_on``: whether it applies to a group of ``world`` ranks of the hardware section ``hw``.
+    * ``drops``: capacity-bound, so tokens beyond an expert's capacity are dropped (a training step
+      of a dispatcher that does not drop routes without capacity: uneven all-to-all splits);
+    * ``route``: how its all-to-alls reach other nodes (:class:`Collective`'s ``route``): a measured
+      step of a two-leg route creates the "ep" groups' node subgroups
+      (moe_core.parallel.parallelize.build_groups) and the simulated step prices its legs;
+    * ``study_groups``: the process groups its study round trip runs on, by the names of
+      moe_core.dispatch.groups.STUDY_GROUPS;
+    * ``runs_on``: whether the study applies it to a group of ``world`` ranks of the hardware ``hw``.
+
+    The base class's step is the library's all-to-all, whole, each way (flat, or in two phases when
+    ``route`` is ``two_phase``): the exchange of every dispatcher that does not say otherwise.
     """
 
-    name: str = ""
-    tensor_parallel: bool = False
-    drops: bool = True
-    step_keys: dict[str, Any] | None = None
+    name: ClassVar[str] = ""
+    tensor_parallel: ClassVar[bool] = False
+    drops: ClassVar[bool] = True
+    route: ClassVar[Route] = "direct"
+    study_groups: ClassVar[tuple[str, ...]] = ("flat",)
 
     def runs_on(self, world: int, hw) -> bool:
         return True
 
-    # -- measured (torch.distributed) -----------------------------------------------------------
+    # -- a training step: which instance runs it, and what it needs ----------------------------------
+    def for_step(self, cfg) -> Dispatcher:
+        """This dispatcher as a training step of ``cfg`` runs it (one that decides a parameter from
+        the config, e.g. its chunk count, returns a copy with it set)."""
+        return self
+
+    def refusal(self, cfg) -> str | None:
+        """Why this dispatcher cannot run a training step of ``cfg`` (None where it can)."""
+        return None
+
+    def measured_refusal(self) -> str | None:
+        """Why a measured training step cannot run this dispatcher (None where it can): a forwarded
+        route's kernels are GPU libraries' (DeepEP), so the simulator alone prices it."""
+        if self.route == "forwarded":
+            return "a forwarded all-to-all is simulated only (its kernels are DeepEP's, for GPUs)"
+        return None
+
+    def micro_ops(self, rows_per_expert: int, row_bytes: int) -> list[tuple[int, int]]:
+        """The (start, stop) row ranges of every expert's ``rows_per_expert`` rows that travel as one
+        all-to-all each (``row_bytes``: one row for every expert); the whole exchange by default."""
+        return [(0, rows_per_expert)]
+
+    # -- a training step, measured (``policy``: the moe_core.schedule.executor.CommPolicy running it) --
+    def all_to_all(self, policy, x, output_splits, input_splits, name: str):
+        """One all-to-all of ``x``'s rows over the policy's "ep" group (None splits: equal), its time
+        in ``<name>.fwd`` / ``<name>.bwd``: flat, or in two phases where the route is ``two_phase``
+        and the "ep" group spans nodes (``policy.groups.ep_hierarchical``); never forwarded
+        (:meth:`measured_refusal`, which a measured run's config check raises first)."""
+        from moe_core.comm.all_to_all import all_to_all
+
+        if reason := self.measured_refusal():
+            raise ValueError(f"dispatcher '{self.name}': {reason}")
+        groups = policy.groups
+        two_phase = self.route == "two_phase" and groups.ep_hierarchical is not None
+        group = groups.ep_hierarchical if two_phase else groups.ep_group
+        return all_to_all(x, output_splits, input_splits, group, policy.timer, name)
+
+    def exchange_compute_exchange(self, policy, buf, rows_per_expert: int, compute, params):
+        """One MoE layer's equal-split exchange of ``buf`` (E*R, M), R = ``rows_per_expert`` rows per
+        expert in expert order: dispatch, ``compute(received, rows)`` on the expert weights ``params``,
+        combine; returns the experts' outputs in ``buf``'s layout. Every span in which its all-to-alls
+        are in flight runs through ``policy.blocking`` (Lina's priority rule schedules around it)."""
+        received = policy.all_to_all(buf, None, None, "dispatch_a2a")
+        return policy.all_to_all(compute(received, rows_per_expert), None, None, "combine_a2a")
+
+    # -- a training step, simulated (``dag``: the step's DAG under construction) ----------------------
+    def simulate(self, dag, layer: int, first: str, second: str, after, pass_: str) -> int:
+        """Append MoE layer ``layer``'s exchange in ``pass_`` to ``dag`` after op(s) ``after``: the
+        ``first`` exchange ("dispatch" forward, "combine" backward), the experts (``dag.experts``),
+        the ``second``; returns the op the layer's next op waits for. Here one all-to-all each way,
+        along the dispatcher's route."""
+        sent = dag.all_to_all(f"L{layer}.{first}0.{pass_}", f"{first}_a2a", after, 1, self.route)
+        computed = dag.experts(layer, pass_, sent)
+        return dag.all_to_all(f"L{layer}.{second}0.{pass_}", f"{second}_a2a", computed, 1, self.route)
+
+    # -- the dispatcher study, measured (torch.distributed) ------------------------------------------
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """Dispatch the study's ``workload`` (experiments.dispatchers.Paths.workload) to the experts,
         run ``expert`` (a function of the rows an expert received; None: leave them as they are) and
@@ -106,25 +181,30 @@ class Collective:
     * ``kind``: ``all_to_all``, or the ring collectives ``all_gather`` and ``reduce_scatter``,
       whose ranks each send every other rank one equal chunk (a ring forwards it in p - 1 steps:
       the same bytes in all);
-    * ``two_phase``: an all-to-all run in two phases, inside the nodes and then between
-      same-local-rank peers (:func:`two_phase_traffic`): a token for another node's
-      other local rank crosses twice, so it moves more bytes than ``traffic`` sums to.
+    * ``route``: how an all-to-all's bytes reach another node (:data:`ROUTES`): ``direct``, each
+      pair's own; ``two_phase``, inside the nodes first and then between same-local-rank peers
+      (Tutel's 2DH, :func:`two_phase_traffic`); ``forwarded``, over the network to the sender's
+      local-index peer on the destination node, which forwards it inside the node, both legs at
+      once (DeepEP's normal kernels, :func:`forwarded_traffic`). The last two move a token for
+      another node's other local rank twice, so more bytes than ``traffic`` sums to.
     """
 
     kind: str
     traffic: np.ndarray
-    two_phase: bool = False
+    route: Route = "direct"
 
     def __post_init__(self):
+        if self.route not in ROUTES:
+            raise ValueError(f"unknown route {self.route!r}; known: {sorted(ROUTES)}")
         object.__setattr__(self, "traffic", np.asarray(self.traffic, dtype=float) * (1 - np.eye(len(self.traffic))))
 
     def bytes_moved(self, devices_per_node: int) -> float:
         """Bytes sent between ranks, with ranks on nodes of ``devices_per_node``."""
-        if not self.two_phase:
+        if self.route == "direct":
             return float(self.traffic.sum())
         group = np.arange(len(self.traffic))
-        _, phase1, phase2 = two_phase_traffic(group, group // devices_per_node, self.traffic)
-        return float(phase1.sum() + phase2.sum())
+        _, first, second = ROUTES[self.route](group, group // devices_per_node, self.traffic)
+        return float(first.sum() + second.sum())
 
     def transfers(self, topo) -> list[tuple[str, Any]]:
         """Its footprint on ``topo`` (ranks 0..p-1 its devices), as (kind, Transfer): one transfer, or
@@ -132,8 +212,10 @@ class Collective:
         group, p = np.arange(len(self.traffic)), len(self.traffic)
         if self.kind != "all_to_all":
             return [(self.kind, topo.ring(group, p * self.traffic.max(initial=0.0), self.kind))]
-        if self.two_phase:
+        if self.route == "two_phase":
             return [("all_to_all", t) for t in topo.hierarchical_all_to_all(group, self.traffic)]
+        if self.route == "forwarded":
+            return [("all_to_all", topo.relayed_all_to_all(group, self.traffic))]
         off_diagonal = self.traffic[~np.eye(p, dtype=bool)]
         if off_diagonal.size and (off_diagonal == off_diagonal[0]).all():
             return [("all_to_all", topo.uniform_all_to_all(group, p * off_diagonal[0]))]
@@ -160,14 +242,40 @@ def two_phase_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) 
     n2, l']``, the bytes (n, l') sends (n2, l'). ValueError when the nodes hold unequal numbers of
     members. The one statement of what the two phases move: the network model prices it
     (moe_core.sim.topology.Cluster.hierarchical_all_to_all) and the dispatchers count it (here)."""
+    ordered, t = _by_node(group, node, traffic)
+    n_nodes, m = ordered.shape
+    phase1 = t.sum(axis=2) * (1 - np.eye(m))[None]  # (n, l, l'): bytes (n, l) hands (n, l')
+    phase2 = t.sum(axis=1) * (1 - np.eye(n_nodes))[:, :, None]  # (n, n2, l'): bytes (n, l') sends (n2, l')
+    return ordered, phase1, phase2
+
+
+def forwarded_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The two legs of a forwarded all-to-all of ``traffic`` over members on ``node``: (ordered,
+    network, inside). ``ordered`` as in :func:`two_phase_traffic`; ``network[n, l, n2]``, the bytes
+    (n, l) sends its local-index peer (n2, l) on another node; ``inside[n, l, l']``, the bytes (n, l)
+    hands (n, l') over the node's fabric: its own rows for that member and the rows it received
+    from the network for it. ValueError as :func:`two_phase_traffic`. The network model
+    (moe_core.sim.topology.Cluster.relayed_all_to_all) and the byte counts (here) both read it."""
+    ordered, t = _by_node(group, node, traffic)
+    n_nodes, m = ordered.shape
+    network = t.sum(axis=3) * (1 - np.eye(n_nodes))[:, None, :]  # (n, l, n2): to the peer (n2, l)
+    inside = t.sum(axis=0).transpose(1, 0, 2) * (1 - np.eye(m))[None]  # (n2, l, l'): received and own
+    return ordered, network, inside
+
+
+def _by_node(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The group as (nodes, m) by (node, local index), and ``traffic`` in that order as (src node,
+    l, dst node, l'); ValueError when the nodes hold unequal numbers of members."""
     traffic = np.asarray(traffic, dtype=float)
     counts = np.bincount(node)
     counts = counts[counts > 0]
     if counts.min() != counts.max():
-        raise ValueError(f"hierarchical all-to-all needs equally many group members per node, got {counts}")
+        raise ValueError(f"a two-leg all-to-all needs equally many group members per node, got {counts}")
     m, n_nodes = int(counts[0]), len(counts)
     order = np.lexsort((group, node))  # group index by (node, rank): row-major (node, local)
-    t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)  # (src node, l, dst node, l')
-    phase1 = t.sum(axis=2) * (1 - np.eye(m))[None]  # (n, l, l'): bytes (n, l) hands (n, l')
-    phase2 = t.sum(axis=1) * (1 - np.eye(n_nodes))[:, :, None]  # (n, n2, l'): bytes (n, l') sends (n2, l')
-    return group[order].reshape(n_nodes, m), phase1, phase2
+    t = traffic[np.ix_(order, order)].reshape(n_nodes, m, n_nodes, m)
+    return group[order].reshape(n_nodes, m), t
+
+
+# route -> its legs' bytes (ordered members, first leg, second leg): what Collective.bytes_moved sums
+ROUTES = {"direct": None, "two_phase": two_phase_traffic, "forwarded": forwarded_traffic}

@@ -17,15 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from moe_core.dispatch.base import Collective, Dispatcher, StudyGroups, capacity_rows, run_expert
+from moe_core.parallel.layout import grid_config
 
 
 class Capacity(Dispatcher):
+    """Its training step is the base class's: the library's all-to-all of the capacity buffers."""
+
     name = "capacity"
-    two_phase = False  # whether its all-to-all runs in two phases (Hierarchical)
-    step_keys = {"comm.a2a_algorithm": "flat", "moe.dropless": False}
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        return _there_and_back(workload["buffer"], groups.flat, groups.timer, expert)
+        return _there_and_back(workload["buffer"], groups[self.study_groups[0]], groups.timer, expert)
 
     def routed(self, groups, workload):
         return capacity_rows(workload["buffer"], workload["capacity"])
@@ -35,21 +36,24 @@ class Capacity(Dispatcher):
         whatever the routing."""
         world = counts.shape[0]
         slots = np.full((world, world), float(capacity * row_bytes))  # a full buffer block to every rank
-        return [Collective("all_to_all", slots, self.two_phase)] * 2
+        return [Collective("all_to_all", slots, self.route)] * 2
 
 
 class Hierarchical(Capacity):
     name = "hierarchical"
-    two_phase = True
-    step_keys = {"comm.a2a_algorithm": "hierarchical", "moe.dropless": False}
+    route = "two_phase"
+    study_groups = ("two_phase",)
 
     def runs_on(self, world: int, hw) -> bool:
         """Across nodes of a cluster: within one node it is the flat all-to-all, and a torus has no
         nodes to go between."""
         return hw.topology != "torus2d" and world > hw.devices_per_node
 
-    def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        return _there_and_back(workload["buffer"], groups.hierarchical, groups.timer, expert)
+    def refusal(self, cfg) -> str | None:
+        """Two phases need equal splits and the flat layout's nodes."""
+        if not grid_config(cfg).is_trivial:
+            return "the 3D grid runs the flat all-to-all only; use moe.dispatcher=capacity"
+        return None
 
 
 class _RoutedRows(Dispatcher):
@@ -67,8 +71,9 @@ class _RoutedRows(Dispatcher):
 
 
 class Dropless(_RoutedRows):
+    """Its training step routes without capacity, through the base class's flat all-to-all(v)."""
+
     name = "dropless"
-    step_keys = {"comm.a2a_algorithm": "flat", "moe.dropless": True}
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-to-all of the per-expert counts, then all-to-all(v) of the tokens and back."""
@@ -80,11 +85,13 @@ class Dropless(_RoutedRows):
         tokens, counts = workload["tokens"], workload["counts"]
         send_counts = torch.tensor(counts[groups.rank], dtype=torch.int64, device=tokens.device)
         recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=groups.flat)
+        dist.all_to_all_single(recv_counts, send_counts, group=groups["flat"])
         # NOTE: host sync, as every dropless dispatch has
         send_splits, recv_splits = counts[groups.rank].tolist(), recv_counts.tolist()
-        received = all_to_all(tokens, recv_splits, send_splits, groups.flat, groups.timer, "dispatch")
-        return all_to_all(run_expert(expert, received), send_splits, recv_splits, groups.flat, groups.timer, "combine")
+        received = all_to_all(tokens, recv_splits, send_splits, groups["flat"], groups.timer, "dispatch")
+        return all_to_all(
+            run_expert(expert, received), send_splits, recv_splits, groups["flat"], groups.timer, "combine"
+        )
 
     def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
         """Exactly the routed rows there and back (the per-expert counts' all-to-all, 8 bytes an
@@ -95,6 +102,9 @@ class Dropless(_RoutedRows):
 
 class AllGather(_RoutedRows):
     name = "allgather"
+
+    def refusal(self, cfg) -> str | None:
+        return "it is timed by the dispatcher study (experiments/dispatchers.py), not run in a training step"
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
         """All-gather every rank's tokens (equal rows: padded to the largest rank), keep this rank's
@@ -108,11 +118,11 @@ class AllGather(_RoutedRows):
         tokens, counts = workload["tokens"], workload["counts"]
         rows = int(counts.sum(axis=1).max())
         padded = torch.cat([tokens, tokens.new_zeros(rows - tokens.shape[0], tokens.shape[1])])
-        gathered = gather_rows(padded, groups.flat)
+        gathered = gather_rows(padded, groups["flat"])
         mine = _rows_for_expert(counts, groups.rank, rows, tokens.device)
         received = gathered[mine]  # the tokens routed to this rank's expert
         outputs = torch.zeros_like(gathered).index_copy(0, mine, run_expert(expert, received))
-        return scatter_rows(outputs, groups.flat)[: tokens.shape[0]]
+        return scatter_rows(outputs, groups["flat"])[: tokens.shape[0]]
 
     def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
         """Every rank's tokens, padded to the largest rank's, to every other rank, and one output row

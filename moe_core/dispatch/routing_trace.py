@@ -62,8 +62,9 @@ def record(cfg, train_steps: int, trace_batch_size: int, mock_tokens: bool = Fal
     """The routing of ``cfg``'s model after ``train_steps`` training steps, on one unseen batch of
     ``trace_batch_size`` sequences (of uniformly random token ids with ``mock_tokens``)."""
     from moe_core.comm.workloads import gated_choices
+    from moe_core.dispatch import routes_dropless
 
-    choices, _ = gated_choices(cfg, train_steps, trace_batch_size, mock_tokens)
+    choices, _ = gated_choices(cfg, train_steps, trace_batch_size, mock_tokens, dropless=routes_dropless(cfg))
     meta = {
         "experts": cfg.moe.num_experts,
         "top_k": cfg.moe.top_k,

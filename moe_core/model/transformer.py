@@ -76,8 +76,11 @@ class Block(nn.Module):
 
 
 class MoETransformer(nn.Module):
-    def __init__(self, cfg: DictConfig):
-        """Build from the full config (model, moe, train.seed). Weights depend only on the global RNG state."""
+    def __init__(self, cfg: DictConfig, *, dropless: bool):
+        """Build from the full config (model, moe, train.seed). Weights depend only on the global RNG state.
+
+        ``dropless``: its MoE layers route without capacity (uneven all-to-all splits, nothing
+        dropped), the decision of the step's token dispatcher (moe_core.dispatch.routes_dropless)."""
         super().__init__()
         m, moe = cfg.model, cfg.moe
         self.aux_loss_weight = moe.aux_loss_weight
@@ -96,7 +99,7 @@ class MoETransformer(nn.Module):
                     min_capacity=moe.min_capacity,
                     group_size=moe.group_size,
                     second_expert_policy=moe.second_expert_policy,
-                    dropless=moe.dropless,
+                    dropless=dropless,
                     gate_host_sync=moe.gate_host_sync,
                     activation=m.ffn_activation,
                     aux_loss_scale=moe.aux_loss_scale,
@@ -143,7 +146,7 @@ def shape_only_model(cfg: DictConfig) -> MoETransformer:
     ``normal_`` lazily imports torch._dynamo, which costs seconds per simulated point.
     """
     with torch.device("meta"), _SkipInitialisers():
-        return MoETransformer(cfg)
+        return MoETransformer(cfg, dropless=False)  # the same parameters either way
 
 
 def backward_ordered_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

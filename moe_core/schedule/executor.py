@@ -2,9 +2,10 @@
 
 :class:`CommPolicy` executes every plan feature that needs no scheduling of its own: gradient
 buckets or in-place micro-ops, launched after the backward pass or as soon as ready; the MoE
-layers' token exchanges, which it hands to the plan's exchange object (moe_core.dispatch.step.StepExchange,
-moe_core.dispatch.step: whole, two-phase or ordered all-to-alls, Lina's pipelined micro-ops, the
-tensor-parallel drop-and-all-gather) without asking which mechanism it is. Every span in which an
+layers' token exchanges, which it hands to the plan's dispatcher (moe_core.dispatch.base.Dispatcher:
+whole or two-phase all-to-alls, the tensor-parallel drop-and-all-gather, or a policy's schedule of
+them, moe_core.dispatch.scheduled: ordered all-to-alls, Lina's pipelined micro-ops) without asking
+which mechanism it is. Every span in which an
 exchange's all-to-alls are in flight runs through :meth:`CommPolicy.blocking`, the hook a policy
 that schedules around them overrides. A policy whose decisions need their own scheduling
 subclasses it (Lina's priority rule, moe_core/papers/lina/policy.py) and names the subclass in its

@@ -3,29 +3,31 @@
 A policy's decision functions (moe_core.schedule.policies for the baselines, moe_core/papers/<paper> for
 the papers' policies) turn the step's shapes into a :class:`CommPlan`: the gradient all-reduce
 units and their launch rule, their priority against the token all-to-alls, the MoE layers' token
-exchange (one moe_core.dispatch.step.StepExchange object), the 3D grid's overlaps, and what re-lays out the
-experts between steps. The measured policy executes the plan on torch.distributed; the step
+exchange (a moe_core.dispatch dispatcher, as the policy schedules it), the 3D grid's overlaps, and
+what re-lays out the experts between steps. The measured policy executes the plan on torch.distributed; the step
 simulator (moe_core.sim.step) reads the same plan and only models how time passes. A new mechanism
-adds a plan builder (and, where it needs one, a measured executor or a step exchange), not flags in
+adds a plan builder (and, where it needs one, a measured executor or a dispatcher), not flags in
 either executor.
 
-:class:`moe_core.dispatch.step.StepExchange` is the interface of the token exchange, as
+:class:`moe_core.dispatch.base.Dispatcher` is the interface of the token exchange, as
 Megatron-Core's ``MoETokenDispatcher`` and torchtitan's token dispatchers are: each mechanism is one
 class that runs its exchange on torch.distributed and emits its simulated ops, so neither executor
 branches on which mechanism a plan holds.
 
 The cutting functions here are the shared vocabulary of gradient plans: buckets (DDP's fusion of
 whole tensors) and micro-ops (equal slices of one tensor); an all-to-all's row ranges are cut in
-moe_core.dispatch.step.
+moe_core.dispatch.chunks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from moe_core.dispatch.step import StepExchange, chunk_count
+from moe_core.dispatch.base import Dispatcher
+from moe_core.dispatch.chunks import chunk_count
+from moe_core.dispatch.scheduled import Scheduled
 from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.layout import Layout, one_dimensional_refusal
 
@@ -48,11 +50,11 @@ class Relayout:
     decide: Callable[[Layout, MicroOpCosts], Layout]
     runner: str
 
-    def refusal(self, cfg, exchange: StepExchange) -> str | None:
+    def refusal(self, cfg, exchange: Dispatcher) -> str | None:
         """Why this re-layout cannot run beside ``exchange`` on ``cfg``'s layout (None where it can):
         it moves whole experts between the ranks of a flat, one-dimensional expert-parallel layout."""
-        if exchange.hierarchical:
-            return "moving experts between steps keeps no node groups; use comm.a2a_algorithm=flat"
+        if exchange.route != "direct":
+            return f"moving experts between steps keeps no node groups; moe.dispatcher={exchange.name} needs them"
         return one_dimensional_refusal(cfg, "moving experts between steps")
 
 
@@ -103,10 +105,10 @@ class CommPlan:
     * ``gradient_units``: the gradient all-reduces, in launch order.
     * ``launch_when_ready``: a unit starts as soon as its gradients are ready (else after the whole
       backward pass); units start one after another in order either way.
-    * ``exchange``: how every MoE layer exchanges its tokens (:class:`StepExchange`): the library's
-      all-to-all (two-phase, or in a transmission order), cut into micro-ops with the experts
-      pipelined behind them (Lina), or under tensor parallelism dropping the "tp" ranks' duplicates
-      and all-gathering them in chunks (DeepSpeed, MoNTA).
+    * ``exchange``: how every MoE layer exchanges its tokens: a policy's schedule of the configured
+      dispatcher (moe_core.dispatch.scheduled: in a transmission order, or cut into micro-ops with
+      the experts pipelined behind them, Lina), or None, the dispatcher as it is; a built plan
+      (moe_core.schedule.policies.build_plan) holds the dispatcher the step runs.
     * ``gradients_yield_to_a2a``: gradient all-reduces give way to the token all-to-alls (at most
       one in flight, none while an all-to-all runs or is imminent; NCCL high-priority streams for
       the all-to-alls; a lower strict-priority class in the simulator).
@@ -119,7 +121,7 @@ class CommPlan:
 
     gradient_units: tuple[GradientUnit, ...]
     launch_when_ready: bool
-    exchange: StepExchange = field(kw_only=True)
+    exchange: Dispatcher | Scheduled | None = None
     gradients_yield_to_a2a: bool = False
     grid_overlaps: GridOverlaps | None = None
     relayout: Relayout | None = None

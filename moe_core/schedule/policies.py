@@ -18,10 +18,10 @@ Baselines:
 moe_core.schedule.executor.CommPolicy executes every plan feature that needs no scheduling of its own, so
 these baselines and Aurora's policies use it as it is; Lina's priority rule has its own executor.
 
-A policy decides its plan's token exchange (moe_core.dispatch.step.StepExchange; the baselines: the
-library's all-to-all); the config chooses it where it names the mechanism (:func:`step_exchange`):
-the tensor-parallel dispatcher (``comm.tp_dispatch``, a token dispatcher of moe_core.dispatch,
-whose chunk decision builds the drop-and-all-gather exchange) and ``comm.a2a_algorithm``.
+The plan's token exchange is the configured dispatcher (``moe.dispatcher``, moe_core.dispatch),
+as the policy schedules it: a policy that schedules the all-to-all its own way decides a schedule
+(moe_core.dispatch.scheduled: Lina's micro-ops, Aurora's transmission order) that the plan wraps
+around the dispatcher; the baselines leave it as it is.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from moe_core.dispatch import tensor_parallel_dispatchers
-from moe_core.dispatch.step import AllToAll, DropAllGather, StepExchange
-from moe_core.model.capacity import expert_tensor_parallel
+from moe_core.dispatch import Dispatcher, configured
+from moe_core.dispatch.scheduled import Scheduled
 from moe_core.parallel.grid import GridOverlaps
 from moe_core.parallel.layout import grid_config
 from moe_core.registry import Registry
@@ -78,38 +77,15 @@ def policy_spec(name: str) -> PolicySpec:
     return POLICIES.lookup(name)
 
 
-def tp_exchange_chunks(cfg) -> int | None:
-    """What the MoE all-to-all does with the tokens the "tp" ranks share: ``comm.tp_dispatch``'s
-    decision (None: send the duplicates; n: drop them, then all-gather in n chunks) where experts are
-    split over "tp"; None, nothing shared, for whole experts or without tensor parallelism."""
-    if expert_tensor_parallel(cfg) == 1:
-        return None
-    return tensor_parallel_dispatchers()[cfg.comm.tp_dispatch].exchange_chunks(cfg)
-
-
-def step_exchange(cfg, decided: StepExchange) -> StepExchange:
-    """The token exchange a step of ``cfg`` runs: the policy's (``decided``), unless the config names
-    the mechanism. Where experts are split over "tp", ``comm.tp_dispatch`` decides
-    (:func:`tp_exchange_chunks`): n chunks is :class:`DropAllGather`, None sends the duplicates
-    through the policy's all-to-all; ``comm.a2a_algorithm=hierarchical`` runs it in two phases.
-    ValueError where two of them name it (config validation refuses that first, :func:`step_refusal`)."""
-    chunks = tp_exchange_chunks(cfg)
-    hierarchical = cfg.comm.a2a_algorithm == "hierarchical"
-    if chunks is None and not hierarchical:
-        return decided
-    owners = [f"policy '{cfg.comm.policy}' runs {decided}"] if decided != AllToAll() else []
-    owners += [f"comm.tp_dispatch={cfg.comm.tp_dispatch} drops and all-gathers"] if chunks is not None else []
-    owners += ["comm.a2a_algorithm=hierarchical runs two phases"] if hierarchical else []
-    if len(owners) > 1:
-        raise ValueError(
-            f"{' and '.join(owners)}, but a step runs one exchange; keep one (comm.a2a_algorithm=flat, "
-            "comm.tp_dispatch=duplicate, or a policy that runs the plain all-to-all)"
-        )
-    return DropAllGather(chunks) if chunks is not None else AllToAll(hierarchical=True)
+def step_exchange(cfg, schedule: Scheduled | None) -> Dispatcher:
+    """The token exchange a step of ``cfg`` runs: the configured dispatcher, under the policy's
+    ``schedule`` where it decides one."""
+    chosen = configured(cfg)
+    return chosen if schedule is None else schedule.over(chosen)
 
 
 def build_plan(cfg, tensors: list[GradientTensor], element_bytes: int) -> CommPlan:
-    """The plan of ``cfg.comm.policy`` (and ``cfg.comm.tp_dispatch``) for one rank's gradient ``tensors``
+    """The plan of ``cfg.comm.policy`` (and ``moe.dispatcher``) for one rank's gradient ``tensors``
     (moe_core.schedule.gradients.gradient_tensors): the one decision both executors follow (``element_bytes``: a
     gradient element's size as that executor reduces it)."""
     plan = policy_spec(cfg.comm.policy).decide(_plan_inputs(cfg, tensors, element_bytes))
@@ -125,7 +101,7 @@ def _plan_inputs(cfg, tensors: list[GradientTensor], element_bytes: int) -> Plan
     return PlanInputs(tensors, element_bytes, int(cfg.comm.bucket_mb * 2**20), cfg.comm.partition_mb * 2**20)
 
 
-def layout_decisions(cfg, element_bytes: int) -> tuple[StepExchange, Relayout | None]:
+def layout_decisions(cfg, element_bytes: int) -> tuple[Dispatcher, Relayout | None]:
     """What ``cfg``'s plan decides whatever the gradients: the step's token exchange and its
     re-layout hook (decided on no gradients). An executor that takes the layout decision before
     the step (the simulator) reads them first, then builds the plan once, on the layout it trains on."""
@@ -134,20 +110,15 @@ def layout_decisions(cfg, element_bytes: int) -> tuple[StepExchange, Relayout | 
 
 
 def step_refusal(cfg) -> tuple[str, str] | None:
-    """(config key, why) where ``cfg``'s step cannot run its exchange or re-layout, None where it can.
-    Each part states its own needs (``refusal``); the key is the one that chose the part: the policy
-    (decided on no gradients, so torch-free and instant), or comm.a2a_algorithm / comm.tp_dispatch."""
+    """(config key, why) where ``cfg``'s step cannot run the policy's schedule of its dispatcher or
+    its re-layout, None where it can (the dispatcher's own needs: moe_core.dispatch.configuration_refusal,
+    which config validation checks first). Each part states its own needs (``refusal``); the key is
+    ``comm.policy``, whose plan is decided on no gradients, so torch-free and instant."""
     plan = policy_spec(cfg.comm.policy).decide(PlanInputs([], 4, 1, 1.0))
+    exchange = step_exchange(cfg, plan.exchange)
     policy = f"policy '{cfg.comm.policy}': "
-    if reason := plan.exchange.refusal(cfg):
+    if plan.exchange is not None and (reason := exchange.refusal(cfg)):
         return "comm.policy", policy + reason
-    named = "comm.a2a_algorithm" if cfg.comm.a2a_algorithm == "hierarchical" else "comm.tp_dispatch"
-    try:
-        exchange = step_exchange(cfg, plan.exchange)
-    except ValueError as err:
-        return named, str(err)
-    if exchange is not plan.exchange and (reason := exchange.refusal(cfg)):
-        return named, reason
     if plan.relayout is not None and (reason := plan.relayout.refusal(cfg, exchange)):
         return "comm.policy", policy + reason
     return None
@@ -167,12 +138,12 @@ def gradient_features(cfg) -> list[str]:
 
 def sequential_plan(inputs: PlanInputs) -> CommPlan:
     units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
-    return CommPlan(units, launch_when_ready=False, exchange=AllToAll())
+    return CommPlan(units, launch_when_ready=False)
 
 
 def overlap_plan(inputs: PlanInputs) -> CommPlan:
     units = bucket_units(inputs.tensors, inputs.element_bytes, inputs.bucket_bytes)
-    return CommPlan(units, launch_when_ready=True, exchange=AllToAll())
+    return CommPlan(units, launch_when_ready=True)
 
 
 register_policy(PolicySpec("sequential", sequential_plan))

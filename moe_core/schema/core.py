@@ -180,12 +180,12 @@ class MoEConfig:
     # "random": keep the 2nd expert only if 2*g2 > U(0,1) (GShard); "always": keep it whenever it fits.
     # GShard's rule is for top_k 2 only: top_k 1 and >= 3 keep every choice whichever is set.
     second_expert_policy: Literal["random", "always"] = "random"
-    dropless: bool = False  # no capacity: uneven all-to-all splits, no token is ever dropped
-    # The token dispatcher by its registry name (moe_core.dispatch; Megatron's --moe-token-dispatcher-type):
-    # capacity, hierarchical, dropless, or with experts split over "tp" duplicate, drop-gather, monta.
-    # It sets the keys that run it (comm.a2a_algorithm, moe.dropless, comm.tp_dispatch;
-    # moe_core.schema.aliases); empty: those keys as they are.
-    dispatcher: str = ""
+    # The token dispatcher a training step runs, by its registry name (moe_core.dispatch; Megatron's
+    # --moe-token-dispatcher-type): capacity, hierarchical (two phases over the nodes), dropless (no
+    # capacity: uneven all-to-all splits, no token ever dropped), or with experts split over "tp"
+    # duplicate, drop-gather, monta; "auto": drop-gather where experts are split over "tp", else capacity.
+    dispatcher: str = "auto"
+    dropless: bool | None = None  # retired: moe.dispatcher=dropless (moe_core.schema.aliases)
     # The gate's forward copies its expert counts to the host, a host-device sync: on a GPU the host
     # stops issuing ahead there (measured: moe_core.model.layer; simulated: moe_core.sim.engine.issued_by_host).
     # DeepSpeed-MoE's top-k gating did (deepspeed/moe/sharded_moe.py, from 2021 until PR #5578,
@@ -265,14 +265,10 @@ class CommConfig:
     # Plans that pack experts (e.g. Lina's lina, lina-pack): steps between re-decisions of the
     # expert layout; the first follows the train.warmup_iters warm-up steps (Lina: every 4 steps).
     packing_interval_iters: int = 4
-    # Under tensor parallelism, how the MoE all-to-all treats the tokens the "tp" ranks hold in
-    # duplicate (a registered tensor-parallel dispatcher, moe_core.dispatch): "duplicate" sends every
-    # copy, "drop-gather" (DeepSpeed) sends 1/tp and all-gathers over "tp", papers add theirs.
-    tp_dispatch: str = "drop-gather"
-    tp_chunks: int = 0  # pipelined dispatches: chunk count; 0 = the dispatch's own decision
-    # "hierarchical": the MoE all-to-all runs in two phases, inside nodes then between same-local-rank
-    # peers (moe_core.comm.hierarchical_a2a; the step simulator models the same), when its group spans nodes.
-    a2a_algorithm: Literal["flat", "hierarchical"] = "flat"
+    # A drop-gather dispatcher's pipelined chunks (moe.dispatcher); 0 = the dispatcher's own decision
+    tp_chunks: int = 0
+    tp_dispatch: str = ""  # retired: moe.dispatcher=NAME (moe_core.schema.aliases)
+    a2a_algorithm: str = ""  # retired: moe.dispatcher=hierarchical (moe_core.schema.aliases)
     # Under a 3D grid (parallel.grid): which of its collectives overlap compute (moe_core.parallel.grid.GridOverlaps)
     grid_overlap: GridOverlapConfig = field(default_factory=lambda: GridOverlapConfig())
 

@@ -14,12 +14,15 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from moe_core.dispatch import AUTO, suits
+from moe_core.model.capacity import expert_tensor_parallel
 from moe_core.schema.aliases import expansion
 from moe_core.schema.core import HardwareConfig
 from moe_core.schema.sections import (
     CONFIG_DIR,
     SAFE_NAME,
     ConfigError,
+    layer_sets,
     require,
     require_name,
 )
@@ -41,7 +44,9 @@ def hardware_profile(name: str) -> DictConfig:
 def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """``cfg`` (a checked run's config) with ``overrides`` applied, checked as a config (a point's,
     a paper's model): what load_config(data=cfg, overrides=overrides) gives without the run's own
-    checks, and without rebuilding the whole config (points are derived by the hundred at load)."""
+    checks, and without rebuilding the whole config (points are derived by the hundred at load).
+    The run's dispatcher holds where it suits the derived layout (tokens shared over "tp" or not);
+    elsewhere, unless ``overrides`` name one, the derived layout's default does."""
     layer = _dotlist(overrides)
     profile = layer.get("hardware_profile", cfg.hardware_profile)
     derived = _merge([cfg, layer])  # one copy of cfg: merge copies its first layer
@@ -54,6 +59,9 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     expanded = expansion(derived, [layer])
     if expanded is not None:
         derived = _merge([derived, expanded])
+    split = expert_tensor_parallel(derived) > 1
+    if not layer_sets(layer, "moe.dispatcher") and not suits(derived.moe.dispatcher, split):
+        derived.moe.dispatcher = AUTO  # the run's is for the other kind of layout: the point's default
     OmegaConf.set_readonly(derived, True)
     validate(derived)
     return derived

@@ -1,8 +1,8 @@
 """Sweep points: which training-step points a run measures and simulates, and how each is named.
 
 A point is a dict of swept values (``world_size``, ``num_experts``, ``experts_per_rank``,
-``policy``, ``seed``, optionally ``partition_mb``, ``paper``, ``dropless`` and the tensor-parallel and
-all-to-all choices ``tensor_parallel``, ``tp_dispatch``, ``tp_chunks``, ``a2a_algorithm``). The measured
+``policy``, ``seed``, optionally ``partition_mb``, ``paper``, ``tensor_parallel`` and the token
+dispatcher ``dispatcher`` with its chunk count ``tp_chunks``). The measured
 sweep is the config's ``sweep`` section; the simulated one its ``sim_sweep`` section. Papers add points of their own
 (e.g. Lina's policies at every expert count) with :func:`register_measured_points` and
 :func:`register_sim_points`, so the workflow and the simulator's ``--sweep`` mode see every point
@@ -19,10 +19,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from moe_core.dispatch import AUTO, configured_name, exchange_chunks, routes_dropless, suits
 from moe_core.model.capacity import moe_blocks
 from moe_core.parallel.grid import GRID_AXES
 from moe_core.parallel.layout import layout_error, layout_of
-from moe_core.schedule.policies import policy_spec, tp_exchange_chunks
+from moe_core.schedule.policies import policy_spec
 
 # cfg -> extra measured points (each with its "paper"), cfg -> {name: (paper, overrides)}
 MEASURED_POINTS: list[Callable[[DictConfig], list[dict[str, Any]]]] = []
@@ -63,17 +64,22 @@ def sweep_points(cfg: DictConfig) -> tuple[list[dict[str, Any]], list[str]]:
     layouts). ``experts_per_rank`` left empty means num_experts / (world_size / tensor_parallel), at
     least 1: every expert-parallel rank holds experts."""
     s = cfg.sweep
-    # the base config's dispatch and all-to-all choices hold for every point (and name it)
-    choices = dict(tp_dispatch=cfg.comm.tp_dispatch, tp_chunks=cfg.comm.tp_chunks, a2a_algorithm=cfg.comm.a2a_algorithm)
     points, skipped = [], []
     for ws, ne, pol, seed, tp in itertools.product(s.world_size, s.num_experts, s.policy, s.seed, s.tensor_parallel):
         eprs = list(s.experts_per_rank) or [max(1, ne // (ws // tp) if ws >= tp else 1)]
         for epr in eprs:
             why = layout_error(ws, ne, epr, tp)
             point = dict(world_size=ws, num_experts=ne, experts_per_rank=epr, policy=pol, seed=seed)
-            point.update(tensor_parallel=tp, **choices)
+            point.update(tensor_parallel=tp, dispatcher=sweep_dispatcher(cfg, tp), tp_chunks=cfg.comm.tp_chunks)
             (skipped.append(f"{point}: {why}") if why else points.append(point))
     return points, skipped
+
+
+def sweep_dispatcher(cfg: DictConfig, tensor_parallel: int) -> str:
+    """The base config's dispatcher at a sweep point of ``tensor_parallel`` ranks per "tp" group (and
+    in its name): where it is for the other kind of layout (tokens shared over "tp" or not), the
+    point's default."""
+    return cfg.moe.dispatcher if suits(cfg.moe.dispatcher, tensor_parallel > 1) else AUTO
 
 
 def measured_points(cfg: DictConfig) -> dict[str, dict[str, Any]]:
@@ -163,10 +169,8 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
         "partition_mb": "comm.partition_mb",
         "paper": "paper",
         "tensor_parallel": "parallel.tensor_parallel",
-        "tp_dispatch": "comm.tp_dispatch",
+        "dispatcher": "moe.dispatcher",
         "tp_chunks": "comm.tp_chunks",
-        "a2a_algorithm": "comm.a2a_algorithm",
-        "dropless": "moe.dropless",
         "grid_depth": "parallel.grid.depth",
         "grid_row": "parallel.grid.row",
         "grid_col": "parallel.grid.col",
@@ -281,17 +285,16 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "data_parallel": layout.data_parallel,
         "top_k": cfg.moe.top_k,
         "capacity_factor": cfg.moe.capacity_factor,
-        "dropless": cfg.moe.dropless,
+        "dispatcher": configured_name(cfg),
+        "dropless": routes_dropless(cfg),
         "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
         "moe_layers": len(moe_blocks(cfg.model.n_layers, cfg.model.moe_every)),
         "dtype": cfg.train.dtype,
         "partition_mb": cfg.comm.partition_mb,
         "tensor_parallel": layout.tensor_parallel,
-        "tp_dispatch": cfg.comm.tp_dispatch,
         "tp_chunks": cfg.comm.tp_chunks,
-        # the chunks the dispatch decided (None: duplicates sent), for the analysis
-        "tp_exchange_chunks": tp_exchange_chunks(cfg),
-        "a2a_algorithm": cfg.comm.a2a_algorithm,
+        # the chunks the dispatcher decided (None: duplicates sent), for the analysis
+        "tp_exchange_chunks": exchange_chunks(cfg),
         # the 3D grid (data x depth x row x col; all data without one) and its overlaps
         **{f"grid_{axis}": size for axis, size in zip(GRID_AXES, layout.grid.shape)},
         **{f"grid_overlap_{key}": value for key, value in cfg.comm.grid_overlap.items()},
@@ -307,19 +310,25 @@ POINT_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.+=,-]*"
 def point_name(point: dict[str, Any]) -> str:
     """File name of a sweep point: ``ws4_e8_epr2_sequential_s0`` (``_part30`` added for policies whose
     results depend on the micro-op size, ``_tp2-drop-gather`` under tensor parallelism (``-n4`` with a
-    set chunk count), ``_hier`` for the hierarchical all-to-all, ``_dropless`` for dropless routing)."""
+    set chunk count), the dispatcher's name otherwise unless it is the default capacity all-to-all:
+    ``_hier`` for the hierarchical one, ``_dropless``, ``_<name>`` for any other)."""
     name = (
         f"ws{point['world_size']}_e{point['num_experts']}_epr{point['experts_per_rank']}"
         f"_{point['policy']}_s{point['seed']}"
     )
     if policy_spec(point["policy"]).micro_op_size_in_name and "partition_mb" in point:
         name += f"_part{point['partition_mb']:g}"
+    dispatcher = point.get("dispatcher", AUTO)
     if point.get("tensor_parallel", 1) > 1:
-        name += f"_tp{point['tensor_parallel']}-{point['tp_dispatch']}"
-        name += f"-n{point['tp_chunks']}" if point.get("tp_chunks") else ""
-    if point.get("a2a_algorithm", "flat") == "hierarchical":
-        name += "_hier"
-    return name + "_dropless" if point.get("dropless") else name
+        name += f"_tp{point['tensor_parallel']}-{'drop-gather' if dispatcher == AUTO else dispatcher}"
+        return name + (f"-n{point['tp_chunks']}" if point.get("tp_chunks") else "")
+    if dispatcher in (AUTO, "capacity"):
+        return name
+    return f"{name}_{SHORT_NAMES.get(dispatcher, dispatcher)}"
+
+
+# dispatchers whose point names carry a short form of their name
+SHORT_NAMES = {"hierarchical": "hier"}
 
 
 def replayed_config(record: dict[str, Any]) -> dict[str, Any]:

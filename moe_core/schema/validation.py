@@ -11,9 +11,8 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from moe_core.dispatch import tensor_parallel_dispatchers
+from moe_core.dispatch import configuration_refusal, configured
 from moe_core.model.activation import FFN_ACTIVATIONS
-from moe_core.model.capacity import dispatch_rows_per_expert, expert_tensor_parallel
 from moe_core.parallel.grid import grid_split_error
 from moe_core.parallel.layout import grid_config, layout_error
 from moe_core.schedule.policies import POLICIES, gradient_features, step_refusal
@@ -418,40 +417,14 @@ def _validate_step_exchange(cfg: DictConfig) -> None:
 
 
 def _validate_tensor_parallel(cfg: DictConfig) -> None:
-    """Tensor parallelism splits heads and FFN hidden units, and its dispatches split capacity slots."""
+    """Tensor parallelism splits heads and FFN hidden units; the token dispatcher states what it needs
+    of the layout (checked here, so a micro-batch's pass is checked too)."""
     tp, m, comm = cfg.parallel.tensor_parallel, cfg.model, cfg.comm
-    allowed = tensor_parallel_dispatchers()
-    require(
-        comm.tp_dispatch in allowed,
-        "comm.tp_dispatch",
-        f"invalid value '{comm.tp_dispatch}', expected one of {sorted(allowed)}",
-    )
     require(comm.tp_chunks >= 0, "comm.tp_chunks", f"must be >= 0 (0 = the dispatch decides), got {comm.tp_chunks}")
-    if tp == 1:
-        return
     for key in ("n_heads", "n_kv_heads", "d_ff"):
         require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
-    if expert_tensor_parallel(cfg) == 1:  # whole experts: each rank's tokens are its own, nothing to drop
-        return
-    require(
-        not cfg.moe.dropless,
-        "moe.dropless",
-        "tensor parallelism dispatches capacity buffers (DeepSpeed's layout); set moe.dropless=false "
-        "or parallel.tensor_parallel=1",
-    )
-    rows = dispatch_rows_per_expert(cfg)
-    require(
-        comm.tp_dispatch == "duplicate" or rows % tp == 0,
-        "parallel.tensor_parallel",
-        f"comm.tp_dispatch={comm.tp_dispatch} gives each tensor-parallel rank 1/{tp} of the {rows} capacity "
-        f"slots per expert, which {tp} must divide; change moe.capacity_factor, train.batch_size or moe.min_capacity",
-    )
-    chunks = comm.tp_chunks or 1
-    require(
-        (rows // tp) % chunks == 0,
-        "comm.tp_chunks",
-        f"must divide the {rows // tp} capacity slots per expert a tensor-parallel rank sends, got {comm.tp_chunks}",
-    )
+    reason = configuration_refusal(cfg)
+    require(reason is None, "moe.dispatcher", reason)
 
 
 def _validate_training(cfg: DictConfig) -> None:
@@ -596,6 +569,8 @@ def validate_measured(cfg: DictConfig) -> None:
         "whole experts under tensor parallelism are simulated only: the measured executor splits experts over "
         '"tp"; use moe.expert_tensor_parallel=0 for measured runs',
     )
+    reason = configured(cfg).measured_refusal()
+    require(reason is None, "moe.dispatcher", f"{reason}; choose another dispatcher for measured runs")
     sharding = cfg.parallel.data_sharding
     require(
         sharding == "none",

@@ -5,7 +5,7 @@ gate -> dispatch all-to-all -> experts -> combine all-to-all): forward ops in or
 ops in reverse order, then gradient all-reduces per plan unit: after the whole backward or as soon
 as a unit's last gradient is ready, one unit after another on one communicator, then the
 optimizer. An MoE layer's exchange between its two copies is the plan's exchange object's own ops
-(moe_core.dispatch.step.StepExchange.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
+(moe_core.dispatch.base.Dispatcher.simulate: whole or two-phase all-to-alls, pipelined micro-ops with the
 experts behind them, the tensor-parallel drop-and-all-gather chunks), so the builder never asks
 which mechanism it is. Under a 3D tensor-parallel grid the attention and dense FFN are its linear
 layers with their collectives and overlaps (moe_core.sim.grid_ops). Compute ops take the step's
@@ -24,6 +24,7 @@ last pass's gradients, while full sharding reduces every pass's.
 
 from __future__ import annotations
 
+from moe_core.dispatch.base import Route
 from moe_core.model.capacity import moe_blocks
 from moe_core.schedule.executor import executor_class
 from moe_core.schedule.policies import policy_spec
@@ -46,7 +47,7 @@ class StepDag:
     ops in order, and the methods that append a block's parts to them, named
     ``[mb<j>/][recompute/]L<i>.<part>.<pass>``; ops are priced by the step's ``kernels`` and costs.
 
-    The plan's exchange (moe_core.dispatch.step.StepExchange.simulate) appends each MoE layer's exchange
+    The plan's exchange (moe_core.dispatch.base.Dispatcher.simulate) appends each MoE layer's exchange
     through ``add``, ``all_to_all``, ``tp_all_gather`` and ``experts``, sized by ``a2a_bytes`` (what a
     rank sends per whole all-to-all), ``micro_ops`` (the micro-ops it cuts a capacity buffer into),
     ``partition_s`` (cutting the buffer into them, or joining them) and ``tp``.
@@ -82,7 +83,7 @@ class StepDag:
         self.moe_layers = set(moe_blocks(self.cfg.model.n_layers, self.cfg.model.moe_every))
         # the keys the per-layer methods read, read once: a config lookup costs microseconds and a
         # step appends tens of thousands of ops
-        self.dropless, self.gate_host_sync = self.cfg.moe.dropless, self.cfg.moe.gate_host_sync
+        self.dropless, self.gate_host_sync = step.dropless, self.cfg.moe.gate_host_sync
         self.recompute, self.recompute_layers = self.cfg.train.recompute, self.cfg.train.recompute_layers
         self.expert_allreduce_bytes = self.rows * self.cfg.model.d_model * step.elem
 
@@ -92,19 +93,19 @@ class StepDag:
         return len(self.ops) - 1
 
     # -- the MoE layers' exchanges -----------------------------------------------------------------
-    def all_to_all(self, name: str, phase: str, after, share: float, hierarchical: bool = False) -> int:
+    def all_to_all(self, name: str, phase: str, after, share: float, route: Route = "direct") -> int:
         """One all-to-all of 1/``share`` of ``a2a_bytes`` over every "ep" group (every micro-op pays
-        the latency): one op, or the hierarchical exchange's two phases; a local copy of no time
-        without expert parallelism."""
+        the latency) along ``route``: one op, or a two-phase exchange's phases; a local copy of no
+        time without expert parallelism."""
         if self.step.moe_layout.expert_parallel == 1:
             return self.add(name, phase, after, duration_s=0.0)
         nbytes = self.a2a_bytes / share
-        if (nbytes, hierarchical) not in self.a2a_costs:
-            self.a2a_costs[nbytes, hierarchical] = self.step.all_to_all(nbytes, hierarchical)
+        if (nbytes, route) not in self.a2a_costs:
+            self.a2a_costs[nbytes, route] = self.step.all_to_all(nbytes, route)
         # a dropless exchange's forward dispatch needs its split sizes on the host (NOTE: the host
         # sync of moe_core.model.layer, and of Megatron's dropless dispatcher)
         sync = self.dropless and phase == "dispatch_a2a" and name.endswith(".fwd")
-        for k, cost in enumerate(self.a2a_costs[nbytes, hierarchical]):
+        for k, cost in enumerate(self.a2a_costs[nbytes, route]):
             after = self.add(name, phase, after, host_sync=sync and k == 0, **cost)
         return after
 

@@ -35,6 +35,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from moe_core.comm.transmission import Schedule
+from moe_core.dispatch import routes_dropless
 from moe_core.model.capacity import moe_blocks
 from moe_core.sim.collectives import PointToPoint, add_ordered_exchange, collective_op, simulate_on
 from moe_core.sim.engine import Op, Timeline, as_deps
@@ -113,13 +114,13 @@ class ForwardSimulation:
 class ForwardModel(StepModel):
     """The forward pass of ``cfg``'s model on ``topo`` (tokens per device: train.batch_size x
     model.seq_len), its MoE layers under given placements. ``cfg`` is the inference setting: the
-    layout's expert-parallel group is every rank, ``moe.top_k`` 1 and ``moe.dropless`` set. The
+    layout's expert-parallel group is every rank, ``moe.top_k`` 1 and ``moe.dispatcher=dropless``. The
     ranks run on ``devices`` of the topology (default: the first ``parallel.world_size``)."""
 
     def __init__(self, cfg: DictConfig, topo, devices=None):
-        if not cfg.moe.dropless or cfg.moe.top_k != 1:
+        if not routes_dropless(cfg) or cfg.moe.top_k != 1:
             raise ValueError(
-                "a simulated inference pass routes top-1 without capacity: set moe.top_k=1 moe.dropless=true"
+                "a simulated inference pass routes top-1 without capacity: set moe.top_k=1 moe.dispatcher=dropless"
             )
         super().__init__(cfg, topo)
         ws = self.layout.world_size

@@ -28,7 +28,8 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.dispatch.step import StepExchange
+from moe_core.dispatch import routes_dropless
+from moe_core.dispatch.base import Dispatcher, Route
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert, expert_tensor_parallel, moe_tokens
 from moe_core.parallel.layout import Layout, expert_layout, layout_of
 from moe_core.schedule.gradients import gradient_tensors
@@ -65,6 +66,7 @@ class StepModel:
         # priced on one micro-batch of a step of ``step_passes``
         self.step_passes = step_passes or self.passes
         self.elem = DTYPE_BYTES[cfg.train.dtype]
+        self.dropless = routes_dropless(cfg)  # uneven splits
         self._use_layout(layout_of(cfg))
         if self.layout.world_size > topo.n:
             raise ValueError(f"world_size {self.layout.world_size} exceeds the {topo.n} devices of '{topo.name}'")
@@ -101,7 +103,7 @@ class StepModel:
         """The rank groups a gradient of ``group`` is summed over: the experts' by their own layout."""
         return (self.moe_layout if group == "expert" else self.layout).gradient_groups(group)
 
-    def _micro_op_costs(self, exchange: StepExchange) -> Callable[[Layout], tuple[float, float]]:
+    def _micro_op_costs(self, exchange: Dispatcher) -> Callable[[Layout], tuple[float, float]]:
         """This model's (expert FFN seconds, all-to-all seconds) of one micro-op of ``exchange`` on a
         candidate layout, priced on a copy of the model moved to it: the simulated costs the plan's
         packing decision is taken from."""
@@ -113,9 +115,7 @@ class StepModel:
             rows, a2a_bytes = candidate.moe_sizes()
             count = candidate.micro_op_count(exchange)
             a2a = (
-                candidate.all_to_all(a2a_bytes, exchange.hierarchical)[0]
-                if candidate.moe_layout.expert_parallel > 1
-                else None
+                candidate.all_to_all(a2a_bytes, exchange.route)[0] if candidate.moe_layout.expert_parallel > 1 else None
             )
             a2a_s = simulate_on(self.cfg.hardware, self.topo, [Op("a2a", "x", **a2a)]).makespan_s if a2a else 0.0
             return candidate.expert_seconds(rows / count, "fwd"), a2a_s / count
@@ -126,17 +126,17 @@ class StepModel:
     def moe_sizes(self) -> tuple[int, float]:
         """(expert rows computed per rank, all-to-all bytes each rank sends per all-to-all)."""
         m, moe = self.cfg.model, self.cfg.moe
-        if moe.dropless:  # balanced routing: every rank receives top_k * tokens rows
+        if self.dropless:  # balanced routing: every rank receives top_k * tokens rows
             rows = moe.top_k * moe_tokens(self.cfg)
             return rows, rows * m.d_model * self.elem
         per_expert = dispatch_rows_per_expert(self.cfg)  # G * C
         rows = self.moe_layout.experts_per_rank * self.moe_layout.expert_parallel * per_expert
         return rows, moe.num_experts * per_expert * m.d_model * self.elem
 
-    def micro_op_count(self, exchange: StepExchange) -> int:
+    def micro_op_count(self, exchange: Dispatcher) -> int:
         """The all-to-all micro-ops along the token dimension ``exchange`` cuts a capacity buffer
         into (one, whole, unless it cuts; dropless exchanges are never cut)."""
-        if self.cfg.moe.dropless:
+        if self.dropless:
             return 1
         row_bytes = self.cfg.moe.num_experts * self.cfg.model.d_model * self.elem  # a row for every expert
         return len(exchange.micro_ops(dispatch_rows_per_expert(self.cfg), row_bytes))
@@ -178,14 +178,18 @@ class StepModel:
             nodes=max(t.nodes for t in transfers),
         )
 
-    def all_to_all(self, bytes_per_rank: float, hierarchical: bool = False) -> list[dict]:
-        """The op costs of one MoE all-to-all over every "ep" group: one op, or the hierarchical
-        exchange's two phases (intra-node, then inter-node) when ``hierarchical`` and the groups span
-        nodes, as the measured run does (moe_core.comm.hierarchical_a2a)."""
-        if hierarchical and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
+    def all_to_all(self, bytes_per_rank: float, route: Route = "direct") -> list[dict]:
+        """The op costs of one MoE all-to-all over every "ep" group along ``route``
+        (moe_core.dispatch.base.Collective): one op, or where the groups span nodes the two-phase
+        exchange's phases (intra-node, then inter-node, as the measured run does:
+        moe_core.comm.hierarchical_a2a) or the forwarded exchange's one op of both legs."""
+        if route != "direct" and len(np.unique(self.topo.node_of[self.ep_groups[0]])) > 1:
             p = self.moe_layout.expert_parallel
             traffic = np.full((p, p), bytes_per_rank / p)
-            phases = zip(*[self.topo.hierarchical_all_to_all(g, traffic) for g in self.ep_groups])
+            if route == "two_phase":
+                phases = zip(*[self.topo.hierarchical_all_to_all(g, traffic) for g in self.ep_groups])
+            else:
+                phases = [[self.topo.relayed_all_to_all(g, traffic) for g in self.ep_groups]]
             footprints = [self._merged(list(phase)) for phase in phases]
         else:
             footprints = [self._merged([self.topo.uniform_all_to_all(g, bytes_per_rank) for g in self.ep_groups])]

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-from moe_core.dispatch.base import two_phase_traffic
+from moe_core.dispatch.base import forwarded_traffic, two_phase_traffic
 from moe_core.units import GB
 
 
@@ -216,6 +216,23 @@ class Cluster:
             self._add_inter(loads, group, network_bytes, network_bytes, None, node)
         sent = network_bytes + forwarded_bytes
         return self._transfer(loads, len(group) - 1, spans, sent_bytes=sent, nodes=_spanned(node))
+
+    def relayed_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
+        """:meth:`forwarded_all_to_all` of any ``traffic`` (bytes group[i] sends group[j]): a row for
+        another node crosses the network to the sender's local-index peer there, which forwards it
+        over the node's fabric; both legs at once (moe_core.dispatch.base.forwarded_traffic), one
+        transfer. The group needs equally many members on each of its nodes."""
+        ordered, network, inside = forwarded_traffic(group, self.node_of[group], traffic)
+        loads = np.zeros(self.num_links)
+        np.add.at(loads, self.intra_out[ordered], inside.sum(axis=2))
+        np.add.at(loads, self.intra_in[ordered], inside.sum(axis=1))
+        src, dst = np.broadcast_arrays(ordered[:, :, None], ordered[:, None, :])
+        self._add_tree_flows(loads, src.ravel(), dst.ravel(), inside.ravel())
+        flat = ordered.reshape(-1)
+        send, recv = network.sum(axis=2).reshape(-1), network.sum(axis=0).T.reshape(-1)
+        self._add_inter(loads, flat, send, recv, None, self.node_of[flat])
+        sent = (send + inside.sum(axis=2).reshape(-1)).max()
+        return self._transfer(loads, len(group) - 1, bool(send.any()), sent_bytes=sent, nodes=ordered.shape[0])
 
     def hierarchical_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> tuple[Transfer, Transfer]:
         """Tutel's 2DH all-to-all: an intra-node phase, then an inter-node phase among same-local-rank devices.

@@ -116,7 +116,7 @@ class ServedModel:
                 f"moe.num_experts={self.experts}",
                 f"moe.experts_per_rank={self.experts // ranks}",
                 "moe.top_k=1",
-                "moe.dropless=true",
+                "moe.dispatcher=dropless",
                 "moe.group_size=0",
                 "comm.policy=sequential",
             ]

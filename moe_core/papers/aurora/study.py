@@ -102,7 +102,7 @@ def trace_config(cfg: DictConfig, data_zipf: float) -> DictConfig:
         cfg,
         {
             "model": {"n_layers": a.moe_layers, "moe_every": 1},
-            "moe": {"num_experts": a.num_experts, "top_k": 1, "dropless": True},
+            "moe": {"num_experts": a.num_experts, "top_k": 1},
             "train": {"data_zipf": data_zipf},
         },
     )
@@ -112,7 +112,9 @@ def token_workloads(cfg: DictConfig, n_gpus: int) -> dict[str, np.ndarray]:
     """Workload name -> (layers, n_gpus, n_gpus) token counts (see the module docstring)."""
     a = cfg.aurora
     workloads = {
-        f"gating-z{z:g}": gating_token_matrices(trace_config(cfg, z), n_gpus, a.train_steps, a.trace_batch_size)
+        f"gating-z{z:g}": gating_token_matrices(
+            trace_config(cfg, z), n_gpus, a.train_steps, a.trace_batch_size, dropless=True
+        )
         for z in a.gating_zipf
     }
     tokens_per_gpu = a.trace_batch_size * cfg.model.seq_len // n_gpus

@@ -156,7 +156,7 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
     tp, pp, dp = layout["tp"], layout["pp"], layout["dp"]
     stage = [
         f"parallel.tensor_parallel={tp}",
-        "comm.tp_dispatch=duplicate",
+        f"moe.dispatcher={'duplicate' if tp > 1 else 'capacity'}",  # Megatron sends the "tp" duplicates
         f"train.batch_size={layout['micro_batch_sequences']}",
     ]
     alone = simulate(cfg, [*model_overrides(cfg, model, tp, model.n_layers // pp), *stage])

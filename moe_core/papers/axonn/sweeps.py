@@ -29,7 +29,7 @@ def measured_model(cfg: DictConfig) -> DictConfig:
 
 # The base keys the measured grids set before the measured model: expert and tensor parallelism of
 # their own (a grid is the only split) and the flat all-to-all, whatever the base config's.
-MEASURED_LAYOUT = ("moe.experts_per_rank=1", "parallel.tensor_parallel=1", "comm.a2a_algorithm=flat")
+MEASURED_LAYOUT = ("moe.experts_per_rank=1", "parallel.tensor_parallel=1", "moe.dispatcher=capacity")
 
 
 def measured_settings(cfg: DictConfig) -> list[str]:

@@ -13,7 +13,7 @@ and the step simulator (moe_core.sim.step). What each executor adds is only how 
   none is launched between the start of an MoE layer's backward pass and its all-to-all. On NCCL
   the all-to-alls also get high-priority CUDA streams (moe_core.parallel.parallelize.build_groups).
 * Pipelining: the expert FFN runs on each all-to-all micro-op as it arrives (the plan's exchange
-  is moe_core.dispatch.step.PipelinedAllToAll).
+  is moe_core.dispatch.scheduled.Pipelined).
 * Expert packing: experts per device double (powers of two) until the FFN time of a micro-op
   exceeds the all-to-all time of a micro-op; the expert-parallel group shrinks accordingly. A
   training run starts unpacked and decides after its warm-up steps, then again every few steps
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from moe_core.dispatch.step import AllToAll, PipelinedAllToAll
+from moe_core.dispatch.scheduled import Pipelined
 from moe_core.parallel.layout import Layout
 from moe_core.schedule.plan import CommPlan, MicroOpCosts, Relayout, bucket_units, micro_op_units
 from moe_core.schedule.policies import PlanInputs, PolicySpec, register_policy
@@ -115,7 +115,7 @@ def lina_plan(features: LinaFeatures, inputs: PlanInputs) -> CommPlan:
     return CommPlan(
         units,
         launch_when_ready=True,
-        exchange=PipelinedAllToAll(inputs.micro_op_bytes) if features.pipeline else AllToAll(),
+        exchange=Pipelined(micro_op_bytes=inputs.micro_op_bytes) if features.pipeline else None,
         gradients_yield_to_a2a=features.priority,
         relayout=PACKING if features.pack else None,
     )

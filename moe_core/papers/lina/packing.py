@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from moe_core.dispatch.step import a2a_micro_ops
+from moe_core.dispatch.chunks import a2a_micro_ops
 from moe_core.host.timing import PhaseTimer
 from moe_core.model.capacity import dispatch_rows_per_expert
 from moe_core.model.layer import MoELayer

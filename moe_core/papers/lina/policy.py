@@ -2,7 +2,7 @@
 ATC'23 §4; the decisions and the registration of Lina's policies are in ``decisions.py``).
 
 Everything else Lina plans runs on the shared executor, moe_core.schedule.executor.CommPolicy: the
-pipelined micro-ops are the plan's exchange (moe_core.dispatch.step.PipelinedAllToAll), the packing
+pipelined micro-ops are the plan's exchange (moe_core.dispatch.scheduled.Pipelined), the packing
 the training loop's re-layout driver (``packing.py``).
 """
 

@@ -27,8 +27,8 @@ from moe_core.schema.points import (
 
 @register_sim_points
 def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
-    # Lina's policies pipeline and partition the flat all-to-all: never the base config's hierarchical one
-    lina, model = cfg.lina, [*cfg.lina.overrides, "comm.a2a_algorithm=flat"]
+    # Lina's policies pipeline and partition the capacity all-to-all: never the base config's other one
+    lina, model = cfg.lina, [*cfg.lina.overrides, "moe.dispatcher=capacity"]
     points = [
         sim_point(cfg, lina.hardware, "lina", experts, 1, policy, model, cfg.comm.partition_mb)
         for experts, policy in itertools.product(lina.experts, lina.policy)
@@ -57,7 +57,7 @@ def lina_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
             seed=cfg.sweep.seed[0],
             partition_mb=cfg.lina.measured_partition_mb,
             tensor_parallel=1,  # experts = ranks: no tensor parallelism, whatever the base config's
-            a2a_algorithm="flat",  # Lina's policies pipeline and partition the flat all-to-all
+            dispatcher="capacity",  # Lina's policies pipeline and partition the capacity all-to-all
             paper="lina",
         )
         for policy in cfg.lina.measured_policy

@@ -7,6 +7,8 @@ take the chunk count from :func:`monta_chunks`, and the dispatcher study runs it
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from moe_core.dispatch import register_dispatcher
 from moe_core.dispatch.tensor_parallel import DropGather
 from moe_core.model.capacity import DTYPE_BYTES, dispatch_rows_per_expert
@@ -46,13 +48,14 @@ def monta_chunks(cfg) -> int:
     return choose_chunk_count(dispatch_volume_bytes(cfg), rows, ep, tp, links)
 
 
+@dataclass(frozen=True)
 class MontaDispatch(DropGather):
     """Drop-gather in the pipelined chunks MoNTA's performance model picks (``dispatch_study.chunks``
     in the dispatcher study)."""
 
     name = "monta"
 
-    def exchange_chunks(self, cfg) -> int:
+    def step_chunks(self, cfg) -> int:
         return monta_chunks(cfg)
 
     def study_chunks(self, study) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from moe_core.dispatch import dispatcher
 from moe_core.model.capacity import dispatch_rows_per_expert
 from moe_core.papers.monta.config import EXPERTS, MONTA_UNSTATED
 from moe_core.papers.monta.performance_model import admissible_chunk_counts
@@ -44,7 +45,7 @@ PAPER = "monta"
 def sim_point(cfg: DictConfig, nodes: int | None = None, **params) -> tuple[str, tuple[str, list[str]]]:
     """One simulated point on ``monta.hardware`` (with ``nodes`` nodes, if given)."""
     m = cfg.monta
-    point = {"seed": cfg.train.seed, "policy": "overlap", "tp_chunks": 0, "a2a_algorithm": "flat", **params}
+    point = {"seed": cfg.train.seed, "policy": "overlap", "tp_chunks": 0, **params}
     hardware = [f"hardware.nodes={nodes}"] if nodes else []
     name = m.hardware + (f"-n{nodes}" if nodes else "") + f"_{point_name(point)}"
     overrides = [*m.overrides, f"hardware_profile={m.hardware}", f"paper={PAPER}", *hardware, *point_overrides(point)]
@@ -52,13 +53,15 @@ def sim_point(cfg: DictConfig, nodes: int | None = None, **params) -> tuple[str,
 
 
 def layout_params(world: int, experts: int, ep: int, tp: int, dispatch: str, chunks: int = 0) -> dict[str, Any]:
-    """A point's layout: ``experts`` over ``ep`` ranks, ``tp`` tensor-parallel, the rest data parallel."""
+    """A point's layout: ``experts`` over ``ep`` ranks, ``tp`` tensor-parallel, the rest data parallel,
+    and its token dispatcher: ``dispatch``, or at tp 1 where that one shares tokens over "tp" the
+    capacity all-to-all."""
     return dict(
         world_size=world,
         num_experts=experts,
         experts_per_rank=experts // ep,
         tensor_parallel=tp,
-        tp_dispatch=dispatch if tp > 1 else "drop-gather",
+        dispatcher=dispatch if tp > 1 or not dispatcher(dispatch).tensor_parallel else "capacity",
         tp_chunks=chunks,
     )
 
@@ -74,7 +77,7 @@ def paper_config(cfg: DictConfig, setting: list[str] = ()) -> DictConfig:
 def paper_model(cfg: DictConfig) -> list[str]:
     """The overrides of the paper's model on its testbed, on the paper's own layout (its two experts on
     their own ranks, no tensor parallelism: every point sets its own), whatever the base config's."""
-    layout = point_overrides(layout_params(EXPERTS, EXPERTS, EXPERTS, 1, "drop-gather"))
+    layout = point_overrides(layout_params(EXPERTS, EXPERTS, EXPERTS, 1, "capacity"))
     return [*cfg.monta.overrides, f"hardware_profile={cfg.monta.hardware}", *layout]
 
 
@@ -97,17 +100,16 @@ def monta_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     for tp, ep in strategy_layouts(world, hw.devices_per_node):
         if tp in m.sim_tensor_parallel:
             points.append(sim_point(cfg, **layout_params(world, EXPERTS, ep, tp, "monta")))
-    for nodes, algorithm in itertools.product(m.hierarchical_nodes, ("flat", "hierarchical")):
+    for nodes, algorithm in itertools.product(m.hierarchical_nodes, ("capacity", "hierarchical")):
         ranks = nodes * hw.devices_per_node  # one expert per GPU
-        params = {**layout_params(ranks, ranks, ranks, 1, "drop-gather"), "a2a_algorithm": algorithm}
-        points.append(sim_point(cfg, nodes=nodes, **params))
+        points.append(sim_point(cfg, nodes=nodes, **layout_params(ranks, ranks, ranks, 1, algorithm)))
     return dict(points)
 
 
 def dispatch_layouts(world: int, tp: int) -> list[dict[str, Any]]:
     """The paper's layout (both experts on their own ranks) at ``tp`` with every dispatch (tp 1: none
     to choose)."""
-    dispatches = ["duplicate", "drop-gather", "monta"] if tp > 1 else ["drop-gather"]
+    dispatches = ["duplicate", "drop-gather", "monta"] if tp > 1 else ["capacity"]
     return [layout_params(world, EXPERTS, EXPERTS, tp, d) for d in dispatches]
 
 
@@ -138,9 +140,6 @@ def monta_measured_points(cfg: DictConfig) -> list[dict[str, Any]]:
         {
             **layout_params(ws, EXPERTS, EXPERTS, tp, dispatch),
             "policy": "overlap",
-            # the dispatches exchange capacity buffers the flat way, whatever the base config's
-            "a2a_algorithm": "flat",
-            "dropless": False,
             "seed": cfg.sweep.seed[0],
             "paper": PAPER,
         }
