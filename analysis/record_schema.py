@@ -27,9 +27,11 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
+from omegaconf import OmegaConf
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from moe_core.config import load as _registry  # noqa: F401  (registers the papers' policies, which point names spell)
+from moe_core.dispatch import AUTO, configured_name
 from moe_core.records.results import DIGEST_KEY, MODES, SCHEMA_VERSION, record_digest, summarize
 from moe_core.schema.derive import hardware_profile
 from moe_core.schema.points import point_name, point_overrides
@@ -243,6 +245,8 @@ def params_match_config(record: dict[str, Any]) -> Iterator[Problem]:
             continue
         key = overrides.split("=", 1)[0]
         configured = _lookup(record["config"], key)
+        if key == "moe.dispatcher" and configured == AUTO:  # the param names the one "auto" resolved to
+            configured = configured_name(OmegaConf.create(record["config"]))
         if configured is not MISSING and not _same(value, configured):
             yield f"params.{name}", value, f"the record's config has {key} = {configured!r}"
 

@@ -21,7 +21,7 @@ import pytest
 import analysis.collect as collect_mod
 import analysis.compare as compare_mod
 from analysis.published import load_registry
-from analysis.record_schema import check_record, provenance, record_problem
+from analysis.record_schema import check_record, params_match_config, provenance, record_problem
 from experiments.benchmark import measured_record
 from experiments.simulate import EXPERIMENT, simulated_record
 from moe_core.config.load import load_config
@@ -346,3 +346,14 @@ def test_atomic_outputs_keep_every_old_file_when_one_write_fails(tmp_path):
         raise RuntimeError("the PDF backend failed")
     assert (png.read_text(), pdf.read_text()) == ("old png", "old pdf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]
+
+
+def test_a_records_dispatcher_is_the_one_its_config_resolves_to(run):
+    """``moe.dispatcher=auto`` resolves per layout; the record names the dispatcher it ran, so the
+    check resolves the config before it compares (and still refuses another dispatcher)."""
+    record = json.loads(sorted((run / "raw").glob("*/*/*.json"))[0].read_text())
+    resolved = _relabelled(record, **{"config.moe.dispatcher": "auto", "params.dispatcher": "capacity"})
+    assert record_problem(resolved) is None
+    other = _relabelled(resolved, **{"params.dispatcher": "dropless"})
+    problems = list(params_match_config(other))
+    assert problems == [("params.dispatcher", "dropless", "the record's config has moe.dispatcher = 'capacity'")]
