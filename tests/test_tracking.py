@@ -148,3 +148,68 @@ def test_the_records_are_written_when_wandb_cannot_start(tmp_path, offline, caps
     write_records([record("measured", "p", {"step_ms": [1.0]}, {})], tmp_path)
     assert (tmp_path / "raw" / "common" / "bench" / "p.json").exists()
     assert "warning: W&B could not mirror 1 records" in capsys.readouterr().err
+
+
+def analysis_inputs(tmp_path, wandb_mode: str = "offline") -> list[str]:
+    """analysis.tracking's command line over a two-paper verdict table, a comparison and two figures."""
+    from PIL import Image
+
+    config = {"results_dir": str(tmp_path), "sweep": {"name": "ci"}, "wandb": {"mode": wandb_mode, "project": "tests"}}
+    config["wandb"]["group"] = "ci-0123456789ab@local-cpu"
+    (tmp_path / "resolved.yaml").write_text(json.dumps(config))  # JSON is YAML
+    (tmp_path / "summary.csv").write_text("paper,consistent,differs,total\naurora,2,1,3\nall,2,1,3\n")
+    (tmp_path / "comparison.csv").write_text(
+        "id,verdict,published,reproduced\naurora-1,consistent,1.5,1.4\naurora-2,differs,2.0,\n"
+    )
+    figures = [tmp_path / "figures" / paper / f"{paper}_speedup.png" for paper in ("aurora", "common")]
+    for path in figures:
+        path.parent.mkdir(parents=True)
+        Image.new("RGB", (8, 8), "white").save(path)
+    files = ["--config", tmp_path / "resolved.yaml", "--summary", tmp_path / "summary.csv"]
+    files += ["--comparison", tmp_path / "comparison.csv", "--out", tmp_path / "analysis.json", *figures]
+    return [str(f) for f in files]
+
+
+def test_the_analysis_is_one_run_with_the_verdicts_the_comparison_and_every_figure(tmp_path, offline):
+    from analysis.tracking import main
+
+    assert main(analysis_inputs(tmp_path)) == 0
+    run = offline_runs(tmp_path)["analysis"]
+    assert run["group"] == "ci-0123456789ab@local-cpu" and run["job_type"] == "analysis"
+    (logged,) = run["items"]
+    assert logged["verdicts/_type"] == logged["comparison/_type"] == "table-file"
+    assert (logged["verdicts/nrows"], logged["comparison/nrows"]) == (2, 2)
+    assert (
+        logged["figures/aurora/aurora_speedup/_type"] == logged["figures/common/common_speedup/_type"] == "image-file"
+    )
+    (table,) = (tmp_path / "wandb").glob(f"offline-run-*/files/{logged['comparison/path']}")
+    assert json.loads(table.read_text())["data"][1] == ["aurora-2", "differs", 2.0, None]  # an empty cell: missing
+    assert {k: v for k, v in run["summary"].items() if k.startswith("verdict_counts/")} == {
+        "verdict_counts/aurora/consistent": 2.0,
+        "verdict_counts/aurora/differs": 1.0,
+        "verdict_counts/aurora/total": 3.0,
+        "verdict_counts/all/consistent": 2.0,
+        "verdict_counts/all/differs": 1.0,
+        "verdict_counts/all/total": 3.0,
+    }
+    said = json.loads((tmp_path / "analysis.json").read_text())
+    assert said["group"] == run["group"] and said["mode"] == "offline" and len(said["logged"]) == 4
+
+
+def test_the_analysis_run_logs_nothing_when_disabled(tmp_path, monkeypatch):
+    from analysis.tracking import main
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert main(analysis_inputs(tmp_path, wandb_mode="disabled")) == 0
+    assert json.loads((tmp_path / "analysis.json").read_text()) == {"mode": "disabled", "logged": []}
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_the_analysis_run_refuses_a_missing_figure_before_wandb_starts(tmp_path, offline, capsys):
+    from analysis.tracking import main
+
+    args = analysis_inputs(tmp_path)
+    (tmp_path / "figures" / "common" / "common_speedup.png").unlink()
+    assert main(args) == 2
+    assert "no such figure: " in capsys.readouterr().err and "common_speedup.png" in args[-1]
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "analysis.json").exists()

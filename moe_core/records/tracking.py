@@ -13,6 +13,7 @@ place records are written, so no entry point can forget it).
   value, or median for sampled ones), since a run per simulated point would cost more than the point
   itself, and its headline scalars (moe_core.records.console.headline: the first metric's min, median
   and max over the points) in the summary, beside ``points_count``;
+* the workflow's analysis (analysis/tracking.py) is one more run, job type ``analysis``: see there.
 
 A run's settings come from its records' own config (``wandb``: mode, project, entity), so the mirror
 needs nothing but the records. Offline by default (no account, no network): runs land in
