@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.files import read_csv, with_none
 from moe_core.records.console import table
 
 # The jobs whose logs say whether the measured records came from a noisy host (moe_core.host.noise):
@@ -44,10 +45,10 @@ def verdicts(path: Path) -> str:
     if not path.is_file():
         return f"no verdicts: {path} was not made (this run's targets did not include the comparison, rule compare)"
     try:
-        frame = pd.read_csv(path)
+        frame = read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         return f"no verdicts: {path} could not be read ({type(err).__name__}: {err})"
-    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    rows = with_none(frame).to_dict("records")
     return f"Verdicts per paper ({path}):\n{table(rows, floatfmt='g')}"
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from analysis.files import read_csv
+from analysis.files import read_csv, with_none
 from moe_core.records.results import atomic_output
 from moe_core.records.tracking import run_mode, start_run
 
@@ -58,7 +58,9 @@ def log_analysis(wandb, cfg: dict[str, Any], tables: dict[str, pd.DataFrame], fi
     under ``cfg``'s results_dir; returns what was logged and where."""
     run = start_run(wandb, cfg, cfg["results_dir"], job_type="analysis", name="analysis", config=cfg, tags=["analysis"])
     try:
-        logged = {name: wandb.Table(dataframe=_cells(frame), allow_mixed_types=True) for name, frame in tables.items()}
+        logged = {
+            name: wandb.Table(dataframe=with_none(frame), allow_mixed_types=True) for name, frame in tables.items()
+        }
         logged |= {key: wandb.Image(str(path)) for key, path in figures.items()}
         run.log(logged)
         run.summary.update(verdict_scalars(tables["verdicts"]))
@@ -71,11 +73,6 @@ def log_analysis(wandb, cfg: dict[str, Any], tables: dict[str, pd.DataFrame], fi
         }
     finally:
         run.finish()
-
-
-def _cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with empty cells as None, which a W&B table stores as a missing value (NaN it refuses in text)."""
-    return frame.astype(object).where(frame.notna(), None)
 
 
 def read_inputs(args: argparse.Namespace) -> tuple[dict, dict[str, pd.DataFrame], dict[str, Path]]:

@@ -9,12 +9,13 @@ from analysis.summary import failed_jobs, run_summary
 NOISY = "warning: 40 of 42 held-out records were measured on a noisy host: others used 37% of the host's CPU"
 
 
-def results(tmp_path, verdicts: str | None = None, logs: dict[str, str] = {}):  # noqa: B006 (read only)
+def results(tmp_path, verdicts: str | None = None, logs: dict[str, str] | None = None):
+    """A results_dir with the verdict table ``verdicts`` (CSV text; None: none) and ``logs`` (name -> text)."""
     (tmp_path / "tables").mkdir()
     (tmp_path / "logs").mkdir()
     if verdicts is not None:
         (tmp_path / "tables" / "verdict_summary.csv").write_text(verdicts)
-    for name, text in logs.items():
+    for name, text in (logs or {}).items():
         (tmp_path / "logs" / f"{name}.log").write_text(text)
     return tmp_path
 
