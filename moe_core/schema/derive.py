@@ -6,13 +6,13 @@ Imports no paper, so papers, run checks and the simulator derive configs with it
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from moe_core.dispatch import AUTO, suits
@@ -214,10 +214,9 @@ def config_digest(cfg: DictConfig) -> str:
     """A short name for ``cfg``'s content (what save_config writes): equal configs, equal digests. The
     W&B group is left out: it is named after this digest (:func:`run_group`), and a config reads the same
     whether its group was filled in or not."""
-    content = copy.deepcopy(cfg)
-    with read_write(content):
-        content.wandb.group = ""
-    return hashlib.sha256(OmegaConf.to_yaml(content, resolve=True).encode()).hexdigest()[:12]
+    content = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    content["wandb"]["group"] = ""
+    return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:12]
 
 
 def run_group(cfg: DictConfig) -> str:
