@@ -34,7 +34,8 @@ onsuccess:
 
 # After a failure: each failed job's rule and its log's last lines, last on the console (at exit too,
 # after Snakemake's own closing lines). The quiet profile (configs/profiles/default: `quiet: [rules,
-# ...]`) hides Snakemake's "Error in rule" block, which also lists every input file of the job.
+# ...]`) hides Snakemake's "Error in rule" block, which also lists every input file of the job. The
+# failed jobs are the scheduler's (workflow.scheduler.failed: Snakemake 9 has no public name for them).
 onerror:
     _failed = [(job.rule.name, [str(log) for log in job.log]) for job in workflow.scheduler.failed]
     atexit.register(lambda: print(failed_jobs(sorted(_failed)), file=sys.stderr, flush=True))

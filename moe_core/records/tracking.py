@@ -15,7 +15,7 @@ place records are written, so no entry point can forget it).
   and max over the points) in the summary, beside ``points_count``;
 * the workflow's analysis (analysis/tracking.py) is one more run, job type ``analysis``: see there.
 
-A run's settings come from its records' own config (``wandb``: mode, project, entity), so the mirror
+A run's settings come from its records' own config (``wandb``: mode, project, entity, group), so the mirror
 needs nothing but the records. Offline by default (no account, no network): runs land in
 ``<results_dir>/wandb/`` and can be uploaded later with ``wandb sync``. ``WANDB_MODE`` in the
 environment wins over ``wandb.mode``; ``disabled`` writes nothing and does not import wandb. Only
