@@ -98,6 +98,7 @@ rule all:
     input:
         rules.compare.output,
         rules.report_pages.output,
+        rules.wandb_analysis.output,
         rules.validate.output,
         TABLES.values(),
         FIGURES,

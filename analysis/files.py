@@ -29,3 +29,9 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     """A tidy table: read whole before its column types are chosen (the records table mixes papers,
     so a column empty for thousands of rows holds text further down)."""
     return pd.read_csv(path, low_memory=False)
+
+
+def with_none(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its empty cells as None, which a console table shows as ``-`` and a W&B table
+    stores as a missing value (it refuses NaN in a text column)."""
+    return frame.astype(object).where(frame.notna(), None)

@@ -135,6 +135,8 @@ BAD_INPUTS = [
     (['experiment="train_step\n"'], "experiment"),
     (["wandb.project=a/b"], "wandb.project"),
     (["wandb.entity=x y"], "wandb.entity"),
+    (["wandb.group=a/b"], "wandb.group"),
+    ([f"wandb.group={'g' * 129}"], "wandb.group"),
     (["unstated=x y"], "unstated"),
     (['dispatch_study.skews=["zipf: 1.0"]'], "dispatch_study.skews"),
     (['dispatch_study.skews=["zipf:1.0\n"]'], "dispatch_study.skews"),
@@ -591,3 +593,19 @@ def test_the_sections_order_does_not_depend_on_what_was_imported_first():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert first.stdout.strip() == str(list(load_config()))
+
+
+def test_a_configs_wandb_group_names_its_sweep_digest_and_hardware():
+    """Runs of another config or on other hardware never share a W&B group; the group's digest is the
+    resolved config's (its snapshot's name), which the group itself does not change; a set group stays."""
+    from moe_core.config.load import config_digest
+
+    cfg = load_config(["configs/default.yaml", "configs/ci.yaml"])
+    assert cfg.wandb.group == f"ci-{config_digest(cfg)}@local-cpu"
+    other = load_config(["configs/default.yaml", "configs/ci.yaml"], ["train.iters=5"])
+    assert other.wandb.group.startswith("ci-") and other.wandb.group != cfg.wandb.group
+    assert load_config(["configs/default.yaml"], ["hardware_profile=lina-a100-4x4"]).wandb.group.endswith(
+        "@lina-a100-4x4"
+    )
+    named = load_config(["configs/default.yaml", "configs/ci.yaml"], ["wandb.group=mine"])
+    assert named.wandb.group == "mine" and config_digest(named) == config_digest(cfg)

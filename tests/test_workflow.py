@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 import analysis.papers  # noqa: F401  (registers every paper's tables and figures)
 from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
@@ -146,6 +147,11 @@ class MadeRecord:
     results: Path
     target: str  # the record
     args: list[str]  # the Snakemake arguments that made it
+    console: list[str]  # what that run printed (stderr, then stdout), quiet as README's profile is
+
+
+# The quiet levels of README's profile (a whole profile would also write the report).
+PROFILE = yaml.safe_load(Path("configs/profiles/default/config.yaml").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -155,9 +161,30 @@ def ci_record(tmp_path_factory) -> MadeRecord:
     args = ["--cores", "1", "--configfile", "configs/ci.yaml", "--config", f"results_dir={results}"]
     cfg = load_config(["configs/default.yaml", "configs/ci.yaml"], [f"results_dir={results}"])
     target = str(results / "raw" / "common" / "dispatchers_sim" / f"{dispatcher_sim_points(cfg)[0]}.json")
-    made = snakemake(target, *args)
+    made = snakemake(target, *args, "--quiet", *PROFILE["quiet"])
     assert made.returncode == 0, made.stderr[-3000:]
-    return MadeRecord(results, target, args)
+    return MadeRecord(results, target, args, (made.stderr + made.stdout).splitlines())
+
+
+def test_a_quiet_run_lists_no_files_and_ends_on_its_summary(ci_record):
+    """README's profile keeps Snakemake to the jobs' names and the progress (no job's file lists, no
+    host header), and the run ends on its summary (analysis/summary.py), printed after Snakemake's own
+    last lines: here, a record alone, no verdicts and no report yet, each said with where it would be."""
+    console, results = ci_record.console, ci_record.results
+    assert (
+        any(line.endswith("(Rule: dispatchers_simulated)") for line in console)
+        and "2 of 2 steps (100%) done" in console
+    )
+    assert not [
+        line for line in console if line.startswith(("localrule ", "rule ", "    output:", "    input:", "  Host:"))
+    ]
+    assert console[-3:] == [
+        f"no verdicts: {results}/tables/verdict_summary.csv was not made (this run's targets did not include the "
+        "comparison, rule compare)",
+        "",
+        f"Report: no report at {results}/report.html; make this run's with the same command plus "
+        f"`--report {results}/report.html`",
+    ]
 
 
 def test_a_changed_config_re_measures_what_read_the_old_one(ci_record):

@@ -88,6 +88,27 @@ rule report_pages:
         "{input.records:q}"
 
 
+rule wandb_analysis:
+    """The run's analysis as one W&B run in the run's group: the verdicts and the comparison as tables,
+    every figure as an image (analysis/tracking.py); offline unless the config or WANDB_MODE says
+    otherwise, nothing when disabled."""
+    input:
+        config=RESOLVED_CONFIG,
+        summary=rules.compare.output.summary,
+        comparison=rules.compare.output.comparison,
+        figures=FIGURES,
+    output:
+        f"{RESULTS}/wandb/analysis.json",
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/wandb_analysis.log",
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.tracking --config {input.config:q} --summary {input.summary:q} "
+        "--comparison {input.comparison:q} --out {output:q} {input.figures:q}"
+
+
 # The table a figure reads when it is not drawn from the tidy tables (analysis.registry.FIGURE_SOURCES).
 FIGURE_TABLES = {"validation": rules.validate.output[0], "comparison": rules.compare.output.comparison}
 

@@ -1,8 +1,12 @@
 # What every rules file shares: the resolved config, the SLURM sizing of measured jobs, and how a
 # command line is built (every value quoted: config values never reach a shell unquoted).
 
+import atexit
 import shlex
+import sys
+import time
 
+from analysis.summary import failed_jobs, run_summary
 from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
 from moe_core.config.load import config_digest
 from moe_core.records.run_lock import lock_results_dir
@@ -14,6 +18,27 @@ from moe_core.records.run_lock import lock_results_dir
 # in on a cluster (started with --no-hooks), never take it.
 onstart:
     lock_results_dir(RESULTS)
+
+
+# The console ends on the answer (analysis/summary.py). After a run that succeeded: the verdicts per
+# paper, a noisy-host warning when calibration or validation found one, and where the report is.
+# Snakemake writes the report (--report-after-run) after this handler returns, so the summary is
+# printed when Snakemake exits, after the report's lines. Neither handler runs on a dry run, nor in
+# the Snakemake a cluster job runs in (--no-hooks).
+RUN_STARTED = time.time()  # a report older than this is an earlier run's
+
+
+onsuccess:
+    atexit.register(lambda: print(run_summary(RESULTS, since=RUN_STARTED), flush=True))
+
+
+# After a failure: each failed job's rule and its log's last lines, last on the console (at exit too,
+# after Snakemake's own closing lines). The quiet profile (configs/profiles/default: `quiet: [rules,
+# ...]`) hides Snakemake's "Error in rule" block, which also lists every input file of the job. The
+# failed jobs are the scheduler's (workflow.scheduler.failed: Snakemake 9 has no public name for them).
+onerror:
+    _failed = [(job.rule.name, [str(log) for log in job.log]) for job in workflow.scheduler.failed]
+    atexit.register(lambda: print(failed_jobs(sorted(_failed)), file=sys.stderr, flush=True))
 
 
 # The validated, fully resolved config every job of this run reads, named by its content and

@@ -69,8 +69,7 @@ def records_summary(records: Sequence[Mapping[str, Any]], paths: Sequence[str | 
         groups.setdefault((record["experiment"], Path(path).parent), []).append(record)
     rows = []
     for (experiment, folder), group in groups.items():
-        metric = next(iter(group[0]["metrics"]), None)
-        values = [_central(r["metrics"][metric]) for r in group if metric in r["metrics"]]
+        metric, values = headline(group)
         rows.append(
             {
                 "experiment": experiment,
@@ -83,6 +82,13 @@ def records_summary(records: Sequence[Mapping[str, Any]], paths: Sequence[str | 
             }
         )
     return f"wrote {len(records)} records:\n{table(rows, floatfmt='.4g')}"
+
+
+def headline(records: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[float]]:
+    """The headline metric of a study's ``records`` (its first record's first metric: ``step_ms``,
+    ``time_ms``, ``inference_ms``...) and its value in each record that has it."""
+    metric = next(iter(records[0]["metrics"]), None) if records else None
+    return metric, [_central(r["metrics"][metric]) for r in records if metric in r["metrics"]]
 
 
 def _central(metric: Mapping[str, float]) -> float:

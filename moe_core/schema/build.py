@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from moe_core.schema.aliases import expansion
 from moe_core.schema.core import _root_schema
-from moe_core.schema.derive import _dotlist, _load_hardware, _merge, load_yaml
+from moe_core.schema.derive import _dotlist, _load_hardware, _merge, load_yaml, run_group
 from moe_core.schema.run_checks import check_run
 from moe_core.schema.sections import ERROR_KEY, SECTIONS, ConfigError, layer_sets
 from moe_core.schema.validation import validate
@@ -74,6 +74,9 @@ def build_config(
             check_run(cfg)
     except ConfigError as err:
         raise _blame_set_key(err, user_layers) from None
+    if not cfg.wandb.group:
+        with read_write(cfg):
+            cfg.wandb.group = run_group(cfg)
     return cfg
 
 

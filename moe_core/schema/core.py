@@ -369,6 +369,10 @@ class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"  # WANDB_MODE overrides this
     project: str = "moe-comm-bench"
     entity: str | None = None
+    # The group of every W&B run of this config's runs. Empty: "<sweep.name>-<config digest>@<hardware.name>"
+    # (moe_core.schema.derive.run_group), filled in when the config is loaded, so a workflow's jobs all
+    # read their run's group and the same sweep on other hardware or with another config never mixes.
+    group: str = ""
 
 
 def _root_schema() -> type:

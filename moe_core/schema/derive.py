@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import yaml
@@ -210,8 +211,18 @@ def _load_hardware(profile: str) -> DictConfig:
 
 
 def config_digest(cfg: DictConfig) -> str:
-    """A short name for ``cfg``'s content (what save_config writes): equal configs, equal digests."""
-    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
+    """A short name for ``cfg``'s content (what save_config writes): equal configs, equal digests. The
+    W&B group is left out: it is named after this digest (:func:`run_group`), and a config reads the same
+    whether its group was filled in or not."""
+    content = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    content["wandb"]["group"] = ""
+    return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:12]
+
+
+def run_group(cfg: DictConfig) -> str:
+    """The W&B group of ``cfg``'s runs: its sweep, its digest and the hardware it runs on, e.g.
+    ``default-1a2b3c4d5e6f@local-cpu``, so runs of another config or on other hardware never share one."""
+    return f"{cfg.sweep.name}-{config_digest(cfg)}@{cfg.hardware.name}"
 
 
 def to_container(cfg: DictConfig) -> dict:

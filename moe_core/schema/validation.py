@@ -67,6 +67,12 @@ def _validate_run(cfg: DictConfig) -> None:
         require_name(OmegaConf.select(cfg, key), key)
     if cfg.wandb.entity is not None:
         require_name(cfg.wandb.entity, "wandb.entity")
+    require(
+        bool(WANDB_GROUP.fullmatch(cfg.wandb.group)),
+        "wandb.group",
+        f"{cfg.wandb.group!r} must be empty (named after the sweep, the config and the hardware) or at most "
+        "128 letters, digits and '_', '-', '.', '+', '@'",
+    )
     require(str(cfg.results_dir).strip() != "", "results_dir", "must name a directory")
     require(
         cfg.unstated == "" or bool(UNSTATED_SETTING.match(cfg.unstated)),
@@ -79,6 +85,8 @@ def _validate_run(cfg: DictConfig) -> None:
 
 _SETTING = r"[A-Za-z0-9_.]+=[A-Za-z0-9_.+-]+"
 UNSTATED_SETTING = re.compile(rf"^{_SETTING}(,{_SETTING})*\Z")
+# A W&B group (W&B allows 128 characters): a run group of moe_core.schema.derive.run_group, or a name.
+WANDB_GROUP = re.compile(r"[A-Za-z0-9_.+@-]{0,128}")
 
 
 def validate_hardware(hw: DictConfig) -> None:
