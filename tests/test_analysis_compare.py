@@ -43,6 +43,8 @@ def _entry(entry_id, value, reproducer):
         "unit": "x",
         "source": "url",
         "status": "FT",
+        "role": "claim",
+        "role_evidence": "a gain of the mechanism",
         "reproducer": reproducer,
     }
 
@@ -56,6 +58,29 @@ def test_registry_validation(tmp_path):
         load_registry(_registry_file(tmp_path, [no_status]))
     with pytest.raises(RegistryError, match="'status'"):
         load_registry(_registry_file(tmp_path, [{**_entry("c", 1.0, None), "status": "maybe"}]))
+
+
+def test_registry_requires_a_role_with_evidence(tmp_path):
+    untagged = _entry("d", 1.0, None)
+    del untagged["role"]
+    with pytest.raises(RegistryError, match=r"'d'.*missing key 'role'"):
+        load_registry(_registry_file(tmp_path, [untagged]))
+    with pytest.raises(RegistryError, match="'role' is 'gain'; use one of"):
+        load_registry(_registry_file(tmp_path, [{**_entry("e", 1.0, None), "role": "gain"}]))
+    with pytest.raises(RegistryError, match="'role_evidence' must say why"):
+        load_registry(_registry_file(tmp_path, [{**_entry("f", 1.0, None), "role_evidence": ""}]))
+
+
+def test_shipped_registry_tags_the_papers_baselines():
+    """The issue's tagging: Lina's Table 1, Figs 2, 3 and 6 and GShard's Table 3 throughput are
+    baselines; Lina's and Aurora's speedups are claims;"""
+    registry = load_registry()
+    roles = {key: entry["role"] for key, entry in registry.items()}
+    assert {roles[k] for k in registry if k.startswith(("lina-table1", "lina-fig2", "lina-fig3", "lina-fig6"))} == {
+        "baseline"
+    }
+    assert {roles[k] for k in registry if "steps-per-s" in k} == {"baseline"}
+    assert {roles[k] for k in registry if k.startswith(("lina-fig10", "aurora-fig11c"))} == {"claim"}
 
 
 def test_compare_verdicts(tmp_path, tables):
