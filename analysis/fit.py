@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -204,6 +205,49 @@ class Fit:
             return None
         values = surface(self.consistent)
         return float(values.min()), float(values.max())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The fit as a table: a row per parameter (fitted, chosen and plausible values, whether a
+        baseline pins it, its span over the baseline-consistent set) and per baseline row (published,
+        at the fit, residual, leave-one-out prediction and error)."""
+        consistent = len(self.consistent)
+        common = {"loss": self.loss, "consistent_settings": consistent, "unreached": self.unreached}
+        rows = []
+        for i, axis in enumerate(self.axes):
+            span = (
+                [axis.value(self.consistent[:, i].min()), axis.value(self.consistent[:, i].max())]
+                if consistent
+                else [None] * 2
+            )
+            rows.append(
+                {
+                    "kind": "parameter",
+                    "name": axis.key,
+                    "fitted": self.setting[axis.key],
+                    "chosen": axis.chosen,
+                    "low": axis.low,
+                    "high": axis.high,
+                    "pinned": axis.key in self.pinned,
+                    "consistent_low": span[0],
+                    "consistent_high": span[1],
+                    **common,
+                }
+            )
+        for key, target in self.targets.items():
+            loo = self.loo[key]
+            rows.append(
+                {
+                    "kind": "baseline",
+                    "name": key,
+                    "published": target.published,
+                    "fitted": self.ratios[key] * target.published,
+                    "residual": self.ratios[key] - 1,
+                    "loo": loo,
+                    "loo_error": None if loo is None else loo / target.published - 1,
+                    **common,
+                }
+            )
+        return rows
 
 
 def latin_hypercube(k: int, n: int, seed: int = SEED) -> np.ndarray:

@@ -75,7 +75,7 @@ DISPATCHER_COLOURS = {  # moe_core.dispatch's paths, and the flat all-to-all the
 # vermillion as agreement falls; greys for no verdict.
 VERDICT_COLOURS = {
     "consistent": "#009E73",
-    "explainable": "#E69F00",
+    "baseline-not-reproduced": "#E69F00",
     "differs": "#D55E00",
     "not-comparable": "#999999",
     "not-reproduced": "#666666",
