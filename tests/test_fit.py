@@ -65,7 +65,7 @@ def test_fit_recovers_the_setting_that_made_the_baselines():
 def test_leave_one_out_fits_without_the_row():
     """Two rows pin the link (and agree on it); one pins only the launch cost. Left out, the launch row
     is predicted at the chosen launch cost (nothing else pins it); each link row is predicted by the
-    other, exactly."""
+    other (up to the fit's weak pull toward the chosen values)."""
     link_only = lambda link, batch, launch: 100.0 / link  # noqa: E731
     launch_only = lambda link, batch, launch: 2.0 * launch  # noqa: E731
     targets = {
@@ -74,8 +74,8 @@ def test_leave_one_out_fits_without_the_row():
         "launch": Target(surface_of(launch_only), 2.0 * 15.0),
     }
     fit = fit_testbed(targets, AXES)
-    assert fit.setting[LINK.key] == pytest.approx(50.0, rel=1e-3)
-    assert fit.setting[LAUNCH.key] == pytest.approx(15.0, rel=1e-3)
+    assert fit.setting[LINK.key] == pytest.approx(50.0, rel=5e-3)
+    assert fit.setting[LAUNCH.key] == pytest.approx(15.0, rel=5e-3)
     assert fit.setting[BATCH.key] == pytest.approx(BATCH.chosen) and fit.pinned == [LINK.key, LAUNCH.key]
     assert fit.loo["launch"] == pytest.approx(2.0 * LAUNCH.chosen, rel=1e-6)
     assert fit.loo["link-a"] == pytest.approx(2.0, rel=1e-3) and fit.loo["link-b"] == pytest.approx(6.0, rel=1e-3)
@@ -109,6 +109,23 @@ def test_a_claims_span_covers_only_baseline_consistent_settings():
 def test_within_is_the_verdicts_rule(bound):
     ratios = np.array([0.5, 0.74, 0.8, 1.0, 1.2, 1.26, 3.0])
     assert within(ratios, 0.25, bound).tolist() == [verdict(r, 0.25, bound) == "consistent" for r in ratios]
+
+
+def test_where_the_baselines_cannot_tell_the_fit_stays_nearest_the_chosen_values():
+    """A baseline that reads two parameters only through their ratio is met along a whole ridge; the
+    fit's weak pull toward the chosen values picks the ridge's point nearest them, not an arbitrary one."""
+    ratio = lambda link, batch, launch: launch / link  # noqa: E731
+    published = 1.3 * LAUNCH.chosen / LINK.chosen
+    fit = fit_testbed({"ridge": Target(surface_of(ratio), published)}, AXES)
+    assert fit.ratios["ridge"] == pytest.approx(1.0, abs=1e-3)
+    link_axis, _, launch_axis = AXES
+    links = np.exp(np.linspace(np.log(LINK.low), np.log(LINK.high), 20001))
+    launches = published * links
+    on_ridge = (launches >= LAUNCH.low) & (launches <= LAUNCH.high)
+    offsets = np.column_stack([link_axis.unit(links[on_ridge]), launch_axis.unit(launches[on_ridge])])
+    chosen = np.array([link_axis.unit(LINK.chosen), launch_axis.unit(LAUNCH.chosen)])
+    nearest = np.sqrt(((offsets - chosen) ** 2).sum(axis=1)).min()
+    assert np.sqrt(((fit.z[[0, 2]] - chosen) ** 2).sum()) <= nearest + 1e-2
 
 
 def test_range_width_and_weak():
