@@ -161,6 +161,12 @@ def fit_group(entry: dict[str, Any], testbed: dict[str, str]) -> tuple[str, str,
     return entry["paper"], testbed["mode"], testbed["backend"]
 
 
+def target_label(key: str, entry: dict[str, Any], testbed: dict[str, str]) -> str:
+    """A baseline row's name in its fit: its id, with the hardware profile where the entry has several
+    (each profile's reproduction is a target of its own)."""
+    return key if len(entry["testbed"]) == 1 or entry["across_testbeds"] else f"{key} ({testbed['hardware']})"
+
+
 def testbed_fits(registry: dict[str, dict[str, Any]], found: dict[str, list[Reproduction]]) -> dict[tuple, Fit]:
     """Each paper's testbed fitted to its like-for-like baseline reproductions (analysis.fit), per
     :func:`fit_group` that has any; a claim row never enters a fit. An entry reproduced on several of the
@@ -172,8 +178,9 @@ def testbed_fits(registry: dict[str, dict[str, Any]], found: dict[str, list[Repr
         for rep in found[key]:
             if unlike(entry, rep.testbed) is None:
                 group = targets.setdefault(fit_group(entry, rep.testbed), {})
-                label = key if key not in group else f"{key} ({rep.testbed['hardware']})"
-                group[label] = Target(rep.surface(entry["paper"]), entry["value"], entry["tolerance"], entry["bound"])
+                group[target_label(key, entry, rep.testbed)] = Target(
+                    rep.surface(entry["paper"]), entry["value"], entry["tolerance"], entry["bound"]
+                )
     return {
         group: fit_testbed(rows, axes_of(UNSTATED_PARAMS.get(group[0], {}).values())) for group, rows in targets.items()
     }
@@ -203,9 +210,7 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
             rows.append({**published, **_unreproduced(entry)})
         for rep in found[key]:
             fit = fits.get(fit_group(entry, rep.testbed))
-            label = next(
-                (label for label in (key, f"{key} ({rep.testbed['hardware']})") if fit and label in fit.loo), None
-            )
+            label = target_label(key, entry, rep.testbed)
             rows.append(
                 {
                     **published,
@@ -227,7 +232,7 @@ def _unreproduced(entry: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": kind, "reason": explain.first_sentence(kind, entry, reason=reason)}
 
 
-def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: str | None) -> dict[str, Any]:
+def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: str) -> dict[str, Any]:
     """The verdict columns of one reproduction: its value at the paper's testbed fit (the chosen values'
     where the paper has no baseline on this testbed, or the row is not like for like), its range over the
     baseline-consistent set (else over every sensitivity run), the verdict, ``weak``, and its reason
@@ -250,7 +255,7 @@ def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: st
         "weak": weak(low, high) if judged in (CONSISTENT, DIFFERS) else None,
         "reproduced_chosen": rep.value,
         "fitted_setting": fit.setting_text() if fit else None,
-        "loo": fit.loo.get(label) if fit and label else None,
+        "loo": fit.loo.get(label) if fit else None,
         "unstated": "; ".join(rep.variants) or None,
         "ratio": value / published,
         "verdict": judged,
