@@ -316,7 +316,8 @@ def _fit_phrase(fit) -> str:
         return "at the chosen values (the paper gives no baseline on this testbed to fit to)"
     errors = np.abs([ratio - 1 for ratio in fit.ratios.values()])
     pinned = f" ({fit.setting_text()})" if fit.pinned else ""
-    return f"with the testbed fitted to {len(errors)} baseline rows within {np.median(errors):.0%} (median){pinned}"
+    rows = f"{len(errors)} baseline row" + ("s" if len(errors) != 1 else "")
+    return f"with the testbed fitted to {rows} within {np.median(errors):.0%} (median){pinned}"
 
 
 def swept_keys(variants: dict[str, float]) -> list[str]:
