@@ -471,7 +471,7 @@ def verdicts(comparison: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     ]
     handles += [
         Line2D([], [], marker="o", color="0.4", lw=0, label="marker: at the testbed fitted to the paper's baselines"),
-        Line2D([], [], color="0.4", lw=2, alpha=0.6, label="bar: over the baseline-consistent settings"),
+        Line2D([], [], color="0.4", lw=2, alpha=0.6, label="bar: over the baseline-consistent settings, or all runs"),
         Patch(color="0.87", label="grey: consistent, 1 ± tolerance (open beyond a published bound)"),
         Line2D([], [], marker="<", color="0.4", lw=0, label="arrow: beyond the axis, or 0"),
     ]
