@@ -14,17 +14,21 @@ anything above it, within the tolerance. A number that spans several of the pape
 over all its settings, ``across_testbeds``) is reproduced once over the records of all of them.
 
 A paper's unstated parameters (moe_core.schema.points.Unstated, run by moe_core.schema.points.unstated_variants):
-records of a sensitivity run carry the param ``unstated`` ("key=value" pairs joined by ","). The verdict
-compares the chosen values' number (records without it); the same reproducer on each sensitivity run's
-records (one parameter at a time, and the corners of the ranges jointly) gives ``reproduced_low`` and
-``reproduced_high`` (the extremes over the chosen run and the variants that reproduce it) and
-``unstated``, the settings run. analysis.explain turns them into ``explainable``, ``needs`` and, for
-every ``differs`` row, the computed ``reason``; main() also writes the per-paper counts
-(``verdict_summary.csv``) and prints them.
+records of a sensitivity run carry the param ``unstated`` ("key=value" pairs joined by ","). Each number is
+reproduced at the chosen values (records without it) and on each sensitivity run's records. Then the paper's
+testbed is fitted to its baseline rows (``role: baseline``) on each of its simulated or measured testbeds
+(analysis.fit; claims never enter the fit): every number's ``reproduced`` is its value at the fit
+(``reproduced_chosen`` the chosen values'), ``reproduced_low``/``high`` span the baseline-consistent settings
+only, ``loo`` is a baseline row's leave-one-out prediction and ``weak`` flags a range wider than
+analysis.fit.WEAK_WIDTH. A claim whose paper's baseline no plausible setting reproduces is
+``baseline-not-reproduced``, naming the row and the parameter. Where a paper has no baseline row on a
+testbed, its numbers keep the chosen values and the whole sensitivity range. analysis.explain writes every
+row's reason (a plain first sentence, then the numbers); main() also writes the per-paper counts
+(``verdict_summary.csv``) and the fits (``testbed_fit.csv``) and prints them.
 
     python -m analysis.compare --records results/tables/records.csv \
         --samples results/tables/samples.csv --out results/tables/comparison.csv \
-        --summary results/tables/verdict_summary.csv
+        --summary results/tables/verdict_summary.csv --fits results/tables/testbed_fit.csv
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -42,8 +46,10 @@ import analysis.papers  # noqa: F401  (registers every paper's reproducers)
 from analysis import explain
 from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
 from analysis.files import read_tables, write_csv
-from analysis.published import REGISTRY_PATH, load_registry
+from analysis.fit import Fit, Surface, Target, axes_of, fit_testbed, range_width, weak, within
+from analysis.published import BASELINE, CLAIM, REGISTRY_PATH, load_registry
 from analysis.registry import REPRODUCERS, MissingPointsError, Reproducer, noting_used_points
+from moe_core.schema.points import UNSTATED_PARAMS, parse_setting
 
 COMPARISON_COLUMNS = [
     "id",
@@ -56,12 +62,17 @@ COMPARISON_COLUMNS = [
     "status",
     "tolerance",
     "bound",
+    "role",
     *TESTBED_COLUMNS,
     "reproduced",
     "reproduced_low",
     "reproduced_high",
+    "range_width",
+    "weak",
+    "reproduced_chosen",
+    "fitted_setting",
+    "loo",
     "unstated",
-    "explainable",
     "needs",
     "reproduced_setting",
     "points",
@@ -69,7 +80,48 @@ COMPARISON_COLUMNS = [
     "verdict",
     "reason",
 ]
+FIT_COLUMNS = [
+    "paper",
+    "mode",
+    "backend",
+    "kind",
+    "name",
+    "published",
+    "fitted",
+    "residual",
+    "loo",
+    "loo_error",
+    "chosen",
+    "low",
+    "high",
+    "pinned",
+    "consistent_low",
+    "consistent_high",
+    "loss",
+    "consistent_settings",
+    "unreached",
+]
 CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED = "consistent", "differs", "not-comparable", "not-reproduced"
+BASELINE_NOT_REPRODUCED = "baseline-not-reproduced"
+
+
+class Reproduction(NamedTuple):
+    """One entry reproduced on one testbed: the chosen values' number and setting in words, the points
+    used, the sensitivity runs' numbers ({setting: value}), the testbed's chosen-value records and the
+    reproducer on changed records (for the reason's implied factors)."""
+
+    testbed: dict[str, str]
+    value: float
+    setting: str
+    used: set[str]
+    variants: dict[str, float]
+    chosen: pd.DataFrame
+    requote: Callable[[pd.DataFrame], float]
+
+    def surface(self, paper: str) -> Surface:
+        """The number over the paper's unstated parameters, through the chosen and sensitivity runs."""
+        runs = [({}, self.value), *((parse_setting(text), v) for text, v in self.variants.items())]
+        return Surface(runs, axes_of(UNSTATED_PARAMS.get(paper, {}).values()))
 
 
 def points_text(names: set[str]) -> str:
@@ -80,102 +132,147 @@ def points_text(names: set[str]) -> str:
 def verdict(ratio: float, tolerance: float, bound: str | None = None) -> str:
     """Whether reproduced / published = ``ratio`` agrees with the published number: within the
     tolerance of a point, or on the right side of a bound (less the tolerance)."""
-    if bound == "lower":
-        return CONSISTENT if ratio >= 1 - tolerance else DIFFERS
-    if bound == "upper":
-        return CONSISTENT if ratio <= 1 + tolerance else DIFFERS
-    return CONSISTENT if abs(ratio - 1) <= tolerance else DIFFERS
+    return CONSISTENT if within(ratio, tolerance, bound) else DIFFERS
 
 
-def judge(entry: dict[str, Any], testbed: dict[str, str], ratio: float) -> tuple[str, str | None]:
-    """(verdict, reason) of one reproduction of ``entry`` on ``testbed``: not comparable when the entry
-    says no run matches it or the testbed is not the paper's, else the ratio's verdict."""
+def unlike(entry: dict[str, Any], testbed: dict[str, str]) -> str | None:
+    """Why a reproduction of ``entry`` on ``testbed`` is not like for like (the entry says no run matches
+    it, or the testbed is not the paper's); None when it is."""
     if entry["not_comparable"]:
-        return NOT_COMPARABLE, entry["not_comparable"]
+        return entry["not_comparable"]
     if not set(testbed["hardware"].split("+")) <= set(entry["testbed"]):
-        return NOT_COMPARABLE, (
+        return (
             f"{testbed['mode']} on {testbed['hardware']}, not on the paper's testbed "
             f"({', '.join(entry['testbed'])}); a run on that profile gets a verdict"
         )
-    return verdict(ratio, entry["tolerance"], entry["bound"]), None
+    return None
+
+
+def judge(entry: dict[str, Any], testbed: dict[str, str], ratio: float) -> tuple[str, str | None]:
+    """(verdict, reason) of one reproduction of ``entry`` on ``testbed``: not comparable when it is not
+    like for like (:func:`unlike`), else the ratio's verdict."""
+    reason = unlike(entry, testbed)
+    return (NOT_COMPARABLE, reason) if reason else (verdict(ratio, entry["tolerance"], entry["bound"]), None)
+
+
+def fit_group(entry: dict[str, Any], testbed: dict[str, str]) -> tuple[str, str, str]:
+    """The testbed fit a reproduction belongs to: its paper's, per mode and backend (the paper's
+    hardware profiles share its unstated parameters)."""
+    return entry["paper"], testbed["mode"], testbed["backend"]
+
+
+def target_label(key: str, entry: dict[str, Any], testbed: dict[str, str]) -> str:
+    """A baseline row's name in its fit: its id, with the hardware profile where the entry has several
+    (each profile's reproduction is a target of its own)."""
+    return key if len(entry["testbed"]) == 1 or entry["across_testbeds"] else f"{key} ({testbed['hardware']})"
+
+
+def testbed_fits(registry: dict[str, dict[str, Any]], found: dict[str, list[Reproduction]]) -> dict[tuple, Fit]:
+    """Each paper's testbed fitted to its like-for-like baseline reproductions (analysis.fit), per
+    :func:`fit_group` that has any; a claim row never enters a fit. An entry reproduced on several of the
+    group's profiles is a target per profile."""
+    targets: dict[tuple, dict[str, Target]] = {}
+    for key, entry in registry.items():
+        if entry["role"] != BASELINE:
+            continue
+        for rep in found[key]:
+            if unlike(entry, rep.testbed) is None:
+                group = targets.setdefault(fit_group(entry, rep.testbed), {})
+                group[target_label(key, entry, rep.testbed)] = Target(
+                    rep.surface(entry["paper"]), entry["value"], entry["tolerance"], entry["bound"]
+                )
+    return {
+        group: fit_testbed(rows, axes_of(UNSTATED_PARAMS.get(group[0], {}).values())) for group, rows in targets.items()
+    }
 
 
 def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     """One row per entry and testbed that reproduces it; one row for an entry none does: not-comparable
-    with the entry's reason when it gives one, else not-reproduced.
+    with the entry's reason when it gives one, else not-reproduced. The table's ``attrs["fits"]`` holds
+    the testbed fits (:func:`testbed_fits`) its numbers were predicted at.
 
     Rows without a finite value are no data point: they are left out before any reproducer sees the
     tables, so the counts a reproducer writes into its setting are of the points it used.
     """
     records, samples = _with_finite_values(records), _with_finite_values(samples)
     testbeds = _split_by_testbed(records, samples)
+    found = {
+        key: []
+        if (fn := _reproducer_of(entry)) is None
+        else list(_reproductions(fn, entry, records, samples, testbeds))
+        for key, entry in registry.items()
+    }
+    fits = testbed_fits(registry, found)
     rows = []
-    for entry in registry.values():
+    for key, entry in registry.items():
         published = {"published": entry["value"], **{k: entry[k] for k in COMPARISON_COLUMNS if k in entry}}
-        fn = _reproducer_of(entry)
-        found = [] if fn is None else list(_reproductions(fn, entry, records, samples, testbeds))
-        if not found:
-            reason = entry["not_comparable"]
-            rows.append({**published, "verdict": NOT_COMPARABLE if reason else NOT_REPRODUCED, "reason": reason})
-        for testbed, value, setting, used, variants, chosen, requote in found:
+        if not found[key]:
+            rows.append({**published, **_unreproduced(entry)})
+        for rep in found[key]:
+            fit = fits.get(fit_group(entry, rep.testbed))
+            label = target_label(key, entry, rep.testbed)
             rows.append(
                 {
                     **published,
-                    **testbed,
-                    **_judged(entry, testbed, value, variants, chosen, used, requote),
-                    "reproduced_setting": setting,
-                    "points": points_text(used),
+                    **rep.testbed,
+                    **_judged(entry, rep, fit, label),
+                    "reproduced_setting": rep.setting,
+                    "points": points_text(rep.used),
                 }
             )
-    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+    table = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+    table.attrs["fits"] = fits
+    return table
 
 
-def _judged(
-    entry: dict[str, Any],
-    testbed: dict[str, str],
-    value: float,
-    variants: dict[str, float],
-    chosen: pd.DataFrame,
-    used: set[str],
-    requote: Callable[[pd.DataFrame], float],
-) -> dict[str, Any]:
-    """The verdict columns of one reproduction: value, the unstated parameters' range and what it
-    explains (analysis.explain), the verdict and, for ``differs``, its computed reason (from the
-    step terms of the ``used`` points among the testbed's ``chosen``-setting records, and what
-    ``requote``, the reproducer on changed records, gives when one term is scaled)."""
+def _unreproduced(entry: dict[str, Any]) -> dict[str, Any]:
+    """The verdict columns of an entry no testbed reproduces."""
+    reason = entry["not_comparable"]
+    kind = NOT_COMPARABLE if reason else NOT_REPRODUCED
+    return {"verdict": kind, "reason": explain.first_sentence(kind, entry, reason=reason)}
+
+
+def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: str) -> dict[str, Any]:
+    """The verdict columns of one reproduction: its value at the paper's testbed fit (the chosen values'
+    where the paper has no baseline on this testbed, or the row is not like for like), its range over the
+    baseline-consistent set (else over every sensitivity run), the verdict, ``weak``, and its reason
+    (analysis.explain): a plain first sentence, then, for a row that differs, the step terms of the
+    ``used`` points at the chosen values and each term's implied factor."""
     published = entry["value"]
-    low, high = min([value, *variants.values()]), max([value, *variants.values()])
-    judged, reason = judge(entry, testbed, value / published)
+    fit = fit if unlike(entry, rep.testbed) is None else None
+    surface = rep.surface(entry["paper"]) if fit else None
+    value = fit.predict(surface) if fit else rep.value
+    span = fit.span(surface) if fit else None
+    low, high = span or (min(value, rep.value, *rep.variants.values()), max(value, rep.value, *rep.variants.values()))
+    judged, reason = judge(entry, rep.testbed, value / published)
+    if judged in (CONSISTENT, DIFFERS) and entry["role"] == CLAIM and fit and fit.unreached:
+        judged = BASELINE_NOT_REPRODUCED
     columns = {
         "reproduced": value,
         "reproduced_low": low,
         "reproduced_high": high,
-        "unstated": "; ".join(variants) or None,
+        "range_width": range_width(low, high),
+        "weak": weak(low, high) if judged in (CONSISTENT, DIFFERS) else None,
+        "reproduced_chosen": rep.value,
+        "fitted_setting": fit.setting_text() if fit else None,
+        "loo": fit.loo.get(label) if fit else None,
+        "unstated": "; ".join(rep.variants) or None,
         "ratio": value / published,
         "verdict": judged,
-        "reason": reason,
-        "explainable": None,
         "needs": None,
     }
-    if judged in (CONSISTENT, DIFFERS):
-
-        def agrees(ratio: float) -> bool:
-            return verdict(ratio, entry["tolerance"], entry["bound"]) == CONSISTENT
-
-        columns["explainable"] = explain.explainable(low / published, high / published, agrees)
-        columns["needs"] = explain.needs(entry["paper"], value, published, variants)
+    details = None
     if judged == DIFFERS:
-        columns["reason"] = explain.reason(
-            value,
+        columns["needs"] = explain.needs(entry["paper"], rep.value, published, rep.variants)
+        details = explain.reason(
+            rep.value,
             published,
-            low,
-            high,
-            columns["explainable"],
-            explain.swept_keys(variants),
+            explain.swept_keys(rep.variants),
             columns["needs"],
-            explain.term_shares(chosen, used),
-            explain.term_factors(requote, chosen, used, published, value),
+            explain.term_shares(rep.chosen, rep.used),
+            explain.term_factors(rep.requote, rep.chosen, rep.used, published, rep.value),
         )
+    columns["reason"] = explain.first_sentence(judged, entry, columns, fit=fit, reason=reason, details=details)
     return columns
 
 
@@ -224,10 +321,8 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
 
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame, testbeds: list):
-    """(testbed, value, setting, points used, {unstated setting: value}, the testbed's chosen-value
-    records, the reproducer's value on changed chosen-value records) for every testbed whose
-    chosen-value records hold the data ``fn`` needs; the dict holds the sensitivity runs that
-    reproduce it too."""
+    """A :class:`Reproduction` for every testbed whose chosen-value records hold the data ``fn`` needs;
+    its variants are the sensitivity runs that reproduce it too."""
     for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
         chosen, chosen_samples = at_setting(recs), at_setting(samps)  # once: requote runs fn again and again
         with noting_used_points() as used:
@@ -244,7 +339,7 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
             varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
             if varied is not None:
                 variants[setting] = varied[0]
-        yield testbed, *result, used, variants, chosen, requote
+        yield Reproduction(testbed, *result, used, variants, chosen, requote)
 
 
 def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records, samples) -> tuple[float, str] | None:
@@ -266,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--summary", type=Path, help="verdict counts per paper to write (default: verdict_summary.csv beside --out)"
     )
+    parser.add_argument("--fits", type=Path, help="the testbed fits to write (default: testbed_fit.csv beside --out)")
     parser.add_argument("--registry", type=Path, default=REGISTRY_PATH, help="published numbers (YAML)")
     args = parser.parse_args(argv)
     try:
@@ -275,9 +371,24 @@ def main(argv: list[str] | None = None) -> None:
     summary = explain.verdict_summary(table)
     write_csv(table, args.out)
     write_csv(summary, args.summary or args.out.with_name("verdict_summary.csv"))
-    print(table[["id", "mode", "published", "reproduced", "unit", "verdict"]].to_string(index=False))
-    print("\nVerdicts per paper (explainable: differs, but inside the unstated parameters' ranges):")
+    fits = fit_table(table.attrs["fits"])
+    write_csv(fits, args.fits or args.out.with_name("testbed_fit.csv"))
+    print(table[["id", "mode", "published", "reproduced", "unit", "verdict", "weak"]].to_string(index=False))
+    print("\nTestbed fits (each paper's unstated parameters fitted to its baseline rows):")
+    print(fits.drop(columns=["unreached"]).to_string(index=False))
+    print("\nVerdicts per paper (weak: a range wider than x1.5 over the baseline-consistent settings):")
     print(summary.to_string(index=False))
+
+
+def fit_table(fits: dict[tuple, Fit]) -> pd.DataFrame:
+    """Every testbed fit (:func:`testbed_fits`) as one table: a row per fitted parameter and per baseline
+    row (analysis.fit.Fit.rows), each with its paper, mode and backend."""
+    rows = [
+        {"paper": paper, "mode": mode, "backend": backend, **row}
+        for (paper, mode, backend), fit in fits.items()
+        for row in fit.rows()
+    ]
+    return pd.DataFrame(rows, columns=FIT_COLUMNS)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,21 @@
-"""Why a verdict: what the unstated parameters' sweep says about a published number, and a reason for
-every ``differs`` row, computed from the records.
+"""Why a verdict, in words: a plain first sentence for every row (:func:`first_sentence`), then, for a
+row that differs, what the records say about the difference (:func:`reason`).
 
-A paper's unstated parameters (moe_core.schema.points.Unstated: a chosen value and a plausible range each) are
-simulated one at a time at each end of their range and jointly at the corners of the ranges
-(moe_core.schema.points.sensitivity_settings). For one reproduced number, analysis.compare hands this module
-the chosen run's value and each sensitivity run's (``{setting: value}``, settings as recorded):
+The first sentence says whether the number holds, at what setting (the paper's testbed fitted to its
+baseline rows, analysis.fit, or the chosen values where the paper gives no baseline on the testbed), and
+over what range (the baseline-consistent settings', flagged weak when wider than x1.5). For a
+``differs`` row the numbers follow, from the chosen values' records and the sensitivity runs
+(moe_core.schema.points.sensitivity_settings: each parameter at each end of its range, and the corners):
 
-* **explainable**: some setting inside the plausible ranges reproduces the published number (within
-  the entry's tolerance, or the range straddles it): the paper and the suite can both be right, and
-  the difference is the paper's unstated setting.
 * **needs**: the value of the most influential parameter (the one whose one-at-a-time runs move the
   number most) at which the number would equal the published one, read off the piecewise-linear curve
   through its runs (extrapolated past the range's ends), and whether that value lies in its range.
-* **reason** (``differs`` rows): the ratio, the swept range and whether it reaches the published
-  number, what the most influential parameter would need, the simulated step's terms at the chosen
-  setting (each term's share of the step, mean over the points the number comes from), and each term's
-  **implied factor**: by how much that term alone would have to be scaled, in every point the number
-  comes from, for the reproducer to give the published number (term_factors). The term whose factor
-  is nearest 1 is the smallest departure that explains the published number; a term that must grow or
-  shrink several times over, while nothing plausible moves it, says the step physics of that term is
-  what the comparison doubts.
+* the simulated step's terms at the chosen setting (each term's share of the step, mean over the points
+  the number comes from), and each term's **implied factor**: by how much that term alone would have to
+  be scaled, in every point the number comes from, for the reproducer to give the published number
+  (term_factors). The term whose factor is nearest 1 is the smallest departure that explains the
+  published number; a term that must grow or shrink several times over, while nothing plausible moves
+  it, says the step physics of that term is what the comparison doubts.
 
 The implied factors are first order: a term's time is scaled, the metrics that are parts of it scale
 with it, the sums that hold it move by the same milliseconds and the shares are recomputed
@@ -60,13 +56,7 @@ A2A_SHARE_INPUTS = ("a2a_ms", "moe_layer_ms", "step_ms")  # moe_core.records.ste
 MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}  # span -> its all-to-all part
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
-VERDICTS = ("consistent", "explainable", "differs", "not-comparable", "not-reproduced")
-
-
-def explainable(ratio_low: float, ratio_high: float, agrees) -> bool:
-    """Whether a number whose sweep spans ``ratio_low``..``ratio_high`` x the published value can
-    reproduce it: an end agrees (``agrees(ratio)``, the entry's verdict rule) or the span straddles 1."""
-    return bool(agrees(ratio_low) or agrees(ratio_high) or ratio_low <= 1 <= ratio_high)
+VERDICTS = ("consistent", "differs", "baseline-not-reproduced", "not-comparable", "not-reproduced")
 
 
 def one_at_a_time(variants: dict[str, float]) -> dict[str, list[tuple[float, float]]]:
@@ -269,21 +259,14 @@ def factors_text(factors: dict[str, float | None]) -> str:
 def reason(
     value: float,
     published: float,
-    low: float,
-    high: float,
-    reaches: bool,
     swept: list[str],
     needed: str | None,
     shares: dict[str, float],
     factors: dict[str, float | None] | None = None,
 ) -> str:
-    """The reason of a ``differs`` row, from its numbers (see the module docstring)."""
-    parts = [f"ours {value:.3g} is {value / published:.2f}x the published {published:g}"]
-    if swept:
-        verb = "reaches" if reaches else "does not reach"
-        parts.append(f"the joint sweep of {', '.join(swept)} gives {low:.3g}-{high:.3g}, which {verb} it")
-    else:
-        parts.append("no unstated parameter is swept for this number")
+    """The numbers behind a ``differs`` row at the chosen values (``value``; see the module docstring)."""
+    parts = [f"at the chosen values ours is {value:.3g}, {value / published:.2f}x the published {published:g}"]
+    parts.append(f"swept: {', '.join(swept)}" if swept else "no unstated parameter is swept for this number")
     if needed:
         parts.append(f"the most influential parameter: {needed}")
     if shares:
@@ -298,6 +281,45 @@ def reason(
     return "; ".join(parts)
 
 
+def first_sentence(kind: str, entry: dict, columns: dict | None = None, fit=None, reason=None, details=None) -> str:
+    """A row's reason: one plain sentence on whether the number holds, where and over what range, then
+    ``details`` (:func:`reason`). ``kind`` is the verdict, ``columns`` the row's verdict columns
+    (analysis.compare), ``fit`` the paper's testbed fit (analysis.fit.Fit, None without one) and
+    ``reason`` why a row has no verdict."""
+    if kind == "not-comparable":
+        return f"not comparable: {reason}"
+    if kind == "not-reproduced":
+        return "not reproduced: no run of the suite gives this number yet"
+    value, published = columns["reproduced"], entry["value"]
+    ours = f"ours {value:.3g} against {published:g} {entry['unit']} ({value / published:.2f}x)"
+    if kind == "baseline-not-reproduced":
+        return (
+            "baseline not reproduced: no plausible setting brings every baseline row within tolerance "
+            f"({fit.unreached}); at the closest fit {ours}."
+        )
+    baseline = entry["role"] == "baseline"
+    verb = {("consistent", True): "reproduced", ("consistent", False): "holds"}.get((kind, baseline))
+    verb = verb or ("baseline missed" if baseline else "does not hold")
+    where = _fit_phrase(fit)
+    low, high = columns["reproduced_low"], columns["reproduced_high"]
+    span = "the baseline-consistent settings" if fit and len(fit.consistent) else "every sensitivity run"
+    text = f"{verb}: {where}, {ours}; over {span} {low:.3g}-{high:.3g}"
+    text += f" (weak: x{columns['range_width']:.2g} wide)" if columns["weak"] else ""
+    if columns.get("loo") is not None:
+        text += f"; fitted without this row, the testbed predicts {columns['loo']:.3g}"
+    return f"{text}." + (f" {details}" if details else "")
+
+
+def _fit_phrase(fit) -> str:
+    """Where a number was predicted, in words: at the paper's testbed fit, or at the chosen values."""
+    if fit is None:
+        return "at the chosen values (the paper gives no baseline on this testbed to fit to)"
+    errors = np.abs([ratio - 1 for ratio in fit.ratios.values()])
+    pinned = f" ({fit.setting_text()})" if fit.pinned else ""
+    rows = f"{len(errors)} baseline row" + ("s" if len(errors) != 1 else "")
+    return f"with the testbed fitted to {rows} within {np.median(errors):.0%} (median){pinned}"
+
+
 def swept_keys(variants: dict[str, float]) -> list[str]:
     """The unstated parameters the sensitivity runs set, in order of first appearance."""
     keys: dict[str, None] = {}
@@ -306,17 +328,12 @@ def swept_keys(variants: dict[str, float]) -> list[str]:
     return list(keys)
 
 
-def verdict_kinds(comparison: pd.DataFrame) -> pd.Series:
-    """Each comparison row's verdict, one of VERDICTS: its ``verdict``, except that a ``differs`` row some
-    setting inside the unstated parameters' ranges reproduces (``explainable``) is ``explainable``."""
-    explained = (comparison["verdict"] == "differs") & comparison["explainable"].eq(True)
-    return comparison["verdict"].where(~explained, "explainable")
-
-
 def verdict_summary(comparison: pd.DataFrame) -> pd.DataFrame:
-    """Per paper, how many rows are consistent, explainable (differs, but inside the unstated
-    parameters' ranges), differs (outside them), not comparable and not reproduced."""
-    table = pd.crosstab(comparison["paper"], verdict_kinds(comparison)).reindex(columns=list(VERDICTS), fill_value=0)
+    """Per paper, how many rows are consistent, differ, have a baseline no plausible setting reproduces,
+    are not comparable and not reproduced, and how many of the judged ones are weak (a range wider than
+    analysis.fit.WEAK_WIDTH): the same counts comparison.csv's ``verdict`` and ``weak`` columns give."""
+    table = pd.crosstab(comparison["paper"], comparison["verdict"]).reindex(columns=list(VERDICTS), fill_value=0)
     table["total"] = table.sum(axis=1)
+    table["weak"] = comparison["weak"].eq(True).groupby(comparison["paper"]).sum().reindex(table.index, fill_value=0)
     table.loc["all"] = table.sum()
     return table.reset_index().rename_axis(columns=None)

@@ -16,9 +16,27 @@ import yaml
 
 REGISTRY_PATH = Path(__file__).with_name("published.yaml")
 STATUSES = ("FT", "ABS", "CODE", "DER", "UNC")  # confirmation tags of shared/reference/papers.md
-REQUIRED_KEYS = ("id", "paper", "figure", "metric", "setting", "value", "unit", "source", "status", "reproducer")
+REQUIRED_KEYS = (
+    "id",
+    "paper",
+    "figure",
+    "metric",
+    "setting",
+    "value",
+    "unit",
+    "source",
+    "status",
+    "role",
+    "role_evidence",
+    "reproducer",
+)
 DEFAULTS = {"tolerance": 0.25, "testbed": None, "bound": None, "not_comparable": None, "across_testbeds": False}
 BOUNDS = ("lower", "upper")  # the published value is a bound ("> 1.83x", ">= 16%"), not a point
+# What a number is to the verdict (analysis.fit): a ``baseline`` measures the compared-against system or
+# the testbed and is what the testbed fit reproduces; a ``claim`` is a gain of the paper's mechanism,
+# predicted at the fit and never fitted to.
+BASELINE, CLAIM = "baseline", "claim"
+ROLES = (BASELINE, CLAIM)
 
 
 class RegistryError(ValueError):
@@ -61,6 +79,10 @@ def _checked(entry: Any, where: str, testbeds: dict[str, Any]) -> dict[str, Any]
     entry = {**DEFAULTS, **entry}
     if entry["status"] not in STATUSES:
         raise RegistryError(f"{where}: key 'status' is {entry['status']!r}; use one of {list(STATUSES)}")
+    if entry["role"] not in ROLES:
+        raise RegistryError(f"{where}: key 'role' is {entry['role']!r}; use one of {list(ROLES)}")
+    if not _is_text(entry["role_evidence"]):
+        raise RegistryError(f"{where}: key 'role_evidence' must say why the number is a {entry['role']}")
     for key in ("value", "tolerance"):
         if not isinstance(entry[key], numbers.Real) or isinstance(entry[key], bool) or entry[key] <= 0:
             raise RegistryError(f"{where}: key {key!r} is {entry[key]!r}; it must be a positive number")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.explain import VERDICTS, verdict_kinds
+from analysis.explain import VERDICTS
 from analysis.files import read_csv
 from analysis.style import VERDICT_COLOURS
 from moe_core.records.results import atomic_outputs, read_record
@@ -32,7 +32,7 @@ from moe_core.records.results import atomic_outputs, read_record
 COMPARISON_VIEW = [
     "id",
     "verdict",
-    "explainable",
+    "weak",
     "published",
     "reproduced",
     "unit",
@@ -48,7 +48,7 @@ COMPARISON_VIEW = [
     "figure",
     "setting",
 ]
-SUMMARY_VIEW = ["paper", *VERDICTS, "total"]
+SUMMARY_VIEW = ["paper", *VERDICTS, "total", "weak"]
 # Columns whose text wraps, each at least this wide (em); the others keep a cell on one line. The reason
 # is the widest, and fits beside the id, verdict and numbers in a report's frame of 1200 pixels.
 WRAPPED_EM = {"reason": 30, "needs": 16, "setting": 24, "unit": 5}
@@ -90,8 +90,7 @@ table.querySelectorAll("thead th").forEach((header, column) => {
 def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> str:
     """A self-contained HTML page (no network fetches) of ``df``'s ``columns``, every row, sortable by a
     click on a column's header, with ``title`` and the ``intro`` paragraph above it. A ``verdict`` cell is
-    tinted with its row's verdict colour (explainable for a ``differs`` row the unstated parameters' ranges
-    explain).
+    tinted with its verdict's colour.
 
     A missing column raises ValueError naming it: the table is not one analysis.compare wrote.
     """
@@ -101,7 +100,7 @@ def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> 
             f"the {title} table lacks columns {missing}; write it with python -m analysis.compare "
             f"(it has {list(df.columns)})"
         )
-    kinds = verdict_kinds(df) if "verdict" in columns else pd.Series("", index=df.index)
+    kinds = df["verdict"] if "verdict" in columns else pd.Series("", index=df.index)
     headers = "".join(f"<th>{html.escape(column)}</th>" for column in columns)
     rows = "\n".join(
         "<tr>"
@@ -166,7 +165,7 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
     )
     commits = Counter(record.get("environment", {}).get("git_sha", "unknown") for record in records)
     total = summary.iloc[-1]
-    judged = sum(int(total[kind]) for kind in ("consistent", "explainable", "differs"))
+    judged = sum(int(total[kind]) for kind in ("consistent", "differs", "baseline-not-reproduced"))
     lines = [
         "The run's facts",
         "---------------",
@@ -174,8 +173,9 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
         f"Written {written:%Y-%m-%d %H:%M} UTC by ``analysis.report`` from the files this run wrote.",
         "",
         f"- **Verdicts:** of {int(total['total'])} published numbers, {judged} have a verdict: "
-        f"**{int(total['consistent'])} consistent, {int(total['explainable'])} explainable, "
-        f"{int(total['differs'])} differ**; not comparable: {int(total['not-comparable'])}, "
+        f"**{int(total['consistent'])} consistent, {int(total['differs'])} differ, "
+        f"{int(total['baseline-not-reproduced'])} baseline not reproduced** ({int(total['weak'])} of them weak: "
+        f"a range wider than x1.5); not comparable: {int(total['not-comparable'])}, "
         f"not reproduced: {int(total['not-reproduced'])}.",
         f"- **Records:** {len(records)}: {testbeds}.",
         f"- **Code:** the records were made at {'commit' if len(commits) == 1 else 'commits'} "
@@ -214,9 +214,10 @@ def main(argv: list[str] | None = None) -> None:
                 summary,
                 SUMMARY_VIEW,
                 "Verdicts per paper",
-                "How many published numbers of each paper are consistent, explainable (they differ at the chosen "
-                "values of the parameters the paper leaves unstated, but a setting inside their plausible ranges "
-                "reproduces them), differ, are not comparable or not reproduced; the last row sums the papers.",
+                "How many published numbers of each paper are consistent or differ at the paper's testbed fitted "
+                "to its own baseline rows, are claims whose baseline no plausible setting reproduces, are not "
+                "comparable or not reproduced, and how many verdicts are weak (a range over the "
+                "baseline-consistent settings wider than x1.5); the last row sums the papers.",
             ),
             args.out_facts: run_facts([read_record(p) for p in args.records], summary, datetime.now(timezone.utc)),
         }

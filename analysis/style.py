@@ -76,7 +76,7 @@ DISPATCHER_COLOURS = _dispatcher_colours()
 # vermillion as agreement falls; greys for no verdict.
 VERDICT_COLOURS = {
     "consistent": "#009E73",
-    "explainable": "#E69F00",
+    "baseline-not-reproduced": "#E69F00",
     "differs": "#D55E00",
     "not-comparable": "#999999",
     "not-reproduced": "#666666",

@@ -12,7 +12,7 @@ import yaml
 from analysis_records import SHARE, write_point, write_train_step
 
 from analysis.collect import collect
-from analysis.compare import CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
+from analysis.compare import BASELINE_NOT_REPRODUCED, CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
 from analysis.published import RegistryError, load_registry
 from analysis.registry import REPRODUCERS, reproducer
 from moe_core.units import MiB
@@ -43,6 +43,8 @@ def _entry(entry_id, value, reproducer):
         "unit": "x",
         "source": "url",
         "status": "FT",
+        "role": "claim",
+        "role_evidence": "a gain of the mechanism",
         "reproducer": reproducer,
     }
 
@@ -56,6 +58,30 @@ def test_registry_validation(tmp_path):
         load_registry(_registry_file(tmp_path, [no_status]))
     with pytest.raises(RegistryError, match="'status'"):
         load_registry(_registry_file(tmp_path, [{**_entry("c", 1.0, None), "status": "maybe"}]))
+
+
+def test_registry_requires_a_role_with_evidence(tmp_path):
+    untagged = _entry("d", 1.0, None)
+    del untagged["role"]
+    with pytest.raises(RegistryError, match=r"'d'.*missing key 'role'"):
+        load_registry(_registry_file(tmp_path, [untagged]))
+    with pytest.raises(RegistryError, match="'role' is 'gain'; use one of"):
+        load_registry(_registry_file(tmp_path, [{**_entry("e", 1.0, None), "role": "gain"}]))
+    with pytest.raises(RegistryError, match="'role_evidence' must say why"):
+        load_registry(_registry_file(tmp_path, [{**_entry("f", 1.0, None), "role_evidence": ""}]))
+
+
+def test_shipped_registry_tags_the_papers_baselines():
+    """The issue's tagging: Lina's Table 1, Figs 2, 3 and 6 and GShard's Table 3 throughput are
+    baselines; Lina's and Aurora's speedups are claims; all 24 rows of Table 1 are there."""
+    registry = load_registry()
+    roles = {key: entry["role"] for key, entry in registry.items()}
+    assert {roles[k] for k in registry if k.startswith(("lina-table1", "lina-fig2", "lina-fig3", "lina-fig6"))} == {
+        "baseline"
+    }
+    assert {roles[k] for k in registry if "steps-per-s" in k} == {"baseline"}
+    assert {roles[k] for k in registry if k.startswith(("lina-fig10", "aurora-fig11c"))} == {"claim"}
+    assert len([k for k in registry if k.startswith("lina-table1-") and k.endswith(("e-12l", "e-24l", "e-36l"))]) == 24
 
 
 def test_compare_verdicts(tmp_path, tables):
@@ -112,10 +138,11 @@ def test_compare_judges_only_like_for_like(tmp_path, tables):
     registry["at-least"]["testbed"] = registry["at-most"]["testbed"] = ["local-cpu"]
     table = compare(registry, *tables).set_index("id")
     assert table.loc["elsewhere", "verdict"] == NOT_COMPARABLE and table.loc["elsewhere", "reproduced"] == 1.9
-    assert table.loc["elsewhere", "reason"].startswith("measured on local-cpu, not on the paper's testbed")
-    assert table.loc["unlike", "verdict"] == NOT_COMPARABLE and table.loc["unlike", "reason"] == "another model"
+    assert table.loc["elsewhere", "reason"].startswith("not comparable: measured on local-cpu, not on the paper's")
+    assert table.loc["unlike", "verdict"] == NOT_COMPARABLE
+    assert table.loc["unlike", "reason"] == "not comparable: another model"
     assert table.loc["unlike-none", "verdict"] == NOT_COMPARABLE and pd.isna(table.loc["unlike-none", "reproduced"])
-    assert table.loc["at-least", "verdict"] == CONSISTENT and pd.isna(table.loc["at-least", "reason"])
+    assert table.loc["at-least", "verdict"] == CONSISTENT and table.loc["at-least", "reason"].startswith("holds: ")
     assert table.loc["at-most", "verdict"] == DIFFERS  # 1.9 > 1.0 x (1 + 0.25)
 
 
@@ -188,3 +215,66 @@ def test_compare_rejects_unknown_reproducer(tmp_path, tables):
     registry = load_registry(_registry_file(tmp_path, [_entry("x", 1.0, "no_such_function")]))
     with pytest.raises(ValueError, match="no_such_function"):
         compare(registry, *tables)
+
+
+def _link_sweep(tmp_path, shares=((None, 0.34), ("12.4", 0.50), ("240", 0.10))):
+    """Simulated overlap points of Lina's testbed at the chosen link rate and at each end of its range."""
+    paths = []
+    for link, share in shares:
+        params = {"world_size": 4, "num_experts": 4, "experts_per_rank": 1, "policy": "overlap", "seed": 0}
+        params |= {"unstated": f"hardware.intra_node_GBps={link}"} if link else {}
+        paths.append(
+            write_point(
+                tmp_path,
+                paper="lina",
+                experiment="sim_train_step",
+                point=f"p_{share}",
+                mode="simulated",
+                backend="sim",
+                hardware="lina-a100-4x4",
+                params=params,
+                samples={"a2a_share": [share], "step_ms": [100.0]},
+            )
+        )
+    return collect(paths)
+
+
+def _fitted(tmp_path, tables, baseline, claim):
+    entries = [
+        {**_entry("base", baseline, "lina_table1_training_a2a_share"), "role": "baseline"},
+        _entry("claim", claim, "lina_table1_training_a2a_share"),
+    ]
+    table = compare(load_registry(_registry_file(tmp_path, entries, testbeds=["lina-a100-4x4"])), *tables)
+    return table.set_index("id"), table.attrs["fits"][("lina", "simulated", "sim")]
+
+
+def test_claims_are_predicted_at_the_testbed_fitted_to_the_baselines_and_never_fitted_to(tmp_path):
+    tables = _link_sweep(tmp_path)
+    table, fit = _fitted(tmp_path, tables, baseline=20.0, claim=34.0)
+    assert set(fit.targets) == {"base"}  # the claim row is no target of the fit
+    assert (
+        table.loc["base", "reproduced"] == pytest.approx(20.0, rel=1e-3) and table.loc["base", "verdict"] == CONSISTENT
+    )
+    assert 25.0 < fit.setting["hardware.intra_node_GBps"] < 240.0
+    # the claim reads the same simulated number: at the fit it is 20, not the chosen values' 34
+    assert table.loc["claim", "reproduced_chosen"] == pytest.approx(34.0)
+    assert (
+        table.loc["claim", "reproduced"] == pytest.approx(20.0, rel=1e-3) and table.loc["claim", "verdict"] == DIFFERS
+    )
+    assert table.loc["claim", "reason"].startswith("does not hold: with the testbed fitted to 1 baseline row within")
+    # the range spans the baseline-consistent settings only: shares within 25% of 20
+    assert 15.0 - 1e-6 <= table.loc["claim", "reproduced_low"] < table.loc["claim", "reproduced_high"] <= 25.0 + 1e-6
+    # moving the claim's published number moves nothing the fit decides
+    other, other_fit = _fitted(tmp_path, tables, baseline=20.0, claim=22.0)
+    assert other_fit.setting == fit.setting
+    assert other.loc["claim", "reproduced"] == table.loc["claim", "reproduced"]
+    assert other.loc["claim", "verdict"] == CONSISTENT  # 20 is within 25% of 22
+    assert pd.isna(table.loc["claim", "loo"])
+
+
+def test_a_baseline_no_plausible_setting_reaches_makes_its_claims_baseline_not_reproduced(tmp_path):
+    table, fit = _fitted(tmp_path, _link_sweep(tmp_path), baseline=2.0, claim=34.0)
+    assert len(fit.consistent) == 0 and fit.unreached.startswith("base: published 2")
+    assert table.loc["claim", "verdict"] == BASELINE_NOT_REPRODUCED
+    assert table.loc["claim", "reason"].startswith("baseline not reproduced: no plausible setting")
+    assert table.loc["base", "verdict"] == DIFFERS

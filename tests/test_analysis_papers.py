@@ -37,6 +37,7 @@ AXONN_NEEDS = {  # reproducer: the experiment whose records it reads
     "axonn_speedup_over_megatron_80b": "axonn_scaling",
     "axonn_peak_share_80b": "axonn_scaling",
     "axonn_pflops_80b": "axonn_scaling",
+    "axonn_megatron_pflops_80b": "axonn_scaling",
     "axonn_overlap_gain_2b": "axonn_ablation",
 }
 
@@ -95,7 +96,7 @@ def test_axonn_reproducers_give_the_published_numbers(figure_tables):
     assert {e["reproducer"] for e in registry.values()} == set(AXONN_NEEDS)
     table = compare(registry, *figure_tables).set_index("id")
     assert (table["verdict"] == CONSISTENT).all() and (table["hardware"] == "axonn-perlmutter").all()
-    assert table["ratio"].tolist() == pytest.approx([1.0] * 4)
+    assert table["ratio"].tolist() == pytest.approx([1.0] * 5, rel=0.01)  # Megatron's 144 PFLOP/s is rounded
     assert "tp 4 x pp 16 x dp 16" in table.loc["axonn-80b-speedup-over-megatron", "reproduced_setting"]
     assert registry["axonn-2b-overlap-gain"]["status"] == "UNC"
     records, samples = figure_tables

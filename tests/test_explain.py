@@ -1,5 +1,5 @@
 """The unstated parameters' joint design (moe_core.schema.points) and what the analysis reads off it
-(analysis.explain): explainable, needs, the computed reason of a differs row, the verdict summary."""
+(analysis.explain): needs, the reason of a differs row, every row's first sentence, the verdict summary."""
 
 import pandas as pd
 import pytest
@@ -112,20 +112,6 @@ def test_needs_names_the_most_influential_parameter_and_whether_its_value_is_pla
         del UNSTATED_PARAMS["test-paper"]
 
 
-def test_explainable_reads_the_range_with_the_entrys_rule():
-    def within(ratio):
-        return abs(ratio - 1) <= 0.25
-
-    assert explain.explainable(0.5, 0.8, within)  # the high end agrees
-    assert explain.explainable(0.5, 1.5, within)  # straddles
-    assert not explain.explainable(0.4, 0.6, within)
-
-    def lower_bound(ratio):
-        return ratio >= 0.75
-
-    assert not explain.explainable(0.5, 0.7, lower_bound)
-
-
 def test_reason_and_step_terms_come_from_the_points_records():
     records = pd.DataFrame(
         [
@@ -145,9 +131,9 @@ def test_reason_and_step_terms_come_from_the_points_records():
         {"dense_ms": 0.4, "gate_ms": 0.1, "expert_ms": 0.2, "a2a_ms": 0.25, "allreduce_exposed_ms": 0.05}
     )
     assert explain.term_shares(records, {"other"}) == {}
-    text = explain.reason(1.0, 2.0, 0.9, 1.2, False, ["hardware.x"], "hardware.x=9 gives 2 (outside ...)", shares)
-    assert text.startswith("ours 1 is 0.50x the published 2; the joint sweep of hardware.x gives 0.9-1.2")
-    assert "does not reach it" in text and "dense compute 40%, exposed all-to-all 25%" in text
+    text = explain.reason(1.0, 2.0, ["hardware.x"], "hardware.x=9 gives 2 (outside ...)", shares)
+    assert text.startswith("at the chosen values ours is 1, 0.50x the published 2; swept: hardware.x")
+    assert "dense compute 40%, exposed all-to-all 25%" in text
 
 
 def _step_records(points: dict[str, dict[str, float]]) -> pd.DataFrame:
@@ -224,24 +210,45 @@ def test_a_number_that_does_not_read_the_terms_gets_no_factor():
         return _metric(recs, "a", "unrelated_GBps")
 
     assert explain.term_factors(bandwidth, records, {"a"}, 9.0, 7.0) == {}
-    text = explain.reason(7.0, 9.0, 7.0, 7.0, False, [], None, explain.term_shares(records, {"a"}), {})
+    text = explain.reason(7.0, 9.0, [], None, explain.term_shares(records, {"a"}), {})
     assert text.endswith("the number does not move with the step terms")
-    no_terms = explain.reason(7.0, 9.0, 7.0, 7.0, False, [], None, {}, {})
+    no_terms = explain.reason(7.0, 9.0, [], None, {}, {})
     assert no_terms.endswith("not built from a training step's terms")
 
 
-def test_verdict_summary_counts_explainable_differs_apart():
+def test_verdict_summary_counts_the_comparisons_verdicts_and_weak_ones():
     table = pd.DataFrame(
         {
-            "paper": ["p", "p", "p", "q"],
-            "verdict": ["consistent", "differs", "differs", "not-comparable"],
-            "explainable": [True, True, False, None],
+            "paper": ["p", "p", "p", "p", "q"],
+            "verdict": ["consistent", "differs", "differs", "baseline-not-reproduced", "not-comparable"],
+            "weak": [True, False, True, None, None],
         }
     )
     summary = explain.verdict_summary(table).set_index("paper")
-    assert summary.loc["p", ["consistent", "explainable", "differs", "total"]].tolist() == [1, 1, 1, 3]
-    assert summary.loc["q", "not-comparable"] == 1
-    assert summary.loc["all", "total"] == 4
+    kinds = ["consistent", "differs", "baseline-not-reproduced", "total", "weak"]
+    assert summary.loc["p", kinds].tolist() == [1, 2, 1, 4, 2]
+    assert summary.loc["q", "not-comparable"] == 1 and summary.loc["q", "weak"] == 0
+    assert summary.loc["all", "total"] == 5
+    # one count everywhere: the summary's verdicts are the comparison's, row for row
+    assert summary.loc["all", list(explain.VERDICTS)].sum() == len(table)
+
+
+def _row(kind, role="claim", **columns):
+    entry = {"value": 2.0, "unit": "x", "role": role}
+    cols = {"reproduced": 1.9, "reproduced_low": 1.8, "reproduced_high": 2.0, "range_width": 1.1, "weak": False}
+    return explain.first_sentence(kind, entry, {**cols, **columns}, reason="another model")
+
+
+def test_every_row_opens_with_a_plain_first_sentence():
+    assert _row("consistent").startswith("holds: at the chosen values (the paper gives no baseline")
+    assert _row("consistent", role="baseline").startswith("reproduced: ")
+    assert _row("differs").startswith("does not hold: ") and _row("differs", role="baseline").startswith(
+        "baseline missed"
+    )
+    assert "(weak: x3 wide)" in _row("differs", weak=True, range_width=3.0)
+    assert "fitted without this row, the testbed predicts 1.7" in _row("consistent", role="baseline", loo=1.7)
+    assert _row("not-comparable") == "not comparable: another model"
+    assert _row("not-reproduced").startswith("not reproduced: ")
 
 
 def test_a_value_that_stands_for_another_link_class_sets_it_too():

@@ -10,6 +10,7 @@ from analysis.collect import collect
 from analysis.registry import REPRODUCERS
 from experiments import lina_inference_sim as sim
 from moe_core.config.load import load_config, to_container
+from moe_core.papers.lina.config import INFERENCE_UNSTATED
 from moe_core.papers.lina.inference import Scheduler
 from moe_core.papers.lina.inference_sim import balanced_counts, placed_batch, source_counts
 from moe_core.papers.lina.placement import path_topk_share, profile_paths, static_placement
@@ -22,6 +23,7 @@ from moe_core.papers.lina.routing import (
     zipf_popularity,
 )
 from moe_core.records.results import record_path, write_record
+from moe_core.schema.points import sensitivity_settings, setting_text
 from moe_core.sim.forward import ForwardModel
 from moe_core.sim.topology import build_topology
 
@@ -148,14 +150,8 @@ def test_records_feed_the_measured_inference_reproducers(tmp_path):
     # a sensitivity run per other end of each unstated parameter's range and per joint corner, every
     # policy in each
     variants = records.dropna(subset=["unstated"]).drop_duplicates("point")
-    assert variants.groupby("unstated")["policy"].nunique().to_dict() == {
-        "hardware.intra_node_GBps=12.4": 5,
-        "hardware.intra_node_GBps=240": 5,
-        "lina.inference_drift=100": 5,
-        "lina.inference_drift=1600": 5,
-        "hardware.intra_node_GBps=12.4,lina.inference_drift=100": 5,
-        "hardware.intra_node_GBps=12.4,lina.inference_drift=1600": 5,
-        "hardware.intra_node_GBps=240,lina.inference_drift=100": 5,
-        "hardware.intra_node_GBps=240,lina.inference_drift=1600": 5,
-    }
+    runs = variants.groupby("unstated")["policy"].nunique().to_dict()
+    assert runs == {setting_text(s): 5 for s in sensitivity_settings(INFERENCE_UNSTATED)}
+    assert len(runs) == 6 + 8  # link, batch (Table 1's "same batch") and drift at each end, and 2^3 corners
+    assert "hardware.intra_node_GBps=12.4,train.batch_size=64,lina.inference_drift=100" in runs
     assert set(variants["routing_drift"]) == {400.0, 100.0, 1600.0}

@@ -19,6 +19,7 @@ from moe_core.papers.lina.placement import (
     schedule_rates,
     send_counts,
     static_placement,
+    unique_codes,
 )
 
 # 4 MoE layers, 6 tokens, E = 3. Tokens 0-2 follow path (0, 1, 2), tokens 3-5 path (2, 2, 0).
@@ -161,3 +162,11 @@ def test_path_topk_share_counts_tokens_following_their_groups_top_experts():
     assert path_topk_share(one_back, 2) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="k must be >= 1"):
         path_topk_share(one_back, 0)
+
+
+@pytest.mark.parametrize("space", [7**3, 1 << 30])  # counted with a bincount, and by np.unique past the limit
+def test_unique_codes_is_np_unique(space):
+    codes = np.random.default_rng(0).integers(0, min(space, 7**3), size=5000) * (space // 7**3)
+    expected = np.unique(codes, return_inverse=True, return_counts=True)
+    for got, want in zip(unique_codes(codes, space), expected):
+        np.testing.assert_array_equal(got, want)

@@ -28,15 +28,15 @@ LANDING = Path("analysis/captions/landing.rst")
 def comparison_table() -> pd.DataFrame:
     """Six rows of a comparison table: one per kind of verdict, a published bound each way, a zero."""
     rows = [
-        # id, verdict, explainable, published, reproduced, low, high, tolerance, bound, hardware
-        ("lina-fig3-median", "differs", True, 1.83, 1.2, 1.1, 2.0, 0.25, "lower", "lina-a100-4x4"),
-        ("lina-fig15-overhead", "differs", False, 1.7, 0.0, 0.0, 0.5, 0.25, None, "lina-a100-4x4"),
-        ("aurora-fig12-gain", "consistent", True, 1.5, 1.6, 1.4, 1.7, 0.5, "upper", "aurora-bigswitch-100g"),
+        # id, verdict, weak, published, reproduced, low, high, tolerance, bound, hardware
+        ("lina-fig3-median", "baseline-not-reproduced", None, 1.83, 1.2, 1.1, 2.0, 0.25, "lower", "lina-a100-4x4"),
+        ("lina-fig15-overhead", "differs", True, 1.7, 0.0, 0.0, 0.5, 0.25, None, "lina-a100-4x4"),
+        ("aurora-fig12-gain", "consistent", False, 1.5, 1.6, 1.4, 1.7, 0.5, "upper", "aurora-bigswitch-100g"),
         ("aurora-fig12-gain", "differs", False, 1.5, 0.8, 0.7, 0.9, 0.25, None, "aurora-bigswitch-hetero"),
         ("lina-fig6-ratio", "not-comparable", None, 4.02, 11.6, 11.6, 11.6, 0.25, None, "local-cpu"),
         ("lina-fig2-sm-share", "not-reproduced", None, 3.7, np.nan, np.nan, np.nan, 0.25, None, None),
     ]
-    names = ["id", "verdict", "explainable", "published", "reproduced", "reproduced_low", "reproduced_high"]
+    names = ["id", "verdict", "weak", "published", "reproduced", "reproduced_low", "reproduced_high"]
     df = pd.DataFrame(rows, columns=[*names, "tolerance", "bound", "hardware"])
     df["paper"] = df["id"].str.split("-").str[0]
     df["reason"] = ["ours <1.2> is 0.66x & below", *["a reason"] * 5]
@@ -86,9 +86,9 @@ def test_html_table_holds_every_row_escaped_and_sortable():
     assert [row[column["id"]][0] for row in rows] == df["id"].tolist()
     assert rows[0][column["reason"]][0] == "ours <1.2> is 0.66x & below"  # text, not markup
     assert rows[0][column["published"]][0] == "1.83" and rows[5][column["reproduced"]][0] == ""
-    # the verdict cell carries its row's verdict, explainable for a differs row the ranges explain
+    # the verdict cell carries its row's verdict
     kinds = [row[column["verdict"]][1]["data-verdict"] for row in rows]
-    assert kinds == ["explainable", "differs", "consistent", "differs", "not-comparable", "not-reproduced"]
+    assert kinds == ["baseline-not-reproduced", "differs", "consistent", "differs", "not-comparable", "not-reproduced"]
     assert "&lt;with&gt;" in page and 'addEventListener("click"' in page and "<thead>" in page
     assert "src=" not in page and "http" not in page  # self-contained: nothing fetched
 
@@ -128,7 +128,8 @@ def test_run_facts_count_the_records_commits_and_verdicts():
     run = records(("measured", "local-cpu", "abc1234", 2), ("simulated", "lina-a100-4x4", "def5678-dirty", 3))
     text = run_facts(run, summary, datetime(2026, 12, 4, 10, 30, tzinfo=timezone.utc))
     assert "Written 2026-12-04 10:30 UTC" in text
-    assert "of 6 published numbers, 4 have a verdict: **1 consistent, 1 explainable, 2 differ**" in text
+    assert "of 6 published numbers, 4 have a verdict: **1 consistent, 2 differ, 1 baseline not reproduced**" in text
+    assert "(1 of them weak: a range wider than x1.5)" in text
     assert "not comparable: 1, not reproduced: 1." in text
     assert "5: 2 measured on ``local-cpu``; 3 simulated on ``lina-a100-4x4``" in text
     assert "commits ``def5678-dirty`` (3 records), ``abc1234`` (2 records)" in text
@@ -165,7 +166,7 @@ def test_the_landing_page_includes_the_run_facts_when_the_run_wrote_them(tmp_pat
     facts = run_facts(records(("measured", "local-cpu", "abc1234", 2)), summary, datetime.now(timezone.utc))
     page = render_landing(tmp_path, facts)
     assert "local-cpu" in page and "How to read a verdict" in page and "What the categories hold" in page
-    assert "<strong>1 consistent, 1 explainable, 2 differ</strong>" in page and "abc1234" in page
+    assert "<strong>1 consistent, 2 differ, 1 baseline not reproduced</strong>" in page and "abc1234" in page
     assert "are missing" not in page
     without = render_landing(tmp_path, None)
     assert "are missing" in without and "Written" not in without and "consistent," not in without  # none invented
@@ -177,7 +178,7 @@ def test_the_landing_page_includes_the_run_facts_when_the_run_wrote_them(tmp_pat
 def test_verdict_points_are_the_judged_rows_as_log_ratios_with_their_band():
     df = verdict_points(comparison_table())
     assert df["id"].tolist() == ["lina-fig3-median", "lina-fig15-overhead", "aurora-fig12-gain", "aurora-fig12-gain"]
-    assert df["kind"].tolist() == ["explainable", "differs", "consistent", "differs"]
+    assert df["kind"].tolist() == ["baseline-not-reproduced", "differs", "consistent", "differs"]
     assert df.loc[0, "log_ratio"] == pytest.approx(math.log2(1.2 / 1.83))
     assert df.loc[0, ["log_low", "log_high"]].tolist() == pytest.approx([math.log2(1.1 / 1.83), math.log2(2.0 / 1.83)])
     assert df.loc[1, "log_ratio"] == -math.inf and df.loc[1, "log_low"] == -math.inf  # zero: at the axis' edge

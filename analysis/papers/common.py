@@ -16,7 +16,6 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullLocator
 
 from analysis.collect import select
-from analysis.explain import verdict_kinds
 from analysis.registry import FigureDataError, figure, one_testbed, table
 from analysis.style import MODE_MARKERS, PUBLISHED_MARKER, VERDICT_COLOURS, mode_title, palette
 from analysis.units import format_bytes
@@ -389,7 +388,8 @@ def external_steps_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Fig
 
 # ---- published vs reproduced: every verdict at once (analysis.compare's comparison.csv) -----------------
 
-VERDICT_MARKERS = {"consistent": "o", "explainable": "D", "differs": "X"}  # the verdicts a judged row can get
+# the verdicts a judged row can get
+VERDICT_MARKERS = {"consistent": "o", "differs": "X", "baseline-not-reproduced": "D"}
 LOG2_LIMIT = 7  # the axis spans at most 1/128x..128x; a ratio beyond it (or at zero) is drawn at the edge
 VERDICT_POINT_COLUMNS = [
     "id",
@@ -402,24 +402,25 @@ VERDICT_POINT_COLUMNS = [
     "tolerance",
     "bound",
     "verdict",
-    "explainable",
+    "weak",
 ]
 
 
 def verdict_points(comparison: pd.DataFrame) -> pd.DataFrame:
-    """The comparison rows with a verdict (consistent or differs: the paper's quantity on the paper's
-    testbed), in table order, as base-2 logs of reproduced / published: the chosen setting's
-    (``log_ratio``), the plausible range's ends over the unstated parameters' sweep (``log_low``,
-    ``log_high``) and the ends of the band where the verdict is consistent (``band_low``, ``band_high``:
-    1 -+ tolerance, open on the far side of a published bound). A ratio at or below zero is -inf.
+    """The comparison rows with a verdict (consistent, differs or baseline-not-reproduced: the paper's
+    quantity on the paper's testbed), in table order, as base-2 logs of reproduced / published: at the
+    paper's testbed fit (``log_ratio``), the range's ends over the baseline-consistent settings, or over
+    every sensitivity run where the paper has no baseline to fit (``log_low``, ``log_high``) and the ends
+    of the band where the verdict is consistent (``band_low``, ``band_high``: 1 -+ tolerance, open on
+    the far side of a published bound). A ratio at or below zero is -inf.
     Each row is labelled by its id without the paper's prefix, and its testbed where an id has several."""
     missing = [column for column in VERDICT_POINT_COLUMNS if column not in comparison]
     if missing:
         raise FigureDataError(
             f"the comparison table lacks columns {missing}; rewrite it with python -m analysis.compare"
         )
-    df = comparison[comparison["verdict"].isin(["consistent", "differs"])][VERDICT_POINT_COLUMNS]
-    df = df.reset_index(drop=True).assign(kind=verdict_kinds)
+    df = comparison[comparison["verdict"].isin(list(VERDICT_MARKERS))][VERDICT_POINT_COLUMNS]
+    df = df.reset_index(drop=True).assign(kind=lambda d: d["verdict"])
     for column, values in (("log_ratio", "reproduced"), ("log_low", "reproduced_low"), ("log_high", "reproduced_high")):
         df[column] = _log2(df[values] / df["published"])
     df["band_low"] = np.where(df["bound"] == "upper", -np.inf, _log2(1 - df["tolerance"]))
@@ -438,12 +439,13 @@ def _log2(values: pd.Series) -> pd.Series:
 
 @figure(paper="common", reads="comparison")
 def verdicts(comparison: pd.DataFrame, fig: Figure) -> pd.DataFrame:
-    """Every published number with a verdict: reproduced / published on a log axis, the plausible range
-    over the unstated parameters as a bar, the band where the verdict is consistent, one panel per paper."""
+    """Every published number with a verdict: reproduced / published on a log axis, the range the verdict
+    uses as a bar, the band where the verdict is consistent, one panel per paper; the counts are the
+    comparison's (and verdict_summary.csv's)."""
     df = verdict_points(comparison)
     if df.empty:
         raise FigureDataError(
-            "the comparison table has no row with a verdict (consistent or differs); "
+            "the comparison table has no row with a verdict (consistent, differs or baseline-not-reproduced); "
             "run the paper's experiments on its testbed profiles and rerun analysis.compare"
         )
     shown = df[["log_ratio", "log_low", "log_high"]].to_numpy().ravel()
@@ -468,8 +470,8 @@ def verdicts(comparison: pd.DataFrame, fig: Figure) -> pd.DataFrame:
         for kind, shape in VERDICT_MARKERS.items()
     ]
     handles += [
-        Line2D([], [], marker="o", color="0.4", lw=0, label="marker: at the chosen values of the unstated parameters"),
-        Line2D([], [], color="0.4", lw=2, alpha=0.6, label="bar: over their plausible values"),
+        Line2D([], [], marker="o", color="0.4", lw=0, label="marker: at the testbed fitted to the paper's baselines"),
+        Line2D([], [], color="0.4", lw=2, alpha=0.6, label="bar: over the baseline-consistent settings, or all runs"),
         Patch(color="0.87", label="grey: consistent, 1 ± tolerance (open beyond a published bound)"),
         Line2D([], [], marker="<", color="0.4", lw=0, label="arrow: beyond the axis, or 0"),
     ]
@@ -478,7 +480,8 @@ def verdicts(comparison: pd.DataFrame, fig: Figure) -> pd.DataFrame:
     counts = df["kind"].value_counts()
     key.set_title(
         f"Published vs reproduced: {len(df)} numbers with a verdict, {counts.get('consistent', 0)} consistent, "
-        f"{counts.get('explainable', 0)} explainable, {counts.get('differs', 0)} differ\n"
+        f"{counts.get('differs', 0)} differ, {counts.get('baseline-not-reproduced', 0)} baseline not reproduced, "
+        f"{int(df['weak'].eq(True).sum())} weak\n"
         f"(not shown: {len(comparison) - len(df)} rows without a verdict, not comparable or not reproduced)",
         fontsize="small",
     )

@@ -27,7 +27,8 @@ rule collect:
 
 
 rule compare:
-    """Published numbers (analysis/published.yaml) next to ours, with verdicts."""
+    """Published numbers (analysis/published.yaml) next to ours, with verdicts at each paper's testbed
+    fitted to its baseline rows (analysis.fit), and the fits."""
     input:
         records=rules.collect.output.records,
         samples=rules.collect.output.samples,
@@ -43,6 +44,11 @@ rule compare:
             caption="../../analysis/captions/verdict_summary.rst",
             category="Published vs reproduced",
         ),
+        fits=report(
+            f"{RESULTS}/tables/testbed_fit.csv",
+            caption="../../analysis/captions/testbed_fit.rst",
+            category="Published vs reproduced",
+        ),
     conda:
         "../../environment.yml"
     log:
@@ -50,7 +56,7 @@ rule compare:
     localrule: True
     shell:
         "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} "
-        "--out {output.comparison:q} --summary {output.summary:q}"
+        "--out {output.comparison:q} --summary {output.summary:q} --fits {output.fits:q}"
 
 
 rule report_pages:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from analysis.collect import select
 from analysis.papers.lina.testbed import LINA_GPUS, LINA_XL_EXPERTS
-from analysis.registry import complete_points, describe_testbeds, reproducer
+from analysis.registry import Reproducer, complete_points, describe_testbeds, reproducer
 from analysis.units import format_bytes, span
 from moe_core.units import MiB
 
@@ -111,3 +111,35 @@ def lina_fig2_a2a_share_of_moe(records: pd.DataFrame, samples: pd.DataFrame) -> 
         return None
     share = points["a2a_fwd_ms"] / points["moe_layer_fwd_ms"]
     return 100 * float(share.mean()), _baseline_setting(points, "forward all-to-alls / MoE layers' forward time")
+
+
+# Table 1's rows: (mode, what) -> the record metric and the factor to the published unit (ms, %).
+TABLE1_METRICS = {"a2a_ms": ("a2a_ms", 1.0), "a2a_share": ("a2a_share", 100.0)}
+
+
+def _table1_row_reproducer(mode: str, what: str, experts: int) -> Reproducer:
+    """Register one of Table 1's rows for the simulated 24-layer model: DeepSpeed-MoE's all-to-all time
+    (``what`` a2a_ms) or share (a2a_share) at ``experts`` experts = GPUs, in training (the step, policy
+    overlap) or inference (the forward pass under static placement, mean over the run's batches)."""
+    metric, factor = TABLE1_METRICS[what]
+
+    def training(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        points = _baseline_points(records, [metric], (experts,))
+        if points.empty:
+            return None
+        return factor * float(points[metric].mean()), _baseline_setting(points, f"{metric} per step")
+
+    def inference(records: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, str] | None:
+        rows = select(records, experiment="inference", policy="static", metric=metric, num_experts=experts)
+        if rows.empty:
+            return None
+        setting = f"{describe_testbeds(rows)}, static placement (DeepSpeed-MoE's), {experts} experts = GPUs"
+        return factor * float(rows["value"].mean()), f"{setting}, {len(rows)} runs, {metric} per forward pass"
+
+    return reproducer({"training": training, "inference": inference}[mode], f"lina_table1_{mode}_{what}_{experts}e")
+
+
+for _mode in ("training", "inference"):
+    for _what in TABLE1_METRICS:
+        for _experts in LINA_XL_EXPERTS:
+            _table1_row_reproducer(_mode, _what, _experts)
