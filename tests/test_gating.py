@@ -218,3 +218,40 @@ def test_a_top4_moe_layer_is_the_weighted_sum_of_its_experts(dropless):
         )
     assert bool(layer.last_gating.kept.all())
     assert torch.allclose(y.reshape(-1, M), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k, group_size", [(1, 0), (2, 0), (2, 6)])
+def test_the_einsum_permutation_gives_the_index_path_s_outputs_and_gradients(top_k, group_size):
+    """GShard's einsum dispatch and combine (moe.permute=einsum, DeepSpeed-MoE's MOELayer) compute the
+    same sums as the row scatter and gather, dropped tokens included (a capacity of 2 slots drops
+    most of 12 tokens' choices), over one group or several."""
+
+    def layer(permute: str) -> MoELayer:
+        torch.manual_seed(0)
+        return MoELayer(
+            d_model=8,
+            d_ff=16,
+            num_experts=4,
+            top_k=top_k,
+            capacity_factor=0.5,
+            min_capacity=2,
+            group_size=group_size,
+            second_expert_policy="always",
+            dropless=False,
+            aux_loss_scale="e2",
+            permute=permute,
+            layer_id=0,
+            seed=0,
+        )
+
+    x = torch.randn(2, 6, 8)
+    results = {}
+    for permute in ("index", "einsum"):
+        moe, xi = layer(permute), x.clone().requires_grad_(True)
+        y, aux = moe(xi)
+        (y.square().sum() + aux).backward()
+        results[permute] = (y, xi.grad, moe.gate.weight.grad, moe.experts.w_in.grad, moe.last_gating.kept)
+    index, einsum = results["index"], results["einsum"]
+    assert not bool(index[-1].all()), "the capacity must drop some choices for the test to mean anything"
+    for a, b in zip(index, einsum):
+        assert torch.allclose(a, b, atol=1e-5), (a, b)

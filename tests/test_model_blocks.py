@@ -7,10 +7,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from moe_core.config.load import load_config
 from moe_core.dispatch import routes_dropless
 from moe_core.model.experts import Experts
+from moe_core.model.layer import MoELayer
 from moe_core.model.transformer import CausalSelfAttention, DenseFFN, MoETransformer, shape_only_model
 from moe_core.parallel.tensor_parallel import shard_tensor_parallel
 from moe_core.schema.sections import ConfigError
@@ -141,3 +143,64 @@ def test_the_simulated_step_prices_the_gemms_of_llama_blocks(monkeypatch):
     tokens, M, q, kv, H, V, S = 4 * 128, 512, 8 * 128, 2 * 128, 1024, 1000, 128
     per_layer = 2 * tokens * (M * (q + 2 * kv) + q * M + 3 * M * H) + 2 * 2 * tokens * S * q
     assert sum(op.duration_s for op in ops) == pytest.approx(3 * (2 * per_layer + 2 * tokens * M * V), rel=1e-12)
+
+
+# GShard's einsum permutation (moe.permute=einsum) on 2 groups of 32 tokens, 4 experts of capacity 20
+# (ceil(1.25 x 2 x 32 / 4)), d_model 64: per MoE layer forward the dispatch (E C x S) @ (S x M) and the
+# combine (S x E C) @ (E C x M), backward the combine's two gradients and the dispatch's one.
+EINSUM = dict(groups=2, group=32, slots=4 * 20, d_model=64)
+EINSUM_GEMM_FLOPS = 5 * 2 * EINSUM["groups"] * EINSUM["group"] * EINSUM["slots"] * EINSUM["d_model"]
+
+
+def test_the_einsum_permutation_runs_five_slot_gemms_a_layer():
+    """Measured: torch's FLOP counter over one MoE layer's forward and backward; the einsum path runs
+    the index path's GEMMs plus exactly the five slot GEMMs."""
+    flops = {}
+    for permute in ("index", "einsum"):
+        torch.manual_seed(0)
+        layer = MoELayer(
+            d_model=EINSUM["d_model"],
+            d_ff=128,
+            num_experts=4,
+            top_k=2,
+            capacity_factor=1.25,
+            min_capacity=4,
+            group_size=EINSUM["group"],
+            second_expert_policy="always",
+            dropless=False,
+            aux_loss_scale="e2",
+            permute=permute,
+            layer_id=0,
+            seed=0,
+        )
+        x = torch.randn(2, EINSUM["group"], EINSUM["d_model"], requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            y, aux = layer(x)
+            (y.sum() + aux).backward()
+        flops[permute] = counter.get_total_flops()
+    assert flops["einsum"] - flops["index"] == EINSUM_GEMM_FLOPS
+
+
+def test_the_simulated_step_prices_the_einsum_permutation_s_gemms(monkeypatch):
+    """Simulated: with every GEMM priced at its FLOPs and nothing else priced, a step under
+    moe.permute=einsum costs the index step plus the five slot GEMMs in each MoE layer, the counts
+    the measured layer runs (above)."""
+    monkeypatch.setattr(ComputeModel, "gemm", lambda self, m, n, k, count=1: 2 * m * n * k * count)
+    for free in ("memory_bound", "copy", "optimizer"):
+        monkeypatch.setattr(ComputeModel, free, lambda self, *args, **kwargs: 0.0)
+    monkeypatch.setattr(StepKernels, "priced", lambda self, seconds, phase: seconds)
+    dims = [f"model.d_model={EINSUM['d_model']}", "model.n_heads=4", "model.d_ff=128", "model.n_layers=2"]
+    dims += ["model.moe_every=1", "model.seq_len=32", "train.batch_size=2", "moe.num_experts=4", "moe.top_k=2"]
+    dims += [f"moe.group_size={EINSUM['group']}", "moe.capacity_factor=1.25", "moe.dispatcher=capacity"]
+    total = {}
+    for permute in ("index", "einsum"):
+        overrides = [*dims, "hardware_profile=dgx-a100-80gb-hdr", f"moe.permute={permute}"]
+        cfg = load_config(overrides=overrides, whole_run=False)
+        ops, _ = StepModel(cfg, build_topology(cfg.hardware)).build()
+        total[permute] = sum(op.duration_s for op in ops if op.phase in ("copy", "dense", "gate", "expert"))
+    assert total["einsum"] - total["index"] == pytest.approx(2 * EINSUM_GEMM_FLOPS, rel=1e-12)  # 2 MoE layers
+
+
+def test_the_einsum_permutation_is_refused_with_a_dropless_dispatcher():
+    with pytest.raises(ConfigError, match="config key 'moe.permute'.*moe.dispatcher=dropless"):
+        load_config(overrides=["moe.permute=einsum", "moe.dispatcher=dropless"], whole_run=False)

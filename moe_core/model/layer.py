@@ -7,7 +7,9 @@ expert-parallel runs are tested against).
 
 Two dispatch modes:
 
-* capacity (GShard): every rank sends an (E, G, C, M) buffer; the all-to-all has equal splits.
+* capacity (GShard): every rank sends an (E, G, C, M) buffer; the all-to-all has equal splits. The
+  tokens go into their slots and back by a row scatter and gather, or (``permute="einsum"``) as
+  GShard's Algorithm 2 and DeepSpeed-MoE write it, by GEMMs against one-hot (S, E*C) matrices.
 * dropless: tokens sorted by expert, uneven ``all_to_all_single`` splits agreed by a first
   all-to-all of per-expert counts (NOTE: a host sync, as in Megatron's and MegaBlocks' dropless paths).
 """
@@ -39,6 +41,7 @@ class MoELayer(nn.Module):
         aux_loss_scale: str,
         activation: str = "relu",
         gate_host_sync: bool = False,
+        permute: str = "index",
         layer_id: int,
         seed: int,
     ):
@@ -58,6 +61,7 @@ class MoELayer(nn.Module):
         # moe.gate_host_sync runs the same read here, so measured and simulated steps share the sync
         self.gate_host_sync = gate_host_sync
         self.host_expert_counts: list[int] | None = None
+        self.permute = permute  # "index" or "einsum" (moe.permute): how the capacity path fills its slots
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, M) -> ((B, T, M), aux_loss). Tokens dropped by capacity come back as zeros."""
@@ -92,6 +96,8 @@ class MoELayer(nn.Module):
 
     # -- capacity mode ---------------------------------------------------------------------------
     def _capacity(self, tokens, plan: GatingResult, combine_weight, G: int, S: int, C: int) -> torch.Tensor:
+        if self.permute == "einsum":
+            return self._capacity_einsum(tokens, plan, combine_weight, G, S, C)
         E, M = self.num_experts, tokens.shape[-1]
         with self.timer.region("permute.fwd"):
             group = torch.arange(G, device=tokens.device).view(G, 1, 1)
@@ -110,6 +116,24 @@ class MoELayer(nn.Module):
             gathered = gather_rows(out, flat_slot).view(G * S, self.top_k, M)  # (N, k, M)
         with self.timer.region("combine.fwd"):
             return (combine_weight.reshape(G * S, self.top_k, 1).to(gathered.dtype) * gathered).sum(dim=1)
+
+    def _capacity_einsum(self, tokens, plan: GatingResult, combine_weight, G: int, S: int, C: int) -> torch.Tensor:
+        """The capacity path as GShard's Algorithm 2 (and DeepSpeed-MoE's MOELayer) computes it: each
+        group's (S, M) tokens into the (E*C, M) slots by a GEMM with the one-hot dispatch mask, the
+        expert outputs back by a GEMM with the (S, E*C) combine weights. The same sums as the index
+        path, at 2 S E C M FLOPs a group each way: quadratic in the group size S."""
+        E, M = self.num_experts, tokens.shape[-1]
+        slot = plan.expert_index * C + plan.slot.clamp(max=C - 1)  # (G, S, k): the slot within the group
+        with self.timer.region("permute.fwd"):
+            mask = slot_matrix(slot, plan.kept.to(tokens.dtype), E * C)
+            buf = torch.einsum("gsx,gsm->gxm", mask, tokens.view(G, S, M))
+            buf = buf.view(G, E, C, M).transpose(0, 1).reshape(E * G * C, M)  # expert-major: (E*G*C, M)
+
+        out = self._exchange_and_compute_equal(buf, G * C)  # (E*G*C, M)
+        with self.timer.region("combine.fwd"):
+            weights = slot_matrix(slot, combine_weight.view(G, S, -1), E * C).to(out.dtype)
+            out = out.view(E, G, C, M).transpose(0, 1).reshape(G, E * C, M)  # back to group-major
+            return torch.einsum("gsx,gxm->gsm", weights, out).reshape(G * S, M)
 
     def _exchange_and_compute_equal(self, buf: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
         """buf (E*R, M) in expert order -> expert outputs in the same order; R rows per expert.
@@ -206,6 +230,14 @@ def _block_transpose_index(counts: list[list[int]], device) -> torch.Tensor:
         for s in range(len(counts))
     ]
     return torch.cat(pieces).to(device) if pieces else torch.empty(0, dtype=torch.long, device=device)
+
+
+def slot_matrix(slot: torch.Tensor, values: torch.Tensor, slots: int) -> torch.Tensor:
+    """(G, S, slots) zeros but ``values`` (G, S, k) at each token's ``slot`` (G, S, k): GShard's one-hot
+    dispatch mask (values: 1 where kept, so a dropped choice's clamped slot stays 0) or combine
+    weights. A token's k choices are distinct experts, so its slots never collide."""
+    G, S, _ = slot.shape
+    return values.new_zeros(G, S, slots).scatter(2, slot, values)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,7 @@ class MoETransformer(nn.Module):
                     second_expert_policy=moe.second_expert_policy,
                     dropless=dropless,
                     gate_host_sync=moe.gate_host_sync,
+                    permute=moe.permute,
                     activation=m.ffn_activation,
                     aux_loss_scale=moe.aux_loss_scale,
                     layer_id=i,

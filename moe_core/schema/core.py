@@ -191,6 +191,12 @@ class MoEConfig:
     # DeepSpeed-MoE's top-k gating did (deepspeed/moe/sharded_moe.py, from 2021 until PR #5578,
     # 2024-08-22: "will cause device to host synchronization which damage performance"); off by default.
     gate_host_sync: bool = False
+    # How a capacity dispatch moves tokens into its (E, C) slots and back (moe_core.model.layer):
+    # "index", a row scatter and gather (Megatron, Tutel's fast dispatcher, this suite's default); or
+    # "einsum", GShard's Algorithm 2 as DeepSpeed-MoE runs it (deepspeed/moe/sharded_moe.py, MOELayer:
+    # einsum("sec,sm->ecm", dispatch_mask, tokens) and einsum("sec,ecm->sm", combine_weights, out)),
+    # dense GEMMs against one-hot (S, E, C) masks, quadratic in the group size S. Same numbers, other cost.
+    permute: Literal["index", "einsum"] = "index"
     # Ranks each expert's hidden units are split over (simulated only): 0 = parallel.tensor_parallel
     # (DeepSpeed's layout: the "tp" ranks route their shared tokens once); 1 = whole experts, each
     # tensor-parallel rank routing its own 1/tp of the tokens over an expert-parallel group of its

@@ -287,6 +287,7 @@ def point_params(cfg: DictConfig) -> dict[str, Any]:
         "capacity_factor": cfg.moe.capacity_factor,
         "dispatcher": configured_name(cfg),
         "dropless": routes_dropless(cfg),
+        "permute": cfg.moe.permute,
         "tokens_per_rank": cfg.train.batch_size * cfg.model.seq_len,
         "moe_layers": len(moe_blocks(cfg.model.n_layers, cfg.model.moe_every)),
         "dtype": cfg.train.dtype,

@@ -11,7 +11,7 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from moe_core.dispatch import configuration_refusal, configured
+from moe_core.dispatch import configuration_refusal, configured, configured_name, routes_dropless
 from moe_core.model.activation import FFN_ACTIVATIONS
 from moe_core.parallel.grid import grid_split_error
 from moe_core.parallel.layout import grid_config, layout_error
@@ -232,6 +232,7 @@ def _validate_model(cfg: DictConfig) -> None:
     _validate_pipeline(cfg)
     _validate_expert_layout(cfg)
     _validate_tensor_parallel(cfg)
+    _validate_permute(cfg)
     _validate_grid(cfg)
 
 
@@ -433,6 +434,16 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
         require(m[key] % tp == 0, "parallel.tensor_parallel", f"must divide model.{key}={m[key]}, got {tp}")
     reason = configuration_refusal(cfg)
     require(reason is None, "moe.dispatcher", reason)
+
+
+def _validate_permute(cfg: DictConfig) -> None:
+    """The einsum permutation fills capacity slots; a dropless dispatcher has none to fill."""
+    require(
+        cfg.moe.permute == "index" or not routes_dropless(cfg),
+        "moe.permute",
+        f"einsum fills the capacity slots of GShard's dispatch, and moe.dispatcher={configured_name(cfg)} "
+        "routes dropless (no slots): set moe.permute=index or a capacity dispatcher",
+    )
 
 
 def _validate_training(cfg: DictConfig) -> None:

@@ -73,7 +73,10 @@ class StepDag:
                 ("embed", kernels.embedding_seconds),
             )
         }
-        self.copy_s = step.copy_seconds(self.a2a_bytes)
+        # an exchange's two sides by pass: forward the dispatch's permutation, then the combine's; the
+        # backward runs them in reverse
+        sides = {"fwd": ("dispatch", "combine"), "bwd": ("combine", "dispatch")}
+        self.permute_s = {p: tuple(step.permute_seconds(side, p) for side in sides[p]) for p in sides}
         # a pipelined exchange in micro-ops: the partition and the concatenation
         self.partition_s = kernels.partition_seconds(self.a2a_bytes)
         self.activation_bytes = kernels.tokens * self.cfg.model.d_model * step.elem
@@ -124,9 +127,10 @@ class StepDag:
 
     def moe_exchange(self, layer: int, first: str, second: str, last: int, pass_: str) -> int:
         """copy -> the plan's exchange (``first`` all-to-all, experts, ``second``) -> copy."""
-        last = self.add(f"L{layer}.copy_before.{pass_}", "copy", last, duration_s=self.copy_s)
+        before, after = self.permute_s[pass_]
+        last = self.add(f"L{layer}.copy_before.{pass_}", "copy", last, duration_s=before)
         last = self.step.plan.exchange.simulate(self, layer, first, second, last, pass_)
-        return self.add(f"L{layer}.copy_after.{pass_}", "copy", last, duration_s=self.copy_s)
+        return self.add(f"L{layer}.copy_after.{pass_}", "copy", last, duration_s=after)
 
     # -- the dense parts ---------------------------------------------------------------------------
     def compute(self, kind: str, pass_: str, last, layer: int | None = None) -> int:

@@ -72,6 +72,20 @@ def gate_routing(top_k: int, pass_: str) -> tuple[int, float, float]:
     return kernels, per_token_expert, per_token + per_choice * top_k
 
 
+# The one-hot (G, S, E*C) slot matrices of the einsum permutation (moe.permute=einsum; moe_core.model.layer
+# _capacity_einsum and slot_matrix), per side and pass: (bytes per element, kernels). Forward, the dispatch
+# mask is zeroed and scattered in train.dtype (its element bytes, "elem"), the combine weights zeroed and
+# scattered in float32 (4) and cast to train.dtype (read 4, write elem); backward, the combine weights'
+# gradient is cast back to float32 (read elem, write 4) and gathered at the slots (per token: nothing
+# per element); the mask takes no gradient. Each entry: (float32 bytes, elem multiples, kernels).
+SLOT_MATRIX = {
+    ("dispatch", "fwd"): (0, 1, 2),
+    ("combine", "fwd"): (8, 1, 3),
+    ("combine", "bwd"): (4, 1, 2),
+    ("dispatch", "bwd"): (0, 0, 0),
+}
+
+
 # Transformer Engine's casts around an FP8 linear layer (train.fp8), in bytes moved per element of the
 # operand cast: read in bfloat16, written in FP8 and as an FP8 transpose in one fused kernel (Hopper's
 # FP8 GEMMs take only the "TN" layout, so the backward GEMMs read transposed copies).
@@ -260,6 +274,25 @@ class StepKernels:
     def copy_seconds(self, buffer_bytes: float, copies: int) -> float:
         """``copies`` contiguous copies of a ``buffer_bytes`` buffer on one side of an MoE exchange."""
         return self.priced(copies * self.compute.copy(buffer_bytes), "copy")
+
+    def slot_einsum_seconds(self, side: str, pass_: str, groups: int, group_tokens: int, slots: int) -> float:
+        """One side of GShard's einsum permutation (moe.permute=einsum) in ``pass_``, over ``groups``
+        groups of ``group_tokens`` tokens and ``slots`` = E * C slots each: its GEMMs against the
+        one-hot slot matrices and the matrices' own memory traffic (SLOT_MATRIX). Forward, the dispatch
+        is (E*C x S) @ (S x M) a group and the combine (S x E*C) @ (E*C x M); backward, the combine
+        takes both its gradients (the expert outputs' and its weights', to the gate) and the dispatch
+        only the tokens' (its mask is constant)."""
+        M = self.cfg.model.d_model
+        if (side, pass_) == ("dispatch", "fwd"):
+            gemms = self.gemm("fwd", slots, M, group_tokens, groups)
+        elif side == "combine":
+            gemms = self.gemm(pass_, group_tokens, M, slots, groups)
+        else:  # the dispatch's backward: dX = mask^T dY, one GEMM
+            gemms = self.gemm("fwd", group_tokens, M, slots, groups)
+        float32_bytes, elems, kernels = SLOT_MATRIX[side, pass_]
+        elements = groups * group_tokens * slots
+        matrices = self.compute.memory_bound((float32_bytes + elems * self.elem) * elements, kernels)
+        return self.priced(gemms + matrices, "copy")
 
     def partition_seconds(self, buffer_bytes: float) -> float:
         """Cutting a ``buffer_bytes`` buffer into a pipelined exchange's micro-ops, or joining them

@@ -155,6 +155,20 @@ class StepModel:
         re-layout of what arrived (moe_core.model.layer). Modelled together on the sender's side."""
         return self.kernels.copy_seconds(buffer_bytes, 2 if self.moe_layout.expert_parallel > 1 else 1)
 
+    def permute_seconds(self, side: str, pass_: str) -> float:
+        """One side of an MoE exchange in ``pass_`` (``side`` "dispatch": the tokens into the expert
+        slots, or back out in the backward; "combine": the outputs back to the tokens, or the reverse):
+        its copies, and under moe.permute=einsum GShard's GEMMs against one-hot slot matrices."""
+        seconds = self.copy_seconds(self.moe_sizes()[1])
+        moe = self.cfg.moe
+        if moe.permute == "einsum":
+            tokens = moe_tokens(self.cfg)
+            group = moe.group_size or tokens
+            groups = tokens // group
+            slots = moe.num_experts * dispatch_rows_per_expert(self.cfg) // groups  # E * C a group
+            seconds += self.kernels.slot_einsum_seconds(side, pass_, groups, group, slots)
+        return seconds
+
     def optimizer_seconds(self) -> float:
         """AdamW over this rank's parameters, sharded: its 1/p of every tensor's, p the ranks that
         hold replicas of it."""
