@@ -63,7 +63,7 @@ def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
 
 # Fig 8's components: (label, simulated metric, roofline metric or None where none is meaningful)
 BREAKDOWN = [
-    ("transformer", "dense_ms", "transformer_roofline_ms"),
+    ("transformer, dispatch, combine", "dense_ms", "dense_roofline_ms"),
     ("gate", "gate_ms", "gate_roofline_ms"),
     ("MoE FFN", "expert_ms", "expert_roofline_ms"),
     ("all-to-all", "a2a_ms", "a2a_roofline_ms"),
