@@ -77,6 +77,7 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
         "moe.experts_per_rank=1",
         "moe.top_k=1",
         "moe.dispatcher=dropless",
+        "moe.permute=index",  # no capacity slots to fill: the training model's einsum does not apply
         "comm.policy=sequential",
         *variant,
     ]

@@ -25,10 +25,15 @@ from moe_core.schema.points import (
 )
 
 
+def lina_model(cfg: DictConfig) -> list[str]:
+    """Lina's simulated training model (``lina.overrides``) on the capacity all-to-all: Lina's policies
+    pipeline and partition it, never the base config's other one."""
+    return [*cfg.lina.overrides, "moe.dispatcher=capacity"]
+
+
 @register_sim_points
 def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
-    # Lina's policies pipeline and partition the capacity all-to-all: never the base config's other one
-    lina, model = cfg.lina, [*cfg.lina.overrides, "moe.dispatcher=capacity"]
+    lina, model = cfg.lina, lina_model(cfg)
     points = [
         sim_point(cfg, lina.hardware, "lina", experts, 1, policy, model, cfg.comm.partition_mb)
         for experts, policy in itertools.product(lina.experts, lina.policy)
@@ -85,5 +90,5 @@ def inference_points(cfg: DictConfig) -> dict[str, list[str]]:
     return points
 
 
-register_override_list("lina.overrides", lambda cfg: [[*cfg.lina.overrides, f"hardware_profile={cfg.lina.hardware}"]])
+register_override_list("lina.overrides", lambda cfg: [[*lina_model(cfg), f"hardware_profile={cfg.lina.hardware}"]])
 register_override_list("inference.overrides", lambda cfg: list(inference_points(cfg).values()))
