@@ -8,7 +8,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis.collect import TESTBED_COLUMNS, select
-from analysis.papers.lina.speedups import LINA_POLICIES_SHOWN, lina_speedups
+from analysis.papers.lina.speedups import FIG13_POLICY, LINA_POLICIES_SHOWN, lina_speedups
 from analysis.papers.lina.testbed import LINA_TESTBED
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, figure
@@ -59,32 +59,37 @@ def lina_step_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure)
     return pd.concat([df for _, df in panels])
 
 
-LINA_FIGS_11_TO_13_PANELS = [  # metric, panel title, registry ids "<prefix>-<n>e" of the published values
-    ("moe_layer_fwd_ms", "MoE layers, forward (Fig 11)", "lina-fig11-moe-fwd-speedup"),
-    ("moe_layer_bwd_ms", "MoE layers, backward (Fig 12)", "lina-fig12-moe-bwd-speedup"),
-    ("a2a_bwd_ms", "backward all-to-all (Fig 13)", "lina-fig13-bwd-a2a-speedup"),
+# metric, panel title, registry ids "<prefix>-<n>e" of the published values, the policy the verdicts
+# score there (analysis.papers.lina.speedups)
+LINA_FIGS_11_TO_13_PANELS = [
+    ("moe_layer_fwd_ms", "MoE layers, forward (Fig 11)", "lina-fig11-moe-fwd-speedup", "lina"),
+    ("moe_layer_bwd_ms", "MoE layers, backward (Fig 12)", "lina-fig12-moe-bwd-speedup", "lina"),
+    ("a2a_bwd_ms", "backward all-to-all (Fig 13)", "lina-fig13-bwd-a2a-speedup", FIG13_POLICY),
 ]
 
 
 @figure(paper="lina")
 def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
-    """Policy lina over overlap on Lina's testbed (simulated), per experts (= GPUs): the MoE layers'
-    forward (Fig 11) and backward (Fig 12) wall time and the backward all-to-all time (Fig 13), with
-    the published speedups where the paper gives them."""
+    """Lina's policies over overlap on Lina's testbed (simulated), per experts (= GPUs): policy lina in
+    the MoE layers' forward (Fig 11) and backward (Fig 12) wall time, and in the backward all-to-all
+    time (Fig 13) the unpacked policy the verdict scores, with the published speedups where the paper
+    gives them."""
     sim = select(records, experiment="sim_train_step", hardware=LINA_TESTBED)
     panels = []
-    for metric, title, prefix in LINA_FIGS_11_TO_13_PANELS:
+    for metric, title, prefix, policy in LINA_FIGS_11_TO_13_PANELS:
         df = lina_speedups(sim, metric)
-        panels.append((metric, title, prefix, df[df["policy"] == "lina"] if not df.empty else df))
+        panels.append(
+            (metric, f"{title}: {policy}", prefix, policy, df[df["policy"] == policy] if not df.empty else df)
+        )
     if all(df.empty for *_, df in panels):
         raise FigureDataError(
             f"the records table has no simulated {'/'.join(m for m, *_ in LINA_FIGS_11_TO_13_PANELS)} of "
-            f"policy lina next to overlap on {LINA_TESTBED}; run the lina sweep and collect it"
+            f"Lina's policies next to overlap on {LINA_TESTBED}; run the lina sweep and collect it"
         )
     registry = load_registry()
     fig.set_size_inches(12, 4)
     axes = fig.subplots(1, len(panels))  # own scales: packing can all but remove an all-to-all
-    for ax, (metric, title, prefix, df) in zip(axes, panels):
+    for ax, (metric, title, prefix, policy, df) in zip(axes, panels):
         ax.set_title(title)
         if df.empty:  # records from before the metric existed
             ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
@@ -96,7 +101,7 @@ def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
             y="speedup",
             order=experts,
             saturation=1,
-            color=colour("policy", "lina"),
+            color=colour("policy", policy),
             errorbar=None,
             ax=ax,
         )
@@ -105,7 +110,7 @@ def lina_moe_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
                 label = "published: Lina over DeepSpeed"
                 published_segment(ax, i, published_value(registry, f"{prefix}-{n}e"), label)
         ax.axhline(1.0, color="0.5", lw=0.8)
-        ax.set(xlabel="experts (= GPUs)", ylabel="speedup of lina over overlap (×)")
+        ax.set(xlabel="experts (= GPUs)", ylabel="speedup over overlap (×)")
         ax.legend()
     fig.suptitle(f"Lina's MoE layers and backward all-to-all (simulated, {LINA_TESTBED})")
     return pd.concat([df for *_, df in panels])
