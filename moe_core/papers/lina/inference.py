@@ -120,7 +120,8 @@ class Scheduler:
         """(E,) this rank's expected tokens per expert of ``layer`` from its tokens' paths (zeros if unused)."""
         if self.policy not in ("lina", "lina-no-finetune"):
             return np.zeros(self.profile.num_experts)
-        prior = np.stack(self.paths) if self.paths else np.zeros((0, tokens), dtype=np.int64)
+        recent = self.paths[max(0, layer - self.profile.path_length) :]  # the layers a path holds
+        prior = np.stack(recent) if recent else np.zeros((0, tokens), dtype=np.int64)
         return expected_tokens(self.profile, layer, prior, self.keep)
 
     def decide(self, layer: int, top1: np.ndarray, estimate: np.ndarray, actual: np.ndarray) -> Placement:

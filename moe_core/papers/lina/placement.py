@@ -171,16 +171,17 @@ def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = 
     """Estimated token count per expert of ``layer``: sum over tokens t of P_j(t)(e).
 
     Args:
-        prior: (layers so far, tokens) top-1 experts of this batch's tokens in layers 0 .. layer-1
-            (only the last ``profile.path_length`` rows are used).
+        prior: (min(layer, path_length), tokens) top-1 experts of this batch's tokens in the layers
+            just before ``layer``, as many as a path holds (the earlier ones never matter: a caller
+            keeps only these, not a copy of every layer's choices at every layer).
         keep: keep the top-``keep`` experts of each path's distribution (Lina: top-k); None keeps all.
     Returns (E,) floats; divided by N_t this is Eq. 1's popularity. Tokens on a path never seen in
     profiling contribute nothing (they have no estimate).
     """
     prior = _check_choices(prior, profile.num_experts, "prior")
-    if prior.shape[0] != layer:
-        raise ValueError(f"prior must hold the {layer} layers before layer {layer}, got {prior.shape[0]}")
-    prior = prior[max(0, layer - profile.path_length) :]
+    rows = min(layer, profile.path_length)
+    if prior.shape[0] != rows:
+        raise ValueError(f"prior must hold the {rows} layers before layer {layer}, got {prior.shape[0]}")
     paths, _, n_tokens = unique_codes(path_codes(prior, profile.num_experts), profile.num_experts ** len(prior))
     known = profile.codes[layer]
     rows = np.minimum(np.searchsorted(known, paths), len(known) - 1)
