@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from moe_core.papers.lina.config import TRAINING_UNSTATED
 from moe_core.schema.points import (
+    own_layout,
     point_overrides,
     register_measured_points,
     register_override_list,
@@ -90,5 +91,7 @@ def inference_points(cfg: DictConfig) -> dict[str, list[str]]:
     return points
 
 
-register_override_list("lina.overrides", lambda cfg: [[*lina_model(cfg), f"hardware_profile={cfg.lina.hardware}"]])
+register_override_list(
+    "lina.overrides", lambda cfg: [[*own_layout(), *lina_model(cfg), f"hardware_profile={cfg.lina.hardware}"]]
+)
 register_override_list("inference.overrides", lambda cfg: list(inference_points(cfg).values()))
