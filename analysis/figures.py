@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.figure import Figure
 
 import analysis.papers  # noqa: F401  (registers every paper's figures)
 from analysis import style
@@ -41,19 +42,15 @@ DPI = 150
 # ---- drawing and writing ----------------------------------------------------------------------
 
 
-def render(
-    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, table: pd.DataFrame | None = None
-) -> list[Path]:
-    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error.
-    ``table`` is the table a figure that reads another source than the tidy tables is drawn from."""
+def draw(name: str, records: pd.DataFrame, samples: pd.DataFrame, table: pd.DataFrame | None = None) -> Figure:
+    """Figure ``name`` drawn and finished (analysis/style.py), as render saves it; the caller closes it
+    (tests check its layout without saving it). ``table`` is the table a figure that reads another
+    source than the tidy tables is drawn from."""
     if name not in FIGURE_REGISTRY:
         raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURE_REGISTRY)}")
     registered = FIGURE_REGISTRY[name]
     if registered.reads != "tables" and table is None:
         raise ValueError(f"figure {name!r} needs the {registered.reads} table (--{registered.reads})")
-    out_png = Path(out_png)
-    if out_png.suffix != ".png":
-        raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
     sns.set_theme(style="whitegrid", context="paper")
     np.random.seed(0)  # seaborn's jitter (strip plots) draws from numpy's global generator: same figure every run
     fig = plt.figure(figsize=(7, 4.5))
@@ -63,6 +60,21 @@ def render(
         else:
             drawn = registered.draw(table, fig)
         style.finish(fig, drawn)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def render(
+    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, table: pd.DataFrame | None = None
+) -> list[Path]:
+    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error."""
+    out_png = Path(out_png)
+    if out_png.suffix != ".png":
+        raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
+    fig = draw(name, records, samples, table)
+    try:
         outputs = [out_png, out_png.with_suffix(".pdf")]
         with atomic_outputs(*outputs) as tmps:  # both new, or both old
             for path, tmp in zip(outputs, tmps):
