@@ -107,6 +107,31 @@ def palette(kind: str, names) -> dict[str, tuple]:
     return {name: colour(kind, name) for name in pd.unique(pd.Series(list(names)))}
 
 
+# The phases of a training step, by metric, with the words a figure shows for each: one colour per
+# phase in every figure that splits a step (step_breakdown, gshard_runtime_breakdown,
+# monta_iteration_breakdown). The whole all-to-all, where a figure does not split it, takes the
+# dispatch's colour; communication warm (orange, vermillion), compute cool (blue, green, pink).
+PHASES = {
+    "gate_ms": ("gate", _CB[0]),
+    "dispatch_a2a_ms": ("dispatch all-to-all", _CB[1]),
+    "a2a_ms": ("all-to-all", _CB[1]),
+    "expert_ms": ("experts", _CB[2]),
+    "combine_a2a_ms": ("combine all-to-all", _CB[3]),
+    "dense_ms": ("dense layers", _CB[4]),
+    "allreduce_exposed_ms": ("exposed gradient all-reduce", _CB[5]),
+}
+
+
+def phase_label(metric: str) -> str:
+    """The words for the step phase ``metric`` (a key of PHASES)."""
+    return PHASES[metric][0]
+
+
+def phase_colour(metric: str) -> tuple:
+    """The colour of the step phase ``metric`` (a key of PHASES), the same in every figure."""
+    return PHASES[metric][1]
+
+
 # ---- published numbers ------------------------------------------------------------------------------
 
 # A published number is black and dashed wherever it is drawn: a line at its value, a star at a

@@ -18,12 +18,20 @@ from scipy.stats import spearmanr
 from analysis.collect import select
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
-from analysis.style import colour, mode_title, palette, published_line, published_point, published_segment
+from analysis.style import (
+    colour,
+    mode_title,
+    palette,
+    phase_colour,
+    phase_label,
+    published_line,
+    published_point,
+    published_segment,
+)
 from moe_core.papers.monta.decisions import CODE_DEFAULT_CHUNKS
 
 PATHS = ["duplicate", "drop-gather", "monta"]
 SOURCE_COLOURS = {"model_exchange_ms": "0.6", "simulated_exchange_ms": "C0"}  # MoNTA's model grey
-PHASE_COLOURS = sns.color_palette("colorblind", 5)  # the iteration's phases (a2a, expert, gate, dense, all-reduce)
 EXCHANGES_PER_LAYER = 4  # dispatch and combine, forward and backward
 
 
@@ -298,9 +306,9 @@ def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig:
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (mode, df) in zip(axes, panels):
         table = df.pivot_table(index=["hardware", "path"], columns="metric", values="value", aggfunc="median")
-        table = table.reindex(columns=phases)
+        table = table.reindex(columns=phases).rename(columns=phase_label)
         table.index = [f"{hw}\n{path}" for hw, path in table.index]
-        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small", color=PHASE_COLOURS)
+        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small", color=[phase_colour(p) for p in phases])
         ax.set(ylabel="ms per iteration (phases)", title=mode_title(mode, f"tp {int(df['tensor_parallel'].max())}"))
         if mode == "simulated":
             _published_iteration_gain(ax, table)
