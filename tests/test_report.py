@@ -19,7 +19,7 @@ from analysis import explain
 from analysis.figures import render
 from analysis.papers.common import verdict_points
 from analysis.registry import FigureDataError
-from analysis.report import COMPARISON_VIEW, SUMMARY_VIEW, html_table, main, run_facts
+from analysis.report import COMPARISON_VIEW, SUMMARY_VIEW, comparison_view, html_table, main, run_facts
 
 LANDING = Path("analysis/captions/landing.rst")
 
@@ -59,7 +59,7 @@ def cells(page: str) -> list[list[tuple[str, dict]]]:
 
 def test_html_table_holds_every_row_escaped_and_sortable():
     df = comparison_table()
-    page = html_table(df, COMPARISON_VIEW, "Published vs reproduced", "intro <with> markup")
+    page = html_table(comparison_view(df), COMPARISON_VIEW, "Published vs reproduced", "intro <with> markup")
     header, *rows = cells(page)
     assert [text for text, _ in header] == COMPARISON_VIEW
     assert len(rows) == len(df)
@@ -74,9 +74,27 @@ def test_html_table_holds_every_row_escaped_and_sortable():
     assert "src=" not in page and "http" not in page  # self-contained: nothing fetched
 
 
+def test_the_comparison_page_puts_the_key_columns_first_and_folds_the_details():
+    """id, paper, verdict, the values and their range, the reason's first sentence; the rest of the reason
+    and the qualifying columns under "more"."""
+    df = comparison_table()
+    df.loc[1, "reason"] = "does not hold: ours 0 against 1.7 (0.00x). The copies <cost> 0 ms at 30 MB."
+    view = comparison_view(df)
+    assert COMPARISON_VIEW[:8] == ["id", "paper", "verdict", "published", "reproduced", "range", "unit", "reason"]
+    assert view.loc[0, "range"] == "1.1–2" and view.loc[5, "range"] == ""
+    assert view.loc[1, "reason"] == "does not hold: ours 0 against 1.7 (0.00x)."
+    details = view.loc[1, "details"]
+    assert details.startswith("<details><summary>more</summary>")
+    assert "<p>The copies &lt;cost&gt; 0 ms at 30 MB.</p>" in details  # the rest of the reason, escaped
+    assert "<dt>weak</dt><dd>True</dd>" in details and "<dt>hardware</dt><dd>lina-a100-4x4</dd>" in details
+    assert "<dt>needs</dt>" not in details  # empty columns are left out
+
+
 def test_html_table_names_the_missing_columns():
     with pytest.raises(ValueError, match=r"lacks columns \['reason', 'needs'\].*analysis.compare"):
-        html_table(comparison_table().drop(columns=["reason", "needs"]), COMPARISON_VIEW, "x", "y")
+        comparison_view(comparison_table().drop(columns=["reason", "needs"]))
+    with pytest.raises(ValueError, match=r"lacks columns \['weak'\].*analysis.compare"):
+        html_table(comparison_table().drop(columns=["weak"]), SUMMARY_VIEW[:1] + ["weak"], "x", "y")
 
 
 def test_the_pages_refuse_a_table_without_its_columns_and_write_nothing(tmp_path):
