@@ -167,6 +167,9 @@ def test_the_landing_page_includes_the_run_facts_when_the_run_wrote_them(tmp_pat
     assert "local-cpu" in page and "How to read a verdict" in page and "What the categories hold" in page
     assert "<strong>1 consistent, 2 differ, 1 baseline not reproduced</strong>" in page and "abc1234" in page
     assert "are missing" not in page
+    # its links open the comparison table and the verdicts figure themselves, not their captions
+    assert f"app.setView({{content:'html',contentPath:results['{tmp_path / 'comparison.html'}'].data_uri" in page
+    assert f"app.setView({{content:'img',contentPath:results['{tmp_path / 'verdicts.png'}'].data_uri" in page
     without = render_landing(tmp_path, None)
     assert "are missing" in without and "Written" not in without and "consistent," not in without  # none invented
 

@@ -34,16 +34,10 @@ rule compare:
         samples=rules.collect.output.samples,
         registry="analysis/published.yaml",
     output:
-        comparison=report(
-            f"{RESULTS}/tables/comparison.csv",
-            caption="../../analysis/captions/comparison.rst",
-            category="Published vs reproduced",
-        ),
-        summary=report(
-            f"{RESULTS}/tables/verdict_summary.csv",
-            caption="../../analysis/captions/verdict_summary.rst",
-            category="Published vs reproduced",
-        ),
+        # The comparison and the verdicts per paper are in the report as their HTML pages (rule
+        # report_pages): the report's view of a CSV downloads it instead of showing it.
+        comparison=f"{RESULTS}/tables/comparison.csv",
+        summary=f"{RESULTS}/tables/verdict_summary.csv",
         fits=report(
             f"{RESULTS}/tables/testbed_fit.csv",
             caption="../../analysis/captions/testbed_fit.rst",
@@ -153,6 +147,15 @@ for _name, _figure in FIGURE_REGISTRY.items():
     FIGURE_GROUPS.setdefault(_rule, (_figure.paper, _figure.reads, []))[2].append(_name)
 
 
+def _figure_arguments(reads, names, pngs):
+    """analysis.figures' arguments for one figures rule: the source table a figure reads besides the tidy
+    tables, and one `--figure NAME --out PNG` per figure; braces doubled, as the shell command is a
+    format string."""
+    table = [f"--{reads}", FIGURE_TABLES[reads]] if reads != "tables" else []
+    words = [*table, *(arg for name, png in zip(names, pngs) for arg in ("--figure", name, "--out", png))]
+    return quoted(words).replace("{", "{{").replace("}", "}}")
+
+
 for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
     _pngs = [f"{RESULTS}/figures/{_paper}/{name}.png" for name in _names]
 
@@ -169,14 +172,13 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
                 for name, png in zip(_names, _pngs)
             ],
             pdf=[png.removesuffix(".png") + ".pdf" for png in _pngs],
-        params:
-            figures=quoted([arg for name, png in zip(_names, _pngs) for arg in ("--figure", name, "--out", png)]),
-            table=quoted([f"--{_reads}", FIGURE_TABLES[_reads]]) if _reads != "tables" else "",
         conda:
             "../../environment.yml"
         log:
             f"{RESULTS}/logs/{_rule}.log",
         localrule: True
+        # The figures' arguments go into the command, not into params: the report lists a job's params
+        # under every figure's caption, and a paper's figures are a dozen `--figure ... --out ...` pairs.
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.table} {params.figures}"
+            + _figure_arguments(_reads, _names, _pngs)
