@@ -85,7 +85,7 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")

@@ -222,7 +222,7 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0])
     parser.add_argument("--comparison", type=Path, required=True, help="comparison CSV from analysis.compare")
     parser.add_argument("--summary", type=Path, required=True, help="verdict summary CSV from analysis.compare")
     parser.add_argument("--out-comparison", type=Path, required=True, help="HTML view of the comparison to write")
