@@ -11,6 +11,7 @@ from moe_core.config.load import ConfigError, load_config, load_yaml, refuse_tem
 from moe_core.papers import PAPERS, RECORD_FOLDERS
 from moe_core.schema.points import POINT_NAME_PATTERN
 from moe_core.records.results import ResultsDirError, check_results_dir
+from experiments.launch import plan_text
 
 from snakemake.utils import min_version
 
@@ -102,6 +103,14 @@ rule all:
         rules.validate.output,
         TABLES.values(),
         FIGURES,
+
+
+# `snakemake plan`: what the config's measured jobs ask of a cluster (jobs, nodes, GPUs each, GPU-hours at
+# most), before anything is submitted; it runs nothing else.
+rule plan:
+    localrule: True
+    run:
+        print(plan_text(MEASURED_JOBS))
 
 
 # `snakemake <paper>`: one paper's experiments alone, every raw record of results/raw/<paper>/

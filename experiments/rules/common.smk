@@ -60,9 +60,16 @@ def quoted(words):
     return shlex.join(str(word) for word in words)
 
 
-def measured_resources(world_size):
+# Every measured job of the full run, rule -> each job's SLURM resources, filled where each measured
+# rule is defined (measured_resources); rule `plan` (the Snakefile) prints their count and GPU-hours.
+MEASURED_JOBS = {}
+
+
+def measured_resources(world_size, rule, jobs=1):
     """Snakemake resources of a measured job of ``world_size`` ranks (experiments/launch.py sizes
-    nodes, tasks, CPUs, memory, GPUs for SLURM; locally only threads matter). Keys a job leaves
-    unset (e.g. mpi, gpu on CPU) evaluate to None, which Snakemake drops."""
+    nodes, tasks, CPUs, memory, GPUs for SLURM; locally only threads matter), recorded in
+    MEASURED_JOBS as ``jobs`` jobs of ``rule``. Keys a job leaves unset (e.g. mpi, gpu on CPU)
+    evaluate to None, which Snakemake drops."""
     sizes = slurm_resources(CFG, world_size)
+    MEASURED_JOBS.setdefault(rule, []).extend([sizes] * jobs)
     return {key: sizes.get(key) for key in SLURM_RESOURCE_KEYS}
