@@ -11,7 +11,7 @@ figures in one process (the plotting stack imported and the tables read once, no
 writing results/figures/<paper>/<name>.png; each figure keeps its report caption.
 
     python -m analysis.figures --records results/tables/records.csv --samples results/tables/samples.csv \
-        --figure step_breakdown --out results/figures/gshard/step_breakdown.png [--figure ... --out ...]
+        --out results/figures/gshard/step_breakdown.png [more PNGs, each named <figure>.png]
 """
 
 from __future__ import annotations
@@ -90,21 +90,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
     parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
-    parser.add_argument("--figure", required=True, action="append", choices=sorted(FIGURE_REGISTRY))
+    parser.add_argument(
+        "--figure",
+        action="append",
+        choices=sorted(FIGURE_REGISTRY),
+        help="figure to draw, one per --out (default: each --out's name, <figure>.png)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
         required=True,
-        action="append",
-        help="PNG to write, one per --figure (the PDF beside it)",
+        nargs="+",
+        action="extend",
+        help="PNGs to write (the PDF beside each)",
     )
     args = parser.parse_args(argv)
-    if len(args.figure) != len(args.out):
-        parser.error(f"{len(args.figure)} --figure but {len(args.out)} --out: give one PNG per figure")
+    figures = args.figure or [out.stem for out in args.out]
+    if len(figures) != len(args.out):
+        parser.error(f"{len(figures)} --figure but {len(args.out)} --out: give one PNG per figure")
     try:
         tables = read_tables(args.records, args.samples)
         sources = {"validation": args.validation, "comparison": args.comparison}
-        for name, out in zip(args.figure, args.out):
+        for name, out in zip(figures, args.out):
+            if name not in FIGURE_REGISTRY:
+                raise ValueError(f"{out}: no figure {name!r}; name the PNG <figure>.png or give --figure")
             source = sources.get(FIGURE_REGISTRY[name].reads)
             print(" ".join(map(str, render(name, *tables, out, read_csv(source) if source else None))))
     except (OSError, ValueError) as err:

@@ -200,6 +200,11 @@ def test_cli_pipeline_through_csv(tmp_path):
     assert all((tmp_path / "fig" / f"busbw{i}.pdf").is_file() for i in range(2))
     with pytest.raises(SystemExit):
         figures_mod.main([*tables, *pairs[0], "--figure", "busbw_vs_size"])
+    # as the workflow's figures rules run it: the PNGs name their figures
+    figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw_vs_size.png")])
+    assert (tmp_path / "named" / "busbw_vs_size.pdf").is_file()
+    with pytest.raises(SystemExit, match="no figure 'busbw'"):
+        figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw.png")])
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
         figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
     assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()

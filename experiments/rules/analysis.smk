@@ -147,15 +147,6 @@ for _name, _figure in FIGURE_REGISTRY.items():
     FIGURE_GROUPS.setdefault(_rule, (_figure.paper, _figure.reads, []))[2].append(_name)
 
 
-def _figure_arguments(reads, names, pngs):
-    """analysis.figures' arguments for one figures rule: the source table a figure reads besides the tidy
-    tables, and one `--figure NAME --out PNG` per figure; braces doubled, as the shell command is a
-    format string."""
-    table = [f"--{reads}", FIGURE_TABLES[reads]] if reads != "tables" else []
-    words = [*table, *(arg for name, png in zip(names, pngs) for arg in ("--figure", name, "--out", png))]
-    return quoted(words).replace("{", "{{").replace("}", "}}")
-
-
 for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
     _pngs = [f"{RESULTS}/figures/{_paper}/{name}.png" for name in _names]
 
@@ -172,13 +163,15 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
                 for name, png in zip(_names, _pngs)
             ],
             pdf=[png.removesuffix(".png") + ".pdf" for png in _pngs],
+        # Only the table a figure reads besides the tidy tables is a param: the report lists a job's
+        # params under every figure's caption. The figures are named by their outputs (<figure>.png).
+        params:
+            table=quoted([f"--{_reads}", FIGURE_TABLES[_reads]]) if _reads != "tables" else "",
         conda:
             "../../environment.yml"
         log:
             f"{RESULTS}/logs/{_rule}.log",
         localrule: True
-        # The figures' arguments go into the command, not into params: the report lists a job's params
-        # under every figure's caption, and a paper's figures are a dozen `--figure ... --out ...` pairs.
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            + _figure_arguments(_reads, _names, _pngs)
+            "{params.table} --out {output.png:q}"
