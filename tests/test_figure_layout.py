@@ -40,9 +40,10 @@ def test_figure_layout_is_clean(figure_tables, name):
     reads = FIGURE_REGISTRY[name].reads
     fig = draw(name, *figure_tables, SOURCES.get(reads))
     try:
-        assert layout_problems(fig) == []
+        problems = layout_problems(fig)
     finally:
         plt.close(fig)
+    assert not problems, f"{name}:\n" + "\n".join(problems)
 
 
 def _broken() -> Figure:
