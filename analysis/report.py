@@ -36,7 +36,7 @@ COMPARISON_DETAILS = ["weak", "ratio", "tolerance", "bound", "mode", "hardware",
 COMPARISON_VIEW = [*COMPARISON_KEY, "details"]
 SUMMARY_VIEW = ["paper", *VERDICTS, "total", "weak"]
 # Columns whose text wraps, each at least this wide (em); the others keep a cell on one line.
-WRAPPED_EM = {"reason": 26, "details": 6}
+WRAPPED_EM = {"id": 12, "verdict": 8, "unit": 4, "reason": 24, "details": 5}
 
 # The pages' look; each verdict cell tinted with its verdict's colour.
 STYLE = """
@@ -142,7 +142,11 @@ def comparison_view(comparison: pd.DataFrame) -> pd.DataFrame:
         )
     view = comparison.copy()
     view["range"] = [
-        "" if pd.isna(low) or pd.isna(high) else f"{_text(float(low))}–{_text(float(high))}"
+        ""
+        if pd.isna(low) or pd.isna(high)
+        else _text(float(low))
+        if low == high
+        else f"{_text(float(low))}–{_text(float(high))}"
         for low, high in zip(view["reproduced_low"], view["reproduced_high"])
     ]
     lead_rest = view["reason"].fillna("").astype(str).str.split(r"(?<=\.)\s", n=1, regex=True)

@@ -81,7 +81,7 @@ def test_the_comparison_page_puts_the_key_columns_first_and_folds_the_details():
     df.loc[1, "reason"] = "does not hold: ours 0 against 1.7 (0.00x). The copies <cost> 0 ms at 30 MB."
     view = comparison_view(df)
     assert COMPARISON_VIEW[:8] == ["id", "paper", "verdict", "published", "reproduced", "range", "unit", "reason"]
-    assert view.loc[0, "range"] == "1.1–2" and view.loc[5, "range"] == ""
+    assert view.loc[0, "range"] == "1.1–2" and view.loc[4, "range"] == "11.6" and view.loc[5, "range"] == ""
     assert view.loc[1, "reason"] == "does not hold: ours 0 against 1.7 (0.00x)."
     details = view.loc[1, "details"]
     assert details.startswith("<details><summary>more</summary>")
