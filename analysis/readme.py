@@ -20,16 +20,18 @@ import yaml
 
 from analysis.explain import VERDICTS
 from analysis.files import read_csv
+from analysis.summary import noisy_host
 
 BEGIN = "<!-- result: written by python -m analysis.readme; do not edit by hand -->"
 END = "<!-- end of result -->"
 
 
-def result_block(records: pd.DataFrame, summary: pd.DataFrame, config: dict, image: str) -> str:
+def result_block(records: pd.DataFrame, summary: pd.DataFrame, config: dict, image: str, noisy: bool) -> str:
     """The README's result in Markdown: a table with one row per paper (and ``common``, the paper-neutral
     experiments) of its measured and simulated points and its verdicts (``summary``:
-    verdict_summary.csv), the run's sweep and hardware profile (``config``: its resolved config), and
-    the verdicts figure at ``image`` (a path relative to the README)."""
+    verdict_summary.csv), the run's sweep and hardware profile (``config``: its resolved config), a
+    warning when its host was ``noisy`` (analysis.summary.noisy_host), and the verdicts figure at
+    ``image`` (a path relative to the README)."""
     points = records.drop_duplicates(["paper", "experiment", "point"]).groupby(["paper", "mode"]).size()
     counts = summary.set_index("paper")
     papers = sorted(set(points.index.get_level_values("paper")) | set(counts.index) - {"all"})
@@ -46,7 +48,12 @@ def result_block(records: pd.DataFrame, summary: pd.DataFrame, config: dict, ima
         f"simulated on each paper's testbed profile): of {total['total']} published numbers, "
         f"{total['consistent']} consistent, {total['differs']} differ, {total['baseline-not-reproduced']} "
         f"baseline not reproduced, {total['not-comparable']} not comparable, {total['not-reproduced']} "
-        "not reproduced.",
+        "not reproduced."
+        + (
+            " Its host was noisy (other processes competed for the CPU), so its measured times are not to be trusted."
+            if noisy
+            else ""
+        ),
         "",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             read_csv(args.results / "tables" / "verdict_summary.csv"),
             yaml.safe_load(configs[-1].read_text()),
             os.path.relpath(args.image, args.readme.parent).replace(os.sep, "/"),
+            noisy_host(args.results / "logs") is not None,
         )
         text = replace_block(args.readme.read_text(), block)
         args.image.parent.mkdir(parents=True, exist_ok=True)
