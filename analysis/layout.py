@@ -59,10 +59,9 @@ def layout_problems(fig: Figure) -> list[str]:
     """What a reader of ``fig``'s saved image would find wrong, one line each: a text outside the image
     ``savefig(bbox_inches="tight")`` writes (clipped), and two texts drawn over each other. Empty when
     the layout is clean."""
-    renderer = fig.canvas.get_renderer()
-    fig.draw(renderer)  # lay out every text as saving does
-    canvas = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # inches -> pixels
-    boxes = {name: text.get_window_extent(renderer) for name, text in texts(fig).items()}
+    fig.draw_without_rendering()  # lay out every text as saving does
+    canvas = fig.get_tightbbox().transformed(fig.dpi_scale_trans)  # inches -> pixels
+    boxes = {name: text.get_window_extent() for name, text in texts(fig).items()}
     problems = [
         f"{name} lies outside the saved image"
         for name, box in boxes.items()

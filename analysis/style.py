@@ -231,13 +231,12 @@ def finish(fig: Figure, drawn: pd.DataFrame | None) -> None:
 def _wrap_titles(fig: Figure) -> None:
     """Wrap each shown panel's title wider than its panel onto lines that fit it, so that it runs over
     neither its neighbour's title nor its y label."""
-    renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         title = ax.title
         text = title.get_text()
         if not ax.axison or not text:
             continue
-        too_wide = title.get_window_extent(renderer).width / ax.get_window_extent(renderer).width
+        too_wide = title.get_window_extent().width / ax.get_window_extent().width
         if too_wide > 1:
             title.set_text(textwrap.fill(" ".join(text.split()), width=max(10, int(len(text) / too_wide))))
 
@@ -245,13 +244,12 @@ def _wrap_titles(fig: Figure) -> None:
 def _legend_below(fig: Figure, handles: dict[str, object], top: float):
     """One legend of ``handles`` centred under ``top`` (a figure fraction), in the most columns (at most
     one per 2.2 inches) whose width fits the figure's."""
-    renderer = fig.canvas.get_renderer()
     columns = max(1, min(len(handles), int(fig.get_size_inches()[0] // 2.2)))
     while True:
         legend = fig.legend(
             handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, top), ncol=columns
         )
-        if columns == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+        if columns == 1 or legend.get_window_extent().width <= fig.bbox.width:
             return legend
         legend.remove()
         columns -= 1
