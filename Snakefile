@@ -11,7 +11,6 @@ from moe_core.config.load import ConfigError, load_config, load_yaml, refuse_tem
 from moe_core.papers import PAPERS, RECORD_FOLDERS
 from moe_core.schema.points import POINT_NAME_PATTERN
 from moe_core.records.results import ResultsDirError, check_results_dir
-from experiments.launch import plan_text
 
 from snakemake.utils import min_version
 
@@ -108,9 +107,12 @@ rule all:
 # `snakemake plan`: what the config's measured jobs ask of a cluster (jobs, nodes, GPUs each, GPU-hours at
 # most), before anything is submitted; it runs nothing else.
 rule plan:
+    """What the config's measured jobs ask of a cluster, on the console and in its log."""
+    log:
+        f"{RESULTS}/logs/plan.log",
     localrule: True
     run:
-        print(plan_text(MEASURED_JOBS))
+        print_plan(log[0])
 
 
 # `snakemake <paper>`: one paper's experiments alone, every raw record of results/raw/<paper>/

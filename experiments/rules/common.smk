@@ -7,7 +7,7 @@ import sys
 import time
 
 from analysis.summary import failed_jobs, run_summary
-from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
+from experiments.launch import SLURM_RESOURCE_KEYS, plan_text, slurm_resources
 from moe_core.config.load import config_digest
 from moe_core.records.run_lock import lock_results_dir
 
@@ -63,6 +63,13 @@ def quoted(words):
 # Every measured job of the full run, rule -> each job's SLURM resources, filled where each measured
 # rule is defined (measured_resources); rule `plan` (the Snakefile) prints their count and GPU-hours.
 MEASURED_JOBS = {}
+
+
+def print_plan(log):
+    """Rule plan's work: what MEASURED_JOBS ask (experiments.launch.plan_text), on the console and in ``log``."""
+    text = plan_text(MEASURED_JOBS)
+    Path(log).write_text(f"{text}\n")
+    print(text)
 
 
 def measured_resources(world_size, rule, jobs=1):
