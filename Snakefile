@@ -104,6 +104,17 @@ rule all:
         FIGURES,
 
 
+# `snakemake plan`: what the config's measured jobs ask of a cluster (jobs, nodes, GPUs each, GPU-hours at
+# most), before anything is submitted; it runs nothing else.
+rule plan:
+    """What the config's measured jobs ask of a cluster, on the console and in its log."""
+    log:
+        f"{RESULTS}/logs/plan.log",
+    localrule: True
+    run:
+        print_plan(log[0])
+
+
 # `snakemake <paper>`: one paper's experiments alone, every raw record of results/raw/<paper>/
 # (measured and simulated, and the calibration its simulated points read). Its tables and figures
 # come with the whole run: they are drawn from the tables of every record (rule collect).

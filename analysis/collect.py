@@ -172,7 +172,7 @@ def select(df: pd.DataFrame, **equal: Any) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.collect", description=__doc__.split("\n")[0])
     parser.add_argument("--out-records", type=Path, required=True, help="records CSV to write")
     parser.add_argument("--out-samples", type=Path, required=True, help="samples CSV to write")
     parser.add_argument("files", nargs="*", type=Path, metavar="FILE.json", help="raw record files")

@@ -354,7 +354,7 @@ def _run(fn: Reproducer, entry: dict[str, Any], testbed: dict[str, str], records
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--out", type=Path, required=True, help="comparison CSV to write")

@@ -11,7 +11,7 @@ figures in one process (the plotting stack imported and the tables read once, no
 writing results/figures/<paper>/<name>.png; each figure keeps its report caption.
 
     python -m analysis.figures --records results/tables/records.csv --samples results/tables/samples.csv \
-        --figure step_breakdown --out results/figures/gshard/step_breakdown.png [--figure ... --out ...]
+        --out results/figures/gshard/step_breakdown.png [more PNGs, each named <figure>.png]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.figure import Figure
 
 import analysis.papers  # noqa: F401  (registers every paper's figures)
 from analysis import style
@@ -41,19 +42,15 @@ DPI = 150
 # ---- drawing and writing ----------------------------------------------------------------------
 
 
-def render(
-    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, table: pd.DataFrame | None = None
-) -> list[Path]:
-    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error.
-    ``table`` is the table a figure that reads another source than the tidy tables is drawn from."""
+def draw(name: str, records: pd.DataFrame, samples: pd.DataFrame, table: pd.DataFrame | None = None) -> Figure:
+    """Figure ``name`` drawn and finished (analysis/style.py), as render saves it; the caller closes it
+    (tests check its layout without saving it). ``table`` is the table a figure that reads another
+    source than the tidy tables is drawn from."""
     if name not in FIGURE_REGISTRY:
         raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURE_REGISTRY)}")
     registered = FIGURE_REGISTRY[name]
     if registered.reads != "tables" and table is None:
         raise ValueError(f"figure {name!r} needs the {registered.reads} table (--{registered.reads})")
-    out_png = Path(out_png)
-    if out_png.suffix != ".png":
-        raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
     sns.set_theme(style="whitegrid", context="paper")
     np.random.seed(0)  # seaborn's jitter (strip plots) draws from numpy's global generator: same figure every run
     fig = plt.figure(figsize=(7, 4.5))
@@ -63,6 +60,21 @@ def render(
         else:
             drawn = registered.draw(table, fig)
         style.finish(fig, drawn)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def render(
+    name: str, records: pd.DataFrame, samples: pd.DataFrame, out_png: str | Path, table: pd.DataFrame | None = None
+) -> list[Path]:
+    """Draw figure ``name`` and write ``out_png`` and the PDF beside it; nothing is written on error."""
+    out_png = Path(out_png)
+    if out_png.suffix != ".png":
+        raise ValueError(f"{out_png}: the output must end in .png (the PDF is written beside it)")
+    fig = draw(name, records, samples, table)
+    try:
         outputs = [out_png, out_png.with_suffix(".pdf")]
         with atomic_outputs(*outputs) as tmps:  # both new, or both old
             for path, tmp in zip(outputs, tmps):
@@ -73,26 +85,35 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
     parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
-    parser.add_argument("--figure", required=True, action="append", choices=sorted(FIGURE_REGISTRY))
+    parser.add_argument(
+        "--figure",
+        action="append",
+        choices=sorted(FIGURE_REGISTRY),
+        help="figure to draw, one per --out (default: each --out's name, <figure>.png)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
         required=True,
-        action="append",
-        help="PNG to write, one per --figure (the PDF beside it)",
+        nargs="+",
+        action="extend",
+        help="PNGs to write (the PDF beside each)",
     )
     args = parser.parse_args(argv)
-    if len(args.figure) != len(args.out):
-        parser.error(f"{len(args.figure)} --figure but {len(args.out)} --out: give one PNG per figure")
+    figures = args.figure or [out.stem for out in args.out]
+    if len(figures) != len(args.out):
+        parser.error(f"{len(figures)} --figure but {len(args.out)} --out: give one PNG per figure")
     try:
         tables = read_tables(args.records, args.samples)
         sources = {"validation": args.validation, "comparison": args.comparison}
-        for name, out in zip(args.figure, args.out):
+        for name, out in zip(figures, args.out):
+            if name not in FIGURE_REGISTRY:
+                raise ValueError(f"{out}: no figure {name!r}; name the PNG <figure>.png or give --figure")
             source = sources.get(FIGURE_REGISTRY[name].reads)
             print(" ".join(map(str, render(name, *tables, out, read_csv(source) if source else None))))
     except (OSError, ValueError) as err:

@@ -26,32 +26,17 @@ from analysis.files import read_csv
 from analysis.style import VERDICT_COLOURS
 from moe_core.records.results import atomic_outputs, read_record
 
-# The comparison's columns a reader needs beside a verdict, the reason within a window's width (an id
-# starts with its paper); comparison.csv also holds the status, the unstated settings run, the
-# reproduced setting and the points each number came from.
-COMPARISON_VIEW = [
-    "id",
-    "verdict",
-    "weak",
-    "published",
-    "reproduced",
-    "unit",
-    "reason",
-    "reproduced_low",
-    "reproduced_high",
-    "ratio",
-    "tolerance",
-    "bound",
-    "mode",
-    "hardware",
-    "needs",
-    "figure",
-    "setting",
-]
+# The comparison page's key columns, first, within a report frame's width: the number, its verdict, the
+# two values and the range the verdict used, and the reason's first sentence (explain.first_sentence);
+# behind them, in each row's "details", the rest of the reason and the columns that qualify the verdict.
+# comparison.csv also holds the status, the unstated settings run, the reproduced setting and the points
+# each number came from.
+COMPARISON_KEY = ["id", "paper", "verdict", "published", "reproduced", "range", "unit", "reason"]
+COMPARISON_DETAILS = ["weak", "ratio", "tolerance", "bound", "mode", "hardware", "needs", "figure", "setting"]
+COMPARISON_VIEW = [*COMPARISON_KEY, "details"]
 SUMMARY_VIEW = ["paper", *VERDICTS, "total", "weak"]
-# Columns whose text wraps, each at least this wide (em); the others keep a cell on one line. The reason
-# is the widest, and fits beside the id, verdict and numbers in a report's frame of 1200 pixels.
-WRAPPED_EM = {"reason": 30, "needs": 16, "setting": 24, "unit": 5}
+# Columns whose text wraps, each at least this wide (em); the others keep a cell on one line.
+WRAPPED_EM = {"id": 12, "verdict": 8, "unit": 4, "reason": 24, "details": 5}
 
 # The pages' look; each verdict cell tinted with its verdict's colour.
 STYLE = """
@@ -60,6 +45,9 @@ p { max-width: 60em; }
 table { border-collapse: collapse; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 td { white-space: nowrap; font-variant-numeric: tabular-nums; }
+details dl { display: grid; grid-template-columns: max-content 1fr; gap: 0 1em; margin: 0.3em 0; }
+details dt { color: #666; }
+details dd { margin: 0; }
 th { position: sticky; top: 0; background: #f2f2f2; cursor: pointer; white-space: nowrap; }
 th[data-order="asc"]::after { content: " \\25B2"; }
 th[data-order="desc"]::after { content: " \\25BC"; }
@@ -90,7 +78,8 @@ table.querySelectorAll("thead th").forEach((header, column) => {
 def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> str:
     """A self-contained HTML page (no network fetches) of ``df``'s ``columns``, every row, sortable by a
     click on a column's header, with ``title`` and the ``intro`` paragraph above it. A ``verdict`` cell is
-    tinted with its verdict's colour.
+    tinted with its verdict's colour; a ``details`` cell is HTML already (comparison_view writes it), every
+    other cell is escaped text.
 
     A missing column raises ValueError naming it: the table is not one analysis.compare wrote.
     """
@@ -105,7 +94,9 @@ def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> 
     rows = "\n".join(
         "<tr>"
         + "".join(
-            (f'<td data-verdict="{kind}">' if column == "verdict" else "<td>") + _text(value) + "</td>"
+            (f'<td data-verdict="{kind}">' if column == "verdict" else "<td>")
+            + (value if column == "details" else _text(value))
+            + "</td>"
             for column, value in zip(columns, row)
         )
         + "</tr>"
@@ -133,6 +124,49 @@ def html_table(df: pd.DataFrame, columns: list[str], title: str, intro: str) -> 
 </body>
 </html>
 """
+
+
+def comparison_view(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The comparison as its page shows it (COMPARISON_VIEW): the key columns, ``range`` written from
+    ``reproduced_low`` and ``reproduced_high``, ``reason`` cut to its first sentence, and ``details``
+    (HTML, folded) holding the rest of the reason and the COMPARISON_DETAILS columns.
+
+    A missing column raises ValueError naming it: the table is not one analysis.compare wrote.
+    """
+    needed = [c for c in COMPARISON_KEY if c != "range"] + ["reproduced_low", "reproduced_high", *COMPARISON_DETAILS]
+    missing = [column for column in needed if column not in comparison]
+    if missing:
+        raise ValueError(
+            f"the comparison table lacks columns {missing}; write it with python -m analysis.compare "
+            f"(it has {list(comparison.columns)})"
+        )
+    view = comparison.copy()
+    view["range"] = [
+        ""
+        if pd.isna(low) or pd.isna(high)
+        else _text(float(low))
+        if low == high
+        else f"{_text(float(low))}–{_text(float(high))}"
+        for low, high in zip(view["reproduced_low"], view["reproduced_high"])
+    ]
+    lead_rest = view["reason"].fillna("").astype(str).str.split(r"(?<=\.)\s", n=1, regex=True)
+    view["reason"] = lead_rest.str[0]
+    view["details"] = [
+        _details(rest[1] if len(rest) > 1 else "", row) for rest, row in zip(lead_rest, view.to_dict("records"))
+    ]
+    return view[COMPARISON_VIEW]
+
+
+def _details(rest_of_reason: str, row: dict[str, Any]) -> str:
+    """A row's details, folded under "more": the reason after its first sentence and every non-empty
+    COMPARISON_DETAILS column, as escaped HTML."""
+    items = "".join(
+        f"<dt>{column}</dt><dd>{_text(row[column])}</dd>"
+        for column in COMPARISON_DETAILS
+        if not pd.isna(row[column]) and str(row[column]) != ""
+    )
+    reason = f"<p>{html.escape(rest_of_reason)}</p>" if rest_of_reason else ""
+    return f"<details><summary>more</summary>{reason}<dl>{items}</dl></details>"
 
 
 def _text(value: Any) -> str:
@@ -192,7 +226,7 @@ def run_facts(records: list[dict[str, Any]], summary: pd.DataFrame, written: dat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0])
     parser.add_argument("--comparison", type=Path, required=True, help="comparison CSV from analysis.compare")
     parser.add_argument("--summary", type=Path, required=True, help="verdict summary CSV from analysis.compare")
     parser.add_argument("--out-comparison", type=Path, required=True, help="HTML view of the comparison to write")
@@ -204,11 +238,14 @@ def main(argv: list[str] | None = None) -> None:
         comparison, summary = read_csv(args.comparison), read_csv(args.summary)
         pages = {
             args.out_comparison: html_table(
-                comparison,
+                comparison_view(comparison),
                 COMPARISON_VIEW,
                 "Published vs reproduced",
-                "Every published number next to ours, with its verdict and reason; click a column's header to "
-                "sort by it. comparison.csv holds every column, also the points each number came from.",
+                "Every published number next to ours, with its verdict, the range of ours over the settings "
+                "that reproduce the paper's baseline, and the reason's first sentence; a row's details (the "
+                "rest of the reason, the tolerance, the testbed, what the number would need) open under "
+                "'more'. Click a column's header to sort by it. results/tables/comparison.csv holds every "
+                "column, also the points each number came from.",
             ),
             args.out_summary: html_table(
                 summary,

@@ -107,6 +107,31 @@ def palette(kind: str, names) -> dict[str, tuple]:
     return {name: colour(kind, name) for name in pd.unique(pd.Series(list(names)))}
 
 
+# The phases of a training step, by metric, with the words a figure shows for each: one colour per
+# phase in every figure that splits a step (step_breakdown, gshard_runtime_breakdown,
+# monta_iteration_breakdown). The whole all-to-all, where a figure does not split it, takes the
+# dispatch's colour; communication warm (orange, vermillion), compute cool (blue, green, pink).
+PHASES = {
+    "gate_ms": ("gate", _CB[0]),
+    "dispatch_a2a_ms": ("dispatch all-to-all", _CB[1]),
+    "a2a_ms": ("all-to-all", _CB[1]),
+    "expert_ms": ("experts", _CB[2]),
+    "combine_a2a_ms": ("combine all-to-all", _CB[3]),
+    "dense_ms": ("dense layers", _CB[4]),
+    "allreduce_exposed_ms": ("exposed gradient all-reduce", _CB[5]),
+}
+
+
+def phase_label(metric: str) -> str:
+    """The words for the step phase ``metric`` (a key of PHASES)."""
+    return PHASES[metric][0]
+
+
+def phase_colour(metric: str) -> tuple:
+    """The colour of the step phase ``metric`` (a key of PHASES), the same in every figure."""
+    return PHASES[metric][1]
+
+
 # ---- published numbers ------------------------------------------------------------------------------
 
 # A published number is black and dashed wherever it is drawn: a line at its value, a star at a
@@ -181,28 +206,53 @@ def setting_line(rows: pd.DataFrame) -> str:
 
 
 def finish(fig: Figure, drawn: pd.DataFrame | None) -> None:
-    """Make a drawn figure read the same as every other: no wider than MAX_WIDTH_IN, every axes'
-    legend gathered into one legend below the data, and the setting line of ``drawn`` under it."""
+    """Make a drawn figure read the same as every other: no wider than MAX_WIDTH_IN, panel titles
+    wrapped to their panel's width, every axes' legend gathered into one legend below the data, in as
+    many columns as fit the figure's width, and the setting line of ``drawn`` under it. Everything
+    stays in the layout, so the saved (tight) image keeps all of it (analysis/layout.py checks)."""
     width, height = fig.get_size_inches()
     if width > MAX_WIDTH_IN:
         fig.set_size_inches(MAX_WIDTH_IN, height * MAX_WIDTH_IN / width)
     for ax in fig.axes:
         _plain_log_ticks(ax)
+    _wrap_titles(fig)
     handles = _gather_legends(fig)
     fig.tight_layout()
     bottom = min(ax.get_tightbbox().transformed(fig.transFigure.inverted()).y0 for ax in fig.axes if ax.axison)
     if handles:
-        columns = max(1, min(len(handles), int(fig.get_size_inches()[0] // 2.2)))
-        legend = fig.legend(
-            handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, bottom), ncol=columns
-        )
-        legend.set_in_layout(False)
-        fig.canvas.draw()
+        legend = _legend_below(fig, handles, bottom)
         bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
     line = setting_line(drawn)
     if line:
         wrapped = textwrap.fill(line, width=int(16 * fig.get_size_inches()[0]))
         fig.text(0.01, bottom - 0.01, wrapped, ha="left", va="top", fontsize="small", color="0.3", gid=SETTING_ID)
+
+
+def _wrap_titles(fig: Figure) -> None:
+    """Wrap each shown panel's title wider than its panel onto lines that fit it, so that it runs over
+    neither its neighbour's title nor its y label."""
+    for ax in fig.axes:
+        title = ax.title
+        text = title.get_text()
+        if not ax.axison or not text:
+            continue
+        too_wide = title.get_window_extent().width / ax.get_window_extent().width
+        if too_wide > 1:
+            title.set_text(textwrap.fill(" ".join(text.split()), width=max(10, int(len(text) / too_wide))))
+
+
+def _legend_below(fig: Figure, handles: dict[str, object], top: float):
+    """One legend of ``handles`` centred under ``top`` (a figure fraction), in the most columns (at most
+    one per 2.2 inches) whose width fits the figure's."""
+    columns = max(1, min(len(handles), int(fig.get_size_inches()[0] // 2.2)))
+    while True:
+        legend = fig.legend(
+            handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, top), ncol=columns
+        )
+        if columns == 1 or legend.get_window_extent().width <= fig.bbox.width:
+            return legend
+        legend.remove()
+        columns -= 1
 
 
 def _plain_log_ticks(ax: Axes) -> None:

@@ -21,7 +21,7 @@ from analysis.registry import TABLE_REGISTRY
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.tables", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV (analysis.collect)")
     parser.add_argument("--table", required=True, help=f"one of {sorted(TABLE_REGISTRY)}")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")

@@ -541,6 +541,41 @@ def slurm_resources(cfg, world_size: int) -> dict[str, int | str]:
     return resources
 
 
+def job_gpus(resources: dict[str, int | str]) -> int:
+    """The GPUs a measured job asks (slurm_resources): ``gpu`` on one node, ``gres=gpu:<per node>`` on
+    each of its nodes; 0 on CPU."""
+    if "gres" in resources:
+        return int(resources["nodes"]) * int(str(resources["gres"]).rsplit(":", 1)[1])
+    return int(resources.get("gpu", 0))
+
+
+def plan_text(jobs: dict[str, list[dict[str, int | str]]]) -> str:
+    """What a run's measured jobs ask, for a reader deciding whether to submit it: per rule the jobs,
+    nodes and GPUs each, and the total GPU-hours at most (each job's GPUs for its whole runtime limit).
+    ``jobs``: rule -> each job's slurm_resources."""
+    lines, gpu_hours = [], 0.0
+    for rule, each in sorted(jobs.items()):
+        nodes, gpus = [int(r["nodes"]) for r in each], [job_gpus(r) for r in each]
+        gpu_hours += sum(g * int(r["runtime"]) / 60 for g, r in zip(gpus, each))
+        what = f"{_span(nodes)} node{'s' if max(nodes) > 1 else ''}" + (f", {_span(gpus)} GPUs" if max(gpus) else "")
+        lines.append(f"  {rule:<16}{len(each):>4} job{'s' if len(each) != 1 else ' '}  {what} each")
+    total = sum(len(each) for each in jobs.values())
+    return "\n".join(
+        [
+            f"Measured jobs of this config: {total} (one SLURM job each on a cluster)",
+            *lines,
+            f"GPU-hours at most: {gpu_hours:.1f} (each job's GPUs for its whole runtime limit)",
+            "Every other job (simulation, calibration, analysis) runs on the login node (localrule).",
+        ]
+    )
+
+
+def _span(values: list[int]) -> str:
+    """``a`` or ``a-b``: the range of ``values``."""
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """The SLURM job this process runs in, as the controller reports it (``scontrol show job``).

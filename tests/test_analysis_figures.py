@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 from analysis_records import TABLE_FIGURES, write_collectives, write_train_step
@@ -15,9 +17,10 @@ from matplotlib.figure import Figure
 from analysis import collect as collect_mod
 from analysis import compare as compare_mod
 from analysis import figures as figures_mod
+from analysis import style
 from analysis.collect import collect
 from analysis.compare import NOT_COMPARABLE
-from analysis.figures import render
+from analysis.figures import draw, render
 from analysis.registry import FIGURE_REGISTRY, FigureDataError
 
 
@@ -197,6 +200,11 @@ def test_cli_pipeline_through_csv(tmp_path):
     assert all((tmp_path / "fig" / f"busbw{i}.pdf").is_file() for i in range(2))
     with pytest.raises(SystemExit):
         figures_mod.main([*tables, *pairs[0], "--figure", "busbw_vs_size"])
+    # as the workflow's figures rules run it: the PNGs name their figures
+    figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw_vs_size.png")])
+    assert (tmp_path / "named" / "busbw_vs_size.pdf").is_file()
+    with pytest.raises(SystemExit, match="no figure 'busbw'"):
+        figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw.png")])
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables
         figures_mod.main([*tables, "--figure", "step_breakdown", "--out", str(tmp_path / "fig" / "steps.png")])
     assert exit_info.value.code != 0 and not (tmp_path / "fig" / "steps.png").exists()
@@ -209,3 +217,19 @@ def test_cli_pipeline_through_csv(tmp_path):
         cwd=Path(compare_mod.__file__).parents[1],
     )
     assert pd.read_csv(tmp_path / "m.csv").equals(pd.read_csv(tmp_path / "comparison.csv"))
+
+
+@pytest.mark.parametrize("name", ["step_breakdown", "gshard_runtime_breakdown", "monta_iteration_breakdown"])
+def test_step_phases_have_one_colour_and_name_in_every_figure(figure_tables, name):
+    """A figure that splits a step names each phase in words and draws it in the phase's colour from
+    analysis/style.py, so the same colour is the same phase in every figure."""
+    fig = draw(name, *figure_tables)
+    try:
+        legend = fig.legends[0]
+        shown = {text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+    finally:
+        plt.close(fig)
+    phases = {label: colour for label, colour in style.PHASES.values()}
+    drawn = {label: handle.get_facecolor()[:3] for label, handle in shown.items() if label in phases}
+    assert len(drawn) >= 4 and not any(label.endswith("_ms") for label in shown)
+    assert all(np.allclose(colour, phases[label]) for label, colour in drawn.items())

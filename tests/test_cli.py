@@ -96,3 +96,26 @@ def test_an_entry_points_module_run_alone_exits_2_naming_the_runner():
         [sys.executable, "-m", "experiments.train_step", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "python -m experiments train_step" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "analysis.collect",
+        "analysis.compare",
+        "analysis.figures",
+        "analysis.tables",
+        "analysis.report",
+        "analysis.tracking",
+        "analysis.summary",
+        "moe_core.config.load",
+    ],
+)
+def test_every_other_commands_help_shows_how_to_run_it(module, capsys):
+    """A module run with ``python -m`` names itself so in its usage line, not as its file (``collect.py``,
+    ``__main__.py``)."""
+    main = __import__(module, fromlist=["main"]).main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    command = module.removesuffix(".load")  # moe_core.config runs moe_core.config.load's main
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith(f"usage: python -m {command} ")

@@ -23,6 +23,23 @@ def test_gpu_job_on_one_node_asks_gpus_without_tasks_per_gpu():
     assert "mpi" not in res and "gres" not in res
 
 
+def test_the_plan_counts_jobs_gpus_and_gpu_hours_at_most():
+    """rule plan's text: one-node jobs of 4, 4 and 8 GPUs and a 4-node job of 32, 30 minutes each, are
+    (4 + 4 + 8 + 32) x 0.5 = 24 GPU-hours at most; a CPU job asks no GPUs."""
+    gpu = cfg("hardware_profile=h200-ndr-cluster")
+    text = launch.plan_text(
+        {
+            "train_step": [slurm_resources(gpu, 4)] * 2 + [slurm_resources(gpu, 32)],
+            "collectives": [slurm_resources(gpu, 8)],
+        }
+    )
+    assert "Measured jobs of this config: 4" in text
+    assert "train_step         3 jobs  1-4 nodes, 4-32 GPUs each" in text
+    assert "collectives        1 job   1 node, 8 GPUs each" in text
+    assert "GPU-hours at most: 24.0" in text
+    assert "GPUs" not in launch.plan_text({"train_step": [slurm_resources(cfg(), 4)]}).splitlines()[1]
+
+
 def test_gpu_job_across_nodes_asks_one_task_and_all_gpus_per_node_and_launches_its_own_step():
     res = slurm_resources(cfg("hardware_profile=h200-ndr-cluster"), 32)
     assert res == {

@@ -9,38 +9,19 @@ from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
+from analysis_records import comparison_table
 from docutils.core import publish_parts
 from jinja2 import Environment
 
 from analysis import explain
-from analysis.compare import COMPARISON_COLUMNS
 from analysis.figures import render
 from analysis.papers.common import verdict_points
 from analysis.registry import FigureDataError
-from analysis.report import COMPARISON_VIEW, SUMMARY_VIEW, html_table, main, run_facts
+from analysis.report import COMPARISON_VIEW, SUMMARY_VIEW, comparison_view, html_table, main, run_facts
 
 LANDING = Path("analysis/captions/landing.rst")
-
-
-def comparison_table() -> pd.DataFrame:
-    """Six rows of a comparison table: one per kind of verdict, a published bound each way, a zero."""
-    rows = [
-        # id, verdict, weak, published, reproduced, low, high, tolerance, bound, hardware
-        ("lina-fig3-median", "baseline-not-reproduced", None, 1.83, 1.2, 1.1, 2.0, 0.25, "lower", "lina-a100-4x4"),
-        ("lina-fig15-overhead", "differs", True, 1.7, 0.0, 0.0, 0.5, 0.25, None, "lina-a100-4x4"),
-        ("aurora-fig12-gain", "consistent", False, 1.5, 1.6, 1.4, 1.7, 0.5, "upper", "aurora-bigswitch-100g"),
-        ("aurora-fig12-gain", "differs", False, 1.5, 0.8, 0.7, 0.9, 0.25, None, "aurora-bigswitch-hetero"),
-        ("lina-fig6-ratio", "not-comparable", None, 4.02, 11.6, 11.6, 11.6, 0.25, None, "local-cpu"),
-        ("lina-fig2-sm-share", "not-reproduced", None, 3.7, np.nan, np.nan, np.nan, 0.25, None, None),
-    ]
-    names = ["id", "verdict", "weak", "published", "reproduced", "reproduced_low", "reproduced_high"]
-    df = pd.DataFrame(rows, columns=[*names, "tolerance", "bound", "hardware"])
-    df["paper"] = df["id"].str.split("-").str[0]
-    df["reason"] = ["ours <1.2> is 0.66x & below", *["a reason"] * 5]
-    return df.reindex(columns=COMPARISON_COLUMNS)
 
 
 class TableCells(HTMLParser):
@@ -78,7 +59,7 @@ def cells(page: str) -> list[list[tuple[str, dict]]]:
 
 def test_html_table_holds_every_row_escaped_and_sortable():
     df = comparison_table()
-    page = html_table(df, COMPARISON_VIEW, "Published vs reproduced", "intro <with> markup")
+    page = html_table(comparison_view(df), COMPARISON_VIEW, "Published vs reproduced", "intro <with> markup")
     header, *rows = cells(page)
     assert [text for text, _ in header] == COMPARISON_VIEW
     assert len(rows) == len(df)
@@ -93,9 +74,27 @@ def test_html_table_holds_every_row_escaped_and_sortable():
     assert "src=" not in page and "http" not in page  # self-contained: nothing fetched
 
 
+def test_the_comparison_page_puts_the_key_columns_first_and_folds_the_details():
+    """id, paper, verdict, the values and their range, the reason's first sentence; the rest of the reason
+    and the qualifying columns under "more"."""
+    df = comparison_table()
+    df.loc[1, "reason"] = "does not hold: ours 0 against 1.7 (0.00x). The copies <cost> 0 ms at 30 MB."
+    view = comparison_view(df)
+    assert COMPARISON_VIEW[:8] == ["id", "paper", "verdict", "published", "reproduced", "range", "unit", "reason"]
+    assert view.loc[0, "range"] == "1.1–2" and view.loc[4, "range"] == "11.6" and view.loc[5, "range"] == ""
+    assert view.loc[1, "reason"] == "does not hold: ours 0 against 1.7 (0.00x)."
+    details = view.loc[1, "details"]
+    assert details.startswith("<details><summary>more</summary>")
+    assert "<p>The copies &lt;cost&gt; 0 ms at 30 MB.</p>" in details  # the rest of the reason, escaped
+    assert "<dt>weak</dt><dd>True</dd>" in details and "<dt>hardware</dt><dd>lina-a100-4x4</dd>" in details
+    assert "<dt>needs</dt>" not in details  # empty columns are left out
+
+
 def test_html_table_names_the_missing_columns():
     with pytest.raises(ValueError, match=r"lacks columns \['reason', 'needs'\].*analysis.compare"):
-        html_table(comparison_table().drop(columns=["reason", "needs"]), COMPARISON_VIEW, "x", "y")
+        comparison_view(comparison_table().drop(columns=["reason", "needs"]))
+    with pytest.raises(ValueError, match=r"lacks columns \['weak'\].*analysis.compare"):
+        html_table(comparison_table().drop(columns=["weak"]), SUMMARY_VIEW[:1] + ["weak"], "x", "y")
 
 
 def test_the_pages_refuse_a_table_without_its_columns_and_write_nothing(tmp_path):
@@ -168,6 +167,9 @@ def test_the_landing_page_includes_the_run_facts_when_the_run_wrote_them(tmp_pat
     assert "local-cpu" in page and "How to read a verdict" in page and "What the categories hold" in page
     assert "<strong>1 consistent, 2 differ, 1 baseline not reproduced</strong>" in page and "abc1234" in page
     assert "are missing" not in page
+    # its links open the comparison table and the verdicts figure themselves, not their captions
+    assert f"app.setView({{content:'html',contentPath:results['{tmp_path / 'comparison.html'}'].data_uri" in page
+    assert f"app.setView({{content:'img',contentPath:results['{tmp_path / 'verdicts.png'}'].data_uri" in page
     without = render_landing(tmp_path, None)
     assert "are missing" in without and "Written" not in without and "consistent," not in without  # none invented
 

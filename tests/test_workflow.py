@@ -259,7 +259,7 @@ def test_no_rule_lets_the_shell_interpret_results_dir(tmp_path, default_dry_run)
     results = default_dry_run.results
     commands = commands_of_every_rule(default_dry_run.output)
     rules = {line.split()[0] for line in snakemake("--list-rules").stdout.splitlines() if line[:1].isalpha()}
-    assert rules - set(commands) == {"all", "resolved_config", *PAPERS}  # the rules without a shell command
+    assert rules - set(commands) == {"all", "resolved_config", "plan", *PAPERS}  # the rules without a shell command
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(FAKE_PYTHON.format(python=sys.executable))

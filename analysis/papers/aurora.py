@@ -231,7 +231,7 @@ def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
     )
     axes[0].axhline(1.0, color="black", lw=0.8)
     axes[0].set(
-        xlabel="transmission order (aurora = Algorithm 1, exact = BvN)",
+        xlabel="transmission order\n(aurora = Algorithm 1, exact = BvN)",
         ylabel="dispatch all-to-all time / T*",
         title=mode_title("simulated", "orders vs the lower bound (all workloads, layers)"),
     )
@@ -254,8 +254,8 @@ def aurora_order_speedup(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
             ax=ax,
         )
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.tick_params(axis="x", labelrotation=30, labelsize="x-small")
-        ax.set(xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (x, inference time)")
+        ax.tick_params(axis="x", labelrotation=90, labelsize="x-small")  # a+b names are long: upright, apart
+        ax.set(xlabel="workload (model a+b when colocated)", ylabel="Aurora's speedup (×, inference)")
         ax.legend(title="baseline")
     axes[5].set_axis_off()
     fig.suptitle("Aurora on the simulated big switch: transmission order and deployment speedups")

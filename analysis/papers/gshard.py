@@ -14,14 +14,13 @@ import itertools
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis.collect import select, wide_points
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, reproducer, table, train_step_rows
-from analysis.style import PUBLISHED
+from analysis.style import PUBLISHED, phase_colour, phase_label
 from analysis.units import format_bytes
 from moe_core.papers.gshard.models import MODELS, core_years, training_days
 from moe_core.papers.gshard.study import COLLECTIVES, MEMORY, PAPER, SCALING
@@ -31,12 +30,12 @@ STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms
 
 @figure(paper="gshard")
 def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
-    """Stacked median phase times per step vs experts; one panel per policy × world size."""
+    """Stacked median phase times per step vs experts, and beside each stack the step's median and p95;
+    one panel per policy × world size."""
     df = train_step_rows(records, [*STEP_COMPONENTS_MS, "step_ms"], shown=["policy", "world_size", "num_experts"])
     policies, sizes = sorted(df["policy"].unique()), sorted(df["world_size"].unique())
     fig.set_size_inches(1.0 + 3.2 * len(sizes), 0.6 + 2.8 * len(policies))
     axes = fig.subplots(len(policies), len(sizes), sharey=True, squeeze=False)
-    colors = dict(zip(STEP_COMPONENTS_MS, sns.color_palette("colorblind", len(STEP_COMPONENTS_MS))))
     for (i, policy), (j, world_size) in itertools.product(enumerate(policies), enumerate(sizes)):
         ax, panel = axes[i, j], df[(df["policy"] == policy) & (df["world_size"] == world_size)]
         ax.set_title(f"{policy}, {world_size} ranks")
@@ -44,15 +43,28 @@ def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
             ax.set_axis_off()
             continue
         ax.set_xlabel("experts (total)")
-        ax.set_ylabel("time per step (ms, median)" if j == 0 else "")
+        ax.set_ylabel("time per step (ms)" if j == 0 else "")
         # median over seeds of each point's median
         ms = panel.pivot_table(index="num_experts", columns="metric", values="value", aggfunc="median")
-        p95 = panel[panel["metric"] == "step_ms"].groupby("num_experts")["p95"].median()
+        p95 = panel[panel["metric"] == "step_ms"].groupby("num_experts")["p95"].median().reindex(ms.index)
         x, bottom = np.arange(len(ms)), np.zeros(len(ms))
         for name in STEP_COMPONENTS_MS:
-            ax.bar(x, ms[name], bottom=bottom, color=colors[name], label=name)
+            ax.bar(x, ms[name], bottom=bottom, color=phase_colour(name), label=phase_label(name))
             bottom += ms[name].to_numpy()
-        ax.scatter(x, p95.reindex(ms.index), marker="_", s=300, color="black", zorder=3, label="step_ms p95")
+        # The step's own median and p95, on its own: the phases' medians need not add up to the step's
+        # (and overlapped phases add up to more), so a p95 drawn on the stack could sit below its top.
+        step = ms["step_ms"].to_numpy()
+        ax.errorbar(
+            x + 0.5,
+            step,
+            yerr=[np.zeros(len(step)), np.maximum(p95.to_numpy() - step, 0)],
+            fmt="_",
+            markersize=12,
+            color="black",
+            capsize=4,
+            zorder=3,
+            label="step: median, bar to p95",
+        )
         ax.set_xticks(x, [str(n) for n in ms.index])
         ax.legend()
     fig.suptitle("Training step time by phase (GShard MoE layer)")
@@ -61,13 +73,14 @@ def step_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) ->
 
 # ---- the simulated scaling study ----------------------------------------------------------------
 
-# Fig 8's components: (label, simulated metric, roofline metric or None where none is meaningful)
+# Fig 8's components: (simulated metric, roofline metric or None where none is meaningful); each drawn
+# with its step phase's words and colour (analysis/style.py)
 BREAKDOWN = [
-    ("transformer, dispatch, combine", "dense_ms", "dense_roofline_ms"),
-    ("gate", "gate_ms", "gate_roofline_ms"),
-    ("MoE FFN", "expert_ms", "expert_roofline_ms"),
-    ("all-to-all", "a2a_ms", "a2a_roofline_ms"),
-    ("gradient all-reduce", "allreduce_exposed_ms", None),
+    ("dense_ms", "dense_roofline_ms"),  # the transformer, with the dispatch and combine einsums
+    ("gate_ms", "gate_roofline_ms"),
+    ("expert_ms", "expert_roofline_ms"),
+    ("a2a_ms", "a2a_roofline_ms"),
+    ("allreduce_exposed_ms", None),
 ]
 MEMORY_KINDS = {
     "replicated_weights_GB": "replicated weights",
@@ -227,11 +240,11 @@ def _breakdown_panel(ax: Axes, df: pd.DataFrame) -> None:
     """Per expert count, a simulated bar and a roofline bar (hatched), stacked by component, ms per
     layer pair (the step's components over its MoE layers)."""
     x = np.arange(len(df))
-    colors = sns.color_palette("colorblind", len(BREAKDOWN))
     simulated, roofline = np.zeros(len(df)), np.zeros(len(df))
     per_pair = df["moe_layers"].to_numpy()
-    for (label, metric, bound), color in zip(BREAKDOWN, colors):
-        ax.bar(x - 0.2, df[metric] / per_pair, 0.38, bottom=simulated, color=color, label=label)
+    for metric, bound in BREAKDOWN:
+        color = phase_colour(metric)
+        ax.bar(x - 0.2, df[metric] / per_pair, 0.38, bottom=simulated, color=color, label=phase_label(metric))
         simulated += df[metric].to_numpy() / per_pair
         if bound is not None:
             ax.bar(x + 0.2, df[bound] / per_pair, 0.38, bottom=roofline, color=color, hatch="//", alpha=0.6)

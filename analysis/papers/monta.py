@@ -18,12 +18,20 @@ from scipy.stats import spearmanr
 from analysis.collect import select
 from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, one_testbed, reproducer, table
-from analysis.style import colour, mode_title, palette, published_line, published_point, published_segment
+from analysis.style import (
+    colour,
+    mode_title,
+    palette,
+    phase_colour,
+    phase_label,
+    published_line,
+    published_point,
+    published_segment,
+)
 from moe_core.papers.monta.decisions import CODE_DEFAULT_CHUNKS
 
 PATHS = ["duplicate", "drop-gather", "monta"]
 SOURCE_COLOURS = {"model_exchange_ms": "0.6", "simulated_exchange_ms": "C0"}  # MoNTA's model grey
-PHASE_COLOURS = sns.color_palette("colorblind", 5)  # the iteration's phases (a2a, expert, gate, dense, all-reduce)
 EXCHANGES_PER_LAYER = 4  # dispatch and combine, forward and backward
 
 
@@ -298,9 +306,9 @@ def monta_iteration_breakdown(records: pd.DataFrame, samples: pd.DataFrame, fig:
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (mode, df) in zip(axes, panels):
         table = df.pivot_table(index=["hardware", "path"], columns="metric", values="value", aggfunc="median")
-        table = table.reindex(columns=phases)
+        table = table.reindex(columns=phases).rename(columns=phase_label)
         table.index = [f"{hw}\n{path}" for hw, path in table.index]
-        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small", color=PHASE_COLOURS)
+        table.plot.bar(stacked=True, ax=ax, rot=0, fontsize="x-small", color=[phase_colour(p) for p in phases])
         ax.set(ylabel="ms per iteration (phases)", title=mode_title(mode, f"tp {int(df['tensor_parallel'].max())}"))
         if mode == "simulated":
             _published_iteration_gain(ax, table)
@@ -397,8 +405,13 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
     _required(
         pd.concat([df, measured]), "flat and hierarchical exchanges", "run the simulator (monta.hierarchical_nodes)"
     )
-    fig.set_size_inches(12, 4.5)
-    left, right = fig.subplots(1, 2)
+    # A measured panel only where both exchanges ran: one bar compares nothing. The hierarchical one
+    # needs a group that spans nodes (the emulated 2-node testbed), which the local runs lack.
+    compared = not measured.empty and measured["path"].nunique() > 1
+    if df.empty and not compared:
+        raise FigureDataError("the records table has no simulated exchanges and no measured hierarchical one")
+    fig.set_size_inches(12 if compared else 7, 4.5)
+    left, right = fig.subplots(1, 2) if compared else (fig.subplots(), None)
     if not df.empty:
         df["exchange_ms"] = df["value"] / (EXCHANGES_PER_LAYER * df["moe_layers"])
         sns.lineplot(
@@ -419,7 +432,7 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
             ylabel="one exchange (ms)",
             title=mode_title("simulated", describe_testbeds(df)),
         )
-    if not measured.empty:
+    if compared:
         measured = one_testbed(measured)
         sns.barplot(
             measured,
@@ -437,5 +450,9 @@ def monta_hierarchical(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure
             ylabel="one exchange (ms, median)",
             title=mode_title("measured", _testbed_words(measured)),
         )
-    fig.suptitle("MoNTA/Tutel (e): flat vs hierarchical all-to-all")
+    title = "MoNTA/Tutel (e): flat vs hierarchical all-to-all"
+    if not compared:
+        measured = measured.iloc[0:0]
+        title += "\n(measured: no hierarchical run; its group must span nodes, e.g. the emulated 2-node testbed)"
+    fig.suptitle(title)
     return pd.concat([df, measured])

@@ -34,16 +34,10 @@ rule compare:
         samples=rules.collect.output.samples,
         registry="analysis/published.yaml",
     output:
-        comparison=report(
-            f"{RESULTS}/tables/comparison.csv",
-            caption="../../analysis/captions/comparison.rst",
-            category="Published vs reproduced",
-        ),
-        summary=report(
-            f"{RESULTS}/tables/verdict_summary.csv",
-            caption="../../analysis/captions/verdict_summary.rst",
-            category="Published vs reproduced",
-        ),
+        # The comparison and the verdicts per paper are in the report as their HTML pages (rule
+        # report_pages): the report's view of a CSV downloads it instead of showing it.
+        comparison=f"{RESULTS}/tables/comparison.csv",
+        summary=f"{RESULTS}/tables/verdict_summary.csv",
         fits=report(
             f"{RESULTS}/tables/testbed_fit.csv",
             caption="../../analysis/captions/testbed_fit.rst",
@@ -169,8 +163,9 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
                 for name, png in zip(_names, _pngs)
             ],
             pdf=[png.removesuffix(".png") + ".pdf" for png in _pngs],
+        # Only the table a figure reads besides the tidy tables is a param: the report lists a job's
+        # params under every figure's caption. The figures are named by their outputs (<figure>.png).
         params:
-            figures=quoted([arg for name, png in zip(_names, _pngs) for arg in ("--figure", name, "--out", png)]),
             table=quoted([f"--{_reads}", FIGURE_TABLES[_reads]]) if _reads != "tables" else "",
         conda:
             "../../environment.yml"
@@ -179,4 +174,4 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
         localrule: True
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.table} {params.figures}"
+            "{params.table} --out {output.png:q}"

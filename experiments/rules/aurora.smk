@@ -52,7 +52,7 @@ rule aurora_a2a:
         world_size=CFG.aurora.world_size,
     threads: CFG.aurora.world_size
     resources:
-        **measured_resources(CFG.aurora.world_size),
+        **measured_resources(CFG.aurora.world_size, "aurora_a2a"),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments aurora_a2a"

@@ -43,7 +43,7 @@ rule axonn_grids:
         world_size=CFG.axonn.world_size,
     threads: CFG.axonn.world_size
     resources:
-        **measured_resources(CFG.axonn.world_size),
+        **measured_resources(CFG.axonn.world_size, "axonn_grids"),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments axonn_grids"

@@ -25,7 +25,7 @@ rule collectives:
         world_size=CFG.collectives.world_size,
     threads: CFG.collectives.world_size
     resources:
-        **measured_resources(CFG.collectives.world_size),
+        **measured_resources(CFG.collectives.world_size, "collectives"),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments collectives"

@@ -7,7 +7,7 @@ import sys
 import time
 
 from analysis.summary import failed_jobs, run_summary
-from experiments.launch import SLURM_RESOURCE_KEYS, slurm_resources
+from experiments.launch import SLURM_RESOURCE_KEYS, plan_text, slurm_resources
 from moe_core.config.load import config_digest
 from moe_core.records.run_lock import lock_results_dir
 
@@ -60,9 +60,23 @@ def quoted(words):
     return shlex.join(str(word) for word in words)
 
 
-def measured_resources(world_size):
+# Every measured job of the full run, rule -> each job's SLURM resources, filled where each measured
+# rule is defined (measured_resources); rule `plan` (the Snakefile) prints their count and GPU-hours.
+MEASURED_JOBS = {}
+
+
+def print_plan(log):
+    """Rule plan's work: what MEASURED_JOBS ask (experiments.launch.plan_text), on the console and in ``log``."""
+    text = plan_text(MEASURED_JOBS)
+    Path(log).write_text(f"{text}\n")
+    print(text)
+
+
+def measured_resources(world_size, rule, jobs=1):
     """Snakemake resources of a measured job of ``world_size`` ranks (experiments/launch.py sizes
-    nodes, tasks, CPUs, memory, GPUs for SLURM; locally only threads matter). Keys a job leaves
-    unset (e.g. mpi, gpu on CPU) evaluate to None, which Snakemake drops."""
+    nodes, tasks, CPUs, memory, GPUs for SLURM; locally only threads matter), recorded in
+    MEASURED_JOBS as ``jobs`` jobs of ``rule``. Keys a job leaves unset (e.g. mpi, gpu on CPU)
+    evaluate to None, which Snakemake drops."""
     sizes = slurm_resources(CFG, world_size)
+    MEASURED_JOBS.setdefault(rule, []).extend([sizes] * jobs)
     return {key: sizes.get(key) for key in SLURM_RESOURCE_KEYS}

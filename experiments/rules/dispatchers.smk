@@ -40,7 +40,7 @@ rule dispatchers:
         world_size=CFG.dispatch_study.world_size,
     threads: CFG.dispatch_study.world_size
     resources:
-        **measured_resources(CFG.dispatch_study.world_size),
+        **measured_resources(CFG.dispatch_study.world_size, "dispatchers"),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments dispatchers"

@@ -34,7 +34,7 @@ rule lina_inference:
     conda:
         "../../environment.yml"
     resources:
-        **measured_resources(INFERENCE.world_size),
+        **measured_resources(INFERENCE.world_size, "lina_inference", jobs=len(INFERENCE_POINTS)),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} {params.overrides} --nproc {params.world_size} "
         "-- -m experiments inference --out-dir {params.out_dir:q}"

@@ -28,7 +28,7 @@ rule monta_a2a:
         world_size=CFG.monta.world_size,
     threads: CFG.monta.world_size
     resources:
-        **measured_resources(CFG.monta.world_size),
+        **measured_resources(CFG.monta.world_size, "monta_a2a"),
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments monta_a2a"

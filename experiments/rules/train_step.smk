@@ -7,7 +7,7 @@ from moe_core.schema.points import measured_points, point_overrides
 TRAIN_POINTS = measured_points(CFG)
 # SLURM sizing of each point, computed here, so a world size that cannot fill whole nodes stops the
 # workflow before any job.
-TRAIN_RESOURCES = {name: measured_resources(p["world_size"]) for name, p in TRAIN_POINTS.items()}
+TRAIN_RESOURCES = {name: measured_resources(p["world_size"], "train_step") for name, p in TRAIN_POINTS.items()}
 TRAIN_RECORDS = [f"{RESULTS}/raw/{p['paper']}/{CFG.experiment}/{name}.json" for name, p in TRAIN_POINTS.items()]
 RAW_RECORDS += TRAIN_RECORDS
 

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     """Validate a config (files and overrides as every entry point takes them); exit 2 on an error.
     ``--print`` writes the resolved config as YAML (``--print SECTION``: that section only)."""
     parser = config_arg_parser(__doc__)
+    parser.prog = "python -m moe_core.config"
     parser.add_argument(
         "--print",
         nargs="?",

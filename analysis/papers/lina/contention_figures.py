@@ -21,7 +21,7 @@ LINA_FIG3_ENTRY_IDS = {"median": "lina-fig3-a2a-slowdown-median", "worst": "lina
 
 @figure(paper="lina")
 def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
-    """All-to-all share of step time vs experts, with the all-to-all data per rank dashed (Lina Fig 4)."""
+    """All-to-all share of step time vs experts, with the all-to-all data per rank dotted (Lina Fig 4)."""
     df = train_step_rows(records, ["a2a_share", "a2a_bytes"], shown=["policy", "world_size", "num_experts"])
     share = df[df["metric"] == "a2a_share"].assign(a2a_share_pct=lambda d: 100 * d["value"])
     ax = fig.subplots()
@@ -53,10 +53,10 @@ def a2a_share_vs_experts(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
         twin.plot(
             line.index.get_level_values("num_experts"),
             line.to_numpy(),
-            ls="--",
+            ls=":",  # dotted: a dash is a published number (analysis/style.py)
             marker=".",
             color=color,
-            label=f"a2a data, {world_size} ranks",
+            label=f"a2a data, {world_size} ranks (right axis)",
         )
     twin.set_ylabel("all-to-all data sent per rank per step (MB)")
     twin.grid(False)
@@ -91,7 +91,8 @@ def a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) 
 
 @figure(paper="lina")
 def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
-    """Simulated backward all-to-all slowdown (overlap / sequential) on Lina's testbed, per cluster size."""
+    """Simulated backward all-to-all slowdowns (overlap / sequential) on Lina's testbed, every one as a dot
+    per cluster size with its median (the name is the CDF it was)."""
     s = select(samples, experiment="sim_train_step", metric="a2a_bwd_slowdown", hardware=LINA_TESTBED)
     if s.empty:
         raise FigureDataError(
@@ -99,13 +100,21 @@ def sim_a2a_slowdown_cdf(records: pd.DataFrame, samples: pd.DataFrame, fig: Figu
             f"{LINA_TESTBED}; run the simulated sweep with policy overlap and collect it"
         )
     s = s.astype({"world_size": int})
-    _slowdown_cdf(
-        fig.subplots(),
-        s,
-        "world_size",
-        "fraction of backward all-to-alls (CDF)",
-        f"Simulated all-to-all slowdown under DDP all-reduce ({LINA_TESTBED})",
+    # A step has a few backward all-to-alls (2-4 at these sizes): every one as a dot, per cluster size,
+    # with its median; a CDF of so few steps hides sizes whose values coincide.
+    sizes = sorted(s["world_size"].unique())
+    ax = fig.subplots()
+    fig.set_size_inches(7, 1.6 + 0.45 * len(sizes))
+    sns.stripplot(s, x="value", y="world_size", order=sizes, orient="h", jitter=0.15, color="0.35", ax=ax)
+    medians = s.groupby("world_size")["value"].median().reindex(sizes)
+    ax.scatter(medians, range(len(sizes)), marker="|", s=400, color="black", zorder=3, label="median of a step's")
+    _published_fig3(ax)
+    ax.set(
+        xlabel="backward all-to-all time with concurrent all-reduce / alone (×)",
+        ylabel="GPUs (= experts)",
+        title=f"Simulated all-to-all slowdown under DDP all-reduce ({LINA_TESTBED})",
     )
+    ax.legend()
     return s
 
 
@@ -113,13 +122,26 @@ def _slowdown_cdf(ax, s: pd.DataFrame, hue: str, ylabel: str, title: str) -> Non
     """Empirical CDF of the slowdown samples ``s``, one line per ``hue``, with Lina's Fig 3 median and worst."""
     for key, group in s.groupby(hue):
         sns.ecdfplot(group, x="value", ax=ax, label=f"{hue} {key} (n={len(group)})")
+    _published_fig3(ax)
+    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)", ylabel=ylabel, title=title)
+    ax.legend()
+
+
+def _published_fig3(ax) -> None:
+    """Lina Fig 3's published median and worst slowdown as vertical lines, each named at its foot."""
     registry = load_registry()
     for name, entry_id in LINA_FIG3_ENTRY_IDS.items():
         value = published_value(registry, entry_id)
         published_line(ax, value, f"published: Lina Fig 3 {name}, {value:g}×", horizontal=False)
-        ax.annotate(f"Fig 3 {name}", (value, 0.02), xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7)
-    ax.set(xlabel="all-to-all time with concurrent all-reduce / alone (×)", ylabel=ylabel, title=title)
-    ax.legend()
+        ax.annotate(
+            f"Fig 3 {name}",
+            (value, 0.02),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            rotation=90,
+            fontsize=7,
+        )
 
 
 @figure(paper="lina")

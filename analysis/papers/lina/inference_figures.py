@@ -100,7 +100,7 @@ def _draw_inference(records: pd.DataFrame, fig: Figure, producer: str) -> pd.Dat
                 ax=ax,
             )
             ax.axhline(1.0, color="0.5", lw=0.8)
-            ax.tick_params(axis="x", labelrotation=20, labelsize="x-small")
+            ax.tick_params(axis="x", labelrotation=90, labelsize="x-small")  # long policy names: upright, apart
             ax.set(xlabel="placement policy", ylabel="time / ideal's median (×)")
         _tail_a2a_panel(row[2], tails[tails["num_experts"] == n] if not tails.empty else tails, n)
     fig.suptitle(
@@ -129,6 +129,9 @@ def _tail_a2a_panel(ax, tails: pd.DataFrame, experts: int) -> None:
         errorbar=None,
         ax=ax,
     )
+    step = -(-tails["layer"].nunique() // 12)  # at most 12 layer numbers, which fit side by side
+    for i, label in enumerate(ax.get_xticklabels()):
+        label.set_visible(i % step == 0)
     ax.set(
         xlabel="MoE layer",
         ylabel="p95 all-to-all time per batch (ms)",
