@@ -109,7 +109,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
     assert not any(skew.startswith("trace:") and size == 64 for size, skew, _ in cells)  # a 16-expert trace
     for _, rows in table.groupby(["world_size", "skew"]):
         assert rows["fastest"].nunique() == 1 and rows["fastest"].iloc[0] == rows.iloc[0]["path"]
-        assert rows["fastest_without_drops"].iloc[0] in ("dropless", "allgather")
+        assert rows["fastest_without_drops"].iloc[0] in ("dropless", "allgather", "node-forwarding", "direct-sends")
 
 
 def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
@@ -129,6 +129,8 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         "duplicate",
         "drop-gather",
         "monta",
+        "node-forwarding",
+        "direct-sends",
     }
     for record in found.values():
         lossless = record["params"]["path"] in ("dropless", "allgather")
