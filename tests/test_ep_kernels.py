@@ -59,7 +59,8 @@ def test_bytes_moved_by_hand_on_one_routing():
     counts = np.zeros((4, 4))
     counts[0, 1:] = [1, 2, 1]
     counts[3, 0] = 3
-    forwarded, _ = dispatcher("node-forwarding").traffic(counts, 0, 10)
+    notify, forwarded, *_ = dispatcher("node-forwarding").traffic(counts, 0, 10)
+    assert notify.bytes_moved(2) == 4 * 4 * 3  # an int32 count each way between every pair of ranks
     ordered, network, inside = forwarded.legs(np.arange(4), np.arange(4) // 2)
     assert network[0, 0, 1] == 30 and network[1, 1, 0] == 30 and network.sum() == 60  # (n, l, n2)
     assert inside[1, 0, 1] == 10 and inside[0, 1, 0] == 30 and inside[0, 0, 1] == 10 and inside.sum() == 50
@@ -75,7 +76,7 @@ def test_a_token_crosses_the_network_once_per_destination_node():
     tokens, ranks, experts, k, row = 4096, 32, 256, 8, 1
     choices = np.argsort(rng.random((ranks, tokens, experts)), axis=2)[:, :, :k]  # (ranks, tokens, k) distinct
     counts = np.stack([np.bincount(c.ravel() // (experts // ranks), minlength=ranks) for c in choices])
-    forwarded, _ = dispatcher("node-forwarding").traffic(counts, 0, row, top_k=k)
+    _, forwarded, *_ = dispatcher("node-forwarding").traffic(counts, 0, row, top_k=k)
     _, network, _ = forwarded.legs(np.arange(ranks), np.arange(ranks) // 8)
     node_of_choice = choices // (experts // 4)  # (ranks, tokens, k)
     own = (np.arange(ranks) // 8)[:, None, None]

@@ -72,6 +72,9 @@ class Dispatcher:
     tensor_parallel: ClassVar[bool] = False
     drops: ClassVar[bool] = True
     route: ClassVar[Route] = "direct"
+    # the expert-parallel kernel library's exchange it is (moe_core.sim.ep_kernels.KERNELS), whose model
+    # prices its collectives; "" for a collective library's
+    kernel: ClassVar[str] = ""
     study_groups: ClassVar[tuple[str, ...]] = ("flat",)
 
     def runs_on(self, world: int, hw) -> bool:

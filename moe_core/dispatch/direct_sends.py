@@ -24,6 +24,7 @@ from moe_core.dispatch.exchanges import _RoutedRows
 
 class DirectSends(_RoutedRows):
     name = "direct-sends"
+    kernel = "direct_sends"
 
     def runs_on(self, world: int, hw) -> bool:
         """On a cluster (the kernel model prices NVLink and NIC links; a torus has neither)."""
@@ -51,6 +52,6 @@ class DirectSends(_RoutedRows):
         """Every selection its own message, there and back: the routed rows, no deduplication."""
         routed = counts * float(row_bytes)  # (src, dst) bytes: expert e on rank e
         return [
-            Collective("all_to_all", routed, kernel="direct_sends"),
-            Collective("all_to_all", routed.T, kernel="direct_sends"),
+            Collective("all_to_all", routed, kernel=self.kernel),
+            Collective("all_to_all", routed.T, kernel=self.kernel),
         ]

@@ -11,11 +11,12 @@ one local index (the "two_phase" study group's ``inter``), the forwarding leg on
 (``intra``); on one node only the forwarding leg runs. The study routes top-1, so no token has two
 experts on one node and there is nothing to deduplicate or reduce there: the measured exchange is the
 route, the deduplication is in its traffic (:meth:`NodeForwarding.traffic`, for any top-k).
-The splits come from the study's counts, which every rank holds (DeepEP's notify step, an exchange
-of these counts, is left out).
+Each way starts with a notify step, an all-to-all of the counts (DeepEP's notify kernels); the
+splits themselves come from the study's counts, which every rank holds.
 
-Simulated: one transfer of both legs at once (moe_core.sim.topology.Cluster.relayed_all_to_all)
-priced by the kernel model (moe_core.sim.ep_kernels, kernel ``node_forwarding``).
+Simulated: each way a notify kernel (the counts), then one transfer of both legs at once
+(moe_core.sim.topology.Cluster.relayed_all_to_all), each priced by the kernel model
+(moe_core.sim.ep_kernels, kernel ``node_forwarding``): two kernel latencies each way.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ import numpy as np
 from moe_core.dispatch.base import Collective, StudyGroups, run_expert
 from moe_core.dispatch.exchanges import _RoutedRows
 
+COUNT_BYTES = 4  # one int32 count a rank pair in the notify kernel
+
 
 class NodeForwarding(_RoutedRows):
     name = "node-forwarding"
     route = "forwarded"
+    kernel = "node_forwarding"
     study_groups = ("flat", "two_phase")
 
     def runs_on(self, world: int, hw) -> bool:
@@ -45,6 +49,7 @@ class NodeForwarding(_RoutedRows):
         from moe_core.comm.all_to_all import all_to_all
 
         hier, counts, timer = groups["two_phase"], workload["counts"], groups.timer
+        _notify(groups, counts, "notify")
         nodes, m = (hier.nodes, hier.members_per_node) if hier is not None else (1, groups.world)
         node, local = divmod(groups.rank, m)
         c = counts.reshape(nodes, m, nodes, m)  # (src node, src local, dst node, dst local) rows
@@ -58,6 +63,7 @@ class NodeForwarding(_RoutedRows):
         intra = hier.intra if hier is not None else groups["flat"]
         sent2, came2 = arrived.sum(axis=0).tolist(), c[:, :, node, local].sum(axis=0).tolist()
         received = all_to_all(tokens[order], came2, sent2, intra, timer, "forward")
+        _notify(groups, counts, "combine_notify")
         back = all_to_all(run_expert(expert, received), sent2, came2, intra, timer, "combine_forward")
         back = torch.empty_like(back).index_copy(0, order, back)  # (src node, dst local) order again
         if hier is not None:
@@ -65,16 +71,31 @@ class NodeForwarding(_RoutedRows):
         return back
 
     def traffic(self, counts, capacity, row_bytes, study=None, top_k=1):
-        """The rows of every choice, with each source's tokens' bytes (``token_bytes``), so that
-        Collective.legs sends a token once over the network to each other node holding one of its
-        choices and once to each rank holding one. The combine is the dispatch reversed (each
-        forwarding rank reduces its node's outputs of a token before the one crossing back): the same
-        bytes on the opposite direction of the same links, which are equally fast both ways, so it is
-        stated as the same collective."""
+        """Each way a notify kernel, then the tokens. The notify exchanges every rank's counts (DeepEP's
+        notify_dispatch, whose count the host waits for, and cached_notify before the combine:
+        csrc/legacy/buffer.hpp), ``COUNT_BYTES`` a rank pair. The tokens: the rows of every choice, with
+        each source's tokens' bytes (``token_bytes``), so that Collective.legs sends a token once over the
+        network to each other node holding one of its choices and once to each rank holding one. The
+        combine is the dispatch reversed (each forwarding rank reduces its node's outputs of a token
+        before the one crossing back): the same bytes on the opposite direction of the same links, which
+        are equally fast both ways, so it is stated as the same collective."""
+        ranks = len(counts)
+        notify = Collective("all_to_all", np.full((ranks, ranks), float(COUNT_BYTES)), kernel=self.kernel)
         chosen = counts * float(row_bytes)  # (src, dst) bytes of the choices: expert e on rank e
         tokens = chosen.sum(axis=1) / top_k  # (R,) bytes of each source's tokens
-        dispatch = Collective("all_to_all", chosen, self.route, "node_forwarding", tokens, top_k)
-        return [dispatch, dispatch]
+        dispatch = Collective("all_to_all", chosen, self.route, self.kernel, tokens, top_k)
+        return [notify, dispatch, notify, dispatch]
+
+
+def _notify(groups: StudyGroups, counts: np.ndarray, name: str) -> None:
+    """The notify step before each way: every rank sends every other its count (one int32 a pair, as
+    the model's notify kernel), over the flat group; the exchange's splits are the study's counts."""
+    import torch
+    import torch.distributed as dist
+
+    sent = torch.tensor(counts[groups.rank], dtype=torch.int32)
+    with groups.timer.region(name):
+        dist.all_to_all_single(torch.empty_like(sent), sent, group=groups["flat"])
 
 
 def _regroup(arrived: np.ndarray) -> np.ndarray:
