@@ -304,6 +304,7 @@ ENTRY_POINTS = {
         ),
         EntryPoint("dispatchers_predictions", ("dispatch_study", "hardware_profile", *OUTPUT)),
         EntryPoint("dispatchers_sim", ("dispatch_study", *OUTPUT)),
+        EntryPoint("external_dispatch", OUTPUT),
         EntryPoint("external_steps", OUTPUT),
         EntryPoint("external_validation", OUTPUT),
         EntryPoint("gpu_check", options=gpu_check_options),

@@ -4,6 +4,7 @@ routing, and the kernel model's pricing."""
 
 import numpy as np
 import pytest
+import yaml
 
 from experiments import dispatchers
 from moe_core.config.load import load_config
@@ -83,3 +84,64 @@ def test_a_token_crosses_the_network_once_per_destination_node():
     exact = sum(((node_of_choice == n).any(axis=2) & (own[:, :, 0] != n)).sum() for n in range(4))
     selections = (node_of_choice != own).sum()
     assert network.sum() == pytest.approx(exact, rel=0.01) and exact < 0.6 * selections
+
+
+def test_the_profile_kernel_parameters_are_the_stated_fit_and_the_simulator_prices_them():
+    """h800-cx7-cluster's ep_kernels are the one fit over analysis/external_dispatch.yaml (to the digits the
+    profile gives), and the simulator's time of every entry is the closed form the fit uses."""
+    from experiments import external_dispatch as ed
+
+    cases = ed.entry_cases()
+    fit = ed.fit_kernel_parameters(cases)
+    hw = cases[0][1]
+    assert (hw.ep_kernels.nvlink_efficiency, hw.ep_kernels.nic_efficiency) == pytest.approx(
+        (fit.nvlink_efficiency, fit.nic_efficiency), abs=5e-4
+    )
+    assert hw.ep_kernels.latency_us == pytest.approx(fit.latency_us, abs=0.05)
+    for entry, hw, case in cases:
+        simulated = ed.kernel_seconds(entry, hw, case)
+        closed = ed.lone_seconds(
+            case, hw, *(hw.ep_kernels[k] for k in ("nvlink_efficiency", "nic_efficiency", "latency_us"))
+        )
+        assert simulated == pytest.approx(closed, rel=1e-5), entry["id"]  # the notify's bytes: ~1e-6 of it
+
+
+def test_the_kernel_level_table_meets_the_target_in_and_out_of_sample(tmp_path):
+    """Every DeepEP number predicted on the profile as it is: the records' errors are their predictions'
+    against the published numbers, the median |error| in-sample and leave-one-out is within the 15%
+    target, and the table ends with the median and worst rows, its bandwidths labelled by kind."""
+    import analysis.papers  # noqa: F401  (registers the tables)
+    from analysis.collect import collect
+    from analysis.registry import TABLE_REGISTRY
+    from experiments import external_dispatch as ed
+    from moe_core.records.results import write_records
+
+    records = ed.external_dispatch_records(load_config(whole_run=False))
+    assert [r["point"] for r in records] == [e["id"] for e in ed.load_entries()]
+    for r in records:
+        m = {name: metric["value"] for name, metric in r["metrics"].items()}
+        assert m["rel_error"] == pytest.approx(m["predicted"] / m["published"] - 1)
+    df = TABLE_REGISTRY["external_dispatch"].build(collect(write_records(records, tmp_path))[0])
+    summary = df.set_index("id").loc[["median", "worst"]]
+    assert summary.loc["median", "rel_error"] <= 0.15 and summary.loc["median", "loo_rel_error"] <= 0.15
+    assert summary.loc["worst", "loo_rel_error"] == pytest.approx(df["loo_rel_error"].iloc[:-2].abs().max())
+    assert "logical_GBps [logical (the library's count)]" in df and "nic_wire_GBps [wire (busiest NIC)]" in df
+
+
+def test_bad_kernel_tables_and_profiles_are_refused_by_name(tmp_path):
+    from experiments import external_dispatch as ed
+    from moe_core.config.load import ConfigError
+
+    entry = ed.load_entries()[0]
+    for change, message in (
+        ({"kernel": "nccl"}, "unknown kernel 'nccl'"),
+        ({"metric": "busbw_GBps"}, "unknown metric 'busbw_GBps'"),
+        ({"workload": {**entry["workload"], "format": "fp4"}}, "format must be one of"),
+        ({"published": 0}, "published must be a positive number"),
+    ):
+        path = tmp_path / "table.yaml"
+        path.write_text(yaml.safe_dump({"entries": [{**entry, **change}]}))
+        with pytest.raises(ValueError, match=message):
+            ed.load_entries(path)
+    with pytest.raises(ConfigError, match=r"hardware\.ep_kernels\.nic_efficiency"):
+        load_config(overrides=["hardware.ep_kernels.nic_efficiency=1.5"])
