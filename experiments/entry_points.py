@@ -93,6 +93,11 @@ def ranks(text: str) -> int:
     return value
 
 
+# advise --shape: tokens per rank of a decoding step (DeepEP's low-latency benchmark, 128) and of a
+# prefill or training step (its normal kernels' and DeepSeek-V3's pretraining batch, 4,096)
+ADVISE_SHAPES = {"decode": 128, "prefill": 4096}
+
+
 def advise_options(parser: argparse.ArgumentParser) -> None:
     from moe_core.model.capacity import DTYPE_BYTES
     from moe_core.schema.sections import MAX_SEED
@@ -102,7 +107,13 @@ def advise_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=ranks, required=True, help="expert-parallel ranks (GPUs) of the layer")
     parser.add_argument("--experts", type=counts, required=True, help="experts, a multiple of --ranks")
     parser.add_argument("--top-k", type=counts, default=2, help="experts per token (default 2)")
-    parser.add_argument("--tokens", type=counts, required=True, help="tokens per rank and step")
+    parser.add_argument("--tokens", type=counts, help="tokens per rank and step (or --shape)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(ADVISE_SHAPES),
+        help="tokens per rank of a serving or training step, when --tokens is not given: "
+        + ", ".join(f"{name} {tokens}" for name, tokens in ADVISE_SHAPES.items()),
+    )
     parser.add_argument("--d-model", type=bounded_int(1, MAX_D_MODEL), required=True, help="hidden size of a token")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16", help="on the wire")
     parser.add_argument("--workload", default="uniform", help="routing workload (default uniform)")
@@ -117,6 +128,10 @@ def advise_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """The layer's shape whole, its routing draw within this host's memory, its workload routable."""
     from moe_core.schema.run_checks import host_memory_bytes
 
+    if args.tokens is None and args.shape is None:
+        parser.error("give --tokens N or --shape decode|prefill (the tokens per rank of one step)")
+    if args.tokens is None:
+        args.tokens = ADVISE_SHAPES[args.shape]
     if args.experts % args.ranks:
         parser.error(f"--experts {args.experts} must be a multiple of --ranks {args.ranks} (whole experts per rank)")
     if args.top_k > args.experts:
