@@ -108,7 +108,7 @@ def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
         "fastest": ranking[0]["dispatcher"],
         "fastest_without_drops": lossless[0]["dispatcher"] if lossless else None,
         "bandwidth_kinds": BANDWIDTH_KINDS,
-        "uncertainty": uncertainty(ranking, hw),
+        "uncertainty": uncertainty(ranking, hw, args.ranks, args.tokens),
         "assumptions": [
             "one MoE layer's dispatch then combine; exposed communication: every ranked dispatcher's "
             "exchange blocks the compute stream in a training step (the experts wait for the dispatch, the "
@@ -130,9 +130,13 @@ def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
     }
 
 
-def uncertainty(ranking: list[dict], hw: DictConfig) -> list[str]:
+def uncertainty(ranking: list[dict], hw: DictConfig, ranks: int, tokens: int) -> list[str]:
     """What the ranking cannot tell apart: runners-up within :data:`MARGIN_WITHIN_ERROR` of the fastest,
-    and kernel dispatchers priced at borrowed link shares where the profile has no ``hardware.ep_kernels``."""
+    kernel dispatchers priced at borrowed link shares where the profile has no ``hardware.ep_kernels``,
+    and kernel dispatchers asked about outside the sizes and batches their kernel-level validation
+    covers (analysis/external_dispatch.yaml)."""
+    from experiments.external_dispatch import load_entries
+
     notes = []
     close = [row["dispatcher"] for row in ranking[1:] if row["vs_fastest"] < MARGIN_WITHIN_ERROR]
     if close:
@@ -150,6 +154,17 @@ def uncertainty(ranking: list[dict], hw: DictConfig) -> list[str]:
             f"dispatchers ({', '.join(kernels)}) are priced at the collective library's link shares and one "
             "step's latency, unchecked against any kernel measurement on this fabric"
         )
+    entries = load_entries()
+    for name in kernels:
+        checked = [e for e in entries if e["kernel"] == DISPATCHERS[name].kernel]
+        batches = sorted({e["workload"]["tokens_per_rank"] for e in checked})
+        largest = max(e["world_size"] for e in checked)
+        if not batches[0] <= tokens <= batches[-1] or ranks > largest:
+            notes.append(
+                f"{name}: its kernel model was checked at {' to '.join(map(str, batches))} tokens per rank and up to "
+                f"EP{largest} (analysis/external_dispatch.yaml); at {tokens} tokens and EP{ranks} its fixed costs "
+                "and congestion are unchecked"
+            )
     return notes
 
 

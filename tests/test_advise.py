@@ -124,6 +124,9 @@ def test_decode_and_prefill_shapes_rank_the_kernel_dispatchers_and_say_how_sure(
         close = [r["dispatcher"] for r in result["ranking"][1:] if r["vs_fastest"] < 1.3]
         assert bool(close) == any("run an A/B" in note for note in result["uncertainty"])
         assert not any("states no expert-parallel kernel shares" in note for note in result["uncertainty"])
+        unchecked = {note.split(":")[0] for note in result["uncertainty"] if "kernel model was checked at" in note}
+        # DeepEP's tables: its normal kernels at 4,096 tokens per rank, its low-latency ones at 128
+        assert unchecked == {"decode": {"node-forwarding"}, "prefill": {"direct-sends"}}[shape]
     profile = tmp_path / "mine.yaml"
     profile.write_text("name: mine\ndevices_per_node: 8\nintra_node_GBps: 150\nnic_GBps: 25\nnodes: 8\n")
     assert run_entry_point(["advise", "--hardware", str(profile), *DEEPSEEK, "--shape", "decode"]) == 0
