@@ -41,6 +41,7 @@ from moe_core.dispatch_study import rank_dispatchers, study_steps, why_not_price
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.records.console import table
 from moe_core.schema.run_checks import too_many_ranks
+from moe_core.sim.ep_kernels import kernels_stated
 from moe_core.sim.topology import build_topology
 
 # A margin under this is within the model's error on the fabrics it has been checked on: the kernel model's
@@ -147,12 +148,11 @@ def uncertainty(ranking: list[dict], hw: DictConfig, ranks: int, tokens: int) ->
             "and DeepEP numbers): run an A/B"
         )
     kernels = [row["dispatcher"] for row in ranking if DISPATCHERS[row["dispatcher"]].kernel]
-    stated = hw.ep_kernels.nvlink_efficiency and hw.ep_kernels.nic_efficiency and hw.ep_kernels.latency_us
-    if kernels and not stated:
+    if kernels and not kernels_stated(hw):
         notes.append(
             f"'{hw.name}' states no expert-parallel kernel shares (hardware.ep_kernels), so the kernel "
-            f"dispatchers ({', '.join(kernels)}) are priced at the collective library's link shares and one "
-            "step's latency, unchecked against any kernel measurement on this fabric"
+            f"dispatchers ({', '.join(kernels)}) are priced as the collective library's all-to-alls they run as "
+            "without the kernel libraries, unchecked against any kernel measurement on this fabric"
         )
     entries = load_entries()
     for name in kernels:

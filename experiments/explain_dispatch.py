@@ -37,7 +37,7 @@ from experiments.external_dispatch import KernelCase, kernel_case, kernel_second
 from experiments.simulate import sized_hardware
 from moe_core.config.load import ERROR_KEY, ConfigError, hardware_profile
 from moe_core.dispatch import dispatcher
-from moe_core.sim.ep_kernels import kernel_shares
+from moe_core.sim.ep_kernels import kernel_shares, kernels_stated
 from moe_core.sim.topology import build_topology
 from moe_core.units import GB
 
@@ -112,13 +112,13 @@ def explanation(args: argparse.Namespace, hw: DictConfig) -> dict:
         "wire": links,
         "bottleneck": bottleneck,
         "fixed_us": fixed_s * 1e6,
-        "causes": causes(entry, case, links, bottleneck, ratio, measured_s, predicted_s, fixed_s, kernels),
+        "causes": causes(hw, entry, case, links, bottleneck, ratio, measured_s, predicted_s, fixed_s, kernels),
     }
 
 
 def kernel_latency_s(hw: DictConfig, case: KernelCase) -> float:
     """One kernel's fixed cost on ``hw`` (the profile's, else the link class's step latency)."""
-    if hw.ep_kernels.latency_us > 0:
+    if kernels_stated(hw):
         return hw.ep_kernels.latency_us * 1e-6
     return (hw.inter_node_latency_us if case.transfer.crosses_nodes else hw.intra_node_latency_us) * 1e-6
 
@@ -136,7 +136,7 @@ def link_view(nbytes: float, line_GBps: float, share: float, measured_s: float, 
     }
 
 
-def causes(entry, case, links, bottleneck, ratio, measured_s, predicted_s, fixed_s, kernels) -> list[str]:
+def causes(hw, entry, case, links, bottleneck, ratio, measured_s, predicted_s, fixed_s, kernels) -> list[str]:
     """Where the gap between the measurement and the model likely comes from, each with its numbers."""
     logical = case.logical_bytes / measured_s / GB
     wire = links[bottleneck]["wire_GBps"]
@@ -145,6 +145,11 @@ def causes(entry, case, links, bottleneck, ratio, measured_s, predicted_s, fixed
         f"busiest {bottleneck.upper()} link carries {wire:.1f} GB/s of it"
         + (f", so {1 - wire / logical:.0%} of the count never crosses that link" if wire < logical else "")
     ]
+    if not kernels_stated(hw):
+        notes.append(
+            f"'{hw.name}' states no kernel shares (hardware.ep_kernels): the model prices this exchange as the "
+            "collective library's all-to-all, and the ceilings above are that library's shares"
+        )
     if abs(ratio - 1) <= WITHIN_MODEL:
         notes.append(
             f"no gap to explain: measured / predicted = {ratio:.2f}, within the model's error "

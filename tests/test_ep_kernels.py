@@ -145,3 +145,5 @@ def test_bad_kernel_tables_and_profiles_are_refused_by_name(tmp_path):
             ed.load_entries(path)
     with pytest.raises(ConfigError, match=r"hardware\.ep_kernels\.nic_efficiency"):
         load_config(overrides=["hardware.ep_kernels.nic_efficiency=1.5"])
+    with pytest.raises(ConfigError, match=r"hardware\.ep_kernels': give all of .* got only \['nic_efficiency'\]"):
+        load_config(overrides=["hardware.ep_kernels.nic_efficiency=0.5"])

@@ -95,6 +95,11 @@ def test_a_deliberately_slowed_profile_is_called_slower_than_the_cluster(tmp_pat
     result = explain("--hardware", str(slowed), "--ranks", "64", *NORMAL, "--gbps", "51")
     assert result["measured_over_predicted"] == pytest.approx(0.5, abs=0.05)
     assert any(note.startswith("faster than the model") for note in result["causes"])
+    # a profile that states no kernel shares: priced as the collective library's all-to-all, and said so
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\ndevices_per_node: 8\nintra_node_GBps: 200\nnic_GBps: 50\nnodes: 8\n")
+    result = explain("--hardware", str(bare), "--ranks", "64", *NORMAL, "--gbps", "51")
+    assert any(note.startswith("'bare' states no kernel shares") for note in result["causes"])
 
 
 @pytest.mark.parametrize(

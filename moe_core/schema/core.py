@@ -42,9 +42,9 @@ class CollectiveFit:
 class EpKernelConfig:
     """What expert-parallel communication kernels (DeepEP's, pplx's: moe_core.sim.ep_kernels) reach on
     the links, as shares of the line rates; they differ from a collective library's (NCCL's shares
-    above) because a kernel runs on a few SMs and forwards inside the node itself. 0 = unknown: the
-    collective library's share (``intra_node_efficiency``, ``nic_efficiency``) and one step's
-    latency of the link class it crosses."""
+    above) because a kernel runs on a few SMs and forwards inside the node itself. All three or none:
+    0 = the kernels are not measured here, and the kernel dispatchers' exchanges are priced as the
+    collective library's all-to-alls (what they run as on a testbed without the kernels)."""
 
     nvlink_efficiency: float = 0.0  # share of intra_node_GBps a kernel's NVLink traffic reaches
     nic_efficiency: float = 0.0  # share of nic_GBps its RDMA traffic reaches

@@ -210,6 +210,12 @@ def _validate_rates(hw: DictConfig) -> None:
     require(
         math.isfinite(latency) and latency >= 0, "hardware.ep_kernels.latency_us", f"must be >= 0 us, got {latency}"
     )
+    stated = [key for key in ("nvlink_efficiency", "nic_efficiency", "latency_us") if hw.ep_kernels[key] > 0]
+    require(
+        len(stated) in (0, 3),
+        "hardware.ep_kernels",
+        f"give all of nvlink_efficiency, nic_efficiency and latency_us, or none (0); got only {stated}",
+    )
     require(
         0 <= hw.gemm_exposed_memory <= 1,
         "hardware.gemm_exposed_memory",

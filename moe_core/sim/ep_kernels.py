@@ -7,10 +7,12 @@ signal when done. Its cost is therefore not NCCL's (per-step latencies, a size c
     time = latency_us + max over links of bytes / (line rate x the kernel's share of that link)
 
 with the profile's ``hardware.ep_kernels`` (moe_core.schema.core.EpKernelConfig): the share of NVLink
-and of the NIC a kernel reaches and its fixed cost (launch, the count notification, the last
-message's flight). Every executor prices a kernel through :func:`kernel_op` (reached from
-moe_core.sim.collectives.collective_op by the collective kinds in :data:`KERNELS`): the dispatcher
-study, ``advise`` and the kernel-level validation (experiments/external_dispatch.py).
+and of the NIC a kernel reaches and its fixed cost (launch, the signals, the last message's flight).
+Every executor prices a kernel through moe_core.sim.collectives.collective_op (the collective kinds in
+:data:`KERNELS`): :func:`kernel_op` where the profile states its kernels, else the collective
+library's all-to-all, which is what the dispatchers run on a testbed without the kernel libraries
+(gloo). The dispatcher study, ``advise`` and the kernel-level validation
+(experiments/external_dispatch.py) all go through it.
 
 The formats' bytes per token are the kernels' (:func:`token_bytes`): FP8 is one byte per channel plus
 one fp32 scale per 128 channels (DeepEP's per-token-group quantisation: 7,168 + 56 x 4 = 7,392 B for
@@ -44,28 +46,34 @@ def token_bytes(hidden: int, fmt: str) -> int:
     raise ValueError(f"unknown token format {fmt!r}; use one of {list(FORMATS)}")
 
 
-def kernel_shares(hw: DictConfig) -> tuple[float, float]:
-    """(NVLink, NIC) share of the line rate the profile's kernels reach (the collective library's where
-    the profile leaves them unknown)."""
+def kernels_stated(hw: DictConfig) -> bool:
+    """Whether the profile states its kernels' shares and latency (``hardware.ep_kernels``): the kernel
+    libraries run there. Elsewhere (a CPU testbed, a cluster no kernel was measured on) a kernel
+    dispatcher's exchange runs on, and is priced as, the collective library's all-to-all."""
     k = hw.ep_kernels
-    return k.nvlink_efficiency or hw.intra_node_efficiency, k.nic_efficiency or hw.nic_efficiency
+    return k.nvlink_efficiency > 0 and k.nic_efficiency > 0 and k.latency_us > 0
+
+
+def kernel_shares(hw: DictConfig) -> tuple[float, float]:
+    """(NVLink, NIC) share of the line rate the profile's kernels reach; the collective library's where
+    the profile states none (what a kernel's exchange is then priced at)."""
+    if kernels_stated(hw):
+        return hw.ep_kernels.nvlink_efficiency, hw.ep_kernels.nic_efficiency
+    return hw.intra_node_efficiency, hw.nic_efficiency
 
 
 def kernel_op(hw: DictConfig, topo, transfer: Transfer) -> dict:
     """Op keyword arguments (transfer, latency_s) of a kernel with footprint ``transfer`` on the cluster
-    ``topo``: the one pricing decision for kernels.
+    ``topo`` whose profile states its kernels (:func:`kernels_stated`): the one pricing decision for
+    kernels.
 
     The topology's links hold the collective library's shares of the line rates; the kernel's bytes on
     each NVLink and NIC link are weighted by library share / kernel share, so that alone they take
     bytes / (line rate x kernel share), and concurrent traffic shares the links as usual. The latency
-    is the profile's kernel latency, else one step of the link class the kernel crosses (its messages
-    are all in flight at once: no step per peer)."""
+    is the profile's per kernel (its messages are all in flight at once: no step per peer)."""
     nvlink, nic = kernel_shares(hw)
     scale = np.ones(len(transfer.links))
     scale[np.isin(transfer.links, np.r_[topo.intra_out, topo.intra_in])] = hw.intra_node_efficiency / nvlink
     scale[np.isin(transfer.links, np.r_[topo.nic_out, topo.nic_in])] = hw.nic_efficiency / nic
-    if hw.ep_kernels.latency_us > 0:
-        latency_s = hw.ep_kernels.latency_us * 1e-6
-    else:
-        latency_s = topo.inter_latency_s if transfer.crosses_nodes else topo.intra_latency_s
+    latency_s = hw.ep_kernels.latency_us * 1e-6
     return {"transfer": replace(transfer, nbytes=transfer.nbytes * scale, efficiency=1.0), "latency_s": latency_s}
