@@ -8,8 +8,10 @@ crosses the network once for each. Per-message and per-peer costs dominate at sm
 (decoding), which is what these kernels are built for.
 
 Measured (the dispatcher study, gloo or NCCL): each rank posts, to every peer it has rows for, one
-point-to-point send of the count and one of the rows (``torch.distributed.batch_isend_irecv``), and
-receives into a buffer of the worst case's size; no collective. gloo cannot send a message per row
+point-to-point send of the rows (``torch.distributed.batch_isend_irecv``), and receives into a buffer
+of the worst case's size; no collective, and no count exchange before the data (the receiver's
+counts are the study's, which every rank holds, as the kernels' receivers learn theirs from the
+signal that comes with the data). gloo cannot send a message per row
 at any useful speed, so the rows to one peer travel as one message: the per-message costs are the
 kernel model's (moe_core.sim.ep_kernels), not this exchange's.
 
@@ -34,16 +36,11 @@ class DirectSends(_RoutedRows):
         return "it is timed by the dispatcher study (experiments/dispatchers.py), not run in a training step"
 
     def round_trip(self, groups: StudyGroups, workload: dict, expert=None):
-        """Counts and rows to every peer by point-to-point sends, the expert, and the rows back."""
-        import torch
-
+        """Rows to every peer by point-to-point sends, the expert, and the rows back."""
         from moe_core.comm.peer_sends import peer_sends
 
         tokens, counts, group, timer = workload["tokens"], workload["counts"], groups["flat"], groups.timer
-        send = counts[groups.rank].tolist()  # rows per destination rank
-        ones = [1] * groups.world
-        count = torch.tensor(send, dtype=torch.int64, device=tokens.device).reshape(-1, 1)  # (world, 1)
-        recv = peer_sends(count, ones, ones, group, timer, "notify").reshape(-1).tolist()  # NOTE: host sync
+        send, recv = counts[groups.rank].tolist(), counts[:, groups.rank].tolist()  # rows to / from each rank
         worst = int(counts.sum(axis=1).max())  # a peer's every token to this rank's expert
         received = peer_sends(tokens, send, recv, group, timer, "dispatch", worst)
         return peer_sends(run_expert(expert, received), recv, send, group, timer, "combine")
