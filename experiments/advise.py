@@ -155,7 +155,7 @@ def uncertainty(ranking: list[dict], hw: DictConfig, ranks: int, tokens: int) ->
             "without the kernel libraries, unchecked against any kernel measurement on this fabric"
         )
     entries = load_entries()
-    for name in kernels:
+    for name in kernels if kernels_stated(hw) else []:  # else not the kernel model's prices
         checked = [e for e in entries if e["kernel"] == DISPATCHERS[name].kernel]
         batches = sorted({e["workload"]["tokens_per_rank"] for e in checked})
         largest = max(e["world_size"] for e in checked)
