@@ -174,9 +174,10 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert row.measured_over_predicted == row.exchange_ms / row.predicted_exchange_ms
     # the nccl-tests-style table on the console: a line per cell
     lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
-    assert all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong")) and len(
-        lines
-    ) == 2 * (6 + len(NEW_PATHS))
+    assert all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong"))
+    assert len(lines) == 2 * (6 + len(NEW_PATHS))
+    # and which kind of bandwidth each rate is
+    assert "useful, algbw: logical GB/s" in result.stdout and "busbw: wire GB/s" in result.stdout
 
 
 def test_the_repeats_interval_is_students_t_and_needs_two_repeats():
