@@ -136,6 +136,7 @@ REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "dispatchers_sim": ("exchange_ms", "dropped_fraction", "imbalance"),
     "dispatchers_predictions": ("predicted_exchange_ms",),
     "external_validation": ("published", "predicted", "rel_error"),
+    "external_dispatch": ("published", "predicted", "rel_error", "loo_rel_error"),
     "external_steps": ("published", "predicted", "step_error"),
     "monta_a2a": ("exchange_ms",),
     "monta_chunk_model": ("model_exchange_ms", "chosen"),

@@ -3,6 +3,8 @@ simulator's time for one MoE layer.
 
     python -m experiments advise --hardware h100-ndr-cluster --ranks 64 --experts 256 --top-k 8 \\
         --tokens 4096 --d-model 7168 --workload zipf:1.0
+    python -m experiments advise --hardware h800-cx7-cluster --ranks 64 --experts 256 --top-k 8 \\
+        --d-model 7168 --shape decode        # 128 tokens per rank; --shape prefill: 4,096
     python -m experiments advise --hardware my-cluster.yaml ... --json
 
 Given a hardware profile (a name of configs/hardware/ or your YAML), an MoE layer's shape (experts
@@ -12,8 +14,12 @@ imbalance workloads such as hot_rank or source_ragged), every registered dispatc
 priced by the network model (moe_core.dispatch_study.rank_dispatchers): dispatch then combine,
 the tokens each capacity path drops, the part of the exchange left exposed (all of it: none of the
 ranked exchanges overlaps compute), the useful bytes, the bytes each path moves and their rates
-(busbw: bytes moved per rank over the time). It says which wins and by how
-much, which wins among those that drop nothing, and the assumptions. Exit 2 on bad input, naming
+(each labelled by kind: logical, the bytes the layer had to move, or wire, the bytes the path puts on
+the links; neither is nccl-tests' busbw). The kernel libraries' dispatchers (node-forwarding,
+direct-sends) are priced by the kernel model (moe_core.sim.ep_kernels) at the profile's
+``hardware.ep_kernels``. It says which wins and by how much, which wins among those that drop nothing,
+how sure it is (runners-up within :data:`MARGIN_WITHIN_ERROR` of the winner, kernel rows priced at
+borrowed shares), and the assumptions. Exit 2 on bad input, naming
 the option: every option is checked at parse (ranks within the bound every run has,
 moe_core.schema.run_checks.too_many_ranks; a routing draw that fits this host's memory), the
 profile's rates where it loads. No processes; seconds of CPU for tens of ranks, but at top-k > 1
@@ -35,7 +41,22 @@ from moe_core.dispatch_study import rank_dispatchers, study_steps, why_not_price
 from moe_core.model.capacity import DTYPE_BYTES
 from moe_core.records.console import table
 from moe_core.schema.run_checks import too_many_ranks
+from moe_core.sim.ep_kernels import kernels_stated
 from moe_core.sim.topology import build_topology
+
+# A margin under this is within the model's error on the fabrics it has been checked on: the kernel model's
+# worst leave-one-out error is about 10% (results/tables/external_dispatch.csv, DeepEP on H800) and the collective
+# model's errors on published NCCL and DeepEP numbers reach about 30% (results/tables/external_validation.csv);
+# two predictions each off by ~15% in opposite directions make a 1.3x ratio. Below it, run an A/B.
+MARGIN_WITHIN_ERROR = 1.3
+# The bandwidths advise shows, each labelled by what it counts (never mixed with nccl-tests' busbw of a
+# collective of the same size, which none of these is)
+BANDWIDTH_KINDS = {
+    "useful_GBps": "logical: the bytes the layer had to move between ranks (each routed token once per "
+    "expert rank, there and back), all ranks', over the time",
+    "busbw_GBps": "wire: the bytes the path actually puts on the links (padding, copies, forwarding and "
+    "second crossings included), per rank, over the time",
+}
 
 
 def priced_profile(args: argparse.Namespace) -> DictConfig:
@@ -87,6 +108,8 @@ def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
         "ranking": ranking,
         "fastest": ranking[0]["dispatcher"],
         "fastest_without_drops": lossless[0]["dispatcher"] if lossless else None,
+        "bandwidth_kinds": BANDWIDTH_KINDS,
+        "uncertainty": uncertainty(ranking, hw, args.ranks, args.tokens),
         "assumptions": [
             "one MoE layer's dispatch then combine; exposed communication: every ranked dispatcher's "
             "exchange blocks the compute stream in a training step (the experts wait for the dispatch, the "
@@ -106,6 +129,43 @@ def advice(args: argparse.Namespace, hw: DictConfig) -> dict:
             "training steps (experiments/simulate.py)",
         ],
     }
+
+
+def uncertainty(ranking: list[dict], hw: DictConfig, ranks: int, tokens: int) -> list[str]:
+    """What the ranking cannot tell apart: runners-up within :data:`MARGIN_WITHIN_ERROR` of the fastest,
+    kernel dispatchers priced at borrowed link shares where the profile has no ``hardware.ep_kernels``,
+    and kernel dispatchers asked about outside the sizes and batches their kernel-level validation
+    covers (analysis/external_dispatch.yaml)."""
+    from experiments.external_dispatch import load_entries
+
+    notes = []
+    close = [row["dispatcher"] for row in ranking[1:] if row["vs_fastest"] < MARGIN_WITHIN_ERROR]
+    if close:
+        notes.append(
+            f"{', '.join(close)} within {MARGIN_WITHIN_ERROR:g}x of {ranking[0]['dispatcher']}: margins under "
+            f"{MARGIN_WITHIN_ERROR:g}x are within the model's error on this kind of fabric (kernel model: worst "
+            "leave-one-out error about 10% on DeepEP's H800 tables; collective model: up to ~30% on published NCCL "
+            "and DeepEP numbers): run an A/B"
+        )
+    kernels = [row["dispatcher"] for row in ranking if DISPATCHERS[row["dispatcher"]].kernel]
+    if kernels and not kernels_stated(hw):
+        notes.append(
+            f"'{hw.name}' states no expert-parallel kernel shares (hardware.ep_kernels), so the kernel "
+            f"dispatchers ({', '.join(kernels)}) are priced as the collective library's all-to-alls they run as "
+            "without the kernel libraries, unchecked against any kernel measurement on this fabric"
+        )
+    entries = load_entries()
+    for name in kernels if kernels_stated(hw) else []:  # else not the kernel model's prices
+        checked = [e for e in entries if e["kernel"] == DISPATCHERS[name].kernel]
+        batches = sorted({e["workload"]["tokens_per_rank"] for e in checked})
+        largest = max(e["world_size"] for e in checked)
+        if not batches[0] <= tokens <= batches[-1] or ranks > largest:
+            notes.append(
+                f"{name}: its kernel model was checked at {' to '.join(map(str, batches))} tokens per rank and up to "
+                f"EP{largest} (analysis/external_dispatch.yaml); at {tokens} tokens and EP{ranks} its fixed costs "
+                "and congestion are unchecked"
+            )
+    return notes
 
 
 def exposed_ms(row: dict) -> float:
@@ -131,9 +191,9 @@ def report(result: dict) -> str:
                     "exposed(ms)": row["exposed_ms"],
                     "vs fastest(x)": row["vs_fastest"],
                     "dropped": row["dropped_fraction"],
-                    "useful(GB/s)": row.get("useful_GBps"),
+                    "logical(GB/s)": row.get("useful_GBps"),
                     "moved(MB)": row["bytes_moved"] / 1e6,
-                    "busbw(GB/s)": row.get("busbw_GBps"),
+                    "wire/rank(GB/s)": row.get("busbw_GBps"),
                 }
                 for row in ranking
             ],
@@ -159,6 +219,12 @@ def report(result: dict) -> str:
             f"Fastest that drops nothing: {lossless[0]['dispatcher']}{margin} "
             f"({lossless[0]['vs_fastest']:.2f}x the fastest's time)."
         )
+    lines += [
+        "",
+        "Uncertainty:",
+        *(f"- {item}" for item in result["uncertainty"] or [f"no margin under {MARGIN_WITHIN_ERROR:g}x"]),
+    ]
+    lines += ["", "Bandwidths:", *(f"- {key}: {kind}" for key, kind in result["bandwidth_kinds"].items())]
     lines += ["", "Assumptions:", *(f"- {item}" for item in result["assumptions"])]
     return "\n".join(lines)
 

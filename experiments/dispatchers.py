@@ -240,7 +240,8 @@ def cell_record(cfg: DictConfig, skew: str, name: str, steps: list[dict], sample
 def results_table(records: list[dict]) -> str:
     """The cells as nccl-tests prints its results: one line per workload and dispatcher, the median
     round trip of the worst rank with the repeats' 95% interval, the useful bytes and the bytes the
-    path moved, and their rates (moe_core.dispatch_study.bandwidths)."""
+    path moved, and their rates (moe_core.dispatch_study.bandwidths); then a line saying which kind of
+    bandwidth each rate is."""
     rows = []
     for r in records:
         m = r["metrics"]
@@ -260,7 +261,14 @@ def results_table(records: list[dict]) -> str:
                 "#wrong": int(m["wrong_rows"]["value"]),
             }
         )
-    return table(rows)
+    return table(rows) + "\n" + BANDWIDTH_LEGEND
+
+
+# what each rate of the table counts: never to be read as another kind (moe_core.dispatch_study.bandwidths)
+BANDWIDTH_LEGEND = (
+    "useful, algbw: logical GB/s (the bytes the layer had to move between ranks, all ranks' or per rank); "
+    "busbw: wire GB/s (the bytes the path puts on the links per rank: padding, copies, forwarding included)"
+)
 
 
 def run(args: argparse.Namespace, world_size_key: str) -> None:

@@ -93,6 +93,11 @@ def ranks(text: str) -> int:
     return value
 
 
+# advise --shape: tokens per rank of a decoding step (DeepEP's low-latency benchmark, 128) and of a
+# prefill or training step (its normal kernels' and DeepSeek-V3's pretraining batch, 4,096)
+ADVISE_SHAPES = {"decode": 128, "prefill": 4096}
+
+
 def advise_options(parser: argparse.ArgumentParser) -> None:
     from moe_core.model.capacity import DTYPE_BYTES
     from moe_core.schema.sections import MAX_SEED
@@ -102,7 +107,13 @@ def advise_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=ranks, required=True, help="expert-parallel ranks (GPUs) of the layer")
     parser.add_argument("--experts", type=counts, required=True, help="experts, a multiple of --ranks")
     parser.add_argument("--top-k", type=counts, default=2, help="experts per token (default 2)")
-    parser.add_argument("--tokens", type=counts, required=True, help="tokens per rank and step")
+    parser.add_argument("--tokens", type=counts, help="tokens per rank and step (or --shape)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(ADVISE_SHAPES),
+        help="tokens per rank of a serving or training step, when --tokens is not given: "
+        + ", ".join(f"{name} {tokens}" for name, tokens in ADVISE_SHAPES.items()),
+    )
     parser.add_argument("--d-model", type=bounded_int(1, MAX_D_MODEL), required=True, help="hidden size of a token")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16", help="on the wire")
     parser.add_argument("--workload", default="uniform", help="routing workload (default uniform)")
@@ -117,6 +128,10 @@ def advise_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """The layer's shape whole, its routing draw within this host's memory, its workload routable."""
     from moe_core.schema.run_checks import host_memory_bytes
 
+    if args.tokens is None and args.shape is None:
+        parser.error("give --tokens N or --shape decode|prefill (the tokens per rank of one step)")
+    if args.tokens is None:
+        args.tokens = ADVISE_SHAPES[args.shape]
     if args.experts % args.ranks:
         parser.error(f"--experts {args.experts} must be a multiple of --ranks {args.ranks} (whole experts per rank)")
     if args.top_k > args.experts:
@@ -130,6 +145,54 @@ def advise_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     why = workload_error(args)
     if why:
         parser.error(f"--workload {args.workload}: {why}")
+
+
+def explain_dispatch_options(parser: argparse.ArgumentParser) -> None:
+    from moe_core.dispatch import DISPATCHERS
+    from moe_core.sim.ep_kernels import FORMATS
+
+    counts = bounded_int(1, 2**31 - 1)
+    kernels = sorted(name for name, d in DISPATCHERS.items() if d.kernel)
+    parser.add_argument("--hardware", required=True, help="a profile of configs/hardware/ or a YAML file")
+    parser.add_argument(
+        "--dispatcher",
+        choices=kernels,
+        required=True,
+        help="node-forwarding: DeepEP's normal kernels (Hybrid-EP); direct-sends: its low-latency ones (pplx)",
+    )
+    parser.add_argument("--ranks", type=ranks, required=True, help="expert-parallel ranks (GPUs)")
+    parser.add_argument("--tokens", type=counts, required=True, help="tokens per rank")
+    parser.add_argument("--hidden", type=bounded_int(1, MAX_D_MODEL), required=True, help="hidden size of a token")
+    parser.add_argument("--format", choices=FORMATS, required=True, help="fp8 (with scales) or bf16")
+    parser.add_argument("--phase", choices=("dispatch", "combine"), default="dispatch")
+    parser.add_argument("--experts", type=counts, default=256, help="experts, a multiple of --ranks (default 256)")
+    parser.add_argument("--top-k", type=counts, default=8, help="experts per token (default 8)")
+    parser.add_argument("--topk-groups", type=counts, help="nodes a token may pick (default: all, at most 4)")
+    measured = parser.add_mutually_exclusive_group(required=True)
+    measured.add_argument("--gbps", type=positive_number, help="the bandwidth as the library counts it (logical)")
+    measured.add_argument("--latency-us", type=positive_number, help="the kernel's time in us")
+    parser.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+
+
+def explain_dispatch_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The layer's shape whole: whole experts per rank, top-k within them."""
+    if args.experts % args.ranks:
+        parser.error(f"--experts {args.experts} must be a multiple of --ranks {args.ranks} (whole experts per rank)")
+    if args.top_k > args.experts:
+        parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+    if args.topk_groups is None:
+        args.topk_groups = 4  # DeepSeek-V3's node limit, DeepEP's benchmark's (capped at the nodes)
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):  # also nan
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def routing_bytes(args: argparse.Namespace) -> int:
@@ -304,6 +367,8 @@ ENTRY_POINTS = {
         ),
         EntryPoint("dispatchers_predictions", ("dispatch_study", "hardware_profile", *OUTPUT)),
         EntryPoint("dispatchers_sim", ("dispatch_study", *OUTPUT)),
+        EntryPoint("explain_dispatch", options=explain_dispatch_options, check=explain_dispatch_check),
+        EntryPoint("external_dispatch", OUTPUT),
         EntryPoint("external_steps", OUTPUT),
         EntryPoint("external_validation", OUTPUT),
         EntryPoint("gpu_check", options=gpu_check_options),

@@ -2,8 +2,9 @@
 
 Users of MoE frameworks choose between dispatchers whose costs react to skewed routing in opposite
 ways. The study times every registered token dispatcher (moe_core.dispatch: capacity, hierarchical,
-dropless, allgather, the tensor-parallel duplicate and drop-gather, and the papers' own): the round
-trip of one layer (dispatch, then combine) with top-1 routing.
+dropless, allgather, the kernel libraries' node-forwarding and direct-sends, the tensor-parallel
+duplicate and drop-gather, and the papers' own): the round trip of one layer (dispatch, then
+combine) with top-1 routing.
 
 Skew: a routing workload of moe_core.dispatch.workloads, one expert per rank: the popularity skews
 (``uniform``, ``zipf:<s>``, ``lognormal:<sigma>``) and Megatron-LM's imbalance workloads W0-W7

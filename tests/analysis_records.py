@@ -290,6 +290,32 @@ def write_external_validation(root):
     return paths
 
 
+def write_external_dispatch(root):
+    """Two published kernel numbers with the kernel model's predictions, in-sample and leave-one-out."""
+    paths = []
+    for point, measure, published, predicted, loo in (
+        ("ll-a", "latency_us", 100.0, 110.0, 0.12),
+        ("normal-b", "logical_GBps", 50.0, 45.0, -0.14),
+    ):
+        metrics = {"published": published, "predicted": predicted, "rel_error": predicted / published - 1}
+        metrics.update(loo_rel_error=loo, predicted_us=100.0, logical_GBps=40.0, nic_wire_GBps=35.0)
+        paths.append(
+            write_point(
+                root,
+                paper="common",
+                experiment="external_dispatch",
+                point=point,
+                mode="simulated",
+                backend="sim",
+                hardware="h800-cx7-cluster",
+                params={"what": f"kernel {point}", "kernel": "direct_sends", "measure": measure},
+                samples={},
+                extra_metrics=metrics,
+            )
+        )
+    return paths
+
+
 def write_monta(root):
     """MoNTA's records: simulated steps (dispatches vs tp, chunks, layouts, flat vs hierarchical), the
     performance model's ranking and chunk curve, and the measured exchange; on one testbed at the

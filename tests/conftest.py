@@ -38,6 +38,7 @@ def figure_tables(tmp_path_factory):
         write_axonn,
         write_collectives,
         write_dispatchers,
+        write_external_dispatch,
         write_external_steps,
         write_external_validation,
         write_gshard,
@@ -61,5 +62,6 @@ def figure_tables(tmp_path_factory):
         + write_gshard(root)
         + write_dispatchers(root)
         + write_external_validation(root)
+        + write_external_dispatch(root)
         + write_external_steps(root)
     )

@@ -35,6 +35,7 @@ def test_figures_register_with_their_paper():
         "dispatchers_under_skew": "common",
         "dispatcher_winner_map": "common",
         "external_validation_errors": "common",
+        "external_dispatch_errors": "common",
         "external_steps_errors": "common",
         **dict.fromkeys(
             [
@@ -117,6 +118,7 @@ NEEDS = {
     "dispatchers_under_skew": ("dispatchers", "dispatchers_sim"),
     "dispatcher_winner_map": "dispatchers_sim",
     "external_validation_errors": "external_validation",
+    "external_dispatch_errors": "external_dispatch",
     "external_steps_errors": "external_steps",
     "axonn_model_validation": "axonn_grids",
     "axonn_overlap_ablation": ("axonn_grids", "axonn_ablation"),

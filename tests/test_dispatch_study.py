@@ -27,6 +27,8 @@ from moe_core.dispatch_study import (
     useful_bytes,
 )
 
+NEW_PATHS = ("node-forwarding", "direct-sends")  # the kernel libraries' exchanges, measured and priced alone
+
 
 def test_counts_imbalance_capacity_and_drops():
     counts = token_counts("uniform", 4, 1000, seed=0)
@@ -109,7 +111,7 @@ def test_simulated_study_writes_every_declared_point_and_the_winners_table(tmp_p
     assert not any(skew.startswith("trace:") and size == 64 for size, skew, _ in cells)  # a 16-expert trace
     for _, rows in table.groupby(["world_size", "skew"]):
         assert rows["fastest"].nunique() == 1 and rows["fastest"].iloc[0] == rows.iloc[0]["path"]
-        assert rows["fastest_without_drops"].iloc[0] in ("dropless", "allgather")
+        assert rows["fastest_without_drops"].iloc[0] in ("dropless", "allgather", *NEW_PATHS)
 
 
 def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
@@ -129,6 +131,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         "duplicate",
         "drop-gather",
         "monta",
+        *NEW_PATHS,
     }
     for record in found.values():
         lossless = record["params"]["path"] in ("dropless", "allgather")
@@ -159,7 +162,7 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
     assert run_entry_point(["dispatchers_predictions", "--config", "configs/default.yaml", *overrides, profile]) == 0
     predicted = {p.stem: read_valid_record(p) for p in (tmp_path / "raw" / "common").glob("dispatchers_pr*/*.json")}
     assert set(predicted) == set(dispatchers.measured_points(cfg, simulated_only=True)) < set(found)
-    assert {r["params"]["path"] for r in predicted.values()} == {"capacity", "dropless", "allgather"}
+    assert {r["params"]["path"] for r in predicted.values()} == {"capacity", "dropless", "allgather", *NEW_PATHS}
     for name, record in predicted.items():
         assert record["params"] == found[name]["params"] and record["hardware"] == found[name]["hardware"]
     files = list((tmp_path / "raw" / "common").glob("*/*.json"))
@@ -171,10 +174,10 @@ def test_measured_study_on_two_ranks_checks_and_writes_every_path(tmp_path):
         assert row.measured_over_predicted == row.exchange_ms / row.predicted_exchange_ms
     # the nccl-tests-style table on the console: a line per cell
     lines = [line for line in result.stdout.splitlines() if line.split()[:1] in (["uniform"], ["zero_expert_rank"])]
-    assert (
-        all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong"))
-        and len(lines) == 2 * 6
-    )
+    assert all(column in result.stdout for column in ("useful(GB/s)", "busbw(GB/s)", "moved(B)", "#wrong"))
+    assert len(lines) == 2 * (6 + len(NEW_PATHS))
+    # and which kind of bandwidth each rate is
+    assert "useful, algbw: logical GB/s" in result.stdout and "busbw: wire GB/s" in result.stdout
 
 
 def test_the_repeats_interval_is_students_t_and_needs_two_repeats():

@@ -69,7 +69,7 @@ def test_dry_run_plans_one_job_per_sweep_point_and_every_figure(default_dry_run)
     assert counts["lina_inference"] == counts["lina_inference_simulated"] == 1
     assert counts["monta_a2a"] == counts["monta_model"] == counts["collectives"] == 1
     assert counts["dispatchers"] == counts["dispatchers_simulated"] == counts["dispatchers_predictions"] == 1
-    assert counts["external_steps"] == 1
+    assert counts["external_steps"] == counts["external_dispatch"] == 1
     assert counts["aurora_simulated"] == counts["aurora_a2a"] == 1
     assert counts["axonn_grids"] == counts["axonn_grid_predictions"] == counts["axonn_simulated"] == 1
     # one rule per registered table, and per paper and source table for the figures, generated from

@@ -323,6 +323,74 @@ def external_validation_errors(records: pd.DataFrame, samples: pd.DataFrame, fig
     return df.assign(mode="simulated", hardware=df["profile"])
 
 
+# ---- the kernel model against published expert-parallel kernel tables (experiments/external_dispatch.py) --
+
+# which bandwidth a kernel-level column is: the library's count, or bytes that cross a link
+BANDWIDTH_KINDS = {
+    "logical_GBps": "logical (the library's count)",
+    "nvlink_wire_GBps": "wire (busiest NVLink link)",
+    "nic_wire_GBps": "wire (busiest NIC)",
+}
+
+
+def _external_dispatch(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per external_dispatch entry (id, what, measure, and its metrics side by side), in file order."""
+    df = select(records, paper="common", experiment="external_dispatch")
+    if df.empty:
+        return df
+    index = ["point", "what", "measure", "hardware"]
+    wide = df.pivot_table(index=index, columns="metric", values="value", sort=False).reset_index()
+    return wide.rename(columns={"point": "id", "hardware": "profile"})
+
+
+@table(paper="common", category="Simulator")
+def external_dispatch(records: pd.DataFrame) -> pd.DataFrame:
+    """Each published kernel number next to the kernel model's prediction, in-sample and leave-one-out error,
+    with the bandwidths labelled by kind; then the median and worst |error| rows."""
+    df = _external_dispatch(records)
+    if df.empty:
+        return df
+    df = df[
+        ["id", "what", "profile", "measure", "published", "predicted", "rel_error", "loo_rel_error", *BANDWIDTH_KINDS]
+    ]
+    df = df.rename(columns={key: f"{key} [{kind}]" for key, kind in BANDWIDTH_KINDS.items()})
+    summary = [
+        {"id": name, "what": f"{name} |error| over {len(df)} entries (target <= {EXTERNAL_TARGET:.0%})", **values}
+        for name, reduce in (("median", np.median), ("worst", np.max))
+        for values in [{col: reduce(df[col].abs()) for col in ("rel_error", "loo_rel_error")}]
+    ]
+    return pd.concat([df, pd.DataFrame(summary)], ignore_index=True)
+
+
+@figure(paper="common")
+def external_dispatch_errors(records: pd.DataFrame, samples: pd.DataFrame, fig: Figure) -> pd.DataFrame:
+    """Each published kernel number's error: in-sample (the profile's fitted kernel parameters) and
+    leave-one-out (fitted without it), against the 15% target."""
+    df = _external_dispatch(records)
+    if df.empty:
+        raise FigureDataError(
+            "the records table has no common/external_dispatch rows; run experiments/external_dispatch.py "
+            "and collect results/raw/common/external_dispatch/*.json into it first"
+        )
+    fig.set_size_inches(8, 2 + 0.35 * len(df))
+    ax = fig.subplots()
+    y = np.arange(len(df))
+    ax.axvspan(-EXTERNAL_TARGET, EXTERNAL_TARGET, color="0.85", label=f"±{EXTERNAL_TARGET:.0%} target")
+    ax.barh(y - 0.2, df["rel_error"], height=0.4, color="C0", label="in-sample (the profile's fit)")
+    ax.barh(y + 0.2, df["loo_rel_error"], height=0.4, color="C1", label="leave-one-out")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(y, [f"{i} ({m})" for i, m in zip(df["id"], df["measure"])], fontsize="small")
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter("{x:.0%}")
+    ax.set(xlabel="predicted / published - 1 (latency, or logical GB/s as the library counts it)")
+    ax.legend()
+    fig.suptitle(
+        f"Kernel model vs DeepEP's published tables: median |error| {df['rel_error'].abs().median():.1%} "
+        f"(leave-one-out {df['loo_rel_error'].abs().median():.1%}, worst {df['loo_rel_error'].abs().max():.1%})"
+    )
+    return df.assign(mode="simulated", hardware=df["profile"])
+
+
 # ---- the simulator against published GPU training steps (experiments/external_steps.py) ------------------
 
 STEP_TARGETS = {"median": 0.15, "p90": 0.35}  # the issue's targets for |step error|, dense and MoE apart

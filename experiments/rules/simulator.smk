@@ -92,6 +92,30 @@ rule external_validation:
         "logged {log:q} python -m experiments external_validation --config {input.config:q}"
 
 
+from experiments.external_dispatch import record_points as external_dispatch_points
+
+EXTERNAL_DISPATCH_RECORDS = expand(
+    f"{RESULTS}/raw/common/external_dispatch/{{point}}.json", point=external_dispatch_points(CFG)
+)
+RAW_RECORDS += EXTERNAL_DISPATCH_RECORDS
+
+
+rule external_dispatch:
+    """The kernel model against published expert-parallel kernel tables (analysis/external_dispatch.yaml)."""
+    input:
+        config=RESOLVED_CONFIG,
+        published="analysis/external_dispatch.yaml",
+    output:
+        EXTERNAL_DISPATCH_RECORDS,
+    log:
+        f"{RESULTS}/logs/external_dispatch.log",
+    conda:
+        "../../environment.yml"
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments external_dispatch --config {input.config:q}"
+
+
 from experiments.external_steps import record_points as external_step_points
 
 EXTERNAL_STEP_RECORDS = expand(

@@ -12,7 +12,9 @@ moe_core.dispatch.groups.
 from __future__ import annotations
 
 from moe_core.dispatch.base import Dispatcher, StudyGroups
+from moe_core.dispatch.direct_sends import DirectSends
 from moe_core.dispatch.exchanges import AllGather, Capacity, Dropless, Hierarchical
+from moe_core.dispatch.node_forwarding import NodeForwarding
 from moe_core.dispatch.tensor_parallel import DropGather, Duplicate
 from moe_core.model.capacity import expert_tensor_parallel
 from moe_core.registry import Registry
@@ -88,6 +90,8 @@ def tensor_parallel_dispatchers() -> dict[str, Dispatcher]:
 
 for _dispatcher in (Capacity(), Hierarchical(), Dropless(), AllGather(), Duplicate(), DropGather()):
     register_dispatcher(_dispatcher)
+register_dispatcher(NodeForwarding())
+register_dispatcher(DirectSends())
 
 __all__ = [
     "AUTO",

@@ -72,6 +72,9 @@ class Dispatcher:
     tensor_parallel: ClassVar[bool] = False
     drops: ClassVar[bool] = True
     route: ClassVar[Route] = "direct"
+    # the expert-parallel kernel library's exchange it is (moe_core.sim.ep_kernels.KERNELS), whose model
+    # prices its collectives; "" for a collective library's
+    kernel: ClassVar[str] = ""
     study_groups: ClassVar[tuple[str, ...]] = ("flat",)
 
     def runs_on(self, world: int, hw) -> bool:
@@ -192,18 +195,31 @@ class Collective:
     kind: str
     traffic: np.ndarray
     route: Route = "direct"
+    # The expert-parallel kernel that runs an all-to-all (moe_core.sim.ep_kernels.KERNELS), priced by
+    # its own model; "" for the collective library's.
+    kernel: str = ""
+    # A forwarded route that sends a token once per destination node: each source's tokens' bytes (R,)
+    # and its choices per token, whence the tokens that reach a node (:func:`forwarded_traffic`).
+    token_bytes: np.ndarray | None = None
+    top_k: int = 1
 
     def __post_init__(self):
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}; known: {sorted(ROUTES)}")
         object.__setattr__(self, "traffic", np.asarray(self.traffic, dtype=float) * (1 - np.eye(len(self.traffic))))
 
+    def legs(self, group: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The legs (ordered members, first leg, second leg) of its two-leg route over ``group`` on ``node``."""
+        if self.route == "forwarded":
+            return forwarded_traffic(group, node, self.traffic, self.token_bytes, self.top_k)
+        return two_phase_traffic(group, node, self.traffic)
+
     def bytes_moved(self, devices_per_node: int) -> float:
         """Bytes sent between ranks, with ranks on nodes of ``devices_per_node``."""
         if self.route == "direct":
             return float(self.traffic.sum())
         group = np.arange(len(self.traffic))
-        _, first, second = ROUTES[self.route](group, group // devices_per_node, self.traffic)
+        _, first, second = self.legs(group, group // devices_per_node)
         return float(first.sum() + second.sum())
 
     def transfers(self, topo) -> list[tuple[str, Any]]:
@@ -212,14 +228,15 @@ class Collective:
         group, p = np.arange(len(self.traffic)), len(self.traffic)
         if self.kind != "all_to_all":
             return [(self.kind, topo.ring(group, p * self.traffic.max(initial=0.0), self.kind))]
+        kind = self.kernel or "all_to_all"  # a kernel's footprint is priced by its model
         if self.route == "two_phase":
-            return [("all_to_all", t) for t in topo.hierarchical_all_to_all(group, self.traffic)]
+            return [(kind, t) for t in topo.hierarchical_all_to_all(group, self.traffic)]
         if self.route == "forwarded":
-            return [("all_to_all", topo.relayed_all_to_all(group, self.traffic))]
+            return [(kind, topo.relayed_all_to_all(group, self.traffic, self.token_bytes, self.top_k))]
         off_diagonal = self.traffic[~np.eye(p, dtype=bool)]
         if off_diagonal.size and (off_diagonal == off_diagonal[0]).all():
-            return [("all_to_all", topo.uniform_all_to_all(group, p * off_diagonal[0]))]
-        return [("all_to_all", topo.all_to_all(group, self.traffic))]
+            return [(kind, topo.uniform_all_to_all(group, p * off_diagonal[0]))]
+        return [(kind, topo.all_to_all(group, self.traffic))]
 
 
 def run_expert(expert, rows):
@@ -249,18 +266,37 @@ def two_phase_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) 
     return ordered, phase1, phase2
 
 
-def forwarded_traffic(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, ...]:
+def forwarded_traffic(
+    group: np.ndarray, node: np.ndarray, traffic: np.ndarray, token_bytes: np.ndarray | None = None, top_k: int = 1
+) -> tuple[np.ndarray, ...]:
     """The two legs of a forwarded all-to-all of ``traffic`` over members on ``node``: (ordered,
     network, inside). ``ordered`` as in :func:`two_phase_traffic`; ``network[n, l, n2]``, the bytes
     (n, l) sends its local-index peer (n2, l) on another node; ``inside[n, l, l']``, the bytes (n, l)
     hands (n, l') over the node's fabric: its own rows for that member and the rows it received
     from the network for it. ValueError as :func:`two_phase_traffic`. The network model
-    (moe_core.sim.topology.Cluster.relayed_all_to_all) and the byte counts (here) both read it."""
+    (moe_core.sim.topology.Cluster.relayed_all_to_all) and the byte counts (here) both read it.
+
+    With ``token_bytes`` (each member's tokens' bytes, in group order), ``traffic`` is the bytes of
+    the sources' choices, ``top_k`` a token, and a token crosses the network once per destination
+    node and the fabric once per destination member, whatever its choices there (DeepEP's normal
+    kernels): :func:`distinct_tokens`."""
     ordered, t = _by_node(group, node, traffic)
     n_nodes, m = ordered.shape
     network = t.sum(axis=3) * (1 - np.eye(n_nodes))[:, None, :]  # (n, l, n2): to the peer (n2, l)
+    if token_bytes is not None:  # once per node, and once per rank inside it
+        tokens = np.asarray(token_bytes, dtype=float)[np.lexsort((group, node))].reshape(n_nodes, m, 1)
+        network, t = distinct_tokens(network, tokens, top_k), distinct_tokens(t, tokens[..., None], top_k)
     inside = t.sum(axis=0).transpose(1, 0, 2) * (1 - np.eye(m))[None]  # (n2, l, l'): received and own
     return ordered, network, inside
+
+
+def distinct_tokens(choices: np.ndarray, tokens: np.ndarray, top_k: int) -> np.ndarray:
+    """The expected tokens (or their bytes) a destination receives when a token goes to it once however
+    many of its ``top_k`` choices it holds: of ``tokens`` (broadcast against ``choices``), making a
+    share p = choices / (tokens x top_k) of their choices there, 1 - (1 - p)^top_k of them (choices
+    drawn independently; exact for top-1)."""
+    share = np.divide(choices, tokens * top_k, out=np.zeros_like(choices, dtype=float), where=tokens > 0)
+    return tokens * (1 - (1 - np.minimum(share, 1)) ** top_k)
 
 
 def _by_node(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,5 +313,5 @@ def _by_node(group: np.ndarray, node: np.ndarray, traffic: np.ndarray) -> tuple[
     return group[order].reshape(n_nodes, m), t
 
 
-# route -> its legs' bytes (ordered members, first leg, second leg): what Collective.bytes_moved sums
-ROUTES = {"direct": None, "two_phase": two_phase_traffic, "forwarded": forwarded_traffic}
+# the routes an all-to-all takes; the two-leg ones' bytes: Collective.legs
+ROUTES = ("direct", "two_phase", "forwarded")

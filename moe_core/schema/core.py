@@ -39,6 +39,19 @@ class CollectiveFit:
 
 
 @dataclass
+class EpKernelConfig:
+    """What expert-parallel communication kernels (DeepEP's, pplx's: moe_core.sim.ep_kernels) reach on
+    the links, as shares of the line rates; they differ from a collective library's (NCCL's shares
+    above) because a kernel runs on a few SMs and forwards inside the node itself. All three or none:
+    0 = the kernels are not measured here, and the kernel dispatchers' exchanges are priced as the
+    collective library's all-to-alls (what they run as on a testbed without the kernels)."""
+
+    nvlink_efficiency: float = 0.0  # share of intra_node_GBps a kernel's NVLink traffic reaches
+    nic_efficiency: float = 0.0  # share of nic_GBps its RDMA traffic reaches
+    latency_us: float = 0.0  # fixed cost of one kernel: launch, notify and the last message's flight
+
+
+@dataclass
 class EmulationConfig:
     """Emulated multi-node testbed on one Linux host (measured runs, moe_core.host.testbed).
 
@@ -144,6 +157,7 @@ class HardwareConfig:
     gpu_classes: list[GpuClass] = field(default_factory=list)  # heterogeneous devices (optional)
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)  # calibrated terms (optional)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    ep_kernels: EpKernelConfig = field(default_factory=EpKernelConfig)
     # A calibrated profile's quality: how many of the records it was fitted on were taken on a noisy
     # host (moe_core.host.noise.noise_summary; experiments/calibrate.py writes it); empty otherwise.
     calibration_noise: dict[str, float] = field(default_factory=dict)

@@ -199,6 +199,23 @@ def _validate_rates(hw: DictConfig) -> None:
         )
     for key in ("compute_efficiency", "memory_efficiency", "intra_node_efficiency", "nic_efficiency"):
         require(0 < hw[key] <= 1, f"hardware.{key}", f"is a fraction of the spec rate, in (0, 1]; got {hw[key]}")
+    for key in ("nvlink_efficiency", "nic_efficiency"):
+        share = hw.ep_kernels[key]
+        require(
+            0 <= share <= 1,
+            f"hardware.ep_kernels.{key}",
+            f"is a share of the line rate in [0, 1] (0: unknown); got {share}",
+        )
+    latency = hw.ep_kernels.latency_us
+    require(
+        math.isfinite(latency) and latency >= 0, "hardware.ep_kernels.latency_us", f"must be >= 0 us, got {latency}"
+    )
+    stated = [key for key in ("nvlink_efficiency", "nic_efficiency", "latency_us") if hw.ep_kernels[key] > 0]
+    require(
+        len(stated) in (0, 3),
+        "hardware.ep_kernels",
+        f"give all of nvlink_efficiency, nic_efficiency and latency_us, or none (0); got only {stated}",
+    )
     require(
         0 <= hw.gemm_exposed_memory <= 1,
         "hardware.gemm_exposed_memory",

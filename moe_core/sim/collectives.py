@@ -24,6 +24,7 @@ from moe_core.comm.transmission import Schedule
 from moe_core.comm.workloads import ELEMENT_BYTES, zipf_traffic_matrix
 from moe_core.schema.sections import COLLECTIVE_CURVES_DIR
 from moe_core.sim.engine import Op, Timeline, simulate
+from moe_core.sim.ep_kernels import KERNELS, kernel_op, kernels_stated
 from moe_core.sim.topology import Transfer
 
 EXCHANGES = ("all_to_all", "all_to_all_v")  # the collective kinds a size curve prices
@@ -90,7 +91,11 @@ def curve_efficiency(hw: DictConfig, topo, transfer: Transfer) -> float:
 
 
 def collective_op(hw: DictConfig, topo, kind: str, transfer: Transfer) -> dict:
-    """Op keyword arguments (transfer, latency_s) of collective ``kind`` with footprint ``transfer``."""
+    """Op keyword arguments (transfer, latency_s) of collective ``kind`` with footprint ``transfer``; an
+    expert-parallel kernel (moe_core.sim.ep_kernels.KERNELS) is priced by its own model where the
+    profile states its kernels, else as the collective library's all-to-all it then runs as."""
+    if kind in KERNELS:
+        return kernel_op(hw, topo, transfer) if kernels_stated(hw) else collective_op(hw, topo, "all_to_all", transfer)
     fit = hw.collectives.get(kind)
     if fit is None:
         if hw.all_to_all_curve and kind in EXCHANGES:

@@ -217,12 +217,15 @@ class Cluster:
         sent = network_bytes + forwarded_bytes
         return self._transfer(loads, len(group) - 1, spans, sent_bytes=sent, nodes=_spanned(node))
 
-    def relayed_all_to_all(self, group: np.ndarray, traffic: np.ndarray) -> Transfer:
+    def relayed_all_to_all(
+        self, group: np.ndarray, traffic: np.ndarray, token_bytes: np.ndarray | None = None, top_k: int = 1
+    ) -> Transfer:
         """:meth:`forwarded_all_to_all` of any ``traffic`` (bytes group[i] sends group[j]): a row for
         another node crosses the network to the sender's local-index peer there, which forwards it
-        over the node's fabric; both legs at once (moe_core.dispatch.base.forwarded_traffic), one
-        transfer. The group needs equally many members on each of its nodes."""
-        ordered, network, inside = forwarded_traffic(group, self.node_of[group], traffic)
+        over the node's fabric; both legs at once (moe_core.dispatch.base.forwarded_traffic, which
+        ``token_bytes`` and ``top_k`` make send a token once per node), one transfer. The group needs
+        equally many members on each of its nodes."""
+        ordered, network, inside = forwarded_traffic(group, self.node_of[group], traffic, token_bytes, top_k)
         loads = np.zeros(self.num_links)
         np.add.at(loads, self.intra_out[ordered], inside.sum(axis=2))
         np.add.at(loads, self.intra_in[ordered], inside.sum(axis=1))
