@@ -1,7 +1,7 @@
 """The README's result, written from a finished run rather than pasted by hand: per paper how many points
 were measured and simulated and the verdicts, the verdicts figure beside it, and the run they came from.
 
-    python -m analysis.readme --results results --readme README.md --image docs/verdicts.png
+    python -m analysis.readme --results results --readme README.md --image results/reference/readme/verdicts.png
 
 It rewrites only the part of the README between the BEGIN and END lines and copies the run's
 ``figures/common/verdicts.png`` to ``--image``; run it after the default run to show that run's result.
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.readme", description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results"), help="the finished run's results_dir")
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="the README to update")
-    parser.add_argument("--image", type=Path, default=Path("docs/verdicts.png"), help="where the figure goes")
+    parser.add_argument("--image", type=Path, default=Path("results/reference/readme/verdicts.png"), help="where the figure goes")
     args = parser.parse_args(argv)
     try:
         configs = sorted((args.results / "config").glob("resolved-*.yaml"), key=os.path.getmtime)

@@ -26,7 +26,7 @@ CONFIG = {"sweep": {"name": "default"}, "hardware_profile": "local-cpu"}
 
 
 def test_the_block_counts_points_and_verdicts_per_paper():
-    block = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "docs/verdicts.png", False)
+    block = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", False)
     lines = block.splitlines()
     assert lines[0] == BEGIN and lines[-1] == END
     assert "sweep `default` on `local-cpu`" in block and "of 6 published numbers, 1 consistent, 2 differ" in block
@@ -34,8 +34,8 @@ def test_the_block_counts_points_and_verdicts_per_paper():
     assert "| lina | 1 | 1 | 0 | 1 | 1 | 1 | 1 | 1 |" in lines
     assert "| aurora | 0 | 1 | 1 | 1 | 0 | 0 | 0 | 0 |" in lines
     assert "| common | 1 | 0 | – | – | – | – | – | – |" in lines  # paper-neutral: no verdicts
-    assert "(docs/verdicts.png)" in block and "noisy" not in block
-    noisy = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "docs/verdicts.png", True)
+    assert "(results/reference/readme/verdicts.png)" in block and "noisy" not in block
+    noisy = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", True)
     assert "Its host was noisy" in noisy
 
 
