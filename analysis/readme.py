@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.readme", description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results"), help="the finished run's results_dir")
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="the README to update")
-    parser.add_argument("--image", type=Path, default=Path("results/reference/readme/verdicts.png"), help="where the figure goes")
+    parser.add_argument(
+        "--image", type=Path, default=Path("results/reference/readme/verdicts.png"), help="where the figure goes"
+    )
     args = parser.parse_args(argv)
     try:
         configs = sorted((args.results / "config").glob("resolved-*.yaml"), key=os.path.getmtime)

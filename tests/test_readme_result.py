@@ -26,7 +26,9 @@ CONFIG = {"sweep": {"name": "default"}, "hardware_profile": "local-cpu"}
 
 
 def test_the_block_counts_points_and_verdicts_per_paper():
-    block = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", False)
+    block = result_block(
+        RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", False
+    )
     lines = block.splitlines()
     assert lines[0] == BEGIN and lines[-1] == END
     assert "sweep `default` on `local-cpu`" in block and "of 6 published numbers, 1 consistent, 2 differ" in block
@@ -35,7 +37,9 @@ def test_the_block_counts_points_and_verdicts_per_paper():
     assert "| aurora | 0 | 1 | 1 | 1 | 0 | 0 | 0 | 0 |" in lines
     assert "| common | 1 | 0 | – | – | – | – | – | – |" in lines  # paper-neutral: no verdicts
     assert "(results/reference/readme/verdicts.png)" in block and "noisy" not in block
-    noisy = result_block(RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", True)
+    noisy = result_block(
+        RECORDS, explain.verdict_summary(comparison_table()), CONFIG, "results/reference/readme/verdicts.png", True
+    )
     assert "Its host was noisy" in noisy
 
 
