@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from experiments import dispatchers
+from experiments.advise import KERNEL_MODEL_ERROR
 from moe_core.config.load import load_config
 from moe_core.dispatch import dispatcher
 from moe_core.dispatch.workloads import IMBALANCE_WORKLOADS
@@ -125,6 +126,8 @@ def test_the_kernel_level_table_meets_the_target_in_and_out_of_sample(tmp_path):
     summary = df.set_index("id").loc[["median", "worst"]]
     assert summary.loc["median", "rel_error"] <= 0.15 and summary.loc["median", "loo_rel_error"] <= 0.15
     assert summary.loc["worst", "loo_rel_error"] == pytest.approx(df["loo_rel_error"].iloc[:-2].abs().max())
+    # the error advise quotes for its margin (experiments.advise) is at least the table's
+    assert abs(summary.loc["worst", "loo_rel_error"]) <= KERNEL_MODEL_ERROR
     assert "logical_GBps [logical (the library's count)]" in df and "nic_wire_GBps [wire (busiest NIC)]" in df
 
 
