@@ -6,6 +6,7 @@ landing page (analysis/captions/landing.rst) includes. The CSVs stay the data fi
     python -m analysis.report --comparison results/tables/comparison.csv \
         --summary results/tables/verdict_summary.csv --out-comparison results/report/comparison.html \
         --out-summary results/report/verdict_summary.html --out-facts results/report/run.rst \
+        --fits results/tables/testbed_fit.csv --out-fits results/report/testbed_fit.html \
         results/raw/*/*/*.json
 """
 
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-comparison", type=Path, required=True, help="HTML view of the comparison to write")
     parser.add_argument("--out-summary", type=Path, required=True, help="HTML view of the verdict summary to write")
     parser.add_argument("--out-facts", type=Path, required=True, help="the run's facts (RST) to write")
+    parser.add_argument("--fits", type=Path, required=True, help="testbed fits CSV from analysis.compare")
+    parser.add_argument("--out-fits", type=Path, required=True, help="HTML view of the testbed fits to write")
     parser.add_argument("records", nargs="+", type=Path, help="the run's raw records")
     args = parser.parse_args(argv)
     try:
@@ -255,6 +258,15 @@ def main(argv: list[str] | None = None) -> None:
                 "to its own baseline rows, are claims whose baseline no plausible setting reproduces, are not "
                 "comparable or not reproduced, and how many verdicts are weak (a range over the "
                 "baseline-consistent settings wider than x1.5); the last row sums the papers.",
+            ),
+            args.out_fits: html_table(
+                fits := read_csv(args.fits),
+                list(fits.columns),
+                "Testbed fits",
+                "Per paper, the unstated parameters fitted to the paper's own baseline rows (fitted value, "
+                "plausible range, the baseline-consistent set's span) and each baseline row's published value, "
+                "its value at the fit, the residual and the leave-one-out prediction (analysis.fit). Click a "
+                "column's header to sort by it.",
             ),
             args.out_facts: run_facts([read_record(p) for p in args.records], summary, datetime.now(timezone.utc)),
         }

@@ -101,13 +101,33 @@ def test_the_pages_refuse_a_table_without_its_columns_and_write_nothing(tmp_path
     comparison, summary = tmp_path / "comparison.csv", tmp_path / "verdict_summary.csv"
     comparison_table().drop(columns=["verdict"]).to_csv(comparison, index=False)
     explain.verdict_summary(comparison_table()).to_csv(summary, index=False)
-    outputs = [tmp_path / "out" / name for name in ("comparison.html", "verdict_summary.html", "run.rst")]
+    fits = tmp_path / "testbed_fit.csv"
+    pd.DataFrame({"paper": ["lina"], "name": ["train.batch_size"], "fitted": [36.6]}).to_csv(fits, index=False)
+    names = ("comparison.html", "verdict_summary.html", "run.rst", "testbed_fit.html")
+    outputs = [tmp_path / "out" / name for name in names]
     with pytest.raises(SystemExit, match="lacks columns \\['verdict'\\]"):
         main(
             ["--comparison", str(comparison), "--summary", str(summary), "--out-comparison", str(outputs[0])]
-            + ["--out-summary", str(outputs[1]), "--out-facts", str(outputs[2]), str(tmp_path / "record.json")]
+            + ["--out-summary", str(outputs[1]), "--out-facts", str(outputs[2])]
+            + ["--fits", str(fits), "--out-fits", str(outputs[3]), str(tmp_path / "record.json")]
         )
     assert not any(path.exists() for path in outputs)
+
+
+def test_a_registered_table_is_written_as_csv_and_as_its_report_page(tmp_path, figure_tables):
+    """analysis.tables writes the table's CSV and, for the report, a sortable page of the same rows (the
+    report shows HTML inline, where it offers a CSV for download)."""
+    import analysis.tables as tables_mod
+
+    records = tmp_path / "records.csv"
+    figure_tables[0].to_csv(records, index=False)
+    csv, page = tmp_path / "t" / "gshard_scaling.csv", tmp_path / "p" / "gshard_scaling.html"
+    tables_mod.main(
+        ["--records", str(records), "--table", "gshard_scaling", "--out", str(csv), "--out-html", str(page)]
+    )
+    df, text = pd.read_csv(csv), page.read_text()
+    assert len(df) > 0 and text.count("<tr>") == len(df) + 1  # a header row and every row
+    assert all(f"<th>{column}</th>" in text for column in df.columns)
 
 
 # ---- the run's facts on the landing page ------------------------------------------------------------------

@@ -34,15 +34,11 @@ rule compare:
         samples=rules.collect.output.samples,
         registry="analysis/published.yaml",
     output:
-        # The comparison and the verdicts per paper are in the report as their HTML pages (rule
+        # The comparison, the verdicts per paper and the fits are in the report as their HTML pages (rule
         # report_pages): the report's view of a CSV downloads it instead of showing it.
         comparison=f"{RESULTS}/tables/comparison.csv",
         summary=f"{RESULTS}/tables/verdict_summary.csv",
-        fits=report(
-            f"{RESULTS}/tables/testbed_fit.csv",
-            caption="../../analysis/captions/testbed_fit.rst",
-            category="Published vs reproduced",
-        ),
+        fits=f"{RESULTS}/tables/testbed_fit.csv",
     conda:
         "../../environment.yml"
     log:
@@ -54,12 +50,13 @@ rule compare:
 
 
 rule report_pages:
-    """The report's own pages: the comparison and the verdicts per paper as sortable HTML, which the report
-    opens inline, and the run's facts (commits, testbeds, verdict counts), which its landing page
-    (analysis/captions/landing.rst) includes."""
+    """The report's own pages: the comparison, the verdicts per paper and the testbed fits as sortable HTML,
+    which the report opens inline, and the run's facts (commits, testbeds, verdict counts), which its
+    landing page (analysis/captions/landing.rst) includes."""
     input:
         comparison=rules.compare.output.comparison,
         summary=rules.compare.output.summary,
+        fits=rules.compare.output.fits,
         records=RAW_RECORDS,
     output:
         comparison=report(
@@ -70,6 +67,11 @@ rule report_pages:
         summary=report(
             f"{RESULTS}/report/verdict_summary.html",
             caption="../../analysis/captions/verdict_summary.rst",
+            category="Published vs reproduced",
+        ),
+        fits=report(
+            f"{RESULTS}/report/testbed_fit.html",
+            caption="../../analysis/captions/testbed_fit.rst",
             category="Published vs reproduced",
         ),
         facts=report(
@@ -85,7 +87,7 @@ rule report_pages:
     shell:
         "logged {log:q} python -m analysis.report --comparison {input.comparison:q} --summary {input.summary:q} "
         "--out-comparison {output.comparison:q} --out-summary {output.summary:q} --out-facts {output.facts:q} "
-        "{input.records:q}"
+        "--fits {input.fits:q} --out-fits {output.fits:q} {input.records:q}"
 
 
 rule wandb_analysis:
@@ -122,8 +124,10 @@ for _name, _table in TABLE_REGISTRY.items():
         input:
             records=rules.collect.output.records,
         output:
-            report(
-                TABLES[_name],
+            csv=TABLES[_name],
+            # in the report as its HTML page: the report's view of a CSV downloads it instead of showing it
+            html=report(
+                f"{RESULTS}/report/tables/{_table.file}.html",
                 caption=f"../../analysis/captions/{_table.file}_table.rst",
                 category=_table.category,
             ),
@@ -135,7 +139,8 @@ for _name, _table in TABLE_REGISTRY.items():
             f"{RESULTS}/logs/table_{_table.file}.log",
         localrule: True
         shell:
-            "logged {log:q} python -m analysis.tables --records {input.records:q} --table {params.name:q} --out {output:q}"
+            "logged {log:q} python -m analysis.tables --records {input.records:q} --table {params.name:q} "
+            "--out {output.csv:q} --out-html {output.html:q}"
 
 
 
