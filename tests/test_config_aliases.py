@@ -38,7 +38,7 @@ def test_auto_is_the_layouts_default_and_expert_parallel_sets_experts_per_rank()
     [
         (["moe.dispatcher=allgather"], "'moe.dispatcher': it is timed by the dispatcher study"),
         (["moe.dispatcher=all-to-all"], "unknown dispatcher 'all-to-all'; allowed: .*'capacity'"),
-        (["moe.dispatcher=duplicate"], "not split over \"tp\".*\\['allgather', 'capacity', 'dropless', 'hierarch"),
+        (["moe.dispatcher=duplicate"], "not split over \"tp\".*\\['allgather', 'capacity', 'direct-sends', 'drople"),
         ([*TP2, "moe.dispatcher=dropless"], "split over \"tp\".*\\['drop-gather', 'duplicate', 'monta'\\]"),
         (["moe.dispatcher=capacity", "moe.dropless=true"], "sets moe.dispatcher=dropless, but moe.dispatcher=capa"),
         (["comm.a2a_algorithm=ring"], "'comm.a2a_algorithm': invalid value 'ring'; write moe.dispatcher"),
