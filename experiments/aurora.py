@@ -45,7 +45,7 @@ def make_records(cfg: DictConfig, args_config: list[str], overrides: list[str], 
     tokens = token_workloads(cfg, cfg.aurora.num_experts)
     progress(f"workloads: {', '.join(tokens)}")
     records = []
-    for suffix, variant in {"": [], **sensitivity_runs()}.items():
+    for suffix, variant in {"": [], **sensitivity_runs(cfg)}.items():
         run_cfg = load_config(args_config, [*overrides, *variant], whole_run=False)
         hardware = {
             net: hardware_of(args_config, [*overrides, *variant], run_cfg.aurora[f"{net}_hardware"]) for net in NETWORKS

@@ -50,7 +50,7 @@ def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study: each run's scaling and ablation (``study_runs``), with that run's
     config, and the ranking at the chosen values."""
     out = []
-    for suffix, overrides, models, variants in tqdm(study_runs(), desc="axonn runs", file=sys.stderr):
+    for suffix, overrides, models, variants in tqdm(study_runs(cfg), desc="axonn runs", file=sys.stderr):
         run_cfg, points = run_points(cfg, overrides, models, variants, suffix)
         out += [prediction_record(run_cfg, PAPER, point) for point in points]
     return [*out, *(prediction_record(cfg, PAPER, point) for point in ranking_points(cfg))]

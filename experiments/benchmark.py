@@ -36,6 +36,7 @@ from moe_core.records.results import (
     write_records,
 )
 from moe_core.runtime.distributed import Env, init_distributed, leave_together, naming_failed_ranks, shutdown
+from moe_core.schema.points import unstated_param
 
 
 def timed_iterations(run: Callable[[], Any], warmup: int, iters: int, timer: PhaseTimer, metric: str) -> dict:
@@ -241,14 +242,16 @@ def predicted_record(
 
 
 def prediction_record(cfg: DictConfig, paper: str, prediction: Prediction) -> dict[str, Any]:
-    """The record of a paper study's ``prediction``, with the run's config ``cfg``."""
+    """The record of a paper study's ``prediction``, with the run's config ``cfg``: a run at a setting
+    of the paper's unstated parameters (its fitted testbed) marks every record with it, those of points
+    that do not read the setting's parameters too (the setting is the run's)."""
     return predicted_record(
         cfg,
         paper=paper,
         experiment=prediction.experiment,
         point=prediction.name,
         hardware=prediction.hardware,
-        params=prediction.params,
+        params={**unstated_param(cfg), **prediction.params},
         metrics=prediction.metrics,
         backend=prediction.backend,
     )

@@ -308,6 +308,7 @@ def simulate_options(parser: argparse.ArgumentParser) -> None:
         "--out", help="record path of a single point (default: results/raw/<paper>/sim_train_step/<point>.json)"
     )
     parser.add_argument("--sweep", action="store_true", help="simulate every point of the config's simulated sweeps")
+    parser.add_argument("--paper", help="with --sweep: only this paper's points (a run at its fitted testbed)")
     parser.add_argument("--trace", metavar="PATH", help="also write the point's timeline as a Chrome/Perfetto trace")
 
 
@@ -316,6 +317,8 @@ def simulate_check(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--out names one record; --sweep writes one per point under results_dir")
     if args.sweep and args.trace:
         parser.error("--trace writes one point's timeline; drop --sweep and give the point's overrides")
+    if args.paper and not args.sweep:
+        parser.error("--paper selects points of the sweep; give --sweep too")
 
 
 def train_step_options(parser: argparse.ArgumentParser) -> None:

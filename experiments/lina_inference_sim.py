@@ -55,7 +55,7 @@ def runs(cfg: DictConfig) -> dict[tuple[int, str], list[str]]:
     for experts in cfg.lina.inference_experts:
         out[experts, ""] = []
         stem = f"e{experts}"
-        for name, overrides in unstated_variants(stem, [], INFERENCE_UNSTATED).items():
+        for name, overrides in unstated_variants(cfg, stem, [], INFERENCE_UNSTATED).items():
             out[experts, name.removeprefix(stem)] = overrides
     return out
 

@@ -9,8 +9,8 @@ point of the config's simulated sweeps.
 https://ui.perfetto.dev opens (moe_core.sim.trace); one point only, so not with ``--sweep``.
 
 ``--sweep`` simulates every point of :func:`moe_core.schema.points.sim_points` (the paper-scale sweep and
-Lina's) in this one process, which is what the workflow runs: a point takes a fraction of a second,
-far less than starting a Python process with torch. Records are written once all points succeeded.
+Lina's; ``--paper``: one paper's) in this one process, which is what the workflow runs: a point takes a
+fraction of a second, far less than starting a Python process with torch. Records are written once all points succeeded.
 
 Each point gives a record in the measured runs' schema with ``mode: simulated`` and ``backend: sim`` (one
 sample per metric: the model is deterministic). A cluster profile smaller than ``world_size`` is
@@ -109,7 +109,15 @@ def point_configs(args) -> dict[str, DictConfig]:
         cfg = load_config(args.config, args.overrides)
         return {sim_point_name(cfg.hardware.name, point_params(cfg)): cfg}
     base = load_config(args.config, args.overrides)
-    return {name: derive_config(base, overrides) for name, (_, overrides) in sim_points(base).items()}
+    points = sim_points(base)
+    papers = {paper for paper, _ in points.values()}
+    if args.paper and args.paper not in papers:
+        raise ConfigError(f"--paper {args.paper}: the sweep has no point of it (its papers: {sorted(papers)})")
+    return {
+        name: derive_config(base, overrides)
+        for name, (paper, overrides) in points.items()
+        if args.paper in (None, paper)
+    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from moe_core.schema.points import (
 
 LINK = Unstated("hardware.intra_node_GBps", chosen=70.0, low=50.0, high=82.0)  # chosen inside its range
 LAUNCH = Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0)  # chosen at an end
+CHOSEN_RUN = OmegaConf.create({"unstated": ""})  # a run at the chosen values: it has a sensitivity design
 
 
 def test_design_is_one_at_a_time_ends_then_the_corners_that_move_two_or_more():
@@ -35,7 +36,7 @@ def test_design_is_one_at_a_time_ends_then_the_corners_that_move_two_or_more():
 
 
 def test_variants_set_every_parameter_and_record_the_setting():
-    variants = unstated_variants("p", ["model.d_model=8"], [LINK, LAUNCH])
+    variants = unstated_variants(CHOSEN_RUN, "p", ["model.d_model=8"], [LINK, LAUNCH])
     assert variants["p_intra_node_GBps50_kernel_launch_us10"] == [
         "model.d_model=8",
         "hardware.intra_node_GBps=50",
@@ -51,6 +52,21 @@ def test_a_joint_setting_loads_and_a_malformed_one_is_refused():
     assert cfg.unstated == "hardware.intra_node_GBps=50,train.batch_size=4"
     with pytest.raises(ConfigError, match="unstated"):
         load_config(["configs/ci.yaml"], ["unstated=a=1,,b=2"])
+
+
+def test_a_run_at_a_setting_keeps_it_in_derived_points_and_has_no_design_of_its_own():
+    """The run at a fitted testbed: a point that loads another profile keeps the fitted rate, and the
+    run is simulated at its setting alone (no sensitivity runs around it)."""
+    cfg = load_config(
+        ["configs/ci.yaml"], ["hardware.kernel_launch_us=12.5", "unstated=hardware.kernel_launch_us=12.5"]
+    )
+    assert unstated_variants(cfg, "p", [], [LAUNCH]) == {}
+    point = derive_config(cfg, ["hardware_profile=lina-a100-4x4"])
+    assert point.hardware.name == "lina-a100-4x4" and point.hardware.kernel_launch_us == 12.5
+    assert (
+        derive_config(load_config(["configs/ci.yaml"]), ["hardware_profile=lina-a100-4x4"]).hardware.kernel_launch_us
+        != 12.5
+    )
 
 
 def test_bad_ranges_and_conflicting_declarations_are_refused():
@@ -254,7 +270,7 @@ def test_every_row_opens_with_a_plain_first_sentence():
 def test_a_value_that_stands_for_another_link_class_sets_it_too():
     """Lina's NVLink3-rate end is an NVSwitch-class node, not the PCIe tree of the chosen value."""
     link = Unstated("hardware.intra_node_GBps", 25.0, 25.0, 240.0, implies={240.0: ("hardware.intra_node=switch",)})
-    (overrides,) = unstated_variants("p", [], [link]).values()
+    (overrides,) = unstated_variants(CHOSEN_RUN, "p", [], [link]).values()
     assert overrides == [
         "hardware.intra_node_GBps=240",
         "hardware.intra_node=switch",

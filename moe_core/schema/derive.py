@@ -47,8 +47,16 @@ def derive_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     a paper's model): what load_config(data=cfg, overrides=overrides) gives without the run's own
     checks, and without rebuilding the whole config (points are derived by the hundred at load).
     The run's dispatcher holds where it suits the derived layout (tokens shared over "tp" or not);
-    elsewhere, unless ``overrides`` name one, the derived layout's default does."""
+    elsewhere, unless ``overrides`` name one, the derived layout's default does.
+
+    A run at a setting of a paper's unstated parameters (``unstated``: a sensitivity run's, or the
+    testbed fitted to the paper's baseline) keeps that setting in every config derived from it: it is
+    applied again after ``overrides``, so a point that loads another hardware profile does not reset
+    a fitted link rate to the profile's."""
     layer = _dotlist(overrides)
+    setting = layer.get("unstated", cfg.unstated)
+    if setting:
+        layer = _dotlist([*overrides, *setting.split(",")])
     profile = layer.get("hardware_profile", cfg.hardware_profile)
     derived = _merge([cfg, layer])  # one copy of cfg: merge copies its first layer
     OmegaConf.set_readonly(derived, False)

@@ -202,6 +202,12 @@ class Unstated:
             raise ValueError(f"unstated {self.key}: need low <= chosen <= high, low < high; got {self}")
 
     @property
+    def integer(self) -> bool:
+        """A count (declared with whole numbers: a batch of sequences, NICs a node), which a run sets
+        to a whole value."""
+        return all(isinstance(v, int) for v in (self.chosen, self.low, self.high))
+
+    @property
     def ends(self) -> tuple[float, ...]:
         """The ends of the range other than the chosen value: what a sensitivity run sets."""
         return tuple(v for v in (self.low, self.high) if v != self.chosen)
@@ -250,14 +256,15 @@ def sensitivity_settings(params: Sequence[Unstated]) -> list[dict[str, float]]:
     return settings
 
 
-def unstated_overrides(cfg: DictConfig) -> list[str]:
-    """A sensitivity run's settings as overrides, to apply again to a config it derives."""
-    return [f"{key}={value:g}" for key, value in parse_setting(cfg.unstated).items()] if cfg.unstated else []
-
-
-def unstated_variants(name: str, overrides: list[str], params: Sequence[Unstated]) -> dict[str, list[str]]:
-    """Sensitivity runs of one run (:func:`sensitivity_settings`): the run's name with the setting
-    appended and its overrides with the parameters set and the setting recorded (config key ``unstated``)."""
+def unstated_variants(
+    cfg: DictConfig, name: str, overrides: list[str], params: Sequence[Unstated]
+) -> dict[str, list[str]]:
+    """Sensitivity runs of one run of ``cfg`` (:func:`sensitivity_settings`): the run's name with the
+    setting appended and its overrides with the parameters set and the setting recorded (config key
+    ``unstated``). None when ``cfg`` is itself at a setting (a sensitivity run, or the run at a
+    paper's fitted testbed): such a run is simulated at that setting alone."""
+    if cfg.unstated:
+        return {}
     variants = {}
     implied = {p.key: p.implies for p in params}
     for setting in sensitivity_settings(params):

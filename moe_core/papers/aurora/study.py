@@ -89,9 +89,9 @@ def setting_network(setting: str) -> str:
     return setting.split("-")[1]
 
 
-def sensitivity_runs() -> dict[str, list[str]]:
+def sensitivity_runs(cfg: DictConfig) -> dict[str, list[str]]:
     """Point-name suffix -> overrides of every sensitivity run (``config.AURORA_UNSTATED``)."""
-    return unstated_variants("", [], AURORA_UNSTATED)
+    return unstated_variants(cfg, "", [], AURORA_UNSTATED)
 
 
 def trace_config(cfg: DictConfig, data_zipf: float) -> DictConfig:
@@ -166,7 +166,7 @@ def aurora_points(cfg: DictConfig) -> dict[str, list[str]]:
     ]
     deployment_points += [
         f"{name}{suffix}"
-        for suffix in sensitivity_runs()
+        for suffix in sensitivity_runs(cfg)
         for name in deployment_points
         if name.rsplit("_", 1)[1] in SENSITIVITY_POLICIES
     ]

@@ -26,7 +26,7 @@ from moe_core.papers.axonn.sweeps import PAPER
 from moe_core.parallel.grid import GRID_AXES, Grid
 from moe_core.records.predictions import Prediction
 from moe_core.schema.derive import derive_config, hardware_profile
-from moe_core.schema.points import own_layout, unstated_overrides, unstated_param, unstated_variants
+from moe_core.schema.points import own_layout, unstated_param, unstated_variants
 from moe_core.sim.pipeline import pipeline_time_s
 from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
@@ -61,9 +61,9 @@ def model_overrides(cfg: DictConfig, model: GptModel, gpus: int, n_layers: int |
 
 
 def point_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """The run's config with ``overrides``, then its sensitivity setting (``unstated``) again: the
-    profile the overrides load would otherwise replace a ``hardware.`` one."""
-    return derive_config(cfg, [*own_layout(), *overrides, *unstated_overrides(cfg)])
+    """The run's config with ``overrides`` (derive_config keeps the run's ``unstated`` setting, which a
+    profile the overrides load would otherwise replace)."""
+    return derive_config(cfg, [*own_layout(), *overrides])
 
 
 def simulate(cfg: DictConfig, overrides: list[str]) -> dict[str, float]:
@@ -182,12 +182,12 @@ def megatron_scaling(cfg: DictConfig, model: GptModel) -> tuple[dict, dict]:
 SCALING = {"axonn": axonn_scaling, "megatron": megatron_scaling}
 
 
-def study_runs() -> list[tuple[str, list[str], tuple[GptModel, ...], tuple[str, ...]]]:
-    """Each run of the study (pure: the workflow declares its points from it): its point-name
-    suffix, its config overrides, the models it scales and the overlaps it ablates. First the chosen
-    values, then the other end of each unstated parameter's range (``AXONN_UNSTATED``), which sets
-    ``unstated``."""
-    sensitivity = unstated_variants("", [], AXONN_UNSTATED)
+def study_runs(cfg: DictConfig) -> list[tuple[str, list[str], tuple[GptModel, ...], tuple[str, ...]]]:
+    """Each run of the study (cheap: the workflow declares its points from it): its point-name
+    suffix, its config overrides, the models it scales and the overlaps it ablates. First the run's own
+    setting (the chosen values, or the fitted testbed's), then the other end of each unstated
+    parameter's range (``AXONN_UNSTATED``), which sets ``unstated``."""
+    sensitivity = unstated_variants(cfg, "", [], AXONN_UNSTATED)
     return [("", [], WEAK_SCALING, SIMULATED_VARIANTS)] + [
         (suffix, overrides, SENSITIVITY_MODELS, SENSITIVITY_VARIANTS) for suffix, overrides in sensitivity.items()
     ]
@@ -258,7 +258,7 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     declares them at every parse; the ranking's grids are those that fit in memory, grid_memory's
     decision, found without pricing any)."""
     largest = with_batch(WEAK_SCALING[-1], cfg.axonn.sequences_per_gpu)
-    runs = study_runs()
+    runs = study_runs(cfg)
     return {
         "axonn_scaling": [
             scaling_point(m, system, suffix) for suffix, _, models, _ in runs for m in models for system in SCALING

@@ -135,17 +135,17 @@ def scaling_runs(cfg: DictConfig, model: GShardModel) -> dict[str, list[str]]:
     other ends of their ranges (``SCALING_UNSTATED``); named as :func:`scaling_names` names them."""
     name, overrides = scaling_point(model), step_overrides(cfg, model)
     runs = {name: overrides}
-    for variant, changed in unstated_variants(name, overrides, SCALING_UNSTATED).items():
+    for variant, changed in unstated_variants(cfg, name, overrides, SCALING_UNSTATED).items():
         # the stand-in's batch follows gshard.tokens_scaling: rebuilt with the variant's settings
         runs[variant] = [*step_overrides(derive_config(cfg, changed), model), *changed[len(overrides) :]]
     return runs
 
 
-def scaling_names(model: GShardModel) -> list[str]:
+def scaling_names(cfg: DictConfig, model: GShardModel) -> list[str]:
     """The point names of :func:`scaling_runs` without building their configs (the workflow reads
     them at every parse; deriving the variants' configs takes seconds)."""
     name = scaling_point(model)
-    return [name, *unstated_variants(name, [], SCALING_UNSTATED)]
+    return [name, *unstated_variants(cfg, name, [], SCALING_UNSTATED)]
 
 
 def all_scaling_runs(cfg: DictConfig) -> list[tuple[GShardModel, str, list[str]]]:
@@ -238,7 +238,7 @@ def record_points(cfg: DictConfig) -> dict[str, list[str]]:
     g = cfg.gshard
     experts = sorted(profiles_by_cores(cfg))
     return {
-        SCALING: [name for i in g.models for name in scaling_names(MODELS[i])],
+        SCALING: [name for i in g.models for name in scaling_names(cfg, MODELS[i])],
         MEMORY: [memory_point(n_layers, e) for e in experts for n_layers in g.memory_layers],
         COLLECTIVES: [
             collective_point(kind, p, size)

@@ -42,7 +42,7 @@ def lina_sim_points(cfg: DictConfig) -> dict[str, tuple[str, list[str]]]:
     points += [  # the same at the other ends of the unstated parameters' ranges
         (name, (paper, overrides))
         for point, (paper, base) in points
-        for name, overrides in unstated_variants(point, base, TRAINING_UNSTATED).items()
+        for name, overrides in unstated_variants(cfg, point, base, TRAINING_UNSTATED).items()
     ]
     points += [
         sim_point(cfg, lina.hardware, "lina", max(lina.experts), 1, "lina", model, partition_mb)

@@ -31,7 +31,7 @@ from moe_core.schema.points import unstated_param, unstated_variants
 def settings(cfg: DictConfig) -> dict[str, DictConfig]:
     """The paper's config on its testbed by name: at the chosen values (the testbed's name), then at
     the other end of each unstated parameter's range (the name with the setting appended)."""
-    runs = {cfg.monta.hardware: [], **unstated_variants(cfg.monta.hardware, [], MONTA_UNSTATED)}
+    runs = {cfg.monta.hardware: [], **unstated_variants(cfg, cfg.monta.hardware, [], MONTA_UNSTATED)}
     return {
         name: OmegaConf.merge(paper_config(cfg, setting), {"moe": {"num_experts": EXPERTS}})
         for name, setting in runs.items()

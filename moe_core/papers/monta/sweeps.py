@@ -119,7 +119,7 @@ def sensitivity_points(cfg: DictConfig, world: int, tp: int) -> list[tuple[str, 
     points = []
     for params in dispatch_layouts(world, tp):
         name, (_, overrides) = sim_point(cfg, **params)
-        points += [(v, (PAPER, o)) for v, o in unstated_variants(name, overrides, MONTA_UNSTATED).items()]
+        points += [(v, (PAPER, o)) for v, o in unstated_variants(cfg, name, overrides, MONTA_UNSTATED).items()]
     return points
 
 
