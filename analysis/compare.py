@@ -26,9 +26,16 @@ testbed, its numbers keep the chosen values and the whole sensitivity range. ana
 row's reason (a plain first sentence, then the numbers); main() also writes the per-paper counts
 (``verdict_summary.csv``) and the fits (``testbed_fit.csv``) and prints them.
 
+The surface a fit reads smooths over steps the simulator takes, so the workflow runs in two stages:
+``--fitted-settings`` writes each paper's fitted testbed as a config layer, the paper's simulations run
+again on it (rule ``at_fit``), and the comparison reads those runs (``--at-fit``): a fitted row's
+``reproduced`` is then the simulator's at the fit (``reproduced_by``), ``reproduced_surface`` the surface's.
+
+    python -m analysis.compare --records results/tables/records.csv --samples results/tables/samples.csv \
+        --fitted-settings results/fits/gshard.yaml
     python -m analysis.compare --records results/tables/records.csv \
         --samples results/tables/samples.csv --out results/tables/comparison.csv \
-        --summary results/tables/verdict_summary.csv --fits results/tables/testbed_fit.csv
+        --at-fit results/tables/records_at_fit.csv results/tables/samples_at_fit.csv
 """
 
 from __future__ import annotations
@@ -41,15 +48,28 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401  (registers every paper's reproducers)
 from analysis import explain
 from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
-from analysis.files import read_tables, write_csv
-from analysis.fit import Fit, Surface, Target, axes_of, fit_testbed, range_width, weak, within
+from analysis.files import atomic_output, read_tables, write_csv
+from analysis.fit import (
+    CHOSEN_VALUES,
+    SIMULATED_AT_FIT,
+    SURFACE_AT_FIT,
+    Fit,
+    Surface,
+    Target,
+    axes_of,
+    fit_testbed,
+    range_width,
+    weak,
+    within,
+)
 from analysis.published import BASELINE, CLAIM, REGISTRY_PATH, load_registry
 from analysis.registry import REPRODUCERS, MissingPointsError, Reproducer, noting_used_points
-from moe_core.schema.points import UNSTATED_PARAMS, parse_setting
+from moe_core.schema.points import UNSTATED_PARAMS, parse_setting, setting_text
 
 COMPARISON_COLUMNS = [
     "id",
@@ -70,6 +90,8 @@ COMPARISON_COLUMNS = [
     "range_width",
     "weak",
     "reproduced_chosen",
+    "reproduced_surface",
+    "reproduced_by",
     "fitted_setting",
     "loo",
     "unstated",
@@ -89,6 +111,7 @@ FIT_COLUMNS = [
     "published",
     "fitted",
     "residual",
+    "surface",
     "loo",
     "loo_error",
     "chosen",
@@ -186,10 +209,17 @@ def testbed_fits(registry: dict[str, dict[str, Any]], found: dict[str, list[Repr
     }
 
 
-def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+def compare(
+    registry: dict[str, dict[str, Any]],
+    records: pd.DataFrame,
+    samples: pd.DataFrame,
+    at_fit: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+) -> pd.DataFrame:
     """One row per entry and testbed that reproduces it; one row for an entry none does: not-comparable
     with the entry's reason when it gives one, else not-reproduced. The table's ``attrs["fits"]`` holds
-    the testbed fits (:func:`testbed_fits`) its numbers were predicted at.
+    the testbed fits (:func:`testbed_fits`) its numbers were predicted at. ``at_fit``: the records and
+    samples of the runs at the fitted testbeds (the workflow's second stage, rule ``at_fit``), which give
+    a fitted row its ``reproduced`` and a baseline row its residual (analysis.fit, "Simulated at the fit").
 
     Rows without a finite value are no data point: they are left out before any reproducer sees the
     tables, so the counts a reproducer writes into its setting are of the points it used.
@@ -203,19 +233,20 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
         for key, entry in registry.items()
     }
     fits = testbed_fits(registry, found)
+    simulated = _simulated_at_fits(registry, found, fits, at_fit)
     rows = []
     for key, entry in registry.items():
         published = {"published": entry["value"], **{k: entry[k] for k in COMPARISON_COLUMNS if k in entry}}
         if not found[key]:
             rows.append({**published, **_unreproduced(entry)})
-        for rep in found[key]:
+        for i, rep in enumerate(found[key]):
             fit = fits.get(fit_group(entry, rep.testbed))
             label = target_label(key, entry, rep.testbed)
             rows.append(
                 {
                     **published,
                     **rep.testbed,
-                    **_judged(entry, rep, fit, label),
+                    **_judged(entry, rep, fit, label, simulated.get((key, i))),
                     "reproduced_setting": rep.setting,
                     "points": points_text(rep.used),
                 }
@@ -225,6 +256,44 @@ def compare(registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples:
     return table
 
 
+def _simulated_at_fits(
+    registry: dict[str, dict[str, Any]],
+    found: dict[str, list[Reproduction]],
+    fits: dict[tuple, Fit],
+    at_fit: tuple[pd.DataFrame, pd.DataFrame] | None,
+) -> dict[tuple[str, int], float]:
+    """(entry id, reproduction index) -> the number simulated at its paper's fitted testbed, for every
+    like-for-like reproduction whose testbed the runs ``at_fit`` cover; each baseline row's fit takes
+    its simulated ratio (analysis.fit.Fit.simulated). A run at another setting than the fit's is an error:
+    the runs are of an older fit."""
+    if at_fit is None:
+        return {}
+    records, samples = (_with_finite_values(df) for df in at_fit)
+    testbeds = _split_by_testbed(records, samples)
+    simulated = {}
+    for key, entry in registry.items():
+        for i, rep in enumerate(found[key]):
+            fit = fits.get(fit_group(entry, rep.testbed))
+            if fit is None or unlike(entry, rep.testbed) is not None:
+                continue
+            text = setting_text(fit.run_setting())
+            for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
+                if testbed != rep.testbed:
+                    continue
+                if at_setting(recs, text).empty:
+                    settings = sorted(recs[UNSTATED].dropna().unique()) if UNSTATED in recs else []
+                    raise ValueError(
+                        f"registry entry {key!r} on {'/'.join(testbed.values())}: the runs at the fit are at "
+                        f"{settings}, not at the fitted setting {text}; run the workflow's at_fit jobs again"
+                    )
+                value = _run(_reproducer_of(entry), entry, testbed, at_setting(recs, text), at_setting(samps, text))
+                if value is not None:
+                    simulated[key, i] = value[0]
+                    if entry["role"] == BASELINE:
+                        fit.simulated(target_label(key, entry, testbed), value[0])
+    return simulated
+
+
 def _unreproduced(entry: dict[str, Any]) -> dict[str, Any]:
     """The verdict columns of an entry no testbed reproduces."""
     reason = entry["not_comparable"]
@@ -232,18 +301,25 @@ def _unreproduced(entry: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": kind, "reason": explain.first_sentence(kind, entry, reason=reason)}
 
 
-def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: str) -> dict[str, Any]:
-    """The verdict columns of one reproduction: its value at the paper's testbed fit (the chosen values'
-    where the paper has no baseline on this testbed, or the row is not like for like), its range over the
-    baseline-consistent set (else over every sensitivity run), the verdict, ``weak``, and its reason
+def _judged(
+    entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: str, simulated: float | None
+) -> dict[str, Any]:
+    """The verdict columns of one reproduction: its value at the paper's testbed fit (``simulated`` there
+    when the runs at the fit cover it, else the surface's; the chosen values' where the paper has no
+    baseline on this testbed, or the row is not like for like), its range over the baseline-consistent set
+    and the value at the fit (else over every sensitivity run), the verdict, ``weak``, and its reason
     (analysis.explain): a plain first sentence, then, for a row that differs, the step terms of the
     ``used`` points at the chosen values and each term's implied factor."""
     published = entry["value"]
     fit = fit if unlike(entry, rep.testbed) is None else None
     surface = rep.surface(entry["paper"]) if fit else None
-    value = fit.predict(surface) if fit else rep.value
+    on_surface = fit.predict(surface) if fit else None
+    value = simulated if fit and simulated is not None else on_surface if fit else rep.value
+    by = CHOSEN_VALUES if fit is None else SIMULATED_AT_FIT if simulated is not None else SURFACE_AT_FIT
     span = fit.span(surface) if fit else None
-    low, high = span or (min(value, rep.value, *rep.variants.values()), max(value, rep.value, *rep.variants.values()))
+    runs = [rep.value, *rep.variants.values()]
+    low, high = span or (min(runs), max(runs))
+    low, high = min(low, value), max(high, value)
     judged, reason = judge(entry, rep.testbed, value / published)
     if judged in (CONSISTENT, DIFFERS) and entry["role"] == CLAIM and fit and fit.unreached:
         judged = BASELINE_NOT_REPRODUCED
@@ -254,6 +330,8 @@ def _judged(entry: dict[str, Any], rep: Reproduction, fit: Fit | None, label: st
         "range_width": range_width(low, high),
         "weak": weak(low, high) if judged in (CONSISTENT, DIFFERS) else None,
         "reproduced_chosen": rep.value,
+        "reproduced_surface": on_surface,
+        "reproduced_by": by,
         "fitted_setting": fit.setting_text() if fit else None,
         "loo": fit.loo.get(label) if fit else None,
         "unstated": "; ".join(rep.variants) or None,
@@ -357,15 +435,39 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
-    parser.add_argument("--out", type=Path, required=True, help="comparison CSV to write")
+    parser.add_argument("--out", type=Path, help="comparison CSV to write")
+    parser.add_argument(
+        "--at-fit",
+        type=Path,
+        nargs=2,
+        metavar=("RECORDS", "SAMPLES"),
+        help="the tables of the runs at the fitted testbeds (the second stage; see --fitted-settings)",
+    )
+    parser.add_argument(
+        "--fitted-settings",
+        type=Path,
+        nargs="+",
+        metavar="PAPER.yaml",
+        help="instead of comparing: write each paper's fitted testbed (the file's stem names the paper) as a "
+        "config layer, which the workflow's at_fit jobs simulate the paper at",
+    )
     parser.add_argument(
         "--summary", type=Path, help="verdict counts per paper to write (default: verdict_summary.csv beside --out)"
     )
     parser.add_argument("--fits", type=Path, help="the testbed fits to write (default: testbed_fit.csv beside --out)")
     parser.add_argument("--registry", type=Path, default=REGISTRY_PATH, help="published numbers (YAML)")
     args = parser.parse_args(argv)
+    if not (args.out or args.fitted_settings):
+        parser.error("give --out (the comparison) or --fitted-settings (the fits alone)")
     try:
-        table = compare(load_registry(args.registry), *read_tables(args.records, args.samples))
+        registry, tables = load_registry(args.registry), read_tables(args.records, args.samples)
+        if args.fitted_settings:
+            settings = fitted_settings(registry, *tables, [path.stem for path in args.fitted_settings])
+            for path in args.fitted_settings:
+                write_setting_layer(settings[path.stem], path)
+                print(f"wrote {path}: {path.stem} at {setting_text(settings[path.stem])}")
+            return
+        table = compare(registry, *tables, read_tables(*args.at_fit) if args.at_fit else None)
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.compare: error: {err}")
     summary = explain.verdict_summary(table)
@@ -378,6 +480,43 @@ def main(argv: list[str] | None = None) -> None:
     print(fits.drop(columns=["unreached"]).to_string(index=False))
     print("\nVerdicts per paper (weak: a range wider than x1.5 over the baseline-consistent settings):")
     print(summary.to_string(index=False))
+
+
+def fitted_settings(
+    registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples: pd.DataFrame, papers: list[str]
+) -> dict[str, dict[str, float]]:
+    """Each of ``papers``' setting to simulate it at: its simulated testbed's fit to its baseline rows
+    (analysis.fit.Fit.run_setting), the chosen values where its baseline gives no fit; an error for a
+    paper that declares no unstated parameter. Reproduces the baseline rows alone (the fit reads no claim)."""
+    unknown = [paper for paper in papers if paper not in UNSTATED_PARAMS]
+    if unknown:
+        raise ValueError(
+            f"{unknown}: no unstated parameters declared (papers that have some: {sorted(UNSTATED_PARAMS)})"
+        )
+    baselines = {key: entry for key, entry in registry.items() if entry["role"] == BASELINE}
+    records, samples = _with_finite_values(records), _with_finite_values(samples)
+    testbeds = _split_by_testbed(records, samples)
+    found = {
+        key: []
+        if (fn := _reproducer_of(entry)) is None
+        else list(_reproductions(fn, entry, records, samples, testbeds))
+        for key, entry in baselines.items()
+    }
+    fits = {paper: fit for (paper, mode, _), fit in testbed_fits(baselines, found).items() if mode == "simulated"}
+    return {
+        paper: fits[paper].run_setting()
+        if paper in fits
+        else {p.key: p.chosen for p in UNSTATED_PARAMS[paper].values()}
+        for paper in papers
+    }
+
+
+def write_setting_layer(setting: dict[str, float], path: Path) -> None:
+    """``setting`` as a config layer (``--config``): each parameter's value, and ``unstated`` recording
+    it, so every record of a run on the layer carries the setting (moe_core.schema.points)."""
+    layer = OmegaConf.from_dotlist([*setting_text(setting).split(","), f"unstated={setting_text(setting)}"])
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(OmegaConf.to_yaml(layer))
 
 
 def fit_table(fits: dict[tuple, Fit]) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from analysis.fit import SIMULATED_AT_FIT, SURFACE_AT_FIT
 from moe_core.records.step_metrics import MOE_TERMS, a2a_shares
 from moe_core.schema.points import UNSTATED_PARAMS, parse_setting
 
@@ -56,6 +57,7 @@ A2A_SHARE_INPUTS = ("a2a_ms", "moe_layer_ms", "step_ms")  # moe_core.records.ste
 MOE_SPANS = {"moe_layer_fwd_ms": "a2a_fwd_ms", "moe_layer_bwd_ms": "a2a_bwd_ms"}  # span -> its all-to-all part
 RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / step_ms
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
+SURFACE_NOTE = 0.1  # a run at the fit this far from the surface's value: the reason gives both
 VERDICTS = ("consistent", "differs", "baseline-not-reproduced", "not-comparable", "not-reproduced")
 
 
@@ -292,6 +294,7 @@ def first_sentence(kind: str, entry: dict, columns: dict | None = None, fit=None
         return "not reproduced: no run of the suite gives this number yet"
     value, published = columns["reproduced"], entry["value"]
     ours = f"ours {value:.3g} against {published:g} {entry['unit']} ({value / published:.2f}x)"
+    ours += _how_found(columns)
     if kind == "baseline-not-reproduced":
         return (
             "baseline not reproduced: no plausible setting brings every baseline row within tolerance "
@@ -308,6 +311,19 @@ def first_sentence(kind: str, entry: dict, columns: dict | None = None, fit=None
     if columns.get("loo") is not None:
         text += f"; fitted without this row, the testbed predicts {columns['loo']:.3g}"
     return f"{text}." + (f" {details}" if details else "")
+
+
+def _how_found(columns: dict) -> str:
+    """Where the value at the fit comes from, in words, when it is not plainly the run there: the
+    surface's (the run at the fit gives no such number), or the run's far from what the surface said."""
+    surface = columns.get("reproduced_surface")
+    if columns.get("reproduced_by") == SURFACE_AT_FIT:
+        return " (the surface through the sensitivity runs: the run at the fit gives no such number)"
+    if columns.get("reproduced_by") == SIMULATED_AT_FIT and not np.isclose(
+        columns["reproduced"], surface, rtol=SURFACE_NOTE
+    ):
+        return f" (simulated at the fit; the surface through the sensitivity runs said {surface:.3g})"
+    return ""
 
 
 def _fit_phrase(fit) -> str:

@@ -26,6 +26,11 @@ reproduces the published baseline, and predicts the claims there:
   tolerance (the verdict's rule, :func:`within`). A claim's range spans this set only; when it is
   empty the baseline is not reproduced, and :attr:`Fit.unreached` names the row furthest from its
   number and the parameter that moves it most.
+* **Simulated at the fit.** The surface smooths over steps the simulator takes (whole groups of
+  tokens, a batch of whole sequences), so the workflow simulates each paper again at its fitted
+  setting (:meth:`Fit.run_setting`, counts rounded to whole ones) and analysis.compare reads those
+  runs: a number's ``reproduced`` and a baseline row's residual are the simulator's at the fit
+  (:meth:`Fit.simulated`), the surface's value beside them.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ TINY = 1e-12  # a floor for logs of non-positive predictions
 # parameter across its whole range costs what a 3% log error on every baseline row does. Where the
 # baselines barely move with a parameter, the fit keeps its chosen value instead of drifting to an end.
 PRIOR_WEIGHT = 1e-3
+# How a number's value at the fit was found (analysis.compare's ``reproduced_by``): simulated at the
+# fitted setting, the surface at the fit (the run there gives no such number), or the chosen values (no fit)
+SIMULATED_AT_FIT, SURFACE_AT_FIT, CHOSEN_VALUES = "simulated at the fit", "surface at the fit", "chosen values"
 
 
 def within(ratio, tolerance, bound: str | None = None):
@@ -72,10 +80,11 @@ class Axis:
     low: float
     high: float
     chosen: float
+    integer: bool = False  # a count (a batch of sequences, NICs): simulated at a whole value
 
     @classmethod
     def of(cls, param: Unstated) -> Axis:
-        return cls(param.key, param.low, param.high, param.chosen)
+        return cls(param.key, param.low, param.high, param.chosen, param.integer)
 
     @property
     def log(self) -> bool:
@@ -192,6 +201,10 @@ class Fit:
     consistent: np.ndarray
     unreached: str | None = None
     targets: dict[str, Target] = field(default_factory=dict, repr=False)
+    surface_ratios: dict[str, float] = field(default_factory=dict)  # each row's ratio on the surface
+
+    def __post_init__(self):
+        self.surface_ratios = dict(self.ratios)
 
     @property
     def setting(self) -> dict[str, float]:
@@ -200,6 +213,18 @@ class Fit:
 
     def setting_text(self) -> str:
         return ", ".join(f"{key}={value:.3g}" for key, value in self.setting.items() if key in self.pinned)
+
+    def run_setting(self) -> dict[str, float]:
+        """The setting the workflow simulates the paper at (every unstated parameter, counts rounded
+        to whole ones, each value as the recorded setting writes it: 6 significant digits)."""
+        return {
+            a.key: float(round(float(v))) if a.integer else float(f"{v:g}")
+            for a, v in ((a, self.setting[a.key]) for a in self.axes)
+        }
+
+    def simulated(self, key: str, value: float) -> None:
+        """Baseline row ``key`` as simulated at :meth:`run_setting`: its ratio replaces the surface's."""
+        self.ratios[key] = value / self.targets[key].published
 
     def predict(self, surface: Surface) -> float:
         return surface(self.z)
@@ -247,6 +272,7 @@ class Fit:
                     "published": target.published,
                     "fitted": self.ratios[key] * target.published,
                     "residual": self.ratios[key] - 1,
+                    "surface": self.surface_ratios[key] * target.published,
                     "loo": loo,
                     "loo_error": None if loo is None else loo / target.published - 1,
                     **common,

@@ -12,9 +12,21 @@ import yaml
 from analysis_records import SHARE, write_point, write_train_step
 
 from analysis.collect import collect
-from analysis.compare import BASELINE_NOT_REPRODUCED, CONSISTENT, DIFFERS, NOT_COMPARABLE, NOT_REPRODUCED, compare
+from analysis.compare import (
+    BASELINE_NOT_REPRODUCED,
+    CONSISTENT,
+    DIFFERS,
+    NOT_COMPARABLE,
+    NOT_REPRODUCED,
+    compare,
+    fitted_settings,
+    write_setting_layer,
+)
+from analysis.fit import SIMULATED_AT_FIT
 from analysis.published import RegistryError, load_registry
 from analysis.registry import REPRODUCERS, reproducer
+from moe_core.config.load import load_config
+from moe_core.schema.points import UNSTATED_PARAMS, setting_text
 from moe_core.units import MiB
 
 
@@ -278,3 +290,75 @@ def test_a_baseline_no_plausible_setting_reaches_makes_its_claims_baseline_not_r
     assert table.loc["claim", "verdict"] == BASELINE_NOT_REPRODUCED
     assert table.loc["claim", "reason"].startswith("baseline not reproduced: no plausible setting")
     assert table.loc["base", "verdict"] == DIFFERS
+
+
+def _at_fit(tmp_path, fit, share, setting=None):
+    """The tables of the run at ``fit``'s setting (the workflow's second stage): the point's share there."""
+    params = {"world_size": 4, "num_experts": 4, "experts_per_rank": 1, "policy": "overlap", "seed": 0}
+    params["unstated"] = setting or setting_text(fit.run_setting())
+    out = tmp_path / "at_fit"
+    out.mkdir(exist_ok=True)
+    path = write_point(
+        out,
+        paper="lina",
+        experiment="sim_train_step",
+        point="p_fit",
+        mode="simulated",
+        backend="sim",
+        hardware="lina-a100-4x4",
+        params=params,
+        samples={"a2a_share": [share], "step_ms": [100.0]},
+    )
+    return collect([path])
+
+
+def test_the_run_at_the_fit_gives_the_value_and_the_baselines_residual_not_the_surface(tmp_path):
+    """The surface says 20 at the fit; the simulator, run there, says 30: the verdicts read 30."""
+    tables = _link_sweep(tmp_path)
+    _, fit = _fitted(tmp_path, tables, baseline=20.0, claim=34.0)
+    entries = [
+        {**_entry("base", 20.0, "lina_table1_training_a2a_share"), "role": "baseline"},
+        _entry("claim", 34.0, "lina_table1_training_a2a_share"),
+    ]
+    registry = load_registry(_registry_file(tmp_path, entries, testbeds=["lina-a100-4x4"]))
+    table = compare(registry, *tables, at_fit=_at_fit(tmp_path, fit, 0.30)).set_index("id")
+    refit = table.attrs["fits"][("lina", "simulated", "sim")]
+    assert refit.setting == fit.setting  # the run at the fit moves nothing the fit decides
+    for row in ("base", "claim"):
+        assert (
+            table.loc[row, "reproduced"] == pytest.approx(30.0) and table.loc[row, "reproduced_by"] == SIMULATED_AT_FIT
+        )
+        assert table.loc[row, "reproduced_surface"] == pytest.approx(20.0, rel=1e-3)
+    assert table.loc["base", "verdict"] == DIFFERS and refit.ratios["base"] == pytest.approx(1.5)
+    assert refit.surface_ratios["base"] == pytest.approx(1.0, rel=1e-3)
+    assert table.loc["claim", "verdict"] == CONSISTENT  # 30 is within 25% of 34
+    assert "the surface through the sensitivity runs said 20" in table.loc["claim", "reason"]
+    assert table.loc["claim", "reproduced_low"] <= 30.0 <= table.loc["claim", "reproduced_high"]
+
+
+def test_runs_at_another_setting_than_the_fit_are_refused(tmp_path):
+    tables = _link_sweep(tmp_path)
+    _, fit = _fitted(tmp_path, tables, baseline=20.0, claim=34.0)
+    entries = [{**_entry("base", 20.0, "lina_table1_training_a2a_share"), "role": "baseline"}]
+    registry = load_registry(_registry_file(tmp_path, entries, testbeds=["lina-a100-4x4"]))
+    stale = _at_fit(tmp_path, fit, 0.30, setting="hardware.intra_node_GBps=99")
+    with pytest.raises(ValueError, match="run the workflow's at_fit jobs again"):
+        compare(registry, *tables, at_fit=stale)
+
+
+def test_fitted_settings_are_config_layers_of_whole_counts(tmp_path):
+    """The first stage's output: each paper's fit as a layer a run loads with --config; a count (Lina's
+    sequences per GPU) is a whole number, a paper without a fit keeps its chosen values."""
+    tables = _link_sweep(tmp_path)
+    entries = [{**_entry("base", 20.0, "lina_table1_training_a2a_share"), "role": "baseline"}]
+    registry = load_registry(_registry_file(tmp_path, entries, testbeds=["lina-a100-4x4"]))
+    settings = fitted_settings(registry, *tables, ["lina", "gshard"])
+    assert 25.0 < settings["lina"]["hardware.intra_node_GBps"] < 240.0
+    assert settings["lina"]["train.batch_size"] == 8  # no baseline row moves it: the chosen value
+    assert settings["gshard"] == {p.key: p.chosen for p in UNSTATED_PARAMS["gshard"].values()}
+    write_setting_layer(settings["lina"], tmp_path / "lina.yaml")
+    cfg = load_config(["configs/ci.yaml", tmp_path / "lina.yaml"])
+    assert cfg.unstated == setting_text(settings["lina"])
+    assert cfg.hardware.intra_node_GBps == settings["lina"]["hardware.intra_node_GBps"]
+    with pytest.raises(ValueError, match="no unstated parameters declared"):
+        fitted_settings(registry, *tables, ["no-such-paper"])
