@@ -26,12 +26,49 @@ rule collect:
         "logged {log:q} python -m analysis.collect --out-records {output.records:q} --out-samples {output.samples:q} {input:q}"
 
 
-rule compare:
-    """Published numbers (analysis/published.yaml) next to ours, with verdicts at each paper's testbed
-    fitted to its baseline rows (analysis.fit), and the fits."""
+rule fitted_settings:
+    """Each paper's testbed fitted to its baseline rows (analysis.fit), as a config layer its at-fit
+    rules simulate the paper on (the second stage: experiments/rules/common.smk)."""
     input:
         records=rules.collect.output.records,
         samples=rules.collect.output.samples,
+        registry="analysis/published.yaml",
+    output:
+        [fitted_layer(paper) for paper in AT_FIT_PAPERS],
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/fitted_settings.log",
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} "
+        "--fitted-settings {output:q}"
+
+
+rule collect_at_fit:
+    """The records of the runs at the fitted testbeds into tables of their own."""
+    input:
+        AT_FIT_RECORDS,
+    output:
+        records=f"{RESULTS}/tables/records_at_fit.csv",
+        samples=f"{RESULTS}/tables/samples_at_fit.csv",
+    conda:
+        "../../environment.yml"
+    log:
+        f"{RESULTS}/logs/collect_at_fit.log",
+    localrule: True
+    shell:
+        "logged {log:q} python -m analysis.collect --out-records {output.records:q} --out-samples {output.samples:q} {input:q}"
+
+
+rule compare:
+    """Published numbers (analysis/published.yaml) next to ours, with verdicts at each paper's testbed
+    fitted to its baseline rows (analysis.fit) and simulated there, and the fits."""
+    input:
+        records=rules.collect.output.records,
+        samples=rules.collect.output.samples,
+        at_fit_records=rules.collect_at_fit.output.records,
+        at_fit_samples=rules.collect_at_fit.output.samples,
         registry="analysis/published.yaml",
     output:
         # The comparison, the verdicts per paper and the fits are in the report as their HTML pages (rule
@@ -46,7 +83,8 @@ rule compare:
     localrule: True
     shell:
         "logged {log:q} python -m analysis.compare --records {input.records:q} --samples {input.samples:q} "
-        "--out {output.comparison:q} --summary {output.summary:q} --fits {output.fits:q}"
+        "--out {output.comparison:q} --summary {output.summary:q} --fits {output.fits:q} "
+        "--at-fit {input.at_fit_records:q} {input.at_fit_samples:q}"
 
 
 rule report_pages:

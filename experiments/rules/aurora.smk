@@ -56,3 +56,36 @@ rule aurora_a2a:
     shell:
         "logged {log:q} python -m experiments.launch --config {input.config:q} --nproc {params.world_size} "
         "-- -m experiments aurora_a2a"
+
+
+# The second stage: the same study at the testbed fitted to Fig 4's and Fig 11's baselines
+# (experiments/rules/common.smk).
+AT_FIT_PAPERS.append(AURORA_PAPER)
+AURORA_AT_FIT_RECORDS = [
+    f"{AT_FIT}/raw/{AURORA_PAPER}/{experiment}/{point}.json"
+    for experiment, points in aurora_points(at_setting_config(AURORA_PAPER)).items()
+    for point in points
+]
+AT_FIT_RECORDS += AURORA_AT_FIT_RECORDS
+
+
+rule aurora_at_fit:
+    """Aurora's decisions simulated again at its fitted testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        fitted=fitted_layer(AURORA_PAPER),
+    output:
+        AURORA_AT_FIT_RECORDS,
+    params:
+        results_dir=at_fit_dir,
+    log:
+        f"{RESULTS}/logs/aurora_at_fit.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments aurora --config {input.config:q} --config {input.fitted:q} "
+        "results_dir={params.results_dir:q}"

@@ -86,3 +86,35 @@ rule axonn_simulated:
     localrule: True
     shell:
         "logged {log:q} python -m experiments axonn --config {input.config:q}"
+
+
+# The second stage: the study at the testbed fitted to Megatron's PFLOP/s (experiments/rules/common.smk).
+AT_FIT_PAPERS.append(AXONN_PAPER)
+AXONN_AT_FIT_RECORDS = [
+    f"{AT_FIT}/raw/{AXONN_PAPER}/{experiment}/{point}.json"
+    for experiment, points in axonn_record_points(at_setting_config(AXONN_PAPER)).items()
+    for point in points
+]
+AT_FIT_RECORDS += AXONN_AT_FIT_RECORDS
+
+
+rule axonn_at_fit:
+    """AxoNN and the Megatron-style baseline simulated again at the fitted testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        fitted=fitted_layer(AXONN_PAPER),
+    output:
+        AXONN_AT_FIT_RECORDS,
+    params:
+        results_dir=at_fit_dir,
+    log:
+        f"{RESULTS}/logs/axonn_at_fit.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments axonn --config {input.config:q} --config {input.fitted:q} "
+        "results_dir={params.results_dir:q}"

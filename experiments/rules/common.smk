@@ -3,12 +3,14 @@
 
 import atexit
 import shlex
+from pathlib import Path
 import sys
 import time
 
 from analysis.summary import failed_jobs, run_summary
 from experiments.launch import SLURM_RESOURCE_KEYS, plan_text, slurm_resources
-from moe_core.config.load import config_digest
+from moe_core.config.load import config_digest, derive_config
+from moe_core.schema.points import UNSTATED_PARAMS, setting_text
 from moe_core.records.run_lock import lock_results_dir
 
 
@@ -53,6 +55,34 @@ RESOLVED_CONFIG = f"{RESULTS}/config/resolved-{config_digest(CFG)}.yaml"
 # (``RAW_RECORDS += ...``), results/raw/<paper or "common">/<experiment>/<point>.json. The analysis
 # collects them all; a paper's target (the Snakefile) makes its folder's.
 RAW_RECORDS = []
+
+
+# The workflow's second stage (analysis.compare: "simulated at the fit"). The testbed fit reads a smooth
+# surface through the sensitivity runs, which smooths over steps the simulator takes; so each paper with
+# a fit is simulated again at its fitted setting: rule fitted_settings writes the setting as a config
+# layer (fitted_layer), the paper's at-fit rules run its simulations on it into AT_FIT, and rule compare
+# reads those runs. A paper's rules file declares its at-fit rules' records (AT_FIT_RECORDS += ...), named
+# with at_setting_config: a run at a setting has no sensitivity runs, and its names do not depend on it.
+AT_FIT = f"{RESULTS}/at_fit"
+AT_FIT_RECORDS = []
+AT_FIT_PAPERS = []  # the papers simulated at their fit (each rules file adds its own)
+
+
+def fitted_layer(paper):
+    """The config layer of ``paper``'s fitted testbed (rule fitted_settings)."""
+    return f"{RESULTS}/fits/{paper}.yaml"
+
+
+def at_fit_dir(wildcards, output):
+    """An at-fit rule's results directory, AT_FIT (its records are <it>/raw/<paper>/<experiment>/<point>.json)."""
+    return str(Path(output[0]).parents[3])
+
+
+def at_setting_config(paper):
+    """The run's config at one setting of ``paper``'s unstated parameters (their chosen values, written
+    out), which names the records of its runs at the fit."""
+    chosen = setting_text({p.key: p.chosen for p in UNSTATED_PARAMS[paper].values()})
+    return derive_config(CFG, [*chosen.split(","), f"unstated={chosen}"])
 
 
 def quoted(words):

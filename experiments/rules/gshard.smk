@@ -29,3 +29,35 @@ rule gshard_simulated:
     localrule: True
     shell:
         "logged {log:q} python -m experiments gshard --config {input.config:q}"
+
+
+# The second stage: the same study at the testbed fitted to Table 3's steps/s (experiments/rules/common.smk).
+AT_FIT_PAPERS.append(GSHARD_PAPER)
+GSHARD_AT_FIT_RECORDS = [
+    f"{AT_FIT}/raw/{GSHARD_PAPER}/{experiment}/{point}.json"
+    for experiment, points in gshard_record_points(at_setting_config(GSHARD_PAPER)).items()
+    for point in points
+]
+AT_FIT_RECORDS += GSHARD_AT_FIT_RECORDS
+
+
+rule gshard_at_fit:
+    """Table 1's models simulated again at GShard's fitted testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        fitted=fitted_layer(GSHARD_PAPER),
+    output:
+        GSHARD_AT_FIT_RECORDS,
+    params:
+        results_dir=at_fit_dir,
+    log:
+        f"{RESULTS}/logs/gshard_at_fit.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments gshard --config {input.config:q} --config {input.fitted:q} "
+        "results_dir={params.results_dir:q}"

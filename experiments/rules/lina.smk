@@ -64,3 +64,62 @@ rule lina_inference_simulated:
     localrule: True
     shell:
         "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q}"
+
+
+# The second stage: Lina's simulated training steps and inference at the testbed fitted to Table 1 and
+# Figs 2, 3 and 6 (experiments/rules/common.smk).
+AT_FIT_PAPERS.append("lina")
+LINA_AT_FIT_CONFIG = at_setting_config("lina")
+LINA_AT_FIT_TRAINING_RECORDS = [
+    f"{AT_FIT}/raw/lina/sim_train_step/{name}.json"
+    for name, (paper, _) in sim_points(LINA_AT_FIT_CONFIG).items()
+    if paper == "lina"
+]
+LINA_AT_FIT_INFERENCE_RECORDS = expand(
+    f"{AT_FIT}/raw/lina/inference/{{point}}.json", point=lina_sim_inference_points(LINA_AT_FIT_CONFIG)
+)
+AT_FIT_RECORDS += LINA_AT_FIT_TRAINING_RECORDS + LINA_AT_FIT_INFERENCE_RECORDS
+
+
+rule lina_training_at_fit:
+    """Lina's simulated training steps again at its fitted testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        fitted=fitted_layer("lina"),
+    output:
+        LINA_AT_FIT_TRAINING_RECORDS,
+    params:
+        results_dir=at_fit_dir,
+    log:
+        f"{RESULTS}/logs/lina_training_at_fit.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments simulate --config {input.config:q} --config {input.fitted:q} "
+        "--sweep --paper lina results_dir={params.results_dir:q}"
+
+
+rule lina_inference_at_fit:
+    """Lina's simulated inference again at its fitted testbed."""
+    input:
+        config=RESOLVED_CONFIG,
+        fitted=fitted_layer("lina"),
+    output:
+        LINA_AT_FIT_INFERENCE_RECORDS,
+    params:
+        results_dir=at_fit_dir,
+    log:
+        f"{RESULTS}/logs/lina_inference_at_fit.log",
+    conda:
+        "../../environment.yml"
+    resources:
+        runtime=10,
+        mem_mb=2000,
+    localrule: True
+    shell:
+        "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q} --config {input.fitted:q} "
+        "results_dir={params.results_dir:q}"
