@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401  (registers every paper's reproducers)
 from analysis import explain
-from analysis.collect import TESTBED_COLUMNS, UNSTATED, at_setting, select
+from analysis.collect import TESTBED_COLUMNS, UNSTATED, select
 from analysis.files import atomic_output, read_tables, write_csv
 from analysis.fit import (
     CHOSEN_VALUES,
@@ -277,16 +277,15 @@ def _simulated_at_fits(
             if fit is None or unlike(entry, rep.testbed) is not None:
                 continue
             text = setting_text(fit.run_setting())
-            for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
+            for testbed, settings in _testbeds(entry, records, samples, testbeds):
                 if testbed != rep.testbed:
                     continue
-                if at_setting(recs, text).empty:
-                    settings = sorted(recs[UNSTATED].dropna().unique()) if UNSTATED in recs else []
+                if text not in settings.records:
                     raise ValueError(
                         f"registry entry {key!r} on {'/'.join(testbed.values())}: the runs at the fit are at "
-                        f"{settings}, not at the fitted setting {text}; run the workflow's at_fit jobs again"
+                        f"{settings.varied}, not at the fitted setting {text}; run the workflow's at_fit jobs again"
                     )
-                value = _run(_reproducer_of(entry), entry, testbed, at_setting(recs, text), at_setting(samps, text))
+                value = _run(_reproducer_of(entry), entry, testbed, *settings.at(text))
                 if value is not None:
                     simulated[key, i] = value[0]
                     if entry["role"] == BASELINE:
@@ -369,20 +368,39 @@ def _reproducer_of(entry: dict[str, Any]) -> Reproducer | None:
     return None if name is None else REPRODUCERS[name]
 
 
-def _split_by_testbed(
-    records: pd.DataFrame, samples: pd.DataFrame
-) -> list[tuple[dict[str, str], pd.DataFrame, pd.DataFrame]]:
-    """(testbed, its records, its samples) for each testbed of the tables, in the order of the
-    records: split once, since every registry entry reads the same split (selecting them again per
-    entry took most of the comparison's time)."""
+class Settings:
+    """One testbed's records and samples by setting of the paper's unstated parameters (None: the chosen
+    values; ``varied``: the sensitivity runs' settings), split once: every registry entry reads the same
+    split, and a reproducer runs on each setting (selecting them per entry took most of the comparison's
+    time)."""
+
+    def __init__(self, records: pd.DataFrame, samples: pd.DataFrame):
+        self.records, self.samples = _by_setting(records), _by_setting(samples)
+        self.empty = records.iloc[0:0], samples.iloc[0:0]
+        self.varied = sorted(setting for setting in self.records if setting is not None)
+
+    def at(self, setting: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The records and samples at ``setting`` (analysis.collect.at_setting's rows)."""
+        return self.records.get(setting, self.empty[0]), self.samples.get(setting, self.empty[1])
+
+
+def _by_setting(df: pd.DataFrame) -> dict[str | None, pd.DataFrame]:
+    """``df``'s rows by their ``unstated`` setting (None: the chosen values), in the table's order."""
+    if UNSTATED not in df:
+        return {None: df}
+    return {text or None: rows for text, rows in df.groupby(df[UNSTATED].fillna(""), sort=False)}
+
+
+def _split_by_testbed(records: pd.DataFrame, samples: pd.DataFrame) -> list[tuple[dict[str, str], Settings]]:
+    """(testbed, its tables by setting) for each testbed of the tables, in the order of the records."""
     return [
-        (testbed, select(records, **testbed), select(samples, **testbed))
+        (testbed, Settings(select(records, **testbed), select(samples, **testbed)))
         for testbed in records[TESTBED_COLUMNS].drop_duplicates().to_dict("records")
     ]
 
 
 def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame, testbeds: list):
-    """(testbed, its records, its samples) for each testbed of the tables (``testbeds``, from
+    """(testbed, its tables by setting) for each testbed of the tables (``testbeds``, from
     :func:`_split_by_testbed`); for an entry that spans its paper's testbeds (``across_testbeds``),
     one per mode and backend over the paper's hardware, named by the profiles joined with "+"."""
     if not entry["across_testbeds"]:
@@ -393,16 +411,15 @@ def _testbeds(entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFram
         hardware = "+".join(sorted(recs["hardware"].unique()))
         yield (
             {"mode": mode, "backend": backend, "hardware": hardware},
-            recs,
-            select(samples, mode=mode, backend=backend),
+            Settings(recs, select(samples, mode=mode, backend=backend)),
         )
 
 
 def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame, samples: pd.DataFrame, testbeds: list):
     """A :class:`Reproduction` for every testbed whose chosen-value records hold the data ``fn`` needs;
     its variants are the sensitivity runs that reproduce it too."""
-    for testbed, recs, samps in _testbeds(entry, records, samples, testbeds):
-        chosen, chosen_samples = at_setting(recs), at_setting(samps)  # once: requote runs fn again and again
+    for testbed, settings in _testbeds(entry, records, samples, testbeds):
+        chosen, chosen_samples = settings.at()
         with noting_used_points() as used:
             result = _run(fn, entry, testbed, chosen, chosen_samples)
 
@@ -413,8 +430,8 @@ def _reproductions(fn: Reproducer, entry: dict[str, Any], records: pd.DataFrame,
         if result is None:
             continue
         variants = {}
-        for setting in sorted(recs[UNSTATED].dropna().unique()) if UNSTATED in recs else []:
-            varied = _run(fn, entry, testbed, at_setting(recs, setting), at_setting(samps, setting))
+        for setting in settings.varied:
+            varied = _run(fn, entry, testbed, *settings.at(setting))
             if varied is not None:
                 variants[setting] = varied[0]
         yield Reproduction(testbed, *result, used, variants, chosen, requote)
