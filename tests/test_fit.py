@@ -131,3 +131,28 @@ def test_where_the_baselines_cannot_tell_the_fit_stays_nearest_the_chosen_values
 def test_range_width_and_weak():
     assert range_width(2.0, 3.0) == 1.5 and not weak(2.0, 3.0) and weak(2.0, 3.1)
     assert range_width(-3.0, -2.0) == 1.5 and weak(-1.0, 1.0)
+
+
+@pytest.mark.parametrize("law", [A2A_MS, STEP_MS, lambda link, batch, launch: launch - 20.0])
+@pytest.mark.parametrize("bound", [None, "lower", "upper"])
+def test_the_optimisers_gradient_is_the_log_errors_derivative(law, bound):
+    """Exact gradients (the fit's L-BFGS-B takes them) against central differences, on a log surface,
+    a surface through zero (no log: a linear law crossing zero) and one-sided errors."""
+    target = Target(surface_of(law), simulate({LINK.key: 60.0}, law) or 1.0, bound=bound)
+    z = np.random.default_rng(0).uniform(0.05, 0.95, size=(6, len(AXES)))
+    h = 1e-6
+    numeric = np.stack(
+        [(target.log_error(z + h * e) - target.log_error(z - h * e)) / (2 * h) for e in np.eye(len(AXES))], axis=1
+    )
+    assert np.allclose(target.log_error_gradient(z), numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_run_setting_rounds_counts_and_writes_six_digits():
+    """The setting the workflow simulates a paper at: a count whole, a rate as the record writes it."""
+    targets = {"a2a": Target(surface_of(A2A_MS), simulate({LINK.key: 61.2345678, BATCH.key: 20.4}, A2A_MS))}
+    fit = fit_testbed(targets, AXES)
+    setting = fit.run_setting()
+    assert setting[BATCH.key] == round(fit.setting[BATCH.key]) and BATCH.integer and not LINK.integer
+    assert setting[LINK.key] == float(f"{fit.setting[LINK.key]:g}") and setting[LAUNCH.key] == LAUNCH.chosen
+    fit.simulated("a2a", 2 * targets["a2a"].published)
+    assert fit.ratios["a2a"] == 2.0 and fit.surface_ratios["a2a"] == pytest.approx(1.0, abs=0.01)
