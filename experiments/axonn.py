@@ -48,7 +48,7 @@ from moe_core.papers.axonn.study import PAPER, ranking_points, run_points, study
 
 def records(cfg: DictConfig) -> list[dict]:
     """Every record of the study: each run's scaling and ablation (``study_runs``), with that run's
-    config, and the ranking at the chosen values."""
+    config, and the ranking at the chosen values (``ranking_points``: none in a run at a setting)."""
     out = []
     for suffix, overrides, models, variants in tqdm(study_runs(cfg), desc="axonn runs", file=sys.stderr):
         run_cfg, points = run_points(cfg, overrides, models, variants, suffix)

@@ -15,11 +15,15 @@ import yaml
 import analysis.papers  # noqa: F401  (registers every paper's tables and figures)
 from analysis.registry import FIGURE_REGISTRY, TABLE_REGISTRY
 from experiments.dispatchers_sim import sim_points as dispatcher_sim_points
-from moe_core.config.load import load_config
+from experiments.lina_inference_sim import record_points as lina_inference_points
+from moe_core.config.load import derive_config, load_config
 from moe_core.papers import PAPERS
+from moe_core.papers.aurora.study import aurora_points
+from moe_core.papers.axonn.study import record_points as axonn_record_points
+from moe_core.papers.gshard.study import record_points as gshard_record_points
 from moe_core.papers.lina.sweeps import lina_measured_points
 from moe_core.papers.monta.sweeps import monta_measured_points
-from moe_core.schema.points import point_name, sim_points, sweep_points
+from moe_core.schema.points import UNSTATED_PARAMS, point_name, setting_text, sim_points, sweep_points
 
 
 def snakemake(*args, timeout=300):
@@ -362,3 +366,31 @@ def test_commands_quote_every_value(tmp_path):
     command = next(line for line in proc.stdout.splitlines() if "-m experiments train_step" in line)
     assert f"--out '{target}'" in command and f"--config '{results}/config/resolved-" in command
     assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()
+
+
+def _lina_at_fit_points(cfg):
+    """Lina's records at its fit: its simulated training points and its simulated inference."""
+    return sorted(name for name, (paper, _) in sim_points(cfg).items() if paper == "lina") + lina_inference_points(cfg)
+
+
+AT_FIT_NAMES = {
+    "gshard": gshard_record_points,
+    "aurora": aurora_points,
+    "axonn": axonn_record_points,
+    "lina": _lina_at_fit_points,
+}
+
+
+@pytest.mark.parametrize("paper", sorted(AT_FIT_NAMES))
+def test_a_run_at_a_fit_names_its_records_alike_at_every_setting(paper):
+    """The workflow names a paper's at-fit records before the fit (at the chosen values written out,
+    experiments/rules/common.smk): the names must not depend on where the fit lands in the range."""
+    cfg = load_config(["configs/default.yaml"])
+    params = list(UNSTATED_PARAMS[paper].values())
+
+    def names_at(values):
+        text = setting_text(dict(zip((p.key for p in params), values)))
+        return AT_FIT_NAMES[paper](derive_config(cfg, [*text.split(","), f"unstated={text}"]))
+
+    chosen = names_at([p.chosen for p in params])
+    assert chosen and names_at([p.low for p in params]) == chosen == names_at([p.high for p in params])
