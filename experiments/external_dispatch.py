@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 from scipy.optimize import least_squares
 
 from experiments.benchmark import predicted_record, predictions_main, published_entries
-from experiments.external_validation import deepep_routing, entry_hardware, simulated_seconds
+from experiments.external_validation import check_ep_workload, deepep_routing, entry_hardware, simulated_seconds
 from moe_core.config.load import CONFIG_DIR, REPO_ROOT
 from moe_core.dispatch import dispatcher
 from moe_core.dispatch.node_forwarding import COUNT_BYTES
@@ -75,14 +75,7 @@ def _checked(entry: dict, where: str) -> dict:
         raise ValueError(f"{where}: unknown metric {entry['metric']!r}; use one of {list(METRICS)}")
     if not (CONFIG_DIR / "hardware" / f"{entry['profile']}.yaml").is_file():
         raise ValueError(f"{where}: unknown profile {entry['profile']!r}; add configs/hardware/<profile>.yaml")
-    w = entry["workload"]
-    missing = [key for key in WORKLOAD_KEYS if key not in (w if isinstance(w, dict) else {})]
-    if missing:
-        raise ValueError(f"{where}: workload needs keys {missing}")
-    if w["format"] not in FORMATS or w["phase"] not in ("dispatch", "combine"):
-        raise ValueError(f"{where}: workload format must be one of {list(FORMATS)}, phase dispatch|combine")
-    if w["num_experts"] % entry["world_size"] or not 1 <= w["topk_groups"] <= entry["nodes"]:
-        raise ValueError(f"{where}: need num_experts divisible by world_size and 1 <= topk_groups <= nodes")
+    check_ep_workload(entry, where, WORKLOAD_KEYS, "format", FORMATS)
     if not isinstance(entry["published"], int | float) or entry["published"] <= 0:
         raise ValueError(f"{where}: published must be a positive number, got {entry['published']!r}")
     return entry

@@ -78,7 +78,7 @@ def _checked(entry: Any, where: str) -> dict[str, Any]:
     if entry["kind"] == "nccl-tests":
         _check_collective(entry, where)
     else:
-        _check_workload(entry, where)
+        check_ep_workload(entry, where, WORKLOAD_KEYS, "dtype", DEEPEP_ELEMENT_BYTES)
     entry = {"published_low": entry["published"], "published_high": entry["published"], **entry}
     values = [entry[key] for key in ("published_low", "published", "published_high")]
     if not all(_positive(v) for v in values) or values != sorted(values):
@@ -97,13 +97,17 @@ def _check_collective(entry: dict, where: str) -> None:
         raise ValueError(f"{where}: size_bytes must be a positive number of bytes")
 
 
-def _check_workload(entry: dict, where: str) -> None:
+def check_ep_workload(entry: dict, where: str, keys: tuple[str, ...], element: str, elements) -> None:
+    """An expert-parallel exchange's workload of a published entry (DeepEP's tables: this file's and
+    external_dispatch.yaml's), or ValueError saying what to fix: its ``keys`` all given, its token
+    ``element`` (how a token's values are stored) one of ``elements``, a phase, experts that divide
+    over the ranks and node groups that exist."""
     w = entry["workload"]
-    missing = [key for key in WORKLOAD_KEYS if key not in (w if isinstance(w, dict) else {})]
+    missing = [key for key in keys if key not in (w if isinstance(w, dict) else {})]
     if missing:
         raise ValueError(f"{where}: workload needs keys {missing}")
-    if w["dtype"] not in DEEPEP_ELEMENT_BYTES or w["phase"] not in ("dispatch", "combine"):
-        raise ValueError(f"{where}: workload dtype must be one of {list(DEEPEP_ELEMENT_BYTES)}, phase dispatch|combine")
+    if w[element] not in elements or w["phase"] not in ("dispatch", "combine"):
+        raise ValueError(f"{where}: workload {element} must be one of {list(elements)}, phase dispatch|combine")
     if w["num_experts"] % entry["world_size"] or not 1 <= w["topk_groups"] <= entry["nodes"]:
         raise ValueError(f"{where}: need num_experts divisible by world_size and 1 <= topk_groups <= nodes")
 
