@@ -118,6 +118,7 @@ FIT_COLUMNS = [
     "low",
     "high",
     "pinned",
+    "evidence",
     "consistent_low",
     "consistent_high",
     "loss",

@@ -81,10 +81,11 @@ class Axis:
     high: float
     chosen: float
     integer: bool = False  # a count (a batch of sequences, NICs): simulated at a whole value
+    evidence: str = ""  # why the chosen value and the range (moe_core.schema.points.Unstated)
 
     @classmethod
     def of(cls, param: Unstated) -> Axis:
-        return cls(param.key, param.low, param.high, param.chosen, param.integer)
+        return cls(param.key, param.low, param.high, param.chosen, param.integer, param.evidence)
 
     @property
     def log(self) -> bool:
@@ -290,6 +291,7 @@ class Fit:
                     "low": axis.low,
                     "high": axis.high,
                     "pinned": axis.key in self.pinned,
+                    "evidence": axis.evidence,
                     "consistent_low": span[0],
                     "consistent_high": span[1],
                     **common,

@@ -80,7 +80,7 @@ def test_bad_ranges_and_conflicting_declarations_are_refused():
 
 def test_every_declared_chosen_value_is_the_one_the_paper_runs_at():
     """The registry's chosen values are the profiles' and config's, so the verdicts' setting is the
-    one declared."""
+    one declared; each says why (its evidence, which the fit table shows)."""
     profiles = {
         "lina": "lina-a100-4x4",
         "gshard": "gshard-tpuv3-torus",
@@ -94,6 +94,7 @@ def test_every_declared_chosen_value_is_the_one_the_paper_runs_at():
         run = derive_config(base, [f"hardware_profile={profiles[paper]}", *model])
         for key, param in params.items():
             assert OmegaConf.select(run, key) == pytest.approx(param.chosen), (paper, key)
+            assert len(param.evidence) > 40, f"{paper} {key}: say in evidence= why the value and the range"
 
 
 @pytest.mark.parametrize(

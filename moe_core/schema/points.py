@@ -189,13 +189,15 @@ class Unstated:
     and the ends of its plausible range. Where one is declared, the evidence for all three is written
     beside it; the chosen value must be the one the run's config or profile holds (tests check).
     ``implies``: value -> the other overrides that value stands for (an NVLink-class link rate is also
-    an NVSwitch-class node, not a PCIe tree)."""
+    an NVSwitch-class node, not a PCIe tree). ``evidence``: the reasoning for the chosen value and the
+    ends in one line, for the fit table (the full argument stays beside the declaration)."""
 
     key: str
     chosen: float
     low: float
     high: float
     implies: dict[float, tuple[str, ...]] = field(default_factory=dict)
+    evidence: str = ""
 
     def __post_init__(self):
         if not self.low <= self.chosen <= self.high or self.low == self.high:

@@ -59,13 +59,29 @@ INTRA_NODE_LINK = Unstated(
     low=12.4,
     high=240.0,
     implies={12.4: STAGED_SOCKET_LINK, 240.0: ("hardware.intra_node=switch",)},
+    evidence="25: PCIe 4.0 x16 by P2P in a 2-socket tree (lina-a100-4x4.yaml); 12.4: staged through host "
+    "memory (NCCL 2.10, no P2P on Intel); 240: NVLink3 into an NVSwitch-class node",
 )
-SEQUENCES_PER_GPU = Unstated("train.batch_size", chosen=8, low=4, high=64)
+SEQUENCES_PER_GPU = Unstated(
+    "train.batch_size",
+    chosen=8,
+    low=4,
+    high=64,
+    evidence="512-token sequences per GPU, no batch given: Transformer-XL's enwik8 script trains 5.5; 64 is "
+    "what a 40 GB A100 holds",
+)
 TRAINING_UNSTATED = register_unstated(
     "lina",
     INTRA_NODE_LINK,
     SEQUENCES_PER_GPU,
-    Unstated("hardware.kernel_launch_us", chosen=38.0, low=10.0, high=38.0),
+    Unstated(
+        "hardware.kernel_launch_us",
+        chosen=38.0,
+        low=10.0,
+        high=38.0,
+        evidence="host cost per kernel: 38 this suite's eager PyTorch (H200 record); 10 PyTorch 1.10 eager "
+        "where the host keeps ahead of the GPU",
+    ),
 )
 # Table 1 times training and inference "with the same batch": the inference passes sweep the training
 # batch's range with it, so one fitted batch serves both kinds of baseline row (analysis.fit).
@@ -73,7 +89,13 @@ INFERENCE_UNSTATED = register_unstated(
     "lina",
     INTRA_NODE_LINK,
     SEQUENCES_PER_GPU,
-    Unstated("lina.inference_drift", chosen=400.0, low=100.0, high=1600.0),
+    Unstated(
+        "lina.inference_drift",
+        chosen=400.0,
+        low=100.0,
+        high=1600.0,
+        evidence="inference batches' expert-popularity drift (routing.py), not published: a factor 4 each way",
+    ),
 )
 
 

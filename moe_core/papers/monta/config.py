@@ -20,7 +20,17 @@ EXPERTS = 2  # "2x70B" [ABS]: the experts of every MoNTA point
 # chosen 4 x 200 Gb/s, from the abstract's 8x all-to-all gain at tp 8 and 13% iteration gain, which
 # both need the pipelined exchange to be all-to-all bound (configs/hardware/monta-a800-2x8.yaml's
 # header has the arithmetic); 8 x 200 Gb/s, the top of what A800 nodes ship with, is the other end.
-MONTA_UNSTATED = register_unstated("monta", Unstated("hardware.nics_per_node", chosen=4, low=4, high=8))
+MONTA_UNSTATED = register_unstated(
+    "monta",
+    Unstated(
+        "hardware.nics_per_node",
+        chosen=4,
+        low=4,
+        high=8,
+        evidence="4 x 200 Gb/s from the abstract's 8x all-to-all and 13% iteration gains (monta-a800-2x8.yaml); "
+        "8, the most A800 nodes ship with",
+    ),
+)
 
 
 @dataclass
