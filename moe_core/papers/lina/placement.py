@@ -99,8 +99,9 @@ class PathProfile:
 def path_codes(prior: np.ndarray, num_experts: int) -> np.ndarray:
     """(tokens,) one integer per path: the (length, tokens) experts read as digits in base E."""
     codes = np.zeros(prior.shape[1], dtype=np.int64)
-    for row in prior:
-        codes = codes * num_experts + row
+    for row in prior:  # in place: a batch's paths are millions of tokens
+        codes *= num_experts
+        codes += row
     return codes
 
 
@@ -160,10 +161,10 @@ def profile_paths(choices, num_experts: int, path_length: int = 3) -> PathProfil
     for i in range(choices.shape[0]):
         prior = choices[max(0, i - path_length) : i]
         paths, inverse, _ = unique_codes(path_codes(prior, num_experts), num_experts ** len(prior))
-        table = np.zeros((len(paths), num_experts))
-        np.add.at(table, (inverse.reshape(-1), choices[i]), 1.0)
+        cells = inverse.reshape(-1) * num_experts + choices[i]  # (path, expert) of every token, row-major
+        table = np.bincount(cells, minlength=len(paths) * num_experts).reshape(len(paths), num_experts)
         codes.append(paths)
-        counts.append(table)
+        counts.append(table.astype(np.float64))
     return PathProfile(path_length, num_experts, tuple(codes), tuple(counts))
 
 
