@@ -89,26 +89,32 @@ def placed_batch(scheduler: Scheduler, batch: GatedBatch) -> tuple[list[np.ndarr
 
 
 def simulate_policies(
-    model: ForwardModel,
+    models: list[ForwardModel],
     routing: SyntheticRouting,
     profile: PathProfile,
     policies: list[str],
     batches: int,
     first_batch: int,
     keep: int,
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, Scheduler]]:
-    """Per policy, the per-batch metrics of ``batches`` batches (``ForwardSimulation.metrics`` plus
-    ``load_imbalance``), and the schedulers (their decision statistics). Every policy sees the
-    same batches, numbered from ``first_batch`` (after the profiled ones)."""
-    devices = model.layout.world_size
-    tokens = devices * model.cfg.train.batch_size * model.cfg.model.seq_len
+) -> tuple[list[dict[str, dict[str, list[float]]]], dict[str, Scheduler]]:
+    """Per model, per policy, the per-batch metrics of ``batches`` batches (``ForwardSimulation.metrics``
+    plus ``load_imbalance``), and the schedulers (their decision statistics). Every policy sees the
+    same batches, numbered from ``first_batch`` (after the profiled ones). The models differ only in
+    what prices a pass (the hardware, say): their devices and tokens per device are the same, so
+    are the batches and decisions, and every model prices each policy's placements."""
+    devices = models[0].layout.world_size
+    per_device = {(m.layout.world_size, m.cfg.train.batch_size * m.cfg.model.seq_len) for m in models}
+    if len(per_device) != 1:
+        raise ValueError(f"the models must share their devices and tokens per device, got {sorted(per_device)}")
+    tokens = devices * per_device.pop()[1]
     schedulers = {p: Scheduler(p, profile, devices, top_k=1, keep=keep) for p in policies}
-    samples: dict[str, dict[str, list[float]]] = {p: defaultdict(list) for p in policies}
+    samples: list[dict[str, dict[str, list[float]]]] = [{p: defaultdict(list) for p in policies} for _ in models]
     for b in range(batches):
         batch = GatedBatch(routing.batch(tokens, first_batch + b), devices, profile)
         for policy, scheduler in schedulers.items():
             routed, imbalance = placed_batch(scheduler, batch)
-            for name, value in model.run(routed).metrics().items():
-                samples[policy][name].append(value)
-            samples[policy]["load_imbalance"].append(imbalance)
-    return {p: dict(s) for p, s in samples.items()}, schedulers
+            for model, model_samples in zip(models, samples):
+                for name, value in model.run(routed).metrics().items():
+                    model_samples[policy][name].append(value)
+                model_samples[policy]["load_imbalance"].append(imbalance)
+    return [{p: dict(s) for p, s in model_samples.items()} for model_samples in samples], schedulers
