@@ -32,7 +32,7 @@ from moe_core.config.load import derive_config
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
-from moe_core.papers.lina.placement import profile_paths, schedule_rates
+from moe_core.papers.lina.placement import merge_profiles, profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
 from moe_core.schema.points import own_layout, unstated_param, unstated_variants
 from moe_core.sim.forward import ForwardModel
@@ -103,8 +103,12 @@ def shared_batch_records(cfg: DictConfig, runs: dict[tuple[int, str], DictConfig
     routing = lina_routing(experts, layers, drift, seed=cfg.train.seed)
     tokens = experts * tokens_per_rank
     inference = cfg.inference
-    profiled = np.concatenate([routing.batch(tokens, b) for b in range(inference.profile_batches)], axis=1)
-    profile = profile_paths(profiled, experts, inference.path_length)
+    profile = merge_profiles(
+        [
+            profile_paths(routing.batch(tokens, b), experts, inference.path_length)
+            for b in range(inference.profile_batches)
+        ]
+    )
     keep = inference.keep or 1
     samples, schedulers = simulate_policies(
         models, routing, profile, policies(cfg), inference.batches, inference.profile_batches, keep

@@ -8,6 +8,7 @@ from moe_core.papers.lina.placement import (
     devices_per_expert,
     expected_tokens,
     first_fit_decreasing,
+    merge_profiles,
     needs_replan,
     path_topk_share,
     phase1_placement,
@@ -37,6 +38,17 @@ def test_path_counting_on_hand_made_trace():
     short = profile_paths(TRACE, num_experts=3, path_length=1)
     np.testing.assert_array_equal(short.next_counts(3, (2,)), [1, 2, 0])  # only layer 2 forms the path
     np.testing.assert_array_equal(short.next_counts(3, (0,)), [0, 0, 3])
+
+
+def test_merged_profiles_are_the_profile_of_all_their_tokens():
+    choices = np.random.default_rng(0).integers(0, 5, size=(6, 3000))
+    parts = [profile_paths(part, 5, 3) for part in np.array_split(choices, [700, 1900], axis=1)]
+    merged, whole = merge_profiles(parts), profile_paths(choices, 5, 3)
+    for got, want in zip((merged.codes, merged.counts), (whole.codes, whole.counts)):
+        for layer_got, layer_want in zip(got, want, strict=True):
+            np.testing.assert_array_equal(layer_got, layer_want)
+    with pytest.raises(ValueError, match="share"):
+        merge_profiles([parts[0], profile_paths(choices, 5, 1)])
 
 
 def test_estimate_follows_the_paths():

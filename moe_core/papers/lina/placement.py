@@ -6,7 +6,7 @@ Li et al., "Accelerating Distributed MoE Training and Inference with Lina", USEN
 
 * Profiling (``profile_paths``): tokens are grouped by their expert *path*, the top-1 experts of the
   previous ``path_length`` MoE layers (default 3; 1 and 6 were studied); per path and layer the
-  next-layer expert counts Psi_j are stored.
+  next-layer expert counts Psi_j are stored; ``merge_profiles`` adds up profiles of separate batches.
 * Estimation (``expected_tokens``): before layer i, token t on path j(t) contributes the top-``keep``
   probabilities P_j(t)(e) of Psi_j (the paper keeps the top-k); summed over tokens this is the
   expected token count per expert, and divided by the batch's N_t the popularity of Eq. 1.
@@ -39,6 +39,7 @@ Our reading where the paper is silent (each is one line below, marked "reading")
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +167,27 @@ def profile_paths(choices, num_experts: int, path_length: int = 3) -> PathProfil
         codes.append(paths)
         counts.append(table.astype(np.float64))
     return PathProfile(path_length, num_experts, tuple(codes), tuple(counts))
+
+
+def merge_profiles(profiles: Sequence[PathProfile]) -> PathProfile:
+    """The profile of several profiles' tokens together: per layer the union of their paths, and each
+    path's counts added. Equal to ``profile_paths`` of their choices concatenated along the tokens,
+    without holding them all at once (a simulated run profiles millions of tokens per layer)."""
+    first = profiles[0]
+    if any(
+        (p.path_length, p.num_experts, len(p.codes)) != (first.path_length, first.num_experts, len(first.codes))
+        for p in profiles
+    ):
+        raise ValueError("profiles to merge must share their path length, experts and layers")
+    codes, counts = [], []
+    for layer in range(len(first.codes)):
+        paths = np.unique(np.concatenate([p.codes[layer] for p in profiles]))
+        table = np.zeros((len(paths), first.num_experts))
+        for p in profiles:
+            table[np.searchsorted(paths, p.codes[layer])] += p.counts[layer]  # a profile's paths are distinct
+        codes.append(paths)
+        counts.append(table)
+    return PathProfile(first.path_length, first.num_experts, tuple(codes), tuple(counts))
 
 
 def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = None) -> np.ndarray:
