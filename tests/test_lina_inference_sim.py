@@ -12,7 +12,13 @@ from experiments import lina_inference_sim as sim
 from moe_core.config.load import load_config, to_container
 from moe_core.papers.lina.config import INFERENCE_UNSTATED
 from moe_core.papers.lina.inference import Scheduler
-from moe_core.papers.lina.inference_sim import GatedBatch, balanced_counts, placed_batch, source_counts
+from moe_core.papers.lina.inference_sim import (
+    GatedBatch,
+    balanced_counts,
+    placed_batch,
+    simulate_policies,
+    source_counts,
+)
 from moe_core.papers.lina.placement import path_topk_share, profile_paths, static_placement
 from moe_core.papers.lina.routing import (
     NEXT_LAYER_TOP1_SHARE,
@@ -148,6 +154,20 @@ def test_a_batchs_shared_estimate_is_each_schedulers_own():
         assert np.array_equal(batch.estimate(layer, 1), scheduler.local_estimate(layer, choices.shape[1]))
         assert np.array_equal(batch.counts[layer], source_counts(ids, 4, 4))
         scheduler.decide(layer, ids, batch.estimate(layer, 1), batch.counts[layer].sum(axis=0))
+
+
+def test_models_that_share_the_batches_price_them_as_if_alone():
+    """simulate_policies prices one set of decisions on several models; ideal's repeated pass is priced once."""
+    cfg = load_config(["configs/default.yaml"], SMALL)
+    runs = [sim.inference_config(cfg, 4, variant) for variant in ([], ["hardware.intra_node_GBps=240"])]
+    models = [ForwardModel(run, build_topology(run.hardware)) for run in runs]
+    routing = lina_routing(4, models[0].cfg.model.n_layers, drift=400)
+    profile = profile_paths(routing.batch(4 * 4096, 0), 4, 3)
+    policies = ["ideal", "static", "lina"]
+    together, _ = simulate_policies(models, routing, profile, policies, 2, 1, 1)
+    alone = [simulate_policies([model], routing, profile, policies, 2, 1, 1)[0][0] for model in models]
+    assert together == alone and together[0] != together[1]
+    assert together[0]["ideal"]["forward_ms"][0] == together[0]["ideal"]["forward_ms"][1]
 
 
 def test_records_feed_the_measured_inference_reproducers(tmp_path):

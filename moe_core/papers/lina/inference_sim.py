@@ -88,6 +88,11 @@ def placed_batch(scheduler: Scheduler, batch: GatedBatch) -> tuple[list[np.ndarr
     return routed, float(np.mean(imbalance))
 
 
+def same_exchanges(routed: list[np.ndarray], other: list[np.ndarray]) -> bool:
+    """Whether two passes exchange the same (S, D, E) rows in every MoE layer."""
+    return all(np.array_equal(rows, other_rows) for rows, other_rows in zip(routed, other, strict=True))
+
+
 def simulate_policies(
     models: list[ForwardModel],
     routing: SyntheticRouting,
@@ -101,7 +106,9 @@ def simulate_policies(
     plus ``load_imbalance``), and the schedulers (their decision statistics). Every policy sees the
     same batches, numbered from ``first_batch`` (after the profiled ones). The models differ only in
     what prices a pass (the hardware, say): their devices and tokens per device are the same, so
-    are the batches and decisions, and every model prices each policy's placements."""
+    are the batches and decisions, and every model prices each policy's placements. A pass is a
+    function of its exchanges' rows: a policy whose rows repeat its previous batch's (``ideal``'s
+    balanced gate on its fixed placement, every batch) reuses that batch's metrics."""
     devices = models[0].layout.world_size
     per_device = {(m.layout.world_size, m.cfg.train.batch_size * m.cfg.model.seq_len) for m in models}
     if len(per_device) != 1:
@@ -109,12 +116,17 @@ def simulate_policies(
     tokens = devices * per_device.pop()[1]
     schedulers = {p: Scheduler(p, profile, devices, top_k=1, keep=keep) for p in policies}
     samples: list[dict[str, dict[str, list[float]]]] = [{p: defaultdict(list) for p in policies} for _ in models]
+    previous: dict[str, tuple[list[np.ndarray], list[dict[str, float]]]] = {}  # policy -> last rows, their metrics
     for b in range(batches):
         batch = GatedBatch(routing.batch(tokens, first_batch + b), devices, profile)
         for policy, scheduler in schedulers.items():
             routed, imbalance = placed_batch(scheduler, batch)
-            for model, model_samples in zip(models, samples):
-                for name, value in model.run(routed).metrics().items():
+            last_routed, metrics = previous.get(policy, (None, None))
+            if last_routed is None or not same_exchanges(routed, last_routed):
+                metrics = [model.run(routed).metrics() for model in models]
+            previous[policy] = routed, metrics
+            for model_metrics, model_samples in zip(metrics, samples):
+                for name, value in model_metrics.items():
                     model_samples[policy][name].append(value)
                 model_samples[policy]["load_imbalance"].append(imbalance)
     return [{p: dict(s) for p, s in model_samples.items()} for model_samples in samples], schedulers
