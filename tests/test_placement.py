@@ -5,6 +5,7 @@ import pytest
 
 from moe_core.papers.lina.placement import (
     Placement,
+    code_counts,
     devices_per_expert,
     expected_tokens,
     first_fit_decreasing,
@@ -177,8 +178,10 @@ def test_path_topk_share_counts_tokens_following_their_groups_top_experts():
 
 
 @pytest.mark.parametrize("space", [7**3, 1 << 30])  # counted with a bincount, and by np.unique past the limit
-def test_unique_codes_is_np_unique(space):
+def test_unique_codes_and_code_counts_are_np_unique(space):
     codes = np.random.default_rng(0).integers(0, min(space, 7**3), size=5000) * (space // 7**3)
     expected = np.unique(codes, return_inverse=True, return_counts=True)
     for got, want in zip(unique_codes(codes, space), expected):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(code_counts(codes, space), (expected[0], expected[2]), strict=True):
         np.testing.assert_array_equal(got, want)

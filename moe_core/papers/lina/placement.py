@@ -122,6 +122,16 @@ def unique_codes(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray,
     return np.flatnonzero(present), index[codes], counts[present]
 
 
+def code_counts(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """``unique_codes`` without each token's index (an estimate needs only the counts): the distinct
+    codes in order and each code's count."""
+    if space > BINCOUNT_CODES:
+        return np.unique(codes, return_counts=True)
+    counts = np.bincount(codes, minlength=space)
+    present = np.flatnonzero(counts)
+    return present, counts[present]
+
+
 def _check_choices(choices, num_experts: int, name: str) -> np.ndarray:
     choices = np.asarray(choices)
     if choices.ndim != 2 or not np.issubdtype(choices.dtype, np.integer):
@@ -205,7 +215,7 @@ def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = 
     rows = min(layer, profile.path_length)
     if prior.shape[0] != rows:
         raise ValueError(f"prior must hold the {rows} layers before layer {layer}, got {prior.shape[0]}")
-    paths, _, n_tokens = unique_codes(path_codes(prior, profile.num_experts), profile.num_experts ** len(prior))
+    paths, n_tokens = code_counts(path_codes(prior, profile.num_experts), profile.num_experts ** len(prior))
     known = profile.codes[layer]
     rows = np.minimum(np.searchsorted(known, paths), len(known) - 1)
     seen = known[rows] == paths
@@ -390,17 +400,19 @@ def replica_token_counts(counts, placement: Placement) -> np.ndarray:
         )
     S, E = counts.shape
     before = np.cumsum(counts, axis=0) - counts  # (S, E): rows of earlier sources
+    # every replica at once: replica q of expert e on device d, one of r copies
+    expert = np.array([e for e, devices in enumerate(placement.replicas) for _ in devices])
+    device = np.array([d for devices in placement.replicas for d in devices])
+    q = np.concatenate([np.arange(len(devices)) for devices in placement.replicas])
+    r = np.array([len(devices) for devices in placement.replicas])[expert]
+    start, end = before[:, expert], before[:, expert] + counts[:, expert]  # (S, replicas)
     out = np.zeros((S, placement.num_devices, E), dtype=np.int64)
-    for e, devices in enumerate(placement.replicas):
-        r = len(devices)
-        for q, d in enumerate(devices):
-            # rows g in [before, before + count) with g % r == q
-            out[:, d, e] = _count_mod(before[:, e] + counts[:, e], q, r) - _count_mod(before[:, e], q, r)
+    out[:, device, expert] = _count_mod(end, q, r) - _count_mod(start, q, r)  # rows g with g % r == q
     return out
 
 
-def _count_mod(x: np.ndarray, q: int, r: int) -> np.ndarray:
-    """How many g in [0, x) have g % r == q."""
+def _count_mod(x: np.ndarray, q, r) -> np.ndarray:
+    """How many g in [0, x) have g % r == q (elementwise over broadcast arrays)."""
     return np.maximum(0, (x - q + r - 1) // r)
 
 
