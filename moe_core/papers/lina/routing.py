@@ -107,8 +107,8 @@ class SyntheticRouting:
             if layer == 0:
                 choices[layer] = drawn
                 continue
-            successor = by_rank[layer][rank_of[layer - 1][choices[layer - 1]]]
-            choices[layer] = np.where(rng.random(tokens) < self.stickiness, successor, drawn)
+            successor = by_rank[layer][rank_of[layer - 1]]  # (E,) per expert of layer - 1, its successor
+            choices[layer] = np.where(rng.random(tokens) < self.stickiness, successor[choices[layer - 1]], drawn)
         return choices
 
 
