@@ -39,9 +39,8 @@ def balanced_counts(tokens_per_device: int, devices: int, num_experts: int) -> n
 class GatedBatch:
     """One batch's top-1 choices (layers, tokens) on ``devices`` devices, and what every policy derives
     from them alike, each computed once however many schedulers place the batch (at the paper's
-    scale these passes over every token, not the decisions, are most of a run): per MoE layer the
-    rows each source sends each expert and the estimate from the tokens' paths, and the balanced
-    gate's rows."""
+    scale each is a pass over millions of tokens): per MoE layer the rows each source sends each
+    expert and the estimate from the tokens' paths, and the balanced gate's rows."""
 
     def __init__(self, choices: np.ndarray, devices: int, profile: PathProfile):
         self.choices, self.devices, self.profile = choices, devices, profile
