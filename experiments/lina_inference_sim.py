@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import defaultdict
 
 import numpy as np
 from omegaconf import DictConfig
@@ -31,7 +32,7 @@ from moe_core.config.load import derive_config
 from moe_core.model.capacity import moe_blocks
 from moe_core.papers.lina.config import INFERENCE_POLICIES, INFERENCE_UNSTATED
 from moe_core.papers.lina.inference_sim import simulate_policies
-from moe_core.papers.lina.placement import profile_paths, schedule_rates
+from moe_core.papers.lina.placement import merge_profiles, profile_paths, schedule_rates
 from moe_core.papers.lina.routing import lina_routing
 from moe_core.schema.points import own_layout, unstated_param, unstated_variants
 from moe_core.sim.forward import ForwardModel
@@ -84,63 +85,86 @@ def inference_config(cfg: DictConfig, experts: int, variant: list[str] = ()) -> 
     return derive_config(cfg, overrides)
 
 
-def experts_records(cfg: DictConfig, experts: int, suffix: str = "", variant: list[str] = ()) -> list[dict]:
-    """Every policy's record at ``experts`` experts (of a sensitivity variant: its name suffix and overrides)."""
-    run = inference_config(cfg, experts, variant)
-    model = ForwardModel(run, build_topology(run.hardware))
+def batch_inputs(run: DictConfig) -> tuple:
+    """What a run's batches and placements depend on: its experts (= GPUs), MoE layers, tokens per GPU
+    and routing drift. Runs equal in these (variants of the hardware) see the same batches and
+    decisions; only their passes' prices differ."""
     layers = len(moe_blocks(run.model.n_layers, run.model.moe_every))
-    routing = lina_routing(experts, layers, run.lina.inference_drift, seed=cfg.train.seed)
-    tokens = experts * run.train.batch_size * run.model.seq_len
+    return run.moe.num_experts, layers, run.train.batch_size * run.model.seq_len, run.lina.inference_drift
+
+
+def shared_batch_records(cfg: DictConfig, runs: dict[tuple[int, str], DictConfig]) -> dict[tuple[int, str], list[dict]]:
+    """Every policy's records of runs ((experts, variant suffix) -> config) with equal ``batch_inputs``:
+    the batches are drawn, profiled and placed once, and each run's forward model prices the
+    placements."""
+    first = next(iter(runs.values()))
+    experts, layers, tokens_per_rank, drift = batch_inputs(first)
+    models = [ForwardModel(run, build_topology(run.hardware)) for run in runs.values()]
+    routing = lina_routing(experts, layers, drift, seed=cfg.train.seed)
+    tokens = experts * tokens_per_rank
     inference = cfg.inference
-    profiled = np.concatenate([routing.batch(tokens, b) for b in range(inference.profile_batches)], axis=1)
-    profile = profile_paths(profiled, experts, inference.path_length)
+    profile = merge_profiles(
+        [
+            profile_paths(routing.batch(tokens, b), experts, inference.path_length)
+            for b in range(inference.profile_batches)
+        ]
+    )
     keep = inference.keep or 1
     samples, schedulers = simulate_policies(
-        model, routing, profile, policies(cfg), inference.batches, inference.profile_batches, keep
+        models, routing, profile, policies(cfg), inference.batches, inference.profile_batches, keep
     )
-    ideal_median = float(np.median(samples["ideal"]["moe_layer_ms"]))
-    records = []
-    for policy, scheduler in schedulers.items():
-        batch = samples[policy]
-        batch["moe_layer_norm"] = [t / ideal_median for t in batch["moe_layer_ms"]]
-        extra = schedule_rates(scheduler.estimate_right, scheduler.replanned) if scheduler.estimate_right else {}
-        params = {
-            **unstated_param(run),
-            "world_size": experts,
-            "num_experts": experts,
-            "policy": policy,
-            "top_k": 1,
-            "path_length": inference.path_length,
-            "keep": keep,
-            "seed": cfg.train.seed,
-            "tokens_per_rank": run.train.batch_size * run.model.seq_len,
-            "moe_layers": layers,
-            "a2a_policy": "library",
-            "routing_zipf": routing.zipf,
-            "routing_stickiness": routing.stickiness,
-            "routing_drift": routing.drift,
-        }
-        records.append(
-            sim_record(
-                run,
-                paper=PAPER,
-                experiment=EXPERIMENT,
-                point=point_name(cfg, experts, policy, suffix),
-                hardware=run.hardware.name,
-                params=params,
-                samples=batch,
-                extra_metrics=extra,
+    records = {}
+    for ((_, suffix), run), run_samples in zip(runs.items(), samples):
+        ideal_median = float(np.median(run_samples["ideal"]["moe_layer_ms"]))
+        records[experts, suffix] = []
+        for policy, scheduler in schedulers.items():
+            batch = run_samples[policy]
+            batch["moe_layer_norm"] = [t / ideal_median for t in batch["moe_layer_ms"]]
+            extra = schedule_rates(scheduler.estimate_right, scheduler.replanned) if scheduler.estimate_right else {}
+            params = {
+                **unstated_param(run),
+                "world_size": experts,
+                "num_experts": experts,
+                "policy": policy,
+                "top_k": 1,
+                "path_length": inference.path_length,
+                "keep": keep,
+                "seed": cfg.train.seed,
+                "tokens_per_rank": tokens_per_rank,
+                "moe_layers": layers,
+                "a2a_policy": "library",
+                "routing_zipf": routing.zipf,
+                "routing_stickiness": routing.stickiness,
+                "routing_drift": routing.drift,
+            }
+            records[experts, suffix].append(
+                sim_record(
+                    run,
+                    paper=PAPER,
+                    experiment=EXPERIMENT,
+                    point=point_name(cfg, experts, policy, suffix),
+                    hardware=run.hardware.name,
+                    params=params,
+                    samples=batch,
+                    extra_metrics=extra,
+                )
             )
-        )
     return records
 
 
 def make_records(cfg: DictConfig) -> list[dict]:
-    """Every run's records (minutes: a progress bar counts the runs)."""
-    records = []
-    for (experts, suffix), variant in tqdm(runs(cfg).items(), desc="lina inference runs", file=sys.stderr):
-        records += experts_records(cfg, experts, suffix, variant)
-    return records
+    """Every run's records, in ``runs``' order (minutes: a progress bar counts the runs). Runs that
+    see the same batches (``batch_inputs``) are simulated together."""
+    configs = {key: inference_config(cfg, key[0], variant) for key, variant in runs(cfg).items()}
+    groups: dict[tuple, dict[tuple[int, str], DictConfig]] = defaultdict(dict)
+    for key, run in configs.items():
+        groups[batch_inputs(run)][key] = run
+    records = {}
+    with tqdm(total=len(configs), desc="lina inference runs", file=sys.stderr) as progress:
+        for group in groups.values():
+            records.update(shared_batch_records(cfg, group))
+            progress.update(len(group))
+    return [record for key in configs for record in records[key]]
 
 
 def run(args: argparse.Namespace) -> int:

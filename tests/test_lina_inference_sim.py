@@ -12,7 +12,13 @@ from experiments import lina_inference_sim as sim
 from moe_core.config.load import load_config, to_container
 from moe_core.papers.lina.config import INFERENCE_UNSTATED
 from moe_core.papers.lina.inference import Scheduler
-from moe_core.papers.lina.inference_sim import balanced_counts, placed_batch, source_counts
+from moe_core.papers.lina.inference_sim import (
+    GatedBatch,
+    balanced_counts,
+    placed_batch,
+    simulate_policies,
+    source_counts,
+)
 from moe_core.papers.lina.placement import path_topk_share, profile_paths, static_placement
 from moe_core.papers.lina.routing import (
     NEXT_LAYER_TOP1_SHARE,
@@ -126,13 +132,42 @@ def test_placements_deal_every_token_and_balance_where_static_cannot():
     choices = routing.batch(tokens, 5)
     profile = profile_paths(np.concatenate([routing.batch(tokens, b) for b in range(3)], axis=1), 4, 3)
     imbalance = {}
+    batch = GatedBatch(choices, 4, profile)
     for policy in ("static", "lina", "ideal"):
-        routed, imbalance[policy] = placed_batch(Scheduler(policy, profile, 4, 1, 1), choices, 4)
+        routed, imbalance[policy] = placed_batch(Scheduler(policy, profile, 4, 1, 1), batch)
         for layer, rows in zip(choices, routed):
             counts = balanced_counts(4096, 4, 4) if policy == "ideal" else source_counts(layer, 4, 4)
             assert np.array_equal(rows.sum(axis=1), counts)  # each source's rows per expert, all dealt
     assert imbalance["ideal"] == pytest.approx(1.0) and imbalance["lina"] < imbalance["static"]
     assert static_placement(4, 4).replicas == tuple((e,) for e in range(4))
+
+
+def test_a_batchs_shared_estimate_is_each_schedulers_own():
+    """GatedBatch computes once per batch what every estimating scheduler would from its own paths."""
+    routing = lina_routing(4, 5, drift=400)
+    choices = routing.batch(4 * 1024, 3)
+    profile = profile_paths(np.concatenate([routing.batch(4 * 1024, b) for b in range(2)], axis=1), 4, 3)
+    batch = GatedBatch(choices, 4, profile)
+    scheduler = Scheduler("lina", profile, 4, 1, 1)
+    scheduler.begin_batch()
+    for layer, ids in enumerate(choices):
+        assert np.array_equal(batch.estimate(layer, 1), scheduler.local_estimate(layer, choices.shape[1]))
+        assert np.array_equal(batch.counts[layer], source_counts(ids, 4, 4))
+        scheduler.decide(layer, ids, batch.estimate(layer, 1), batch.counts[layer].sum(axis=0))
+
+
+def test_models_that_share_the_batches_price_them_as_if_alone():
+    """simulate_policies prices one set of decisions on several models; ideal's repeated pass is priced once."""
+    cfg = load_config(["configs/default.yaml"], SMALL)
+    runs = [sim.inference_config(cfg, 4, variant) for variant in ([], ["hardware.intra_node_GBps=240"])]
+    models = [ForwardModel(run, build_topology(run.hardware)) for run in runs]
+    routing = lina_routing(4, models[0].cfg.model.n_layers, drift=400)
+    profile = profile_paths(routing.batch(4 * 4096, 0), 4, 3)
+    policies = ["ideal", "static", "lina"]
+    together, _ = simulate_policies(models, routing, profile, policies, 2, 1, 1)
+    alone = [simulate_policies([model], routing, profile, policies, 2, 1, 1)[0][0] for model in models]
+    assert together == alone and together[0] != together[1]
+    assert together[0]["ideal"]["forward_ms"][0] == together[0]["ideal"]["forward_ms"][1]
 
 
 def test_records_feed_the_measured_inference_reproducers(tmp_path):

@@ -5,9 +5,11 @@ import pytest
 
 from moe_core.papers.lina.placement import (
     Placement,
+    code_counts,
     devices_per_expert,
     expected_tokens,
     first_fit_decreasing,
+    merge_profiles,
     needs_replan,
     path_topk_share,
     phase1_placement,
@@ -37,6 +39,17 @@ def test_path_counting_on_hand_made_trace():
     short = profile_paths(TRACE, num_experts=3, path_length=1)
     np.testing.assert_array_equal(short.next_counts(3, (2,)), [1, 2, 0])  # only layer 2 forms the path
     np.testing.assert_array_equal(short.next_counts(3, (0,)), [0, 0, 3])
+
+
+def test_merged_profiles_are_the_profile_of_all_their_tokens():
+    choices = np.random.default_rng(0).integers(0, 5, size=(6, 3000))
+    parts = [profile_paths(part, 5, 3) for part in np.array_split(choices, [700, 1900], axis=1)]
+    merged, whole = merge_profiles(parts), profile_paths(choices, 5, 3)
+    for got, want in zip((merged.codes, merged.counts), (whole.codes, whole.counts)):
+        for layer_got, layer_want in zip(got, want, strict=True):
+            np.testing.assert_array_equal(layer_got, layer_want)
+    with pytest.raises(ValueError, match="share"):
+        merge_profiles([parts[0], profile_paths(choices, 5, 1)])
 
 
 def test_estimate_follows_the_paths():
@@ -165,8 +178,10 @@ def test_path_topk_share_counts_tokens_following_their_groups_top_experts():
 
 
 @pytest.mark.parametrize("space", [7**3, 1 << 30])  # counted with a bincount, and by np.unique past the limit
-def test_unique_codes_is_np_unique(space):
+def test_unique_codes_and_code_counts_are_np_unique(space):
     codes = np.random.default_rng(0).integers(0, min(space, 7**3), size=5000) * (space // 7**3)
     expected = np.unique(codes, return_inverse=True, return_counts=True)
     for got, want in zip(unique_codes(codes, space), expected):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(code_counts(codes, space), (expected[0], expected[2]), strict=True):
         np.testing.assert_array_equal(got, want)

@@ -136,6 +136,9 @@ class ForwardModel(StepModel):
         # StepModel priced on the slowest of the first ws devices; each device gets its own peak
         self._base_tflops = float(np.min(topo.device_tflops[:ws]))
         self._pricers: dict[float, ForwardModel] = {}
+        # the profile as plain dataclasses (StepKernels): every exchange of a pass reads it
+        self._hw = self.kernels.cfg.hardware
+        self._expert_s: dict[int, float] = {}  # one expert's seconds by its rows (experts_seconds)
         self._links = PointToPoint(cfg.hardware, topo)
         self._gate_s = np.array([self.priced_on(d).kernels.gate_seconds("fwd") for d in self.group])  # (group,)
 
@@ -145,7 +148,7 @@ class ForwardModel(StepModel):
         the all-to-alls' transmission order (None: the library's all-to-all)."""
         busy_s = np.zeros(self.topo.n)
         ops = self.build_forward(routed, order, busy_s)
-        return ForwardSimulation(ops, simulate_on(self.cfg.hardware, self.topo, ops), busy_s)
+        return ForwardSimulation(ops, simulate_on(self._hw, self.topo, ops), busy_s)
 
     def build_forward(self, routed: list[np.ndarray], order: Order | None, busy_s: np.ndarray) -> list[Op]:
         """The pass's ops; ``busy_s`` (per topology device) adds up each device's compute."""
@@ -175,7 +178,7 @@ class ForwardModel(StepModel):
 
     def moe_layer(self, name: str, rows: np.ndarray, order: Order | None = None) -> list[Compute | Exchange]:
         """The stages of one MoE layer on ``rows`` (S, D, E), in order (module docstring)."""
-        traffic = rows.sum(axis=2) * self.cfg.model.d_model * self.elem  # (S, D) bytes
+        traffic = rows.sum(axis=2) * self.kernels.cfg.model.d_model * self.elem  # (S, D) bytes
         per_device = [self.priced_on(d) for d in self.group]
         # each side's copies move the device's sent buffer (modelled on the sender, both ways)
         copies = np.array([p.copy_seconds(float(b)) for p, b in zip(per_device, traffic.sum(axis=1))])
@@ -195,9 +198,7 @@ class ForwardModel(StepModel):
     def add_exchange(self, ops: list[Op], exchange: Exchange, after: list[int]) -> int:
         """Append ``exchange``: one fluid all-to-all, or its order's transfers; returns its last op."""
         if exchange.order is None:
-            cost = collective_op(
-                self.cfg.hardware, self.topo, "all_to_all", self.topo.all_to_all(self.group, exchange.traffic)
-            )
+            cost = collective_op(self._hw, self.topo, "all_to_all", self.topo.all_to_all(self.group, exchange.traffic))
             ops.append(Op(exchange.name, exchange.phase, list(after), **cost))
             return len(ops) - 1
         rounds = exchange.order(exchange.traffic)
@@ -211,13 +212,20 @@ class ForwardModel(StepModel):
             fp8 = kernels.fp8 and replace(kernels.fp8, peak_flops=kernels.fp8.peak_flops * peak / self._base_tflops)
             compute = replace(kernels.compute, peak_flops=kernels.compute.peak_flops * peak / self._base_tflops)
             pricer.kernels = replace(kernels, compute=compute, fp8=fp8)
+            pricer._expert_s = {}  # its own prices
             self._pricers[peak] = pricer
         return self._pricers[peak]
 
     def experts_seconds(self, rows_per_expert: np.ndarray) -> float:
         """One device's experts, one after another: a GEMM pair per expert with rows."""
-        hidden = self.kernels.cfg.model.d_ff  # read once: a pass prices thousands of experts
-        return sum(self.kernels.expert_ffn_seconds("fwd", r, 1, hidden) for r in rows_per_expert if r > 0)
+        return sum(self.expert_seconds(r) for r in rows_per_expert if r > 0)
+
+    def expert_seconds(self, rows: int) -> float:
+        """One expert's GEMM pair on ``rows`` rows, priced once per row count: a run's passes price
+        the same few thousand counts tens of thousands of times."""
+        if rows not in self._expert_s:
+            self._expert_s[rows] = self.kernels.expert_ffn_seconds("fwd", rows, 1, self.kernels.cfg.model.d_ff)
+        return self._expert_s[rows]
 
 
 def add_stages(

@@ -96,6 +96,7 @@ class Scheduler:
         self.policy, self.profile, self.num_devices, self.top_k, self.keep = policy, profile, num_devices, top_k, keep
         E = profile.num_experts
         self.balanced_gate = policy == "ideal"
+        self.estimates = policy in ("lina", "lina-no-finetune")  # phase 1 from the tokens' paths
         self.fixed = None  # a placement used for every layer and batch
         if policy == "static":
             self.fixed = static_placement(E, num_devices)
@@ -118,7 +119,7 @@ class Scheduler:
 
     def local_estimate(self, layer: int, tokens: int) -> np.ndarray:
         """(E,) this rank's expected tokens per expert of ``layer`` from its tokens' paths (zeros if unused)."""
-        if self.policy not in ("lina", "lina-no-finetune"):
+        if not self.estimates:
             return np.zeros(self.profile.num_experts)
         recent = self.paths[max(0, layer - self.profile.path_length) :]  # the layers a path holds
         prior = np.stack(recent) if recent else np.zeros((0, tokens), dtype=np.int64)

@@ -6,7 +6,7 @@ Li et al., "Accelerating Distributed MoE Training and Inference with Lina", USEN
 
 * Profiling (``profile_paths``): tokens are grouped by their expert *path*, the top-1 experts of the
   previous ``path_length`` MoE layers (default 3; 1 and 6 were studied); per path and layer the
-  next-layer expert counts Psi_j are stored.
+  next-layer expert counts Psi_j are stored; ``merge_profiles`` adds up profiles of separate batches.
 * Estimation (``expected_tokens``): before layer i, token t on path j(t) contributes the top-``keep``
   probabilities P_j(t)(e) of Psi_j (the paper keeps the top-k); summed over tokens this is the
   expected token count per expert, and divided by the batch's N_t the popularity of Eq. 1.
@@ -39,6 +39,7 @@ Our reading where the paper is silent (each is one line below, marked "reading")
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,8 +100,9 @@ class PathProfile:
 def path_codes(prior: np.ndarray, num_experts: int) -> np.ndarray:
     """(tokens,) one integer per path: the (length, tokens) experts read as digits in base E."""
     codes = np.zeros(prior.shape[1], dtype=np.int64)
-    for row in prior:
-        codes = codes * num_experts + row
+    for row in prior:  # in place: a batch's paths are millions of tokens
+        codes *= num_experts
+        codes += row
     return codes
 
 
@@ -118,6 +120,16 @@ def unique_codes(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray,
     present = counts > 0
     index = np.cumsum(present) - 1  # code -> its rank among the codes present
     return np.flatnonzero(present), index[codes], counts[present]
+
+
+def code_counts(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """``unique_codes`` without each token's index (an estimate needs only the counts): the distinct
+    codes in order and each code's count."""
+    if space > BINCOUNT_CODES:
+        return np.unique(codes, return_counts=True)
+    counts = np.bincount(codes, minlength=space)
+    present = np.flatnonzero(counts)
+    return present, counts[present]
 
 
 def _check_choices(choices, num_experts: int, name: str) -> np.ndarray:
@@ -160,11 +172,32 @@ def profile_paths(choices, num_experts: int, path_length: int = 3) -> PathProfil
     for i in range(choices.shape[0]):
         prior = choices[max(0, i - path_length) : i]
         paths, inverse, _ = unique_codes(path_codes(prior, num_experts), num_experts ** len(prior))
-        table = np.zeros((len(paths), num_experts))
-        np.add.at(table, (inverse.reshape(-1), choices[i]), 1.0)
+        cells = inverse.reshape(-1) * num_experts + choices[i]  # (path, expert) of every token, row-major
+        table = np.bincount(cells, minlength=len(paths) * num_experts).reshape(len(paths), num_experts)
+        codes.append(paths)
+        counts.append(table.astype(np.float64))
+    return PathProfile(path_length, num_experts, tuple(codes), tuple(counts))
+
+
+def merge_profiles(profiles: Sequence[PathProfile]) -> PathProfile:
+    """The profile of several profiles' tokens together: per layer the union of their paths, and each
+    path's counts added. Equal to ``profile_paths`` of their choices concatenated along the tokens,
+    without holding them all at once (a simulated run profiles millions of tokens per layer)."""
+    first = profiles[0]
+    if any(
+        (p.path_length, p.num_experts, len(p.codes)) != (first.path_length, first.num_experts, len(first.codes))
+        for p in profiles
+    ):
+        raise ValueError("profiles to merge must share their path length, experts and layers")
+    codes, counts = [], []
+    for layer in range(len(first.codes)):
+        paths = np.unique(np.concatenate([p.codes[layer] for p in profiles]))
+        table = np.zeros((len(paths), first.num_experts))
+        for p in profiles:
+            table[np.searchsorted(paths, p.codes[layer])] += p.counts[layer]  # a profile's paths are distinct
         codes.append(paths)
         counts.append(table)
-    return PathProfile(path_length, num_experts, tuple(codes), tuple(counts))
+    return PathProfile(first.path_length, first.num_experts, tuple(codes), tuple(counts))
 
 
 def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = None) -> np.ndarray:
@@ -182,7 +215,7 @@ def expected_tokens(profile: PathProfile, layer: int, prior, keep: int | None = 
     rows = min(layer, profile.path_length)
     if prior.shape[0] != rows:
         raise ValueError(f"prior must hold the {rows} layers before layer {layer}, got {prior.shape[0]}")
-    paths, _, n_tokens = unique_codes(path_codes(prior, profile.num_experts), profile.num_experts ** len(prior))
+    paths, n_tokens = code_counts(path_codes(prior, profile.num_experts), profile.num_experts ** len(prior))
     known = profile.codes[layer]
     rows = np.minimum(np.searchsorted(known, paths), len(known) - 1)
     seen = known[rows] == paths
@@ -367,17 +400,19 @@ def replica_token_counts(counts, placement: Placement) -> np.ndarray:
         )
     S, E = counts.shape
     before = np.cumsum(counts, axis=0) - counts  # (S, E): rows of earlier sources
+    # every replica at once: replica q of expert e on device d, one of r copies
+    expert = np.array([e for e, devices in enumerate(placement.replicas) for _ in devices])
+    device = np.array([d for devices in placement.replicas for d in devices])
+    q = np.concatenate([np.arange(len(devices)) for devices in placement.replicas])
+    r = np.array([len(devices) for devices in placement.replicas])[expert]
+    start, end = before[:, expert], before[:, expert] + counts[:, expert]  # (S, replicas)
     out = np.zeros((S, placement.num_devices, E), dtype=np.int64)
-    for e, devices in enumerate(placement.replicas):
-        r = len(devices)
-        for q, d in enumerate(devices):
-            # rows g in [before, before + count) with g % r == q
-            out[:, d, e] = _count_mod(before[:, e] + counts[:, e], q, r) - _count_mod(before[:, e], q, r)
+    out[:, device, expert] = _count_mod(end, q, r) - _count_mod(start, q, r)  # rows g with g % r == q
     return out
 
 
-def _count_mod(x: np.ndarray, q: int, r: int) -> np.ndarray:
-    """How many g in [0, x) have g % r == q."""
+def _count_mod(x: np.ndarray, q, r) -> np.ndarray:
+    """How many g in [0, x) have g % r == q (elementwise over broadcast arrays)."""
     return np.maximum(0, (x - q + r - 1) // r)
 
 

@@ -95,20 +95,22 @@ class SyntheticRouting:
         return np.stack([shares[np.argsort(rng.permutation(self.num_experts))] for _ in range(self.num_layers)])
 
     def batch(self, tokens: int, index: int) -> np.ndarray:
-        """(layers, tokens) top-1 experts of batch ``index`` (seeded by it: every policy sees the same batch)."""
+        """(layers, tokens) top-1 experts of batch ``index`` (seeded by it: every policy sees the same batch),
+        in the smallest unsigned integer type that holds an expert id: at the paper's scale a batch is
+        millions of tokens per layer, and every pass over it moves bytes."""
         rng = np.random.default_rng([self.seed, 1, index])
         base = self.base
         by_rank = np.argsort(-base, axis=1, kind="stable")  # (layers, E): layer's experts, most popular first
         rank_of = np.argsort(by_rank, axis=1)  # (layers, E): an expert's popularity rank in its layer
-        choices = np.empty((self.num_layers, tokens), dtype=np.int64)
+        choices = np.empty((self.num_layers, tokens), dtype=np.min_scalar_type(self.num_experts - 1))
         for layer in range(self.num_layers):
             batch_popularity = rng.dirichlet(self.drift * base[layer])
             drawn = rng.choice(self.num_experts, size=tokens, p=batch_popularity)
             if layer == 0:
                 choices[layer] = drawn
                 continue
-            successor = by_rank[layer][rank_of[layer - 1][choices[layer - 1]]]
-            choices[layer] = np.where(rng.random(tokens) < self.stickiness, successor, drawn)
+            successor = by_rank[layer][rank_of[layer - 1]]  # (E,) per expert of layer - 1, its successor
+            choices[layer] = np.where(rng.random(tokens) < self.stickiness, successor[choices[layer - 1]], drawn)
         return choices
 
 
