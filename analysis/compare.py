@@ -221,18 +221,8 @@ def compare(
     the testbed fits (:func:`testbed_fits`) its numbers were predicted at. ``at_fit``: the records and
     samples of the runs at the fitted testbeds (the workflow's second stage, rule ``at_fit``), which give
     a fitted row its ``reproduced`` and a baseline row its residual (analysis.fit, "Simulated at the fit").
-
-    Rows without a finite value are no data point: they are left out before any reproducer sees the
-    tables, so the counts a reproducer writes into its setting are of the points it used.
     """
-    records, samples = _with_finite_values(records), _with_finite_values(samples)
-    testbeds = _split_by_testbed(records, samples)
-    found = {
-        key: []
-        if (fn := _reproducer_of(entry)) is None
-        else list(_reproductions(fn, entry, records, samples, testbeds))
-        for key, entry in registry.items()
-    }
+    found = _reproduce(registry, records, samples)
     fits = testbed_fits(registry, found)
     simulated = _simulated_at_fits(registry, found, fits, at_fit)
     rows = []
@@ -255,6 +245,23 @@ def compare(
     table = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
     table.attrs["fits"] = fits
     return table
+
+
+def _reproduce(
+    registry: dict[str, dict[str, Any]], records: pd.DataFrame, samples: pd.DataFrame
+) -> dict[str, list[Reproduction]]:
+    """Every entry of ``registry`` reproduced on every testbed of the tables that holds its data (none for
+    an entry without a reproducer). Rows without a finite value are no data point: they are left out
+    before any reproducer sees the tables, so the counts a reproducer writes into its setting are of
+    the points it used."""
+    records, samples = _with_finite_values(records), _with_finite_values(samples)
+    testbeds = _split_by_testbed(records, samples)
+    return {
+        key: []
+        if (fn := _reproducer_of(entry)) is None
+        else list(_reproductions(fn, entry, records, samples, testbeds))
+        for key, entry in registry.items()
+    }
 
 
 def _simulated_at_fits(
@@ -512,14 +519,7 @@ def fitted_settings(
             f"{unknown}: no unstated parameters declared (papers that have some: {sorted(UNSTATED_PARAMS)})"
         )
     baselines = {key: entry for key, entry in registry.items() if entry["role"] == BASELINE}
-    records, samples = _with_finite_values(records), _with_finite_values(samples)
-    testbeds = _split_by_testbed(records, samples)
-    found = {
-        key: []
-        if (fn := _reproducer_of(entry)) is None
-        else list(_reproductions(fn, entry, records, samples, testbeds))
-        for key, entry in baselines.items()
-    }
+    found = _reproduce(baselines, records, samples)
     fits = {paper: fit for (paper, mode, _), fit in testbed_fits(baselines, found).items() if mode == "simulated"}
     return {
         paper: fits[paper].run_setting()
