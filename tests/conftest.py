@@ -14,6 +14,13 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
+def pytest_collection_modifyitems(items):
+    """The SLURM tests first: each takes minutes (a cluster started in namespaces), and two workers
+    given whole files (pyproject's ``--dist loadfile``) finish together when the longest files start
+    first; collected last, they kept one worker busy for minutes after the other had run out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: the rest keep their order
+
+
 # ---- the analysis tests' tables (tests/test_analysis_*.py) ---------------------------------------
 # Made once per test file that asks for them. The records' writers (tests/analysis_records.py) are
 # imported when a fixture is made, so a session without an analysis test imports neither them nor torch.
