@@ -22,8 +22,8 @@ from analysis.published import load_registry, published_value
 from analysis.registry import FigureDataError, describe_testbeds, figure, reproducer, table, train_step_rows
 from analysis.style import PUBLISHED, phase_colour, phase_label
 from analysis.units import format_bytes
+from moe_core.papers.gshard.config import COLLECTIVES, MEMORY, PAPER, SCALING
 from moe_core.papers.gshard.models import MODELS, core_years, training_days
-from moe_core.papers.gshard.study import COLLECTIVES, MEMORY, PAPER, SCALING
 
 STEP_COMPONENTS_MS = ["gate_ms", "dispatch_a2a_ms", "expert_ms", "combine_a2a_ms", "dense_ms", "allreduce_exposed_ms"]
 

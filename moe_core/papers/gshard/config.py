@@ -24,6 +24,13 @@ from moe_core.schema.sections import (
 )
 from moe_core.units import MiB
 
+# The study's paper and experiments (its records' folders), here rather than in study.py so that the
+# analysis reads them without importing the simulator (and torch).
+PAPER = "gshard"
+SCALING = "gshard_scaling"  # Table 1's models simulated: step, rooflines, memory as trained (Table 3, Fig 8)
+MEMORY = "gshard_memory"  # memory per core of Fig 7's models
+COLLECTIVES = "gshard_collectives"  # the collectives vs partitions on torus slices (Fig 9)
+
 # Unstated hardware parameters of the TPU v3 profiles (configs/hardware/gshard-tpuv3-*.yaml headers):
 # config key -> the other ends of the plausible range, each run as a sensitivity run of the scaling
 # study (moe_core.schema.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from moe_core.papers.gshard.config import SCALING_UNSTATED
+from moe_core.papers.gshard.config import COLLECTIVES, MEMORY, PAPER, SCALING, SCALING_UNSTATED
 from moe_core.papers.gshard.memory import memory_per_core
 from moe_core.papers.gshard.models import (
     D_FF,
@@ -36,10 +36,6 @@ from moe_core.sim.step import StepModel
 from moe_core.sim.topology import build_topology
 from moe_core.units import GB
 
-PAPER = "gshard"
-SCALING = "gshard_scaling"  # Table 1's models simulated: step, rooflines, memory as trained (Table 3, Fig 8)
-MEMORY = "gshard_memory"  # memory per core of Fig 7's models
-COLLECTIVES = "gshard_collectives"  # the collectives vs partitions on torus slices (Fig 9)
 COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
 
 
