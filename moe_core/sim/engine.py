@@ -301,8 +301,11 @@ class _EventLoop:
             if left <= 1e-9 or (i == finisher and next_finish <= min(next_timer, next_empty))
         ]
         self.finish(finished)
-        # Rates change when a stage ended or started, or a bucket ran dry (its link limits again).
-        if finished or t_next == next_empty or set(self.active) != set(self.rates):
+        # Rates change when a stage ended or started; with token buckets also when a bucket ran dry
+        # (its link limits again) or an op drew on one. A compute op ending changes nothing in flight:
+        # the rates stand (most events of a training step are such ends).
+        buckets_moved = bool(self.buckets.ops) and (bool(finished) or t_next == next_empty)
+        if buckets_moved or set(self.active) != set(self.rates):
             self.rates = self.current_rates()
 
     def advance(self, t_next: float) -> None:
