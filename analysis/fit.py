@@ -13,28 +13,31 @@ reproduces the published baseline, and predicts the claims there:
   a quadratic in the parameters' unit coordinates (0 at the low end, 1 at the high end, on a log scale
   where the range is positive), in the log of the number where it is positive, with each term only
   where the runs identify it (a square needs three levels of its parameter, a product a run that moves
-  both). It reproduces every run exactly where the design identifies it, and costs nothing to evaluate,
-  so the fit needs no simulation beyond the design's.
+  both). It reproduces every run exactly where the design identifies it (along a count run at each of
+  its whole values, GShard's groups of tokens per core, it is the least-squares quadratic through
+  them), and costs nothing to evaluate, so the fit needs no simulation beyond the design's.
 * **The fit** (:func:`fit_testbed`) minimises the mean squared log error of the baseline rows
   (one-sided for a published bound), plus a weak pull toward the chosen values (PRIOR_WEIGHT), over
   the parameters they depend on, within the box: a Latin
-  hypercube of LHS_STARTS starts, the REFINED best refined by L-BFGS-B. Parameters no baseline depends
-  on stay at their chosen values. Claims never enter it (analysis.compare hands it baseline rows only).
+  hypercube of LHS_STARTS starts, the REFINED best refined by L-BFGS-B; a count (sequences, groups of
+  tokens) then at the better whole value either side, the other parameters refined again, so the fit
+  is a setting the simulator runs. Parameters no baseline depends on stay at their chosen values.
+  Claims never enter it (analysis.compare hands it baseline rows only).
 * **Leave-one-out**: each baseline row predicted by the fit to the other rows.
-* **The baseline-consistent set**: the settings of a Latin hypercube of SET_SAMPLES over the whole box,
-  and the fit, at which every baseline row agrees with its published number within the row's own
-  tolerance (the verdict's rule, :func:`within`). A claim's range spans this set only; when it is
-  empty the baseline is not reproduced, and :attr:`Fit.unreached` names the row furthest from its
-  number and the parameter that moves it most.
-* **Simulated at the fit.** The surface smooths over steps the simulator takes (whole groups of
-  tokens, a batch of whole sequences), so the workflow simulates each paper again at its fitted
-  setting (:meth:`Fit.run_setting`, counts rounded to whole ones) and analysis.compare reads those
-  runs: a number's ``reproduced`` and a baseline row's residual are the simulator's at the fit
+* **The baseline-consistent set**: the settings of a Latin hypercube of SET_SAMPLES over the whole box
+  (counts rounded to whole values), and the fit, at which every baseline row agrees with its
+  published number within the row's own tolerance (the verdict's rule, :func:`within`). A claim's
+  range spans this set only; when it is empty the baseline is not reproduced, and
+  :attr:`Fit.unreached` names the row furthest from its number and the parameter that moves it most.
+* **Simulated at the fit.** A surface is still an interpolation between runs, so the workflow
+  simulates each paper again at its fitted setting (:meth:`Fit.run_setting`) and analysis.compare
+  reads those runs: a number's ``reproduced`` and a baseline row's residual are the simulator's at the fit
   (:meth:`Fit.simulated`), the surface's value beside them.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -358,7 +361,43 @@ def best_setting(targets: list[Target], axes: list[Axis], seed: int = SEED) -> n
         minimize(value_and_gradient, s, method="L-BFGS-B", jac=True, bounds=bounds)
         for s in starts[np.argsort(objective(starts))[:REFINED]]
     ]
-    return at(min(refined, key=lambda result: result.fun).x[None, :])[0]
+    relaxed = min(refined, key=lambda result: result.fun).x
+    # A count is simulated at a whole value (a batch of whole sequences, whole groups of tokens): the
+    # fit is the best of the relaxed optimum's counts rounded down and up, the other parameters
+    # refined again at each, so that its numbers are the surface's at the setting the workflow runs.
+    counts = [j for j, i in enumerate(free) if axes[i].integer]
+    rates = [j for j in range(len(free)) if j not in counts]
+    candidates = []
+    for whole in itertools.product(*[_whole_neighbours(axes[free[j]], relaxed[j]) for j in counts]):
+        u = relaxed.copy()
+        u[counts] = whole
+        if counts and rates:
+
+            def at_counts(v: np.ndarray, u=u) -> tuple[float, np.ndarray]:
+                w = u.copy()
+                w[rates] = v
+                value, gradient = value_and_gradient(w)
+                return value, gradient[rates]
+
+            u[rates] = minimize(at_counts, u[rates], method="L-BFGS-B", jac=True, bounds=[(0.0, 1.0)] * len(rates)).x
+        candidates.append(u)
+    return at(min(candidates, key=lambda u: objective(u[None, :])[0])[None, :])[0]
+
+
+def _whole_neighbours(axis: Axis, z: float) -> list[float]:
+    """The unit coordinates of the whole values either side of count ``axis`` at ``z``, in its range."""
+    value = float(axis.value(z))
+    wholes = {min(max(v, axis.low), axis.high) for v in (np.floor(value), np.ceil(value))}
+    return [float(axis.unit(v)) for v in sorted(wholes)]
+
+
+def _whole_counts(axes: list[Axis], z: np.ndarray) -> np.ndarray:
+    """Settings ``z`` ((n, k) unit coordinates) with every count rounded to a whole value."""
+    z = np.array(z, dtype=float)
+    for i, axis in enumerate(axes):
+        if axis.integer:
+            z[:, i] = axis.unit(np.clip(np.round(axis.value(z[:, i])), axis.low, axis.high))
+    return z
 
 
 def fit_testbed(targets: dict[str, Target], axes: list[Axis], seed: int = SEED) -> Fit:
@@ -372,7 +411,7 @@ def fit_testbed(targets: dict[str, Target], axes: list[Axis], seed: int = SEED) 
         else None
         for key, target in targets.items()
     }
-    samples = np.vstack([z, latin_hypercube(len(axes), SET_SAMPLES, seed + 1)])
+    samples = np.vstack([z, _whole_counts(axes, latin_hypercube(len(axes), SET_SAMPLES, seed + 1))])
     agree = np.all([t.agrees(samples) for t in rows], axis=0) if rows else np.ones(len(samples), bool)
     fit = Fit(
         axes=axes,
