@@ -156,3 +156,27 @@ def test_run_setting_rounds_counts_and_writes_six_digits():
     assert setting[LINK.key] == float(f"{fit.setting[LINK.key]:g}") and setting[LAUNCH.key] == LAUNCH.chosen
     fit.simulated("a2a", 2 * targets["a2a"].published)
     assert fit.ratios["a2a"] == 2.0 and fit.surface_ratios["a2a"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_count_is_fitted_at_the_best_whole_value():
+    """A batch of sequences is simulated whole: the fit is the whole value nearest the published number
+    in log error (20 for 20.4: 2% below, 21 is 3% above), its ratios the surface's there, and every
+    baseline-consistent setting whole too."""
+    compute_ms = lambda link, batch, launch: 5.0 * batch  # noqa: E731
+    targets = {"compute": Target(surface_of(compute_ms), simulate({BATCH.key: 20.4}, compute_ms), tolerance=0.05)}
+    fit = fit_testbed(targets, AXES)
+    assert fit.setting[BATCH.key] == pytest.approx(20.0, rel=1e-9)
+    assert fit.ratios["compute"] == pytest.approx(20.0 / 20.4, rel=1e-9)
+    batches = AXES[1].value(fit.consistent[:, 1])
+    assert len(batches) and np.allclose(batches, np.round(batches))
+    assert set(np.round(batches)) == {20.0, 21.0}  # within 5% of 20.4: 20 and 21 only
+
+
+def test_the_design_runs_a_small_count_at_every_whole_value():
+    """A number that moves in whole steps is simulated at each of them, not interpolated between the
+    ends: a count of at most WHOLE_LEVELS values runs each alone; a wide count and a rate their ends."""
+    groups = Unstated("gshard.max_groups_per_core", chosen=4, low=1, high=4)
+    assert groups.integer and groups.alone == (1, 2, 3)
+    assert BATCH.alone == BATCH.ends == (4, 64) and LINK.alone == LINK.ends
+    alone = [s for s in sensitivity_settings((LINK, groups)) if len(s) == 1]
+    assert alone == [{LINK.key: 12.4}, {LINK.key: 240.0}, *({groups.key: g} for g in (1, 2, 3))]

@@ -146,22 +146,22 @@ def test_the_study_writes_every_declared_record_and_scales_as_gshard():
             assert at[0] < models.loc[model, "steps_per_s"] < at[1]  # a faster link or GEMM, a faster step
         # one group a core at every size: a smaller batch, so more steps, where Table 3's holds four
         # (128 cores); the same run where it holds one
-        one_group, chosen = steps_per_s[model, "gshard.tokens_scaling=0"], models.loc[model, "steps_per_s"]
+        one_group, chosen = steps_per_s[model, "gshard.max_groups_per_core=1"], models.loc[model, "steps_per_s"]
         assert one_group > 2 * chosen if models.loc[model, "cores"] == 128 else one_group == pytest.approx(chosen)
 
 
 def test_tokens_per_core_run_from_table_3s_batch_to_one_group():
     """128 cores hold 1e6 / 2 / 128 = 3906 tokens per side of Table 3's batch: 4 groups of 976; 2048
-    cores one. Scaling 0 gives every size one group (N/D constant), 0.5 the 128-core run two."""
+    cores one. At most one group gives every size one group (N/D constant), at most 2 the 128-core run two."""
     by_cores = {model.cores: model for model in MODELS.values()}
-    assert [tokens_per_core(by_cores[128], 976, s) for s in (1.0, 0.5, 0.0)] == [4 * 976, 2 * 976, 976]
-    assert [tokens_per_core(by_cores[2048], 976, s) for s in (1.0, 0.0)] == [976, 976]
+    assert [tokens_per_core(by_cores[128], 976, g) for g in (4, 3, 2, 1)] == [4 * 976, 3 * 976, 2 * 976, 976]
+    assert [tokens_per_core(by_cores[2048], 976, g) for g in (4, 1)] == [976, 976]
 
 
 @pytest.mark.parametrize(
     "override,key",
     [
-        ("gshard.tokens_scaling=2", "gshard.tokens_scaling"),
+        ("gshard.max_groups_per_core=0", "gshard.max_groups_per_core"),
         ("gshard.models=[7]", "gshard.models"),
         ("gshard.models=[1,1]", "gshard.models"),
         ("gshard.group_size=5000", "gshard.group_size"),

@@ -183,6 +183,10 @@ def unstated_param(cfg: DictConfig) -> dict[str, str]:
     return {"unstated": cfg.unstated} if cfg.unstated else {}
 
 
+# A count with at most this many whole values is simulated at each of them (Unstated.alone).
+WHOLE_LEVELS = 4
+
+
 @dataclass(frozen=True)
 class Unstated:
     """A parameter a paper leaves unstated: its config key, the value the suite chose (the verdict's)
@@ -211,8 +215,18 @@ class Unstated:
 
     @property
     def ends(self) -> tuple[float, ...]:
-        """The ends of the range other than the chosen value: what a sensitivity run sets."""
+        """The ends of the range other than the chosen value."""
         return tuple(v for v in (self.low, self.high) if v != self.chosen)
+
+    @property
+    def alone(self) -> tuple[float, ...]:
+        """The values a sensitivity run sets this parameter to alone: the ends of its range and, for a
+        count of at most WHOLE_LEVELS whole values, every one of them (a number that moves in whole
+        steps, as GShard's step does with whole groups of tokens, is then simulated at each step rather
+        than interpolated between the ends)."""
+        if self.integer and self.high - self.low < WHOLE_LEVELS:
+            return tuple(v for v in range(self.low, self.high + 1) if v != self.chosen)
+        return self.ends
 
 
 # paper -> config key -> its unstated parameter, for the analysis (register_unstated)
@@ -243,14 +257,15 @@ def parse_setting(text: str) -> dict[str, float]:
 def sensitivity_settings(params: Sequence[Unstated]) -> list[dict[str, float]]:
     """The joint design over ``params``, the settings a run is repeated at besides the chosen one:
 
-    * one at a time: each parameter alone at each end of its range, the others at their chosen values
-      (which parameter moves a number, and what value of it the published number would need);
+    * one at a time: each parameter alone at each end of its range (a small count at each of its whole
+      values: Unstated.alone), the others at their chosen values (which parameter moves a number, and
+      what value of it the published number would need);
     * every corner of the range box (each parameter at its low or high end) where two or more differ
       from their chosen values: the joint extremes, 2^k corners for k parameters at most.
 
     A reproduced number's range is taken over all of them and the chosen run.
     """
-    settings = [{p.key: end} for p in params for end in p.ends]
+    settings = [{p.key: value} for p in params for value in p.alone]
     for corner in itertools.product(*[(p.low, p.high) for p in params]):
         moved = {p.key: v for p, v in zip(params, corner) if v != p.chosen}
         if len(moved) >= 2:

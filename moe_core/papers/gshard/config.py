@@ -36,10 +36,11 @@ COLLECTIVES = "gshard_collectives"  # the collectives vs partitions on torus sli
 # study (moe_core.schema.points.unstated_variants). ICI per link per direction: chosen 70 GB/s, 50 (the Cloud
 # page's pod bisection over the torus's bisection links) to 82 (656 Gb/s per link). GEMMs' share of
 # the bf16 peak: chosen 0.5; 0.17 if XLA ran GShard's float32 matmuls in three bf16 passes at that
-# efficiency, 0.87 the largest share measured here (the H200's GEMM curve). Tokens per core
-# (gshard.tokens_scaling): chosen 1, Table 3's batches as the paper states them (4 groups a core at
-# 128 experts, 1 at 512 and 2048); 0, one group a core at every size, GShard's N/D = O(1) scaling
-# assumption, which the paper states but does not say Table 3's 128-expert run followed.
+# efficiency, 0.87 the largest share measured here (the H200's GEMM curve). Groups of tokens per core
+# (gshard.max_groups_per_core, a count): chosen 4, Table 3's batches as the paper states them (4
+# groups a core at 128 experts, 1 at 512 and 2048); 1, one group a core at every size, GShard's
+# N/D = O(1) scaling assumption, which the paper states but does not say Table 3's 128-expert run
+# followed; 2 and 3 a batch between. The step moves in whole groups, so the design runs every one.
 SCALING_UNSTATED = register_unstated(
     "gshard",
     Unstated(
@@ -59,11 +60,11 @@ SCALING_UNSTATED = register_unstated(
         "H200's measured GEMM curve; 0.5 assumed",
     ),
     Unstated(
-        "gshard.tokens_scaling",
-        chosen=1.0,
-        low=0.0,
-        high=1.0,
-        evidence="1: Table 3's batches as stated (4 groups a core at 128 experts, 1 at 512 and 2048); 0: one "
+        "gshard.max_groups_per_core",
+        chosen=4,
+        low=1,
+        high=4,
+        evidence="4: Table 3's batches as stated (4 groups a core at 128 experts, 1 at 512 and 2048); 1: one "
         "group a core, GShard's N/D = O(1) scaling assumption",
     ),
 )
@@ -94,9 +95,10 @@ class GshardConfig:
     # 2 x 976 x 1024 x 4 B = 8 MB per core at 512 and 2048 experts and 32 MB at 128, the two sizes of
     # Fig 9: consistent with S about 1K.
     group_size: int = 976
-    # How many of their Table 3 groups the cores hold (moe_core/papers/gshard/models.py tokens_per_core):
-    # 1, Table 3's batches; 0, one group per core at every size (N/D constant). Unstated: see above.
-    tokens_scaling: float = 1.0
+    # At most how many of their Table 3 groups the cores hold (moe_core/papers/gshard/models.py
+    # tokens_per_core): 4, Table 3's batches (no model gives a core more); 1, one group per core at every
+    # size (N/D constant). Unstated: see above.
+    max_groups_per_core: int = 4
     # Unstated. Attention spans one sentence per side (source or target). 1T tokens over the 13B
     # examples of the 100->English data is 77 tokens per pair, 38 per side, if the 1T tokens are about
     # one pass over them; 32 is the power of two nearest that which divides a chip's tokens
@@ -129,14 +131,9 @@ def validate_gshard(cfg: DictConfig) -> None:
         "gshard.models",
         f"must be distinct models of Table 1, some of {sorted(MODELS)}, got {list(g.models)}",
     )
-    require_at_least(g, "gshard", 1, ("cores_per_chip", "group_size", "seq_len"))
+    require_at_least(g, "gshard", 1, ("cores_per_chip", "group_size", "seq_len", "max_groups_per_core"))
     require_choices([g.policy], POLICIES, "gshard.policy")
     require_positive(g, "gshard", ("capacity_factor", "device_memory_GB"))
-    require(
-        0 <= g.tokens_scaling <= 1,
-        "gshard.tokens_scaling",
-        f"must be between 0 (one group per core) and 1 (Table 3's batch), got {g.tokens_scaling}",
-    )
     for model_id in g.models:
         _validate_batch(g, MODELS[model_id])
     for i, layers in enumerate(g.memory_layers):
@@ -164,7 +161,7 @@ def _validate_batch(g: DictConfig, model) -> None:
         "gshard.group_size",
         f"exceeds the {share} tokens per core and side of model ({model.id}); use at most {share}, got {g.group_size}",
     )
-    chip = tokens_per_core(model, g.group_size, g.tokens_scaling) * g.cores_per_chip
+    chip = tokens_per_core(model, g.group_size, g.max_groups_per_core) * g.cores_per_chip
     require(
         chip % g.seq_len == 0,
         "gshard.seq_len",

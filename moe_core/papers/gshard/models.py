@@ -142,20 +142,20 @@ def tokens_per_side(model: GShardModel) -> int:
     return model.batch_tokens // (SIDES * model.cores)
 
 
-def tokens_per_core(model: GShardModel, group_size: int, scaling: float = 1.0) -> int:
-    """Tokens each core holds per MoE layer, in whole groups of ``group_size`` (GShard's S): of the
-    G groups its share of one side of Table 3's batch fills, round(G ** scaling). ``scaling`` 1 is
-    Table 3's batch; 0 one group per core at every size, as GShard's scaling assumptions have it
-    (S = O(1), N/D = O(1); papers.md §2.1); between, a batch between the two. The config's
-    validation makes G at least one."""
+def tokens_per_core(model: GShardModel, group_size: int, max_groups: int) -> int:
+    """Tokens each core holds per MoE layer, in whole groups of ``group_size`` (GShard's S): the G
+    groups its share of one side of Table 3's batch fills, at most ``max_groups`` of them. A count
+    >= G is Table 3's batch; 1 one group per core at every size, as GShard's scaling
+    assumptions have it (S = O(1), N/D = O(1); papers.md §2.1); between, a batch between the two.
+    The config's validation makes G at least one."""
     groups = tokens_per_side(model) // group_size
-    return max(1, round(groups**scaling)) * group_size
+    return max(1, min(groups, max_groups)) * group_size
 
 
-def simulated_batch_tokens(model: GShardModel, group_size: int, scaling: float = 1.0) -> int:
+def simulated_batch_tokens(model: GShardModel, group_size: int, max_groups: int) -> int:
     """Tokens per step the stand-in carries, source and target together (Table 3's, to whole groups,
-    or fewer at ``scaling`` < 1: :func:`tokens_per_core`)."""
-    return SIDES * model.cores * tokens_per_core(model, group_size, scaling)
+    or fewer with ``max_groups``: :func:`tokens_per_core`)."""
+    return SIDES * model.cores * tokens_per_core(model, group_size, max_groups)
 
 
 def training_days(steps_per_s: float, batch_tokens: float) -> float:

@@ -89,7 +89,7 @@ def step_overrides(cfg: DictConfig, model: GShardModel) -> list[str]:
     """The suite's config of ``model``'s stand-in (models.py): all its layers, every other FFN MoE, one
     expert per core on the profile with its cores, each chip holding its cores' share of one side."""
     g = cfg.gshard
-    chip_tokens = tokens_per_core(model, g.group_size, g.tokens_scaling) * g.cores_per_chip
+    chip_tokens = tokens_per_core(model, g.group_size, g.max_groups_per_core) * g.cores_per_chip
     return [
         *own_layout(),
         f"hardware_profile={profile_for(cfg, model.cores)}",
@@ -132,7 +132,7 @@ def scaling_runs(cfg: DictConfig, model: GShardModel) -> dict[str, list[str]]:
     name, overrides = scaling_point(model), step_overrides(cfg, model)
     runs = {name: overrides}
     for variant, changed in unstated_variants(cfg, name, overrides, SCALING_UNSTATED).items():
-        # the stand-in's batch follows gshard.tokens_scaling: rebuilt with the variant's settings
+        # the stand-in's batch follows gshard.max_groups_per_core: rebuilt with the variant's settings
         runs[variant] = [*step_overrides(derive_config(cfg, changed), model), *changed[len(overrides) :]]
     return runs
 
@@ -156,7 +156,7 @@ def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]
     """One model of Table 1 simulated on its profile (one run of ``scaling_runs``): step, rooflines,
     memory as trained."""
     point = derive_config(cfg, overrides)
-    g = point.gshard  # a sensitivity run's own (gshard.tokens_scaling)
+    g = point.gshard  # a sensitivity run's own (gshard.max_groups_per_core)
     topo = build_topology(point.hardware)
     step = StepModel(point, topo).run().metrics()
     roof = roofline_ms(point, topo)
@@ -166,7 +166,7 @@ def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]
         **roof,
         "steps_per_s": 1e3 / step["step_ms"],
         "moe_roofline_fraction": moe_roofline / (step["gate_ms"] + step["expert_ms"]),
-        **memory_GB(cfg, model.experts, model.n_layers, tokens_per_core(model, g.group_size, g.tokens_scaling)),
+        **memory_GB(cfg, model.experts, model.n_layers, tokens_per_core(model, g.group_size, g.max_groups_per_core)),
     }
     params = {
         **point_params(point),
@@ -174,7 +174,7 @@ def scaling(cfg: DictConfig, model: GShardModel, name: str, overrides: list[str]
         "n_layers": model.n_layers,
         "cores": model.cores,
         "chips": model.cores // g.cores_per_chip,
-        "batch_tokens": simulated_batch_tokens(model, g.group_size, g.tokens_scaling),
+        "batch_tokens": simulated_batch_tokens(model, g.group_size, g.max_groups_per_core),
         "group_size": g.group_size,
         "seq_len": g.seq_len,
     }
