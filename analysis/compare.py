@@ -69,7 +69,7 @@ from analysis.fit import (
 )
 from analysis.published import BASELINE, CLAIM, REGISTRY_PATH, load_registry
 from analysis.registry import REPRODUCERS, MissingPointsError, Reproducer, noting_used_points
-from moe_core.schema.points import UNSTATED_PARAMS, parse_setting, setting_text
+from moe_core.schema.points import UNSTATED_PARAMS, chosen_setting, parse_setting, setting_overrides, setting_text
 
 COMPARISON_COLUMNS = [
     "id",
@@ -521,18 +521,13 @@ def fitted_settings(
     baselines = {key: entry for key, entry in registry.items() if entry["role"] == BASELINE}
     found = _reproduce(baselines, records, samples)
     fits = {paper: fit for (paper, mode, _), fit in testbed_fits(baselines, found).items() if mode == "simulated"}
-    return {
-        paper: fits[paper].run_setting()
-        if paper in fits
-        else {p.key: p.chosen for p in UNSTATED_PARAMS[paper].values()}
-        for paper in papers
-    }
+    return {paper: fits[paper].run_setting() if paper in fits else chosen_setting(paper) for paper in papers}
 
 
 def write_setting_layer(setting: dict[str, float], path: Path) -> None:
     """``setting`` as a config layer (``--config``): each parameter's value, and ``unstated`` recording
     it, so every record of a run on the layer carries the setting (moe_core.schema.points)."""
-    layer = OmegaConf.from_dotlist([*setting_text(setting).split(","), f"unstated={setting_text(setting)}"])
+    layer = OmegaConf.from_dotlist(setting_overrides(setting))
     with atomic_output(path) as tmp:
         Path(tmp).write_text(OmegaConf.to_yaml(layer))
 

@@ -23,7 +23,7 @@ from moe_core.papers.axonn.study import record_points as axonn_record_points
 from moe_core.papers.gshard.study import record_points as gshard_record_points
 from moe_core.papers.lina.sweeps import lina_measured_points
 from moe_core.papers.monta.sweeps import monta_measured_points
-from moe_core.schema.points import UNSTATED_PARAMS, point_name, setting_text, sim_points, sweep_points
+from moe_core.schema.points import UNSTATED_PARAMS, point_name, setting_overrides, sim_points, sweep_points
 
 
 def snakemake(*args, timeout=300):
@@ -389,8 +389,7 @@ def test_a_run_at_a_fit_names_its_records_alike_at_every_setting(paper):
     params = list(UNSTATED_PARAMS[paper].values())
 
     def names_at(values):
-        text = setting_text(dict(zip((p.key for p in params), values)))
-        return AT_FIT_NAMES[paper](derive_config(cfg, [*text.split(","), f"unstated={text}"]))
+        return AT_FIT_NAMES[paper](derive_config(cfg, setting_overrides(dict(zip((p.key for p in params), values)))))
 
     chosen = names_at([p.chosen for p in params])
     assert chosen and names_at([p.low for p in params]) == chosen == names_at([p.high for p in params])

@@ -61,11 +61,7 @@ rule aurora_a2a:
 # The second stage: the same study at the testbed fitted to Fig 4's and Fig 11's baselines
 # (experiments/rules/common.smk).
 AT_FIT_PAPERS.append(AURORA_PAPER)
-AURORA_AT_FIT_RECORDS = [
-    f"{AT_FIT}/raw/{AURORA_PAPER}/{experiment}/{point}.json"
-    for experiment, points in aurora_points(at_setting_config(AURORA_PAPER)).items()
-    for point in points
-]
+AURORA_AT_FIT_RECORDS = at_fit_records(AURORA_PAPER, aurora_points)
 AT_FIT_RECORDS += AURORA_AT_FIT_RECORDS
 
 

@@ -90,11 +90,7 @@ rule axonn_simulated:
 
 # The second stage: the study at the testbed fitted to Megatron's PFLOP/s (experiments/rules/common.smk).
 AT_FIT_PAPERS.append(AXONN_PAPER)
-AXONN_AT_FIT_RECORDS = [
-    f"{AT_FIT}/raw/{AXONN_PAPER}/{experiment}/{point}.json"
-    for experiment, points in axonn_record_points(at_setting_config(AXONN_PAPER)).items()
-    for point in points
-]
+AXONN_AT_FIT_RECORDS = at_fit_records(AXONN_PAPER, axonn_record_points)
 AT_FIT_RECORDS += AXONN_AT_FIT_RECORDS
 
 

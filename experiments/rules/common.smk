@@ -10,7 +10,7 @@ import time
 from analysis.summary import failed_jobs, run_summary
 from experiments.launch import SLURM_RESOURCE_KEYS, plan_text, slurm_resources
 from moe_core.config.load import config_digest, derive_config
-from moe_core.schema.points import UNSTATED_PARAMS, setting_text
+from moe_core.schema.points import chosen_setting, setting_overrides
 from moe_core.records.run_lock import lock_results_dir
 
 
@@ -81,8 +81,17 @@ def at_fit_dir(wildcards, output):
 def at_setting_config(paper):
     """The run's config at one setting of ``paper``'s unstated parameters (their chosen values, written
     out), which names the records of its runs at the fit."""
-    chosen = setting_text({p.key: p.chosen for p in UNSTATED_PARAMS[paper].values()})
-    return derive_config(CFG, [*chosen.split(","), f"unstated={chosen}"])
+    return derive_config(CFG, setting_overrides(chosen_setting(paper)))
+
+
+def at_fit_records(paper, record_points):
+    """The records of ``paper``'s study at its fit: ``record_points`` (config -> experiment -> its point
+    names) at a setting (at_setting_config), in AT_FIT."""
+    return [
+        f"{AT_FIT}/raw/{paper}/{experiment}/{point}.json"
+        for experiment, points in record_points(at_setting_config(paper)).items()
+        for point in points
+    ]
 
 
 def quoted(words):

@@ -33,11 +33,7 @@ rule gshard_simulated:
 
 # The second stage: the same study at the testbed fitted to Table 3's steps/s (experiments/rules/common.smk).
 AT_FIT_PAPERS.append(GSHARD_PAPER)
-GSHARD_AT_FIT_RECORDS = [
-    f"{AT_FIT}/raw/{GSHARD_PAPER}/{experiment}/{point}.json"
-    for experiment, points in gshard_record_points(at_setting_config(GSHARD_PAPER)).items()
-    for point in points
-]
+GSHARD_AT_FIT_RECORDS = at_fit_records(GSHARD_PAPER, gshard_record_points)
 AT_FIT_RECORDS += GSHARD_AT_FIT_RECORDS
 
 

@@ -249,6 +249,17 @@ def setting_text(settings: dict[str, float]) -> str:
     return ",".join(f"{key}={value:g}" for key, value in settings.items())
 
 
+def setting_overrides(settings: dict[str, float]) -> list[str]:
+    """The overrides that run a config at ``settings``: each parameter's value, then ``unstated``
+    recording the setting (which every record of the run carries: :func:`unstated_param`)."""
+    return [*(f"{key}={value:g}" for key, value in settings.items()), f"unstated={setting_text(settings)}"]
+
+
+def chosen_setting(paper: str) -> dict[str, float]:
+    """``paper``'s unstated parameters at their chosen values."""
+    return {p.key: p.chosen for p in UNSTATED_PARAMS[paper].values()}
+
+
 def parse_setting(text: str) -> dict[str, float]:
     """The inverse of :func:`setting_text`."""
     return {key: float(value) for key, value in (pair.split("=", 1) for pair in text.split(","))}
@@ -288,9 +299,8 @@ def unstated_variants(
         suffix = "_".join(f"{key.rsplit('.', 1)[-1]}{value:g}" for key, value in setting.items())
         variants[f"{name}_{suffix}"] = [
             *overrides,
-            *(f"{key}={value:g}" for key, value in setting.items()),
+            *setting_overrides(setting),
             *(o for key, value in setting.items() for o in implied[key].get(value, ())),
-            f"unstated={setting_text(setting)}",
         ]
     return variants
 
