@@ -249,10 +249,16 @@ def setting_text(settings: dict[str, float]) -> str:
     return ",".join(f"{key}={value:g}" for key, value in settings.items())
 
 
-def setting_overrides(settings: dict[str, float]) -> list[str]:
-    """The overrides that run a config at ``settings``: each parameter's value, then ``unstated``
-    recording the setting (which every record of the run carries: :func:`unstated_param`)."""
-    return [*(f"{key}={value:g}" for key, value in settings.items()), f"unstated={setting_text(settings)}"]
+def setting_overrides(settings: dict[str, float], params: Sequence[Unstated] = ()) -> list[str]:
+    """The overrides that run a config at ``settings``: each parameter's value, those a value of one of
+    ``params`` implies (Unstated.implies), then ``unstated`` recording the setting (which every record
+    of the run carries: :func:`unstated_param`)."""
+    implied = {p.key: p.implies for p in params}
+    return [
+        *(f"{key}={value:g}" for key, value in settings.items()),
+        *(o for key, value in settings.items() for o in implied.get(key, {}).get(value, ())),
+        f"unstated={setting_text(settings)}",
+    ]
 
 
 def chosen_setting(paper: str) -> dict[str, float]:
@@ -294,14 +300,9 @@ def unstated_variants(
     if cfg.unstated:
         return {}
     variants = {}
-    implied = {p.key: p.implies for p in params}
     for setting in sensitivity_settings(params):
         suffix = "_".join(f"{key.rsplit('.', 1)[-1]}{value:g}" for key, value in setting.items())
-        variants[f"{name}_{suffix}"] = [
-            *overrides,
-            *setting_overrides(setting),
-            *(o for key, value in setting.items() for o in implied[key].get(value, ())),
-        ]
+        variants[f"{name}_{suffix}"] = [*overrides, *setting_overrides(setting, params)]
     return variants
 
 
