@@ -128,3 +128,31 @@ def test_compute_and_in_step_wait_fits_recover_the_profile_that_produced_the_ste
     for phase in ("gate", "expert"):
         modelled = sum(op.duration_s for op in ops if op.phase == phase) * 1e3
         assert modelled == pytest.approx(train[0][1][f"{phase}_ms"], rel=1e-6)
+
+
+def _compute_ms(hw, phase: str, **overrides) -> float:
+    cfg = OmegaConf.merge(load_config(overrides=[f"{k}={v}" for k, v in overrides.items()]), {"hardware": hw})
+    ops, _ = StepModel(cfg, build_topology(hw)).build()
+    return sum(op.duration_s for op in ops if op.transfer is None and op.phase == phase) * 1e3
+
+
+def test_the_dense_multiplier_prices_the_layers_not_the_copies_and_optimizer():
+    """The op sweep prices the streaming ops between the layers; a dense multiplier (what the layers'
+    GEMMs miss) slows the dense ops only, so the optimizer does not grow by it with a rank's experts."""
+    model = {"peak_tflops": 2.0, "compute_efficiency": 0.9, "memory_GBps": 10.0, "kernel_launch_us": 20.0}
+    full, slow = (
+        OmegaConf.merge(truth(), {**model, "phase_efficiency": {"dense": d, "gate": 1.0, "expert": 1.0}})
+        for d in (1.0, 0.25)
+    )
+    layout = {"parallel.world_size": 4, "moe.num_experts": 16, "moe.experts_per_rank": 4}
+    assert _compute_ms(slow, "dense", **layout) == pytest.approx(4 * _compute_ms(full, "dense", **layout))
+    for phase in ("optimizer", "copy"):
+        assert _compute_ms(slow, phase, **layout) == _compute_ms(full, phase, **layout) > 0
+
+
+def test_compute_fit_names_a_dense_time_the_streaming_ops_alone_exceed():
+    hw = OmegaConf.merge(truth(), {"peak_tflops": 2.0, "memory_GBps": 0.001, "kernel_launch_us": 20.0})
+    cfg = load_config(overrides=["parallel.world_size=4", "moe.num_experts=4", "moe.experts_per_rank=1"])
+    metrics = {"dense_ms": 1.0, "gate_ms": 1.0, "expert_ms": 1.0}
+    with pytest.raises(ValueError, match="dense_ms .* is not longer than the copies and optimizer"):
+        fit_compute(hw, [(to_container(cfg), metrics)])

@@ -9,7 +9,8 @@
 * Compute: from measured training steps, a multiplier per op class (dense, gate, expert) on the
   speed of the profile's compute model (moe_core.sim.compute, whose parameters an op sweep fits,
   experiments/op_sweep.py): the model's time of that class over its measured phase time, written as
-  ``phase_efficiency``.
+  ``phase_efficiency``. The streaming ops between the layers (copies, the optimizer) keep the op
+  sweep's price.
 * In-step wait: what the measured steps' all-to-alls take beyond the fitted model, per call (peers
   arriving late), as ``collectives.all_to_all.in_step_us``.
 * Time slicing (CPU testbeds): what ranks that outnumber the host's cores wait at a barrier beyond
@@ -43,6 +44,9 @@ from moe_core.sim.topology import build_topology
 COLLECTIVES = (*RING_COLLECTIVES, *EXCHANGES)  # all-reduce first: the reference of fit_network
 STATISTIC = "mean"  # of a metric's per-iteration samples: what calibration fits and validation compares
 MAX_EVALUATIONS = 60  # least-squares iterations (each also costs a finite-difference Jacobian)
+# The measured phase that holds the streaming ops (copies, optimizer: moe_core.sim.kernels), which the op
+# sweep's model prices with no multiplier: moe_core.records.step_metrics counts them in dense_ms.
+STREAMING_IN = "dense"
 
 
 def _with(hw: DictConfig, **changes) -> DictConfig:
@@ -109,7 +113,8 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     ``train`` holds (resolved config, measured metrics) pairs (:func:`measured`). With every
     multiplier 1 the step model predicts each class's compute time (its ops' times,
     :func:`moe_core.sim.kernels.calibration_class`); its ratio to the measured phase time
-    (``dense_ms``, ``gate_ms``, ``expert_ms``), the median over steps, is the class's
+    (``dense_ms``, ``gate_ms``, ``expert_ms``; ``dense_ms`` less the copies and the optimizer, which
+    the op sweep's model prices alone), the median over steps, is the class's
     ``phase_efficiency``: > 1 where the model is too slow, < 1 where too fast. A profile without a
     peak (a testbed no op sweep has measured) gets a nominal 1 TFLOP/s GEMM-only model, so its
     multipliers are the classes' achieved TFLOP/s.
@@ -122,11 +127,18 @@ def fit_compute(hw: DictConfig, train: list[tuple[dict, dict]]) -> tuple[DictCon
     for config, metrics in train:
         cfg = OmegaConf.merge(build_config(data=config, whole_run=False), {"hardware": model})
         ops, _ = StepModel(cfg, build_topology(model)).build()
+        compute = [op for op in ops if op.transfer is None]
+        streaming_s = sum(op.duration_s for op in compute if calibration_class(op.phase) is None)
         for phase in COMPUTE_PHASES:
-            predicted_s = sum(
-                op.duration_s for op in ops if op.transfer is None and calibration_class(op.phase) == phase
-            )
-            ratios[phase].append(predicted_s / (metrics[f"{phase}_ms"] * 1e-3))
+            predicted_s = sum(op.duration_s for op in compute if calibration_class(op.phase) == phase)
+            measured_s = metrics[f"{phase}_ms"] * 1e-3 - (streaming_s if phase == STREAMING_IN else 0.0)
+            if measured_s <= 0:
+                raise ValueError(
+                    f"a measured step's {phase}_ms ({metrics[f'{phase}_ms']:.3g}) is not longer than the "
+                    f"copies and optimizer the op sweep's model prices in it ({streaming_s * 1e3:.3g} ms): "
+                    "rerun experiments/op_sweep.py on this host and put its fit in the hardware profile"
+                )
+            ratios[phase].append(predicted_s / measured_s)
     multiplier = {phase: float(np.median(r)) for phase, r in ratios.items()}
     return _with(model, phase_efficiency=multiplier), {
         "points": len(train),

@@ -9,7 +9,8 @@ all-to-all, and the optimizer step once the gradients are reduced. Under ``train
 layers' and experts' GEMMs run at the device's FP8 peak with Transformer Engine's casts of their
 operands (``FP8_CAST_BYTES``); the attention core, the gate and the LM head stay in ``train.dtype``.
 A calibrated profile's ``phase_efficiency`` multiplies the speed of each op class (dense, gate,
-expert), :meth:`StepKernels.priced`.
+expert), :meth:`StepKernels.priced`; the streaming ops around them (copies, the optimizer) keep the op
+sweep's price (``STREAMING_PHASES``).
 
 :class:`StepKernels` prices kernels given how they are split (the tensor-parallel ranks of the
 attention and FFN, the rows and hidden units of the local experts, the copies of an exchange, the
@@ -94,14 +95,20 @@ FP8_AMAX_BYTES = 2  # current scaling: one more kernel reads the operand for its
 FP8_OPERAND_BYTES = 1
 
 
-# Which calibrated op class (moe_core.schema.validation.COMPUTE_PHASES) prices an op phase: the measured
-# ``dense_ms`` holds everything besides the gate and the experts, copies and optimizer included.
-PHASE_CLASS = {"copy": "dense", "partition": "dense", "optimizer": "dense"}
+# The streaming ops outside the layers: the copies around an exchange, the cuts of a pipelined one and
+# the optimizer step. The op sweep measures what prices them (a contiguous copy, elementwise ops: the
+# memory model), so no calibrated multiplier scales them: a step's dense multiplier is what its GEMMs,
+# norms and activations miss. Scaled by it (0.42 on the CPU testbed), AdamW grew with the parameters a
+# rank holds to 31 ms of a 16-expert step whose measured dense time is 47-51 ms at 4, 8 and 16 experts
+# alike. The measured steps count these ops in ``dense_ms`` (moe_core.records.step_metrics), which is
+# where calibration takes them out (moe_core.sim.calibrate.fit_compute).
+STREAMING_PHASES = ("copy", "partition", "optimizer")
 
 
-def calibration_class(phase: str) -> str:
-    """The op class whose calibrated multiplier (``hardware.phase_efficiency``) an op phase takes."""
-    return PHASE_CLASS.get(phase, phase)
+def calibration_class(phase: str) -> str | None:
+    """The op class whose calibrated multiplier (``hardware.phase_efficiency``) an op phase takes:
+    None for the streaming ops (:data:`STREAMING_PHASES`), which the op sweep's model prices alone."""
+    return None if phase in STREAMING_PHASES else phase
 
 
 def host_share(hw: DictConfig, topo, ranks: np.ndarray) -> float:
@@ -155,7 +162,8 @@ class StepKernels:
 
     def priced(self, seconds: float, phase: str) -> float:
         """An op's compute-model time under the profile's calibrated multiplier for its class."""
-        return seconds / self.cfg.hardware.phase_efficiency.get(calibration_class(phase), 1.0)
+        op_class = calibration_class(phase)
+        return seconds if op_class is None else seconds / self.cfg.hardware.phase_efficiency.get(op_class, 1.0)
 
     # -- kernel classes ----------------------------------------------------------------------------
     def gemm(
