@@ -4,7 +4,7 @@
         --out results/calibration/local-cpu-calibrated.yaml results/raw/*/*/*.json
 
 Fits the network on collectives measured alone, and the compute rate per op class and the in-step
-all-to-all wait on the smallest layout's training steps (moe_core.sim.calibrate.calibration_split);
+all-to-all wait on the smallest world size's training steps (moe_core.sim.calibrate.calibration_split);
 on a CPU testbed it also measures how this host time-slices ranks that outnumber its cores
 (moe_core.host.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
 ``<profile>-calibrated``: a hardware YAML that any config can use with ``hardware_profile=<path>``.
