@@ -30,8 +30,10 @@ ID_COLUMNS = ("paper", "experiment", "point", "mode", "backend", "hardware")
 # What was measured on what: numbers of different testbeds are never pooled into one value or figure.
 TESTBED_COLUMNS = ["mode", "backend", "hardware"]
 UNSTATED = "unstated"  # the param of a sensitivity run's records: the unstated parameter's setting
+FITTED = "fitted_setting"  # as_judged's column: the fitted testbed a row's run is at (its setting text)
+RECORD_KEY = ["paper", "experiment", *TESTBED_COLUMNS, "point"]  # one point of one testbed
 STAT_COLUMNS = ("median", "p95", "mean", "min", "max", "n")
-RESERVED_COLUMNS = {*ID_COLUMNS, *STAT_COLUMNS, "metric", "value", "iteration"}
+RESERVED_COLUMNS = {*ID_COLUMNS, *STAT_COLUMNS, "metric", "value", "iteration", FITTED}
 
 
 class RecordError(ValueError):
@@ -151,17 +153,42 @@ def at_setting(df: pd.DataFrame, setting: str | None = None) -> pd.DataFrame:
     return df[df[UNSTATED].isna()] if setting is None else df[df[UNSTATED] == setting]
 
 
+def as_judged(chosen: pd.DataFrame, fitted: pd.DataFrame | None) -> pd.DataFrame:
+    """The rows of a records or samples table as the verdicts read them (analysis.compare): each point
+    that a paper's runs at its fitted testbed cover (``fitted``: the workflow's second stage, the
+    ``*_at_fit`` tables) from those runs, their setting in the column :data:`FITTED`; every other point
+    at the chosen values (:func:`at_setting`). The figures and tables draw these rows, so a figure shows
+    the number its verdict scores."""
+    chosen = at_setting(chosen)
+    if fitted is None or fitted.empty:
+        return chosen
+    setting = fitted.get(UNSTATED, np.nan)  # one setting per paper: not a variant
+    fitted = fitted.assign(**{FITTED: setting, UNSTATED: np.nan})
+    covered = _point_keys(chosen).isin(set(_point_keys(fitted)))
+    return pd.concat([chosen[~covered], fitted], ignore_index=True)
+
+
+def _point_keys(df: pd.DataFrame) -> pd.Series:
+    """Each row's point (:data:`RECORD_KEY`) as one string."""
+    key = df[RECORD_KEY[0]].astype(str)
+    for column in RECORD_KEY[1:]:
+        key = key + "\x1f" + df[column].astype(str)
+    return key
+
+
 def wide_points(records: pd.DataFrame, paper: str, experiment: str) -> pd.DataFrame:
-    """One row per point of <paper>/<experiment> (every testbed): its testbed, its parameters and every
-    metric's value (a per-iteration metric's median) as a column; no rows when the records have none."""
+    """One row per point of <paper>/<experiment> (every testbed): its testbed, its parameters, the fitted
+    testbed it is at (as_judged's tables) and every metric's value (a per-iteration metric's median) as a
+    column; no rows when the records have none."""
     df = select(records, paper=paper, experiment=experiment)
     if df.empty:
         return df
     keys = [*TESTBED_COLUMNS, "point"]
     params = [c for c in param_columns(df) if c != "point" and df[c].notna().any()]
+    fitted = [FITTED] if FITTED in df else []  # as_judged's: the setting line names it
     wide = df.pivot_table(index=keys, columns="metric", values="value").reset_index()
     wide.columns.name = None
-    return df.drop_duplicates(keys)[keys + params].merge(wide, on=keys)
+    return df.drop_duplicates(keys)[keys + params + fitted].merge(wide, on=keys)
 
 
 def select(df: pd.DataFrame, **equal: Any) -> pd.DataFrame:

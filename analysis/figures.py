@@ -11,7 +11,11 @@ figures in one process (the plotting stack imported and the tables read once, no
 writing results/figures/<paper>/<name>.png; each figure keeps its report caption.
 
     python -m analysis.figures --records results/tables/records.csv --samples results/tables/samples.csv \
+        --at-fit results/tables/records_at_fit.csv results/tables/samples_at_fit.csv \
         --out results/figures/gshard/step_breakdown.png [more PNGs, each named <figure>.png]
+
+With ``--at-fit`` a paper fitted to its baseline rows is drawn at its fitted testbed, the numbers its
+verdicts score (analysis.collect.as_judged), and the figure's setting line says so.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from matplotlib.figure import Figure
 
 import analysis.papers  # noqa: F401  (registers every paper's figures)
 from analysis import style
-from analysis.collect import at_setting
+from analysis.collect import as_judged, at_setting
 from analysis.files import read_csv, read_tables
 from analysis.registry import FIGURE_REGISTRY
 from moe_core.records.results import atomic_outputs
@@ -56,7 +60,8 @@ def draw(name: str, records: pd.DataFrame, samples: pd.DataFrame, table: pd.Data
     fig = plt.figure(figsize=(7, 4.5))
     try:
         if registered.reads == "tables":
-            drawn = registered.draw(at_setting(records), at_setting(samples), fig)  # the chosen values' runs
+            # the chosen values' runs, or as the verdicts read them (main's --at-fit: as_judged)
+            drawn = registered.draw(at_setting(records), at_setting(samples), fig)
         else:
             drawn = registered.draw(table, fig)
         style.finish(fig, drawn)
@@ -91,6 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
     parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
     parser.add_argument(
+        "--at-fit",
+        type=Path,
+        nargs=2,
+        metavar=("RECORDS", "SAMPLES"),
+        help="the tables of the runs at the papers' fitted testbeds (analysis.collect): the points they cover "
+        "are drawn from them, as the verdicts read them (analysis.collect.as_judged)",
+    )
+    parser.add_argument(
         "--figure",
         action="append",
         choices=sorted(FIGURE_REGISTRY),
@@ -110,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{len(figures)} --figure but {len(args.out)} --out: give one PNG per figure")
     try:
         tables = read_tables(args.records, args.samples)
+        if args.at_fit:
+            tables = tuple(as_judged(chosen, fitted) for chosen, fitted in zip(tables, read_tables(*args.at_fit)))
         sources = {"validation": args.validation, "comparison": args.comparison}
         for name, out in zip(figures, args.out):
             if name not in FIGURE_REGISTRY:

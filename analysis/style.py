@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
+from analysis.collect import FITTED
 from analysis.units import span
 from moe_core.schema.sections import hardware_profiles
 
@@ -184,7 +185,8 @@ SETTING_ID = "setting"  # the gid of the setting line
 
 def setting_line(rows: pd.DataFrame) -> str:
     """The run's setting of the rows a figure drew, in words: per testbed (mode, hardware profile,
-    backend) the sizes (ranks, GPUs, cores or partitions), the models and the timed iterations."""
+    backend) the sizes (ranks, GPUs, cores or partitions), the models, the timed iterations and the
+    fitted testbed the rows were simulated at (analysis.collect.as_judged), if any."""
     if rows is None or rows.empty or "hardware" not in rows:
         return ""
     parts = []
@@ -201,6 +203,9 @@ def setting_line(rows: pd.DataFrame) -> str:
                 words.append(f"{what} {', '.join(sorted(map(str, group[column].dropna().unique())))}")
         if mode == "measured" and "n" in group and group["n"].notna().any():
             words.append(f"{span(group['n'].dropna())} timed iterations per point")
+        if FITTED in group and group[FITTED].notna().any():
+            fits = ", ".join(sorted(group[FITTED].dropna().unique()))
+            words.append(f"at the testbed fitted to the paper's baseline rows ({fits})")
         parts.append(", ".join(words))
     return "Setting: " + "; ".join(parts)
 

@@ -95,3 +95,35 @@ def test_collect_cli_writes_nothing_on_error(tmp_path, capsys):
     assert not out.exists()
     collect_mod.main([*args, str(good)])
     assert (out / "records.csv").is_file() and (out / "samples.csv").is_file()
+
+
+def test_as_judged_takes_each_point_its_fit_covers_from_the_run_at_the_fit():
+    """Figures and tables read the rows the verdicts score: a point of a paper's at-fit runs replaces
+    the chosen values' row of the same point and testbed; the sensitivity runs are dropped; points the
+    fit does not cover (another testbed, a measured one of the same name) keep the chosen values."""
+
+    def rows(*points):
+        keys = ["paper", "experiment", "mode", "backend", "hardware", "point", "unstated", "value"]
+        return pd.DataFrame([dict(zip(keys, p)) for p in points])
+
+    sim = ("lina", "sim_train_step", "simulated", "sim", "lina-a100-4x4")
+    chosen = rows(
+        (*sim, "e4", None, 1.0),
+        (*sim, "e4", "train.batch_size=8", 9.0),  # a sensitivity run: never drawn
+        (*sim, "e16", None, 2.0),
+        ("lina", "sim_train_step", "measured", "gloo", "local-cpu", "e4", None, 3.0),
+        ("gshard", "gshard_scaling", "simulated", "sim", "gshard-tpuv3-torus", "e4", None, 4.0),
+    )
+    fitted = rows((*sim, "e4", "train.batch_size=37", 5.0), (*sim, "e16", "train.batch_size=37", 6.0))
+    judged = collect_mod.as_judged(chosen, fitted).set_index(["mode", "paper", "point"])
+    assert judged["value"].to_dict() == {
+        ("simulated", "lina", "e4"): 5.0,
+        ("simulated", "lina", "e16"): 6.0,
+        ("measured", "lina", "e4"): 3.0,
+        ("simulated", "gshard", "e4"): 4.0,
+    }
+    assert judged[collect_mod.UNSTATED].isna().all()  # at one setting: what at_setting keeps
+    assert judged.loc[("simulated", "lina"), collect_mod.FITTED].eq("train.batch_size=37").all()
+    assert pd.isna(judged.loc[("measured", "lina", "e4"), collect_mod.FITTED])
+    assert collect_mod.FITTED not in collect_mod.param_columns(judged)  # not a swept parameter
+    assert collect_mod.as_judged(chosen, None).equals(collect_mod.at_setting(chosen))

@@ -205,6 +205,9 @@ def test_cli_pipeline_through_csv(tmp_path):
     # as the workflow's figures rules run it: the PNGs name their figures
     figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw_vs_size.png")])
     assert (tmp_path / "named" / "busbw_vs_size.pdf").is_file()
+    # as the workflow runs it, with the runs at the fits (here the same tables: every point covered)
+    figures_mod.main([*tables, "--at-fit", tables[1], tables[3], "--out", str(tmp_path / "fit" / "busbw_vs_size.png")])
+    assert (tmp_path / "fit" / "busbw_vs_size.pdf").is_file()
     with pytest.raises(SystemExit, match="no figure 'busbw'"):
         figures_mod.main([*tables, "--out", str(tmp_path / "named" / "busbw.png")])
     with pytest.raises(SystemExit) as exit_info:  # no train_step records in these tables

@@ -55,6 +55,10 @@ def test_setting_line_states_testbeds_sizes_models_and_iterations():
         "Setting: measured on local-cpu (gloo), 2–4 ranks, 10 timed iterations per point; "
         "simulated on lina-a100-4x4, 16 ranks, model 2B"
     )
+    rows["fitted_setting"] = [None, None, "train.batch_size=37"]  # analysis.collect.as_judged's rows
+    assert style.setting_line(rows).endswith(
+        "model 2B, at the testbed fitted to the paper's baseline rows (train.batch_size=37)"
+    )
 
 
 @pytest.mark.parametrize("name", TABLE_FIGURES)

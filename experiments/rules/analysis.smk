@@ -161,6 +161,7 @@ for _name, _table in TABLE_REGISTRY.items():
             f"table_{_table.file}"
         input:
             records=rules.collect.output.records,
+            at_fit=rules.collect_at_fit.output.records,
         output:
             csv=TABLES[_name],
             # in the report as its HTML page: the report's view of a CSV downloads it instead of showing it
@@ -177,13 +178,15 @@ for _name, _table in TABLE_REGISTRY.items():
             f"{RESULTS}/logs/table_{_table.file}.log",
         localrule: True
         shell:
-            "logged {log:q} python -m analysis.tables --records {input.records:q} --table {params.name:q} "
-            "--out {output.csv:q} --out-html {output.html:q}"
+            "logged {log:q} python -m analysis.tables --records {input.records:q} --at-fit {input.at_fit:q} "
+            "--table {params.name:q} --out {output.csv:q} --out-html {output.html:q}"
 
 
 
 # One rule per paper and source table draws all of that paper's figures in one process: the plotting
 # stack's import and the tables' read are most of a figure's time. Each figure keeps its own caption.
+# Figures and tables read the runs at the papers' fitted testbeds too: they draw what the verdicts score
+# (analysis.collect.as_judged).
 FIGURE_GROUPS = {}  # rule name -> (paper, source table, the names of its figures)
 for _name, _figure in FIGURE_REGISTRY.items():
     _rule = f"figures_{_figure.paper}" + ("" if _figure.reads == "tables" else f"_{_figure.reads}")
@@ -199,6 +202,8 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
         input:
             records=rules.collect.output.records,
             samples=rules.collect.output.samples,
+            at_fit_records=rules.collect_at_fit.output.records,
+            at_fit_samples=rules.collect_at_fit.output.samples,
             table=FIGURE_TABLES.get(_reads, []),
         output:
             png=[
@@ -217,4 +222,4 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
         localrule: True
         shell:
             "logged {log:q} python -m analysis.figures --records {input.records:q} --samples {input.samples:q} "
-            "{params.table} --out {output.png:q}"
+            "--at-fit {input.at_fit_records:q} {input.at_fit_samples:q} {params.table} --out {output.png:q}"
