@@ -6,7 +6,7 @@
 Fits the network on collectives measured alone, and the compute rate per op class and the in-step
 all-to-all wait on the smallest world size's training steps (moe_core.sim.calibrate.calibration_split);
 on a CPU testbed it also measures how this host time-slices ranks that outnumber its cores
-(moe_core.host.time_slicing, about twelve seconds: the rule holds every core meanwhile). It writes
+(moe_core.host.time_slicing, a few seconds: the rule holds every core meanwhile). It writes
 ``<profile>-calibrated``: a hardware YAML that any config can use with ``hardware_profile=<path>``.
 
 Host noise (moe_core.host.noise): the profile records how many of its records were taken on a noisy host

@@ -6,29 +6,27 @@ shared host would take ``ranks / cores * c`` per iteration; what the slowest pro
 that is the wait. One row per compute length, ``COMPUTE_MS`` apart by factors of four, from well
 below a scheduler slice to well above it. Pure Python work and a multiprocessing barrier: the wait
 is the scheduler's, whatever the ranks compute and however they meet (a gloo all-to-all in place of
-the barrier waits as long).
+the barrier waits as long). About two seconds on a 2-core host.
 
-Each row is the median of ``ROUNDS`` rounds over all the lengths: on the 2-core VM one round's wait
-at 16 ms of compute read 2.6, 4.5-8.2 and 19 ms in runs minutes apart (2026-12-07), and the fitted
-terms price every barrier of a held-out 4-rank step (the training-step validation's median error
-moved from 12% to 36% between the first and the last of those readings). The median narrows that
-but does not remove it: three medians of five rounds, minutes apart, read 2.9, 5.6 and 11.0 ms; the
-host's scheduling itself changes. About twelve seconds on a 2-core host.
+What it reads drifts with the host, more than the held-out steps do (2026-12-07, the 2-core VM): the
+wait at 16 ms of compute read 2.6, 8.5, 10.2, 18.0 and 19.1 ms minutes apart, and the median of five
+rounds did not settle it (1.2-14.4 ms); the 4-rank training steps of two runs were predicted within
+3.6% and 6.9% (median) with a wake of 0.15 ms and a slice of 1-1.5 ms, against 9% and 30% at the
+readings their calibrations took. Ranks that sleep in a collective leave their core to the others, which
+ranks spinning to a barrier do not; the model's fixed half core per rank does not either.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import statistics
 import time
 
 COMPUTE_MS = (0.25, 1.0, 4.0, 16.0)  # each rank's compute between barriers, on a core of its own
-TIMED_S = 0.25  # timed seconds per compute length
+TIMED_S = 0.4  # timed seconds per compute length
 WARMUP = 3  # untimed iterations first
 TIMEOUT_S = 60.0  # for one compute length's processes to report
 ALONE_REPEATS = 5  # a compute length alone is the fastest of these timings: one preempted run is not its time
-ROUNDS = 5  # each row is the median of this many rounds over every compute length
 
 
 def _spin(n: int) -> int:
@@ -84,24 +82,14 @@ def _slowest_ms(ranks: int, n: int, iterations: int) -> float:
 
 def measure(cores: int, compute_ms: tuple[float, ...] = COMPUTE_MS) -> list[dict[str, float]]:
     """Rows of ``compute_ms`` (each rank's compute between barriers, timed alone) and ``wait_ms``
-    (the slowest of ``2 * cores`` ranks' ms per iteration beyond ``2 * compute_ms``), each the median
-    of :data:`ROUNDS` rounds."""
+    (the slowest of ``2 * cores`` ranks' ms per iteration beyond ``2 * compute_ms``)."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     ranks, per_ms = 2 * cores, _spins_per_ms()
-    rounds = []
-    for _ in range(ROUNDS):  # round after round, so that a slow spell of the host is in one round only
-        row = []
-        for target in compute_ms:
-            n = max(1, round(target * per_ms))
-            alone_ms = min(_spin_ms(n) for _ in range(ALONE_REPEATS))
-            iterations = max(10, round(TIMED_S * 1e3 / (2 * alone_ms)))
-            row.append((alone_ms, _slowest_ms(ranks, n, iterations) - 2 * alone_ms))
-        rounds.append(row)
-    return [
-        {
-            "compute_ms": statistics.median(alone for alone, _ in timings),
-            "wait_ms": statistics.median(w for _, w in timings),
-        }
-        for timings in zip(*rounds)
-    ]
+    rows = []
+    for target in compute_ms:
+        n = max(1, round(target * per_ms))
+        alone_ms = min(_spin_ms(n) for _ in range(ALONE_REPEATS))
+        iterations = max(10, round(TIMED_S * 1e3 / (2 * alone_ms)))
+        rows.append({"compute_ms": alone_ms, "wait_ms": _slowest_ms(ranks, n, iterations) - 2 * alone_ms})
+    return rows
