@@ -168,6 +168,14 @@ def as_judged(chosen: pd.DataFrame, fitted: pd.DataFrame | None) -> pd.DataFrame
     return pd.concat([chosen[~covered], fitted], ignore_index=True)
 
 
+def fitted_text(rows: pd.DataFrame) -> str:
+    """The fitted testbeds ``rows`` are at (:func:`as_judged`'s column :data:`FITTED`), joined by ", ";
+    "" for rows at the chosen values."""
+    if FITTED not in rows:
+        return ""
+    return ", ".join(sorted(rows[FITTED].dropna().unique()))
+
+
 def _point_keys(df: pd.DataFrame) -> pd.Series:
     """Each row's point (:data:`RECORD_KEY`) as one string."""
     key = df[RECORD_KEY[0]].astype(str)

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
-from analysis.collect import FITTED
+from analysis.collect import fitted_text
 from analysis.units import span
 from moe_core.schema.sections import hardware_profiles
 
@@ -203,8 +203,7 @@ def setting_line(rows: pd.DataFrame) -> str:
                 words.append(f"{what} {', '.join(sorted(map(str, group[column].dropna().unique())))}")
         if mode == "measured" and "n" in group and group["n"].notna().any():
             words.append(f"{span(group['n'].dropna())} timed iterations per point")
-        if FITTED in group and group[FITTED].notna().any():
-            fits = ", ".join(sorted(group[FITTED].dropna().unique()))
+        if fits := fitted_text(group):
             words.append(f"at the testbed fitted to the paper's baseline rows ({fits})")
         parts.append(", ".join(words))
     return "Setting: " + "; ".join(parts)

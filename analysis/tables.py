@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import analysis.papers  # noqa: F401  (registers every paper's tables)
-from analysis.collect import FITTED, as_judged
+from analysis.collect import as_judged, fitted_text
 from analysis.files import read_csv
 from analysis.registry import TABLE_REGISTRY
 from analysis.report import html_table
@@ -58,10 +58,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def fitted_note(records, paper: str) -> str:
     """A sentence naming the fitted testbed ``paper``'s simulated rows are at, if they are (as_judged)."""
-    if FITTED not in records:
-        return ""
-    fits = sorted(records.loc[records["paper"] == paper, FITTED].dropna().unique())
-    return f" Simulated at the testbed fitted to the paper's baseline rows: {', '.join(fits)}." if fits else ""
+    fits = fitted_text(records[records["paper"] == paper])
+    return f" Simulated at the testbed fitted to the paper's baseline rows: {fits}." if fits else ""
 
 
 if __name__ == "__main__":
