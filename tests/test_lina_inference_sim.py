@@ -24,6 +24,7 @@ from moe_core.papers.lina.routing import (
     NEXT_LAYER_TOP1_SHARE,
     POPULARITY_RATIO,
     SyntheticRouting,
+    categorical,
     lina_routing,
     popularity_exponent,
     zipf_popularity,
@@ -56,6 +57,27 @@ def test_batches_are_seeded_and_drift_from_each_other():
     assert np.array_equal(a, routing.batch(50_000, 0))
     shares = [np.bincount(x[0], minlength=8) / x.shape[1] for x in (a, b)]
     assert not np.allclose(shares[0], shares[1], atol=0.005)  # drift: batches differ beyond sampling noise
+
+
+@pytest.mark.parametrize("experts", [2, 16, 300])
+def test_categorical_draws_what_numpys_choice_draws(experts):
+    """The table lookup is numpy's inverse-CDF draw, uniform for uniform: skewed shares, a share of
+    zero, and uniforms exactly on a cumulative share (where a bin's category changes)."""
+    shares = np.random.default_rng(experts).dirichlet(np.full(experts, 0.3))
+    shares[1] = 0.0
+    shares /= shares.sum()
+    ours = categorical(np.random.default_rng(7), shares, 100_000)
+    assert np.array_equal(ours, np.random.default_rng(7).choice(experts, size=100_000, p=shares))
+    cdf = np.cumsum(shares)
+    cdf /= cdf[-1]  # as numpy normalises it
+    inside = cdf[cdf < 1]  # a uniform is below 1
+    on_edges = np.concatenate([inside, np.nextafter(inside, 0)])
+
+    class Fixed:  # a generator whose uniforms are the cumulative shares themselves
+        def random(self, size):
+            return on_edges[:size]
+
+    assert np.array_equal(categorical(Fixed(), shares, on_edges.size), cdf.searchsorted(on_edges, side="right"))
 
 
 @pytest.mark.parametrize(

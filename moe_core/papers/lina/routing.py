@@ -68,6 +68,30 @@ def path_stickiness(popularity: np.ndarray, top1_share: float = NEXT_LAYER_TOP1_
     return (top1_share - chance) / (1 - chance)
 
 
+# The uniforms' bins of categorical's lookup table: a power of two, so a uniform's bin is exact.
+CDF_BINS = 1 << 12
+
+
+def categorical(rng: np.random.Generator, shares: np.ndarray, size: int) -> np.ndarray:
+    """``size`` draws from the categorical distribution ``shares``: exactly ``rng.choice(len(shares),
+    size, p=shares)`` (the same uniforms from ``rng``, each mapped to the first category whose
+    cumulative share exceeds it), about six times faster on a batch of the paper's scale. numpy
+    binary-searches the cumulative shares for every uniform; here a uniform's bin of CDF_BINS equal
+    bins gives its category from a table, and only the uniforms of the few bins a cumulative share
+    falls inside are searched."""
+    cdf = np.cumsum(shares)
+    cdf /= cdf[-1]
+    uniforms = rng.random(size)
+    edges = np.arange(CDF_BINS + 1) / CDF_BINS
+    first = cdf.searchsorted(edges[:-1], side="right")  # the category of a bin's lowest uniform
+    last = cdf.searchsorted(np.nextafter(edges[1:], 0), side="right")  # of its highest
+    table = np.where(first == last, first, -1).astype(np.min_scalar_type(-len(shares)))
+    drawn = table[(uniforms * CDF_BINS).astype(np.intp)]
+    split = np.flatnonzero(drawn < 0)  # uniforms of a bin with a category boundary inside
+    drawn[split] = cdf.searchsorted(uniforms[split], side="right")
+    return drawn
+
+
 @dataclass(frozen=True)
 class SyntheticRouting:
     """Top-1 expert choices of ``num_layers`` MoE layers over ``num_experts`` experts (module docstring)."""
@@ -105,7 +129,7 @@ class SyntheticRouting:
         choices = np.empty((self.num_layers, tokens), dtype=np.min_scalar_type(self.num_experts - 1))
         for layer in range(self.num_layers):
             batch_popularity = rng.dirichlet(self.drift * base[layer])
-            drawn = rng.choice(self.num_experts, size=tokens, p=batch_popularity)
+            drawn = categorical(rng, batch_popularity, tokens)
             if layer == 0:
                 choices[layer] = drawn
                 continue
