@@ -33,6 +33,7 @@ rule aurora_simulated:
     resources:
         runtime=10,
         mem_mb=2000,
+    priority: LONG_JOB
     localrule: True
     shell:
         "logged {log:q} python -m experiments aurora --config {input.config:q}"
@@ -81,6 +82,7 @@ rule aurora_at_fit:
     resources:
         runtime=10,
         mem_mb=2000,
+    priority: LONG_JOB
     localrule: True
     shell:
         "logged {log:q} python -m experiments aurora --config {input.config:q} --config {input.fitted:q} "

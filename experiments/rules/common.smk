@@ -68,6 +68,13 @@ AT_FIT_RECORDS = []
 AT_FIT_PAPERS = []  # the papers simulated at their fit (each rules file adds its own)
 
 
+# The priority of the simulated jobs that take longest (a minute or more each on 2 cores): Snakemake
+# starts jobs of higher priority first, so the short ones fill the other cores around them instead of
+# one long job running alone at the end of its stage (the default run's simulated stage: 226 s with
+# Lina's inference simulation alone for the last 76, before this priority).
+LONG_JOB = 1
+
+
 def fitted_layer(paper):
     """The config layer of ``paper``'s fitted testbed (rule fitted_settings)."""
     return f"{RESULTS}/fits/{paper}.yaml"

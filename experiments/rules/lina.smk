@@ -49,7 +49,7 @@ RAW_RECORDS += LINA_SIM_INFERENCE_RECORDS
 
 
 rule lina_inference_simulated:
-    """Every placement policy at the paper's scale, simulated (seconds, no processes)."""
+    """Every placement policy at the paper's scale, simulated (no processes; the longest simulated job)."""
     input:
         config=RESOLVED_CONFIG,
     output:
@@ -61,6 +61,7 @@ rule lina_inference_simulated:
     resources:
         runtime=10,
         mem_mb=2000,
+    priority: LONG_JOB
     localrule: True
     shell:
         "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q}"
@@ -119,6 +120,7 @@ rule lina_inference_at_fit:
     resources:
         runtime=10,
         mem_mb=2000,
+    priority: LONG_JOB
     localrule: True
     shell:
         "logged {log:q} python -m experiments lina_inference_sim --config {input.config:q} --config {input.fitted:q} "

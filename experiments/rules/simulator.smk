@@ -26,6 +26,7 @@ rule sim_train_step:
     resources:
         runtime=10,
         mem_mb=2000,
+    priority: LONG_JOB
     localrule: True
     shell:
         "logged {log:q} python -m experiments simulate --config {input.config:q} --sweep"
