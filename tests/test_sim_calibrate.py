@@ -78,6 +78,11 @@ def test_split_holds_out_pairs_and_other_layouts():
     calibrate, validate = calibration_split(records)
     assert calibrate == [records[0], records[2], records[4]]  # every expert count of the smallest world size
     assert validate == [records[1], records[3], records[6], records[7]]
+    # one world size measured (an emulated 2 x 2 testbed): its fewest experts calibrate, the rest validate
+    one_size = [rec("train_step", world_size=4, num_experts=e, policy=p) for e in (8, 4, 16) for p in ("a", "b")]
+    calibrate, validate = calibration_split(one_size)
+    assert calibrate == one_size[2:4]
+    assert validate == one_size[:2] + one_size[4:]
 
 
 def test_alone_times_take_the_alone_iterations_of_pairs_never_their_paired_times():

@@ -206,24 +206,28 @@ def calibration_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
     alone: each step is one job, and on a shared CPU host one job can run 16% slower in every step
     (2026-12-06: 94 -> 109 ms median between two runs), which, fitted on that layout's two policies,
     moved every held-out prediction by as much; the median over six steps does not follow one job.
+    A run that measures plain steps at one world size only (an emulated testbed of 2 x 2 ranks fits
+    no other) would hold out none of them: it calibrates on the fewest experts and holds out the rest.
     """
 
-    def layout(record: dict) -> int:
-        return record["params"]["world_size"]
+    def layout(record: dict) -> tuple[int, int]:
+        return record["params"]["world_size"], record["params"]["num_experts"]
 
     def plain(record: dict) -> bool:
         p = record["params"]
         return all((p.get(axis) or 1) == 1 for axis in ("tensor_parallel", "grid_depth", "grid_row", "grid_col"))
 
     measured = [r for r in records if r["mode"] == "measured"]
-    steps = [r for r in measured if r["experiment"] == "train_step"]
-    smallest = min((layout(r) for r in steps if plain(r)), default=None)
+    layouts = sorted({layout(r) for r in measured if r["experiment"] == "train_step" and plain(r)})
+    fitted = [each for each in layouts if each[0] == layouts[0][0]]  # the smallest world size's
+    if len(fitted) == len(layouts):  # one world size: its fewest experts
+        fitted = fitted[:1]
     calibrate, validate = [], []
     for r in measured:
         if r["experiment"] == "collectives":
             (validate if r["params"].get("concurrent") else calibrate).append(r)
         elif r["experiment"] == "train_step":
-            (calibrate if plain(r) and layout(r) == smallest else validate).append(r)
+            (calibrate if plain(r) and layout(r) in fitted else validate).append(r)
     return calibrate, validate
 
 
