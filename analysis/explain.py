@@ -59,6 +59,7 @@ RATES = ("steps_per_s", "tokens_per_s")  # per-step rates: they scale as 1 / ste
 FACTOR_LIMITS = (1e-2, 1e2)  # implied factors outside these are reported as out of reach
 SURFACE_NOTE = 0.1  # a run at the fit this far from the surface's value: the reason gives both
 VERDICTS = ("consistent", "differs", "baseline-not-reproduced", "not-comparable", "not-reproduced")
+JUDGED = VERDICTS[:3]  # the verdicts on a number; the other two say why no number is judged
 
 
 def one_at_a_time(variants: dict[str, float]) -> dict[str, list[tuple[float, float]]]:

@@ -1,9 +1,10 @@
 """Figures from the tidy tables, each saved as PNG and PDF (same stem).
 
 Every figure is a function ``f(records, samples, fig)`` (or ``f(table, fig)`` for one drawn from the
-simulator's validation table or the comparison table) that draws into an empty matplotlib Figure,
-returns the rows it drew, and raises FigureDataError, before anything is written, when the tables lack
-its data. render finishes each the same way (analysis/style.py: legends below the data, the setting
+simulator's validation table or the comparison table; ``f(records, samples, fig, judged)`` for one that
+also draws the range of each verdict it shows, from the comparison) that draws into an empty matplotlib
+Figure, returns the rows it drew, and raises FigureDataError, before anything is written, when the
+tables lack its data. render finishes each the same way (analysis/style.py: legends below the data, the setting
 line of the rows drawn, the width cap). Each paper's figures
 live in analysis/papers/<paper>.py and register with analysis.registry's ``@figure(paper=...)``; the workflow
 (experiments/rules/analysis.smk) makes one rule per paper and source table, which draws that paper's
@@ -49,11 +50,12 @@ DPI = 150
 def draw(name: str, records: pd.DataFrame, samples: pd.DataFrame, table: pd.DataFrame | None = None) -> Figure:
     """Figure ``name`` drawn and finished (analysis/style.py), as render saves it; the caller closes it
     (tests check its layout without saving it). ``table`` is the table a figure that reads another
-    source than the tidy tables is drawn from."""
+    source than the tidy tables is drawn from, or the comparison whose verdict ranges a judged figure
+    draws (None: it draws none)."""
     if name not in FIGURE_REGISTRY:
         raise ValueError(f"unknown figure {name!r}; choose one of {sorted(FIGURE_REGISTRY)}")
     registered = FIGURE_REGISTRY[name]
-    if registered.reads != "tables" and table is None:
+    if registered.reads != "tables" and table is None:  # a judged figure draws without its comparison
         raise ValueError(f"figure {name!r} needs the {registered.reads} table (--{registered.reads})")
     sns.set_theme(style="whitegrid", context="paper")
     np.random.seed(0)  # seaborn's jitter (strip plots) draws from numpy's global generator: same figure every run
@@ -61,7 +63,8 @@ def draw(name: str, records: pd.DataFrame, samples: pd.DataFrame, table: pd.Data
     try:
         if registered.reads == "tables":
             # the chosen values' runs, or as the verdicts read them (main's --at-fit: as_judged)
-            drawn = registered.draw(at_setting(records), at_setting(samples), fig)
+            judged = (table,) if registered.judged else ()
+            drawn = registered.draw(at_setting(records), at_setting(samples), fig, *judged)
         else:
             drawn = registered.draw(table, fig)
         style.finish(fig, drawn)
@@ -94,7 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=Path, required=True, help="records CSV from analysis.collect")
     parser.add_argument("--samples", type=Path, required=True, help="samples CSV from analysis.collect")
     parser.add_argument("--validation", type=Path, help="validation CSV from experiments.validate")
-    parser.add_argument("--comparison", type=Path, help="comparison CSV from analysis.compare")
+    parser.add_argument(
+        "--comparison", type=Path, help="comparison CSV from analysis.compare (judged figures draw its verdict ranges)"
+    )
     parser.add_argument(
         "--at-fit",
         type=Path,
@@ -129,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, out in zip(figures, args.out):
             if name not in FIGURE_REGISTRY:
                 raise ValueError(f"{out}: no figure {name!r}; name the PNG <figure>.png or give --figure")
-            source = sources.get(FIGURE_REGISTRY[name].reads)
+            registered = FIGURE_REGISTRY[name]
+            source = sources["comparison"] if registered.judged else sources.get(registered.reads)
             print(" ".join(map(str, render(name, *tables, out, read_csv(source) if source else None))))
     except (OSError, ValueError) as err:
         sys.exit(f"analysis.figures: error: {err}")

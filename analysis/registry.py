@@ -111,22 +111,29 @@ class RegisteredFigure:
     # setting analysis.style writes under the figure
     draw: Draw
     reads: str  # one of FIGURE_SOURCES
+    # drawn from the tidy tables next to the comparison (comparison.csv), whose verdict ranges it draws:
+    # draw(records, samples, fig, judged), judged None when the run gives no comparison
+    judged: bool = False
 
 
 FIGURE_REGISTRY: dict[str, RegisteredFigure] = {}  # name -> figure; filled by @figure in analysis/papers/
 
 
-def figure(*, paper: str, reads: str = "tables") -> Callable[[Draw], Draw]:
+def figure(*, paper: str, reads: str = "tables", judged: bool = False) -> Callable[[Draw], Draw]:
     """Register the decorated function as the figure of its name, in ``paper``'s folder. It is called as
     ``draw(records, samples, fig)`` on the tidy tables, or with ``reads`` "validation" or "comparison"
-    as ``draw(table, fig)`` on that table, and returns the rows it drew."""
+    as ``draw(table, fig)`` on that table, and returns the rows it drew. A ``judged`` figure of the tidy
+    tables also draws the range of each verdict it shows: ``draw(records, samples, fig, judged)``, with
+    the comparison table (analysis.compare) or None."""
     if reads not in FIGURE_SOURCES:
         raise ValueError(f"a figure reads one of {list(FIGURE_SOURCES)}, not {reads!r}")
+    if judged and reads != "tables":
+        raise ValueError(f"a figure that reads the {reads} table cannot also be judged")
 
     def register(draw: Draw) -> Draw:
         if draw.__name__ in FIGURE_REGISTRY:
             raise ValueError(f"two figures are named {draw.__name__!r}; figure names must be unique")
-        FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads)
+        FIGURE_REGISTRY[draw.__name__] = RegisteredFigure(draw.__name__, paper, draw, reads, judged)
         return draw
 
     return register

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
-from analysis.collect import fitted_text
+from analysis.collect import TESTBED_COLUMNS, fitted_text
+from analysis.explain import JUDGED
 from analysis.units import span
 from moe_core.schema.sections import hardware_profiles
 
@@ -163,6 +164,29 @@ def published_band(ax: Axes, low: float, high: float, label: str) -> None:
     ax.axhspan(low, high, color="0.9", zorder=0)
     published_line(ax, low, label)
     published_line(ax, high, None)
+
+
+# The range a verdict reads (analysis.compare: reproduced_low..reproduced_high, over the settings that
+# reproduce the paper's baseline rows, or over every sensitivity run where none does) is a black I-beam
+# over the value it judges (gid "verdict-range").
+VERDICT_RANGE = {"color": "black", "lw": 1.2, "capsize": 5, "capthick": 1.2, "zorder": 5, "gid": "verdict-range"}
+VERDICT_RANGE_LABEL = "the verdict's range: settings that reproduce the paper's baselines (else every run)"
+
+
+def verdict_range(ax: Axes, x: float, judged: pd.DataFrame | None, entry: str, testbed: dict) -> None:
+    """The range the verdict of registry entry ``entry`` on ``testbed`` (its mode, backend, hardware) reads,
+    from the comparison ``judged``, as an I-beam at ``x``; nothing without a comparison or a judged row
+    (a row not comparable, say) there."""
+    if judged is None:
+        return
+    rows = judged[(judged["id"] == entry) & judged["verdict"].isin(JUDGED)]
+    rows = rows[np.logical_and.reduce([rows[c] == testbed[c] for c in TESTBED_COLUMNS])]
+    if rows.empty:
+        return
+    low, high = float(rows["reproduced_low"].iloc[0]), float(rows["reproduced_high"].iloc[0])
+    middle = (low + high) / 2
+    bars = [[middle - low], [high - middle]]
+    ax.errorbar([x], [middle], yerr=bars, fmt="none", label=VERDICT_RANGE_LABEL, **VERDICT_RANGE)
 
 
 # ---- measured vs simulated ------------------------------------------------------------------------

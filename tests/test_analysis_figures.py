@@ -238,3 +238,42 @@ def test_step_phases_have_one_colour_and_name_in_every_figure(figure_tables, nam
     drawn = {label: handle.get_facecolor()[:3] for label, handle in shown.items() if label in phases}
     assert len(drawn) >= 4 and not any(label.endswith("_ms") for label in shown)
     assert all(np.allclose(colour, phases[label]) for label, colour in drawn.items())
+
+
+@pytest.mark.parametrize(
+    "name, prefix, experts",
+    [
+        ("lina_step_speedup", "lina-fig10-step-speedup", (4, 8)),
+        ("lina_moe_speedup", "lina-fig12-moe-bwd-speedup", (8,)),
+    ],
+)
+def test_judged_figures_draw_each_verdicts_range(figure_tables, name, prefix, experts):
+    """A judged figure draws, over the bar a verdict scores, the range the comparison gives that verdict
+    (reproduced_low to reproduced_high on the bar's testbed); not a row that judges nothing (not
+    comparable) nor another testbed's, and nothing when drawn without the comparison."""
+    records, samples = figure_tables
+    testbed = {"mode": "simulated", "backend": "sim", "hardware": "lina-a100-4x4"}
+    judged = [
+        {"id": f"{prefix}-{n}e", **testbed, "verdict": "differs", "reproduced_low": 1.1 * n, "reproduced_high": 1.3 * n}
+        for n in experts
+    ]
+    unjudged = {**judged[0], "verdict": NOT_COMPARABLE, "reproduced_low": 0.1, "reproduced_high": 0.2}
+    elsewhere = [{**row, "hardware": "another-cluster", "reproduced_low": 0.3} for row in judged]
+    fig = draw(name, records, samples, pd.DataFrame([unjudged, *elsewhere, *judged]))
+    try:
+        drawn = [
+            segment
+            for ax in fig.axes
+            for artist in ax.collections
+            if artist.get_gid() == "verdict-range"
+            for segment in artist.get_segments()
+        ]
+        ranges = sorted((round(s[0][1], 6), round(s[1][1], 6)) for s in drawn)
+    finally:
+        plt.close(fig)
+    assert ranges == [(round(1.1 * n, 6), round(1.3 * n, 6)) for n in experts]
+    fig = draw(name, records, samples)
+    try:
+        assert not [a for ax in fig.axes for a in ax.collections if a.get_gid() == "verdict-range"]
+    finally:
+        plt.close(fig)

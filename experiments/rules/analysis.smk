@@ -186,7 +186,8 @@ for _name, _table in TABLE_REGISTRY.items():
 # One rule per paper and source table draws all of that paper's figures in one process: the plotting
 # stack's import and the tables' read are most of a figure's time. Each figure keeps its own caption.
 # Figures and tables read the runs at the papers' fitted testbeds too: they draw what the verdicts score
-# (analysis.collect.as_judged).
+# (analysis.collect.as_judged). A paper whose figures draw their verdicts' ranges (``judged`` figures)
+# has its figures read the comparison as well, so its rule waits for rule compare.
 FIGURE_GROUPS = {}  # rule name -> (paper, source table, the names of its figures)
 for _name, _figure in FIGURE_REGISTRY.items():
     _rule = f"figures_{_figure.paper}" + ("" if _figure.reads == "tables" else f"_{_figure.reads}")
@@ -195,6 +196,7 @@ for _name, _figure in FIGURE_REGISTRY.items():
 
 for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
     _pngs = [f"{RESULTS}/figures/{_paper}/{name}.png" for name in _names]
+    _source = "comparison" if any(FIGURE_REGISTRY[name].judged for name in _names) else _reads
 
     rule:
         name:
@@ -204,7 +206,7 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
             samples=rules.collect.output.samples,
             at_fit_records=rules.collect_at_fit.output.records,
             at_fit_samples=rules.collect_at_fit.output.samples,
-            table=FIGURE_TABLES.get(_reads, []),
+            table=FIGURE_TABLES.get(_source, []),
         output:
             png=[
                 report(png, caption=f"../../analysis/captions/{name}.rst", category="Figures", subcategory=_paper)
@@ -214,7 +216,7 @@ for _rule, (_paper, _reads, _names) in FIGURE_GROUPS.items():
         # Only the table a figure reads besides the tidy tables is a param: the report lists a job's
         # params under every figure's caption. The figures are named by their outputs (<figure>.png).
         params:
-            table=quoted([f"--{_reads}", FIGURE_TABLES[_reads]]) if _reads != "tables" else "",
+            table=quoted([f"--{_source}", FIGURE_TABLES[_source]]) if _source != "tables" else "",
         conda:
             "../../environment.yml"
         log:
