@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
-from analysis.collect import TESTBED_COLUMNS, fitted_text
+from analysis.collect import TESTBED_COLUMNS, fitted_text, select
 from analysis.explain import JUDGED
 from analysis.units import span
 from moe_core.schema.sections import hardware_profiles
@@ -179,8 +179,8 @@ def verdict_range(ax: Axes, x: float, judged: pd.DataFrame | None, entry: str, t
     (a row not comparable, say) there."""
     if judged is None:
         return
-    rows = judged[(judged["id"] == entry) & judged["verdict"].isin(JUDGED)]
-    rows = rows[np.logical_and.reduce([rows[c] == testbed[c] for c in TESTBED_COLUMNS])]
+    rows = select(judged, id=entry, **{c: testbed[c] for c in TESTBED_COLUMNS})
+    rows = rows[rows["verdict"].isin(JUDGED)]
     if rows.empty:
         return
     low, high = float(rows["reproduced_low"].iloc[0]), float(rows["reproduced_high"].iloc[0])

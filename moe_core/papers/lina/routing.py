@@ -75,10 +75,10 @@ CDF_BINS = 1 << 12
 def categorical(rng: np.random.Generator, shares: np.ndarray, size: int) -> np.ndarray:
     """``size`` draws from the categorical distribution ``shares``: exactly ``rng.choice(len(shares),
     size, p=shares)`` (the same uniforms from ``rng``, each mapped to the first category whose
-    cumulative share exceeds it), about six times faster on a batch of the paper's scale. numpy
-    binary-searches the cumulative shares for every uniform; here a uniform's bin of CDF_BINS equal
-    bins gives its category from a table, and only the uniforms of the few bins a cumulative share
-    falls inside are searched."""
+    cumulative share exceeds it), twice as fast at the paper's scale (24 draws of 16 x 32768 tokens
+    over 16 experts: 0.19 s against numpy's 0.37 s). numpy binary-searches the cumulative shares for
+    every uniform; here a uniform's bin of CDF_BINS equal bins gives its category from a table, and
+    only the uniforms of the few bins a cumulative share falls inside are searched."""
     cdf = np.cumsum(shares)
     cdf /= cdf[-1]
     uniforms = rng.random(size)
